@@ -16,7 +16,7 @@ __all__ = ['BATCH_KEYS', 'MASK_STRIDE', 'EMBEDDED_DATA', 'EMBEDDED_IMAGES', 'EMB
            'env_info', 'env_card', 'tensor_bytes', 'digest', 'test_bytes_equal', 'test_grads_equal', 'synth_batch']
 
 # %% ../nbs/00_core.ipynb #00d8c748
-BATCH_KEYS = ('img', 'boxes', 'cls', 'valid', 'masks', 'image_id', 'orig_hw', 'letterbox')
+BATCH_KEYS = ('img', 'boxes', 'cls', 'valid', 'masks', 'image_id', 'orig_hw', 'letterbox', 'hsv')
 MASK_STRIDE = 4  # masks and prototypes live at 1/4 of the input side
 
 # %% ../nbs/00_core.ipynb #db8c02f2
@@ -116,4 +116,4 @@ def synth_batch(
     masks = (inside & valid[..., None, None]).to(torch.uint8)             # (B,M,S/4,S/4)
     img = torch.randint(0, 256, (B, 3, S, S), generator=g, dtype=torch.uint8)
     return dict(img=img, boxes=boxes, cls=cls, valid=valid, masks=masks, image_id=torch.arange(B),
-                orig_hw=torch.full((B, 2), S), letterbox=torch.tensor([[1., 0., 0.]]).repeat(B, 1))
+                orig_hw=torch.full((B, 2), S), letterbox=torch.tensor([[1., 0., 0.]]).repeat(B, 1), hsv=torch.ones(B, 3))
