@@ -13,7 +13,8 @@ from torch import Tensor
 
 # %% auto #0
 __all__ = ['BATCH_KEYS', 'MASK_STRIDE', 'EMBEDDED_DATA', 'EMBEDDED_IMAGES', 'EMBEDDED_ANNOTATIONS', 'TEST_IMG', 'repo_root',
-           'env_info', 'env_card', 'tensor_bytes', 'digest', 'test_bytes_equal', 'test_grads_equal', 'synth_batch']
+           'env_info', 'env_card', 'tensor_bytes', 'digest', 'state_hashes', 'test_bytes_equal', 'test_grads_equal',
+           'synth_batch']
 
 # %% ../nbs/00_core.ipynb #00d8c748
 BATCH_KEYS = ('img', 'boxes', 'cls', 'valid', 'masks', 'image_id', 'orig_hw', 'letterbox', 'hsv')
@@ -75,6 +76,15 @@ def _feed(h, obj):
 def digest(obj)->str:
     "sha256 over the exact bytes of a nested structure of tensors and plain values (dict keys sorted)."
     h = hashlib.sha256(); _feed(h, obj); return h.hexdigest()
+
+# %% ../nbs/00_core.ipynb #dda13076
+def _state(o): return o.state_dict() if hasattr(o, 'state_dict') else o
+
+def state_hashes(**parts)->dict:
+    "sha256 of each named part's state (`model=`, `optimizer=`, `scheduler=`, `ema=`, `loss=`...), plus `all`."
+    h = {k: digest(_state(v)) for k, v in sorted(parts.items()) if v is not None}
+    h['all'] = digest(h)
+    return h
 
 # %% ../nbs/00_core.ipynb #a2d58bbe
 def test_bytes_equal(a:Tensor, b:Tensor, what:str='tensor'):

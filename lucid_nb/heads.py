@@ -6,12 +6,14 @@ Docs: https://lucid-nb.github.io/lucid_nb/heads.html.md"""
 
 # %% ../nbs/03_heads.ipynb #6819d763
 from __future__ import annotations
-import torch
+import math
+import torch, torch.nn as nn
 from torch import Tensor
 from .core import *
+from .model import Conv, DWConv
 
 # %% auto #0
-__all__ = ['make_anchors', 'dist2bbox', 'bbox2dist']
+__all__ = ['make_anchors', 'dist2bbox', 'bbox2dist', 'DFL', 'flatten_levels', 'DetectHead', 'Proto', 'SegHead']
 
 # %% ../nbs/03_heads.ipynb #d5ac6ec7
 def make_anchors(
@@ -46,3 +48,115 @@ def bbox2dist(
     "ltrb distances from anchor points to the sides of `boxes`, clamped."
     x1y1, x2y2 = boxes.chunk(2, -1)
     return torch.cat([anchors - x1y1, x2y2 - anchors], -1).clamp_(0, max_dist)
+
+# %% ../nbs/03_heads.ipynb #e87e8ca0
+class DFL(nn.Module):
+    "Distribution decode: (...,4R) logits → (...,4) expected distances, in float32."
+    def __init__(self, reg_max:int=16):  # R, bins per side
+        super().__init__()
+        self.reg_max = reg_max
+    def forward(self, x:Tensor)->Tensor:
+        p = x.float().unflatten(-1, (4, self.reg_max)).softmax(-1)                  # (...,4,R)
+        return (p * torch.arange(self.reg_max, device=x.device, dtype=p.dtype)).sum(-1)  # (...,4)
+
+# %% ../nbs/03_heads.ipynb #890ebb81
+def flatten_levels(xs:list[Tensor])->Tensor:  # [(B,C,h,w)] per level → (B,A,C)
+    "Concatenate per-level maps along the anchors, in `make_anchors` order."
+    return torch.cat([x.flatten(2) for x in xs], 2).transpose(1, 2)
+
+# %% ../nbs/03_heads.ipynb #9b5ed6a6
+class DetectHead(nn.Module):
+    "Per level a box branch (4R DFL logits) and a class branch (K logits); decodes to boxes in eval mode."
+    branches = ('box', 'cls')  # per-level branches, in native call order within a level
+    def __init__(self,
+                 ch:tuple,                   # channels of the input maps, one per level
+                 num_classes:int=80,         # K
+                 reg_max:int=16,             # R
+                 strides:tuple=(8, 16, 32)): # stride of each level in pixels
+        super().__init__()
+        if len(ch) != len(strides): raise ValueError(f"ch={tuple(ch)} and strides={tuple(strides)} need one entry per level")
+        self.num_classes, self.reg_max, self.strides = num_classes, reg_max, tuple(strides)
+        c2, c3 = max(16, ch[0] // 4, 4 * reg_max), max(ch[0], min(num_classes, 100))
+        self.box = nn.ModuleList(nn.Sequential(Conv(c, c2, 3), Conv(c2, c2, 3), nn.Conv2d(c2, 4 * reg_max, 1)) for c in ch)
+        self.cls = nn.ModuleList(nn.Sequential(nn.Sequential(DWConv(c, c, 3), Conv(c, c3, 1)),
+                                               nn.Sequential(DWConv(c3, c3, 3), Conv(c3, c3, 1)),
+                                               nn.Conv2d(c3, num_classes, 1)) for c in ch)
+        self.dfl = DFL(reg_max)
+        self.bias_init()
+
+    @property
+    def num_levels(self)->int: return len(self.strides)
+
+    @torch.no_grad()
+    def bias_init(self):
+        "YOLO's prior biases: box logits 1.0, class logits log(5/K/(640/s)²)."
+        for b, c, s in zip(self.box, self.cls, self.strides):
+            b[-1].bias.fill_(1.0)
+            c[-1].bias.fill_(math.log(5 / self.num_classes / (640 / s) ** 2))
+
+    def prediction_calls(self)->list[tuple[str,nn.Module,int]]:
+        "`(name, module, level)` of every prediction call, in native order: level by level, `branches` within a level."
+        return [(f'{b}{i}', getattr(self, b)[i], i) for i in range(self.num_levels) for b in self.branches]
+
+    def predict(self, feats:list[Tensor])->dict[str,Tensor]:
+        "Run the prediction calls in native order: `{name: module(feats[level])}`."
+        if len(feats) != self.num_levels: raise ValueError(f"expected {self.num_levels} feature maps, got {len(feats)}")
+        return {name: m(feats[i]) for name, m, i in self.prediction_calls()}
+
+    def collect(self, raw:dict[str,Tensor])->dict:
+        "Training output: per-branch lists of per-level maps, e.g. `{'box': [(B,4R,h,w)…], 'cls': [(B,K,h,w)…]}`."
+        return {b: [raw[f'{b}{i}'] for i in range(self.num_levels)] for b in self.branches}
+
+    def decode(self, out:dict)->dict:
+        "Eval output from a training output: `boxes` (B,A,4) xyxy px and `scores` (B,A,K), float32."
+        box = flatten_levels(out['box'])                                           # (B,A,4R)
+        anchors, strides = make_anchors([t.shape[-2:] for t in out['box']], self.strides, device=box.device)
+        boxes = dist2bbox(self.dfl(box), anchors) * strides                         # (B,A,4) xyxy px
+        return dict(boxes=boxes, scores=flatten_levels(out['cls']).float().sigmoid())  # (B,A,4), (B,A,K)
+
+    def assemble(self, raw:dict[str,Tensor])->dict:
+        "The head's result from the prediction calls' outputs: `collect` in training mode, then `decode` in eval mode."
+        out = self.collect(raw)
+        return out if self.training else self.decode(out)
+
+    def forward(self, feats:list[Tensor])->dict: return self.assemble(self.predict(feats))
+
+# %% ../nbs/03_heads.ipynb #51afaf67
+class Proto(nn.Module):
+    "Mask prototypes at stride 4 from the stride-8 map: conv, 2× transposed-conv upsample, conv, 1×1 conv."
+    def __init__(self, c1:int, c_:int=256, c2:int=32):  # input, hidden and prototype (P) channels
+        super().__init__()
+        self.cv1 = Conv(c1, c_, 3)
+        self.upsample = nn.ConvTranspose2d(c_, c_, 2, 2, 0, bias=True)
+        self.cv2, self.cv3 = Conv(c_, c_, 3), Conv(c_, c2)
+    def forward(self, x:Tensor)->Tensor:  # (B,c1,S/8,S/8) → (B,P,S/4,S/4)
+        return self.cv3(self.cv2(self.upsample(self.cv1(x))))
+
+# %% ../nbs/03_heads.ipynb #f388040f
+class SegHead(DetectHead):
+    "`DetectHead` plus a per-level mask-coefficient branch (P) and a prototype network on level 0."
+    branches = ('box', 'cls', 'coef')
+    def __init__(self,
+                 ch:tuple,                   # channels of the input maps, one per level
+                 num_classes:int=80,         # K
+                 num_protos:int=32,          # P
+                 proto_channels:int=256,     # hidden channels of `Proto`
+                 reg_max:int=16,             # R
+                 strides:tuple=(8, 16, 32)): # stride of each level in pixels
+        super().__init__(ch, num_classes, reg_max, strides)
+        self.num_protos = num_protos
+        c4 = max(ch[0] // 4, num_protos)
+        self.coef = nn.ModuleList(nn.Sequential(Conv(c, c4, 3), Conv(c4, c4, 3), nn.Conv2d(c4, num_protos, 1)) for c in ch)
+        self.proto = Proto(ch[0], proto_channels, num_protos)
+
+    def prediction_calls(self)->list[tuple[str,nn.Module,int]]:
+        "Native order: `box, cls, coef` level by level, then `proto` on level 0."
+        return super().prediction_calls() + [('proto', self.proto, 0)]
+
+    def collect(self, raw:dict[str,Tensor])->dict:
+        "Training output: `{'box': [..3], 'cls': [..3], 'coef': [(B,P,h,w)..3], 'proto': (B,P,S/4,S/4)}`."
+        return {**super().collect(raw), 'proto': raw['proto']}
+
+    def decode(self, out:dict)->dict:
+        "Eval output: `boxes` (B,A,4), `scores` (B,A,K), `coef` (B,A,P), `proto` (B,P,S/4,S/4), float32."
+        return {**super().decode(out), 'coef': flatten_levels(out['coef']).float(), 'proto': out['proto'].float()}

@@ -14,8 +14,8 @@ from nbdev.test import test_nb as run_notebook
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted(p for p in (ROOT / 'nbs').glob('*.ipynb') if not p.name.startswith('_'))
-EXPORT = re.compile(r'^#\|\s*export[si]?\s*(\S*)\s*$', re.M)
-DEFAULT_EXP = re.compile(r'^#\|\s*default_exp\s+(\S+)\s*$', re.M)
+EXPORT = re.compile(r'^#\|[ \t]*export[si]?[ \t]*(\S*)[ \t]*$', re.M)
+DEFAULT_EXP = re.compile(r'^#\|[ \t]*default_exp[ \t]+(\S+)[ \t]*$', re.M)
 
 
 def _import_cell(module: str) -> str:
