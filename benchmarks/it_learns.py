@@ -1,0 +1,63 @@
+""""It learns": train the nano segmentation model from scratch on the 128 embedded images (used as both train and
+validation), 640 px, batch 16, on one GPU, and record box and mask mAP per validation and the wall time.
+
+    python benchmarks/it_learns.py --epochs 100 --val-every 5 --out benchmarks/results
+
+Writes `it_learns_<gpu>.json` (every validation's 24 COCO numbers, wall times, the exact command, environment) and
+`it_learns_<gpu>.png` (mAP per epoch). Nothing is tuned to a target: the settings are the defaults of
+`configs/coco128-seg-n.yaml` apart from batch 16 and the epoch count.
+"""
+import argparse, json, re, shlex, sys, tempfile, time
+from pathlib import Path
+
+import matplotlib
+matplotlib.use('Agg')
+import matplotlib.pyplot as plt
+
+from lucid_nb.core import EMBEDDED_ANNOTATIONS, EMBEDDED_IMAGES, env_info, repo_root
+from lucid_nb.trainer import cli_main
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument('--epochs', type=int, default=100)
+    p.add_argument('--val-every', type=int, default=5, help='validate every N epochs (COCOeval of 128 images costs seconds)')
+    p.add_argument('--batch-size', type=int, default=16)
+    p.add_argument('--workers', type=int, default=4)
+    p.add_argument('--out', default='benchmarks/results')
+    a = p.parse_args(argv)
+    run_root = Path(tempfile.mkdtemp()) / 'runs'
+    args = ['fit', '--config', str(repo_root() / 'configs' / 'coco128-seg-n.yaml'),
+            '--data.train_images', str(EMBEDDED_IMAGES), '--data.train_annotations', str(EMBEDDED_ANNOTATIONS),
+            '--data.val_images', str(EMBEDDED_IMAGES), '--data.val_annotations', str(EMBEDDED_ANNOTATIONS),
+            '--data.batch_size', str(a.batch_size), '--data.workers', str(a.workers),
+            '--trainer.max_epochs', str(a.epochs), '--trainer.check_val_every_n_epoch', str(a.val_every),
+            '--trainer.enable_progress_bar', 'false', '--model.max_det', '100',
+            '--trainer.logger.init_args.save_dir', str(run_root)]
+    t0 = time.perf_counter()
+    cli = cli_main(args)
+    wall = time.perf_counter() - t0
+    run = Path(cli.trainer.log_dir)
+    vals = [json.loads(l) for l in (run / 'val_metrics.jsonl').read_text().splitlines()]
+    env = env_info()
+    tag = re.sub(r'[^A-Za-z0-9]+', '-', env['device']).strip('-').lower()
+    out = Path(a.out); out.mkdir(parents=True, exist_ok=True)
+    result = dict(what='nano seg from scratch, 128 embedded images as train and val, 640 px, bf16-mixed',
+                  command='python benchmarks/it_learns.py ' + ' '.join(map(shlex.quote, argv or sys.argv[1:])),
+                  lucid_args=args, epochs=a.epochs, batch_size=a.batch_size, wall_seconds=round(wall, 1),
+                  env=env, state_hashes=json.loads((run / 'state_hashes.json').read_text()),
+                  validations=[{k: v for k, v in d.items()} for d in vals])
+    (out / f'it_learns_{tag}.json').write_text(json.dumps(result, indent=1))
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for key, label in (('bbox/mAP50', 'box mAP50'), ('bbox/mAP50-95', 'box mAP50-95'),
+                       ('segm/mAP50', 'mask mAP50'), ('segm/mAP50-95', 'mask mAP50-95')):
+        ax.plot([d['epoch'] + 1 for d in vals], [d[key] for d in vals], marker='.', label=label)
+    ax.set(xlabel='epoch', ylabel='COCO mAP (EMA weights)', title=f"nano seg, coco128 train=val, 640 px, batch {a.batch_size} — {env['device']}")
+    ax.legend(); fig.tight_layout(); fig.savefig(out / f'it_learns_{tag}.png', dpi=110)
+    last = vals[-1]
+    print(f"wall {wall:.0f} s; last validation (epoch {last['epoch'] + 1}): box mAP50 {last['bbox/mAP50']:.3f} "
+          f"mAP50-95 {last['bbox/mAP50-95']:.3f}, mask mAP50 {last['segm/mAP50']:.3f} mAP50-95 {last['segm/mAP50-95']:.3f}")
+
+
+if __name__ == '__main__':
+    main()

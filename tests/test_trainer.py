@@ -1,0 +1,128 @@
+"""The trainer end to end on the CPU: the `lucid` CLI (fit → validate → predict), resume exactness, hash determinism,
+atomic checkpoints and clear errors for bad options, data paths and checkpoints."""
+import json, os, subprocess, sys
+from pathlib import Path
+
+import pytest, torch
+from lightning.pytorch.callbacks import Callback
+from pycocotools.coco import COCO
+
+from lucid_nb.core import EMBEDDED_ANNOTATIONS
+import lightning.pytorch as L
+from lucid_nb.data import YoloData
+from lucid_nb.trainer import AtomicCheckpoint, LitYolo, cli_main
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = ['--trainer.accelerator', 'cpu', '--trainer.num_sanity_val_steps', '0', '--trainer.limit_train_batches', '2',
+        '--trainer.enable_progress_bar', 'false', '--trainer.enable_model_summary', 'false',
+        '--data.imgsz', '64', '--data.batch_size', '2', '--data.val_count', '2', '--data.close_mosaic', '1',
+        '--model.warmup_epochs', '0', '--model.max_det', '20', '--seed_everything', '0']
+
+
+def tiny(tmp: Path, *extra: str, sub: str = 'fit', epochs: int = 2) -> list:
+    logger = ['--trainer.logger', json.dumps({'class_path': 'lightning.pytorch.loggers.CSVLogger',
+                                              'init_args': {'save_dir': str(tmp / 'runs'), 'name': 'tiny'}})]
+    return [sub, *TINY, '--trainer.max_epochs', str(epochs), *logger, *extra]
+
+
+class StopAfterFirstEpoch(Callback):
+    "Ends fit after epoch 0 (after its validation and checkpoint), as an interrupted run would."
+    def on_validation_end(self, trainer, module):
+        if trainer.current_epoch == 0: trainer.should_stop = True
+
+
+def fit(tmp: Path, *extra, callbacks=(), ckpt=None):
+    cli = cli_main(tiny(tmp, *extra)[1:], run=False)
+    cli.trainer.callbacks.extend(callbacks)
+    cli.trainer.fit(cli.model, cli.datamodule, ckpt_path=ckpt)
+    run = Path(cli.trainer.log_dir)
+    return cli, run, json.loads((run / 'state_hashes.json').read_text())
+
+
+def hashes_only(h: dict) -> dict: return {k: v for k, v in h.items() if k != 'env'}
+
+
+@pytest.fixture(scope='module')
+def reference(tmp_path_factory):
+    "An uninterrupted 2-epoch tiny run."
+    return fit(tmp_path_factory.mktemp('ref'))
+
+
+def test_run_folder(reference):
+    cli, run, h = reference
+    for f in ('config.yaml', 'metrics.csv', 'predictions.json', 'val_metrics.jsonl', 'curves.png',
+              'val_predictions.jpg', 'state_hashes.json', 'checkpoints/last.ckpt', 'checkpoints/best.ckpt'):
+        assert (run / f).exists(), f
+    assert not list(run.rglob('*.tmp')), 'a temporary file was left behind'
+    lines = [json.loads(l) for l in (run / 'val_metrics.jsonl').read_text().splitlines()]
+    assert [l['epoch'] for l in lines] == [0, 1] and len([k for k in lines[0] if k.startswith('segm/')]) == 12
+    assert set(h) >= {'model', 'optimizer', 'scheduler', 'ema', 'loss', 'predictions', 'all'}
+
+
+def test_same_seed_same_hashes(reference, tmp_path):
+    _, _, h = fit(tmp_path)
+    assert hashes_only(h) == hashes_only(reference[2])
+
+
+def test_resume_is_exact(reference, tmp_path):
+    _, run, h1 = fit(tmp_path, callbacks=[StopAfterFirstEpoch()])
+    assert hashes_only(h1) != hashes_only(reference[2])   # it really stopped early
+    _, _, h = fit(tmp_path, ckpt=str(run / 'checkpoints' / 'last.ckpt'))
+    assert hashes_only(h) == hashes_only(reference[2])
+
+
+def test_validate_and_predict(reference, tmp_path):
+    _, run, _ = reference
+    ckpt = str(run / 'checkpoints' / 'best.ckpt')
+    cli_main(tiny(tmp_path, '--ckpt_path', ckpt, sub='validate'))
+    cli = cli_main(tiny(tmp_path, '--ckpt_path', ckpt, '--model.conf', '0.0', sub='predict'))
+    out = Path(cli.trainer.log_dir) / 'predict'
+    results = json.loads((out / 'predictions.json').read_text())
+    assert results and list(out.glob('*.jpg'))
+    gt = COCO(str(EMBEDDED_ANNOTATIONS))
+    assert len(gt.loadRes(str(out / 'predictions.json')).anns) == len(results)
+
+
+def test_checkpoint_of_another_model_is_refused(reference, tmp_path):
+    "The CLI takes the architecture from the checkpoint; through the API a mismatch gets a clear error."
+    ckpt = str(reference[1] / 'checkpoints' / 'last.ckpt')
+    trainer = L.Trainer(accelerator='cpu', logger=False, enable_progress_bar=False, default_root_dir=tmp_path)
+    with pytest.raises(ValueError, match=r"size='n' \(this run: 's'\)"):
+        trainer.validate(LitYolo(size='s'), datamodule=YoloData(imgsz=64, batch_size=2, val_count=2), ckpt_path=ckpt)
+
+
+def test_capture_segment_heads_is_refused(tmp_path):
+    with pytest.raises(ValueError, match='capture_segment_heads'):
+        cli_main(tiny(tmp_path, '--model.capture_segment_heads', 'true')[1:], run=False)
+
+
+@pytest.mark.parametrize('opt, value, says', [('--data.cache', 'bogus', 'cache'), ('--model.size', 'x', 'size'),
+                                              ('--model.optimizer', 'adam9', 'optimizer'),
+                                              ('--model.capture_segment_heads', '1', 'capture_segment_heads')])
+def test_bad_option_values(tmp_path, capsys, opt, value, says):
+    with pytest.raises((SystemExit, ValueError)) as e:
+        cli_main(tiny(tmp_path, opt, value), run=True)
+    assert says in str(e.value) + capsys.readouterr().err
+
+
+def test_missing_dataset_paths(tmp_path):
+    with pytest.raises((FileNotFoundError, ValueError)) as e:
+        cli_main(tiny(tmp_path, '--data.train_images', str(tmp_path / 'nope'),
+                      '--data.train_annotations', str(tmp_path / 'nope.json')))
+    assert 'nope' in str(e.value)
+
+
+def test_atomic_checkpoint_keeps_the_old_file(tmp_path):
+    last = tmp_path / 'last.ckpt'; last.write_bytes(b'previous')
+    class Trainer:
+        is_global_zero, global_step, loggers = True, 0, []
+        def save_checkpoint(self, path, weights_only=False):
+            Path(path).write_bytes(b'half'); raise OSError('disk full')
+    with pytest.raises(OSError): AtomicCheckpoint(dirpath=tmp_path)._save_checkpoint(Trainer(), str(last))
+    assert last.read_bytes() == b'previous'
+
+
+def test_lucid_command(tmp_path):
+    r = subprocess.run([str(Path(sys.executable).parent / 'lucid'), 'fit', '--help'], capture_output=True, text=True,
+                       cwd=tmp_path, timeout=120)
+    assert r.returncode == 0 and '--model.capture_segment_heads' in r.stdout and '--data.train_images' in r.stdout
