@@ -25,8 +25,9 @@ def main(argv=None):
     p.add_argument('--batch-size', type=int, default=16)
     p.add_argument('--workers', type=int, default=4)
     p.add_argument('--out', default='benchmarks/results')
+    p.add_argument('--run-root', default=None, help='where the run folder goes (default: a temporary folder)')
     a = p.parse_args(argv)
-    run_root = Path(tempfile.mkdtemp()) / 'runs'
+    run_root = Path(a.run_root or tempfile.mkdtemp()) / 'runs'
     args = ['fit', '--config', str(repo_root() / 'configs' / 'coco128-seg-n.yaml'),
             '--data.train_images', str(EMBEDDED_IMAGES), '--data.train_annotations', str(EMBEDDED_ANNOTATIONS),
             '--data.val_images', str(EMBEDDED_IMAGES), '--data.val_annotations', str(EMBEDDED_ANNOTATIONS),
@@ -46,6 +47,7 @@ def main(argv=None):
                   command='python benchmarks/it_learns.py ' + ' '.join(map(shlex.quote, argv or sys.argv[1:])),
                   lucid_args=args, epochs=a.epochs, batch_size=a.batch_size, wall_seconds=round(wall, 1),
                   env=env, state_hashes=json.loads((run / 'state_hashes.json').read_text()),
+                  timing=json.loads((run / 'timing.json').read_text()),
                   validations=[{k: v for k, v in d.items()} for d in vals])
     (out / f'it_learns_{tag}.json').write_text(json.dumps(result, indent=1))
     fig, ax = plt.subplots(figsize=(7, 4))

@@ -6,7 +6,7 @@ Docs: https://lucid-nb.github.io/lucid_nb/trainer.html.md"""
 
 # %% ../nbs/08_trainer.ipynb #44dd294e
 from __future__ import annotations
-import csv, hashlib, json, math, os, sys, warnings
+import csv, hashlib, json, math, os, sys, time, warnings
 from pathlib import Path
 import numpy as np, torch
 import lightning.pytorch as L
@@ -230,11 +230,24 @@ def write_json_atomic(path:Path, obj):
     "Write `obj` as JSON to `path` through a temporary file and a rename."
     tmp = Path(f"{path}.tmp"); tmp.write_text(json.dumps(obj, indent=1, sort_keys=True)); os.replace(tmp, path)
 
+def _now(device)->float:
+    if device.type == 'cuda': torch.cuda.synchronize(device)
+    return time.perf_counter()
+
 class RunArtifacts(Callback):
-    "State hashes, curves and sample predictions written to the run folder at the end of fit."
+    "State hashes, timings, curves and sample predictions written to the run folder at the end of fit."
+    def on_fit_start(self, trainer, module): self.t_fit, self.epochs = _now(module.device), []
+    def on_train_epoch_start(self, trainer, module): self.t_epoch = _now(module.device)
+    def on_train_epoch_end(self, trainer, module):
+        self.epochs.append(dict(epoch=trainer.current_epoch, train_seconds=_now(module.device) - self.t_epoch,
+                                steps=trainer.num_training_batches))
+
     def on_fit_end(self, trainer, module):
         if not trainer.is_global_zero: return
         run = _run_dir(trainer)
+        mem = torch.cuda.max_memory_reserved(module.device) / 2**20 if module.device.type == 'cuda' else None
+        write_json_atomic(run/'timing.json', dict(fit_seconds=_now(module.device) - self.t_fit, epochs=self.epochs,
+                                                  peak_reserved_mib=mem))
         write_json_atomic(run/'state_hashes.json', dict(**fit_state_hashes(trainer, module), env=env_info()))
         csv_path = run/'metrics.csv'
         if csv_path.exists(): plt.close(save_figure(plot_curves(csv_path), run/'curves.png'))

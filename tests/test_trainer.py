@@ -51,7 +51,7 @@ def reference(tmp_path_factory):
 def test_run_folder(reference):
     cli, run, h = reference
     for f in ('config.yaml', 'metrics.csv', 'predictions.json', 'val_metrics.jsonl', 'curves.png',
-              'val_predictions.jpg', 'state_hashes.json', 'checkpoints/last.ckpt', 'checkpoints/best.ckpt'):
+              'val_predictions.jpg', 'state_hashes.json', 'timing.json', 'checkpoints/last.ckpt', 'checkpoints/best.ckpt'):
         assert (run / f).exists(), f
     assert not list(run.rglob('*.tmp')), 'a temporary file was left behind'
     lines = [json.loads(l) for l in (run / 'val_metrics.jsonl').read_text().splitlines()]
