@@ -332,7 +332,11 @@ class Validator:
                eval_out:dict,  # the head's eval output: boxes (B,A,4), scores (B,A,K), coef (B,A,P), proto (B,P,S/4,S/4)
                batch:dict):    # the batch: image_id (B,), orig_hw (B,2), letterbox (B,3)
         "Add one batch's detections to `results`."
-        eval_out = {k: v.float() for k, v in eval_out.items()}  # under bf16 autocast the branches' outputs are bf16
+        with torch.autocast(eval_out['boxes'].device.type, enabled=False):  # validation may run under bf16 autocast
+            self._update(eval_out, batch)
+
+    def _update(self, eval_out:dict, batch:dict):
+        eval_out = {k: v.float() for k, v in eval_out.items()}             # the branches' outputs may be bf16
         dets = nms(eval_out['boxes'], eval_out['scores'], **self.nms_kw)
         ids, hws, lbs = (batch[k].cpu() for k in ('image_id', 'orig_hw', 'letterbox'))
         for i, d in enumerate(dets):

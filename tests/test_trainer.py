@@ -126,3 +126,9 @@ def test_lucid_command(tmp_path):
     r = subprocess.run([str(Path(sys.executable).parent / 'lucid'), 'fit', '--help'], capture_output=True, text=True,
                        cwd=tmp_path, timeout=120)
     assert r.returncode == 0 and '--model.capture_segment_heads' in r.stdout and '--data.train_images' in r.stdout
+
+
+def test_bf16_mixed_fit_and_validate(tmp_path):
+    "The GPU configuration's precision, on the CPU: training and COCO validation under bf16 autocast."
+    cli, run, h = fit(tmp_path, '--trainer.precision', 'bf16-mixed')
+    assert json.loads((run / 'val_metrics.jsonl').read_text().splitlines()[-1])['epoch'] == 1
