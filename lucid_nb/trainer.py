@@ -239,13 +239,15 @@ class RunArtifacts(Callback):
     def on_fit_start(self, trainer, module): self.t_fit, self.epochs = _now(module.device), []
     def on_train_epoch_start(self, trainer, module): self.t_epoch = _now(module.device)
     def on_train_epoch_end(self, trainer, module):
-        self.epochs.append(dict(epoch=trainer.current_epoch, train_seconds=_now(module.device) - self.t_epoch,
+        # Lightning runs the epoch's validation before this hook: `seconds` includes it when the epoch validates
+        self.epochs.append(dict(epoch=trainer.current_epoch, seconds=_now(module.device) - self.t_epoch,
                                 steps=trainer.num_training_batches))
 
     def on_fit_end(self, trainer, module):
         if not trainer.is_global_zero: return
         run = _run_dir(trainer)
-        mem = torch.cuda.max_memory_reserved(module.device) / 2**20 if module.device.type == 'cuda' else None
+        dev = trainer.strategy.root_device
+        mem = torch.cuda.max_memory_reserved(dev) / 2**20 if dev.type == 'cuda' else None
         write_json_atomic(run/'timing.json', dict(fit_seconds=_now(module.device) - self.t_fit, epochs=self.epochs,
                                                   peak_reserved_mib=mem))
         write_json_atomic(run/'state_hashes.json', dict(**fit_state_hashes(trainer, module), env=env_info()))
@@ -312,6 +314,7 @@ def cli_main(args:list|None=None, run:bool=True)->LucidCLI:
     "Entry point of the `lucid` command."
     warnings.filterwarnings('ignore', message='.*module\\(s\\) in eval mode.*')  # the EMA copy is in eval mode on purpose
     warnings.filterwarnings('ignore', message='.*LeafSpec.*')
+    warnings.filterwarnings('ignore', message=".*args parameter is intended to run from within Python.*")  # notebooks, tests
     return LucidCLI(LitYolo, YoloData, args=args, run=run, save_config_kwargs={'overwrite': True}, auto_configure_optimizers=False,
                     trainer_defaults={'logger': {'class_path': 'lightning.pytorch.loggers.CSVLogger',
                                                  'init_args': {'save_dir': 'runs', 'name': 'lucid'}}})
