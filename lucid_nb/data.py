@@ -853,6 +853,10 @@ def _predict_dataloader(self:YoloData)->YoloLoader:
     "`lucid predict` runs on the validation images, batched like validation."
     self.setup('predict'); return self._make_loader(self._val, False)
 
+def _test_dataloader(self:YoloData)->YoloLoader:
+    "`lucid test` scores the validation images (give the test set as `val_images`/`val_annotations`)."
+    self.setup('test'); return self._make_loader(self._val, False)
+
 def _teardown(self:YoloData, stage:str|None=None):
     "Stop every prefetch thread."
     for ld in self._loaders: ld.close()
@@ -867,7 +871,7 @@ def _on_after_batch_transfer(self:YoloData, batch:dict, dataloader_idx:int=0)->d
 
 YoloData._mosaic_until, YoloData._make_loader = _mosaic_until, _make_loader
 YoloData.train_dataloader, YoloData.val_dataloader, YoloData.teardown = _train_dataloader, _val_dataloader, _teardown
-YoloData.predict_dataloader = _predict_dataloader
+YoloData.predict_dataloader, YoloData.test_dataloader = _predict_dataloader, _test_dataloader
 YoloData.on_after_batch_transfer = _on_after_batch_transfer
 
 # %% ../nbs/01_data.ipynb #8337cfae

@@ -6,7 +6,7 @@ Docs: https://lucid-nb.github.io/lucid_nb/trainer.html.md"""
 
 # %% ../nbs/08_trainer.ipynb #44dd294e
 from __future__ import annotations
-import csv, hashlib, json, math, os, sys, time, warnings
+import csv, hashlib, importlib.util, json, math, os, sys, time, warnings
 from pathlib import Path
 import numpy as np, torch
 import lightning.pytorch as L
@@ -27,8 +27,8 @@ from PIL import Image
 
 # %% auto #0
 __all__ = ['ModelEMA', 'AtomicCheckpoint', 'LitYolo', 'PredictionWriter', 'fit_state_hashes', 'write_json_atomic', 'RunArtifacts',
-           'read_metrics_csv', 'plot_curves', 'draw_detections', 'LucidCLI', 'default_callbacks', 'cli_main',
-           'save_figure', 'draw_validation']
+           'read_metrics_csv', 'plot_curves', 'draw_detections', 'LucidCLI', 'add_tensorboard', 'default_callbacks',
+           'cli_main', 'save_figure', 'draw_validation']
 
 # %% ../nbs/08_trainer.ipynb #ea5ecba6
 class ModelEMA(nn.Module):
@@ -184,6 +184,17 @@ def _run_dir(trainer)->Path:
     d = Path(trainer.log_dir or trainer.default_root_dir); d.mkdir(parents=True, exist_ok=True); return d
 
 @patch
+def on_test_epoch_start(self:LitYolo): self.validator = self.make_validator()
+
+@patch
+def test_step(self:LitYolo, batch:dict, batch_idx:int):
+    "`lucid test` scores the validation split (or the given validation set) like validation does."
+    self.validator.update(self.ema.module(batch['img']), batch)
+
+@patch
+def on_test_epoch_end(self:LitYolo): self.on_validation_epoch_end()
+
+@patch
 def on_validation_epoch_end(self:LitYolo):
     metrics = self.validator.compute(self.trainer.datamodule.val_coco())
     self.log_dict({k: v for k, v in metrics.summary().items()}, prog_bar=True)
@@ -302,6 +313,18 @@ class LucidCLI(LightningCLI):
     "`lucid`: LightningCLI for `LitYolo` + `YoloData`."
     def add_arguments_to_parser(self, parser):
         parser.link_arguments('data', 'model.num_classes', compute_fn=lambda d: d.num_classes, apply_on='instantiate')
+
+    def after_instantiate_classes(self):
+        "CSV logs always; TensorBoard logs beside them in the run folder when tensorboard is installed."
+        add_tensorboard(self.trainer)
+
+def add_tensorboard(trainer)->bool:
+    "Add a TensorBoard logger writing into the run folder's `tensorboard/`, if tensorboard is importable and none is there."
+    from lightning.pytorch.loggers import TensorBoardLogger
+    if not trainer.loggers or importlib.util.find_spec('tensorboard') is None: return False
+    if any(isinstance(l, TensorBoardLogger) for l in trainer.loggers): return False
+    trainer.loggers = [*trainer.loggers, TensorBoardLogger(trainer.loggers[0].log_dir, name='tensorboard', version='')]
+    return True
 
 def default_callbacks()->list:
     return [AtomicCheckpoint(monitor='mAP50-95(M)', mode='max', filename='best', save_last=True, save_top_k=1),

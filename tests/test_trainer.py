@@ -75,6 +75,8 @@ def test_validate_and_predict(reference, tmp_path):
     _, run, _ = reference
     ckpt = str(run / 'checkpoints' / 'best.ckpt')
     cli_main(tiny(tmp_path, '--ckpt_path', ckpt, sub='validate'))
+    cli = cli_main(tiny(tmp_path, '--ckpt_path', ckpt, sub='test'))
+    assert 'mAP50-95(M)' in cli.trainer.callback_metrics
     cli = cli_main(tiny(tmp_path, '--ckpt_path', ckpt, '--model.conf', '0.0', sub='predict'))
     out = Path(cli.trainer.log_dir) / 'predict'
     results = json.loads((out / 'predictions.json').read_text())
@@ -132,3 +134,15 @@ def test_bf16_mixed_fit_and_validate(tmp_path):
     "The GPU configuration's precision, on the CPU: training and COCO validation under bf16 autocast."
     cli, run, h = fit(tmp_path, '--trainer.precision', 'bf16-mixed')
     assert json.loads((run / 'val_metrics.jsonl').read_text().splitlines()[-1])['epoch'] == 1
+
+
+def test_tensorboard_only_when_installed(tmp_path, monkeypatch):
+    import importlib.util
+    from lucid_nb.trainer import add_tensorboard
+    cli = cli_main(tiny(tmp_path)[1:], run=False)
+    n = len(cli.trainer.loggers)
+    if importlib.util.find_spec('tensorboard') is None:
+        assert n == 1 and not add_tensorboard(cli.trainer)
+    else:
+        assert n == 2 and type(cli.trainer.loggers[1]).__name__ == 'TensorBoardLogger'
+        assert not add_tensorboard(cli.trainer)   # never twice
