@@ -28,7 +28,7 @@ __all__ = ['log', 'BAD_INPUT_POLICIES', 'CACHE_MODES', 'CACHE_FORMAT', 'BadInput
            'letterbox_params', 'random_affine', 'warp_image', 'mosaic_canvas', 'place_instances', 'AugSettings',
            'build_sample', 'collate', 'hsv_jitter', 'prepared_bytes', 'prepared_from_bytes', 'atomic_write',
            'DiskCache', 'default_cache_dir', 'YoloDataset', 'EpochBatchSampler', 'YoloLoader', 'YoloData', 'show_batch',
-           'data_main']
+           'data_cli', 'data_main']
 
 # %% ../nbs/01_data.ipynb #f1c891ef
 log = logging.getLogger('lucid_nb.data')
@@ -797,6 +797,10 @@ def _setup(self:YoloData, stage:str|None=None):
         tr, va = recs, read_records(self._val_json, vimages, cat_ids, self.report, vann.name)
     self._val = self._dataset(va, Path(h.val_images) if h.val_images else images, Path(h.val_annotations) if h.val_annotations else annotations, False)
     self._train = self._dataset(tr, images, annotations, True)
+    if len(self._val) == 0:
+        src = f"{h.val_annotations}" if h.val_images else f"the last {h.val_count} images of {annotations.name} (by file name)"
+        raise ValueError(f"no usable validation image: every one of {src} was left out as bad input (see the report above); "
+                         "give val_images/val_annotations, or raise val_count")
     if len(self._train) < h.batch_size:
         raise ValueError(f"batch_size={h.batch_size} exceeds the {len(self._train)} usable training images (training drops the last partial batch)")
     self.setup_seconds = time.perf_counter() - t0
@@ -902,6 +906,10 @@ def show_batch(batch:dict, class_names:list|None=None, n:int=8, ncols:int=4, siz
     return fig
 
 # %% ../nbs/01_data.ipynb #532b81f2
+def data_cli():
+    "The `lucid-data` command (exit status 0 on success)."
+    data_main()
+
 def data_main(argv:list[str]|None=None)->YoloData:
     "Console entry point `lucid-data`: load a COCO dataset (default: embedded coco128), print what it holds, time an epoch."
     ap = argparse.ArgumentParser(prog='lucid-data', description='Load a COCO instance-segmentation dataset the way training does and report on it.')

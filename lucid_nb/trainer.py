@@ -28,7 +28,7 @@ from PIL import Image
 # %% auto #0
 __all__ = ['ModelEMA', 'AtomicCheckpoint', 'LitYolo', 'PredictionWriter', 'fit_state_hashes', 'write_json_atomic', 'RunArtifacts',
            'read_metrics_csv', 'plot_curves', 'draw_detections', 'LucidCLI', 'add_tensorboard', 'default_callbacks',
-           'cli_main', 'save_figure', 'draw_validation']
+           'main', 'cli_main', 'save_figure', 'draw_validation']
 
 # %% ../nbs/08_trainer.ipynb #ea5ecba6
 class ModelEMA(nn.Module):
@@ -332,6 +332,10 @@ def default_callbacks()->list:
 
 @patch
 def configure_callbacks(self:LitYolo): return default_callbacks()
+
+def main():
+    "The `lucid` command (exit status 0 on success; `cli_main` returns the CLI object for notebooks and tests)."
+    cli_main()
 
 def cli_main(args:list|None=None, run:bool=True)->LucidCLI:
     "Entry point of the `lucid` command."

@@ -366,3 +366,12 @@ def test_edge_paths(coco, tmp_path, caplog):
     it = iter(ld); next(it); import time; time.sleep(.3); assert len(list(it)) == len(dm._train) - 1
     for p in imgs.iterdir(): p.write_bytes(b'gone')
     with pytest.raises(RuntimeError, match='no readable image'): dm._train.prepared(0)
+
+
+def test_lucid_data_command_exits_zero(tmp_path):
+    "The `lucid-data` console script on the embedded data: exit status 0 and a readable report."
+    import subprocess, sys
+    r = subprocess.run([str(Path(sys.executable).parent / 'lucid-data'), '--imgsz', '64', '--batch-size', '2'],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert 'lucid_nb data: train 96 images' in r.stdout and 'YoloData object' not in r.stdout + r.stderr

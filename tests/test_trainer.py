@@ -130,6 +130,24 @@ def test_lucid_command(tmp_path):
     assert r.returncode == 0 and '--model.capture_segment_heads' in r.stdout and '--data.train_images' in r.stdout
 
 
+def test_lucid_fit_exits_zero(tmp_path):
+    "The real console script, end to end: exit status 0 and nothing printed after the run."
+    r = subprocess.run([str(Path(sys.executable).parent / 'lucid'), *tiny(tmp_path, epochs=1)], capture_output=True,
+                       text=True, cwd=tmp_path, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert 'LucidCLI object' not in r.stdout + r.stderr
+
+
+def test_empty_validation_set_is_an_error(tmp_path):
+    "When bad input leaves no validation image, say so instead of training without validation."
+    import shutil
+    from lucid_nb.core import EMBEDDED_IMAGES
+    images = tmp_path / 'images'; shutil.copytree(EMBEDDED_IMAGES, images)
+    for p in sorted(images.glob('*.jpg'))[-2:]: p.write_bytes(b'not a jpeg')
+    with pytest.raises(ValueError, match='no usable validation image'):
+        cli_main(tiny(tmp_path, '--data.train_images', str(images), '--data.train_annotations', str(EMBEDDED_ANNOTATIONS)))
+
+
 def test_bf16_mixed_fit_and_validate(tmp_path):
     "The GPU configuration's precision, on the CPU: training and COCO validation under bf16 autocast."
     cli, run, h = fit(tmp_path, '--trainer.precision', 'bf16-mixed')
