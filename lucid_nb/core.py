@@ -6,15 +6,15 @@ Docs: https://lucid-nb.github.io/lucid_nb/core.html.md"""
 
 # %% ../nbs/00_core.ipynb #2f7f7890
 from __future__ import annotations
-import datetime, hashlib, platform, subprocess
+import datetime, hashlib, os, platform, subprocess, tempfile
 from pathlib import Path
 import numpy as np, torch
 from torch import Tensor
 
 # %% auto #0
 __all__ = ['BATCH_KEYS', 'MASK_STRIDE', 'EMBEDDED_DATA', 'EMBEDDED_IMAGES', 'EMBEDDED_ANNOTATIONS', 'TEST_IMG', 'repo_root',
-           'env_info', 'env_card', 'tensor_bytes', 'digest', 'state_hashes', 'test_bytes_equal', 'test_grads_equal',
-           'synth_batch']
+           'env_info', 'env_card', 'tensor_bytes', 'digest', 'state_hashes', 'atomic_write', 'test_bytes_equal',
+           'test_grads_equal', 'synth_batch']
 
 # %% ../nbs/00_core.ipynb #00d8c748
 BATCH_KEYS = ('img', 'boxes', 'cls', 'valid', 'masks', 'image_id', 'orig_hw', 'letterbox', 'hsv')
@@ -85,6 +85,18 @@ def state_hashes(**parts)->dict:
     h = {k: digest(_state(v)) for k, v in sorted(parts.items()) if v is not None}
     h['all'] = digest(h)
     return h
+
+# %% ../nbs/00_core.ipynb #fa2428ce
+def atomic_write(path, data:bytes)->Path:
+    "Write `data` to `path` through a temporary file in the same folder, fsync, then `os.replace`."
+    path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix='.tmp')
+    try:
+        with os.fdopen(fd, 'wb') as f: f.write(data); f.flush(); os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True); raise
+    return path
 
 # %% ../nbs/00_core.ipynb #a2d58bbe
 def test_bytes_equal(a:Tensor, b:Tensor, what:str='tensor'):

@@ -26,9 +26,9 @@ from .core import *
 __all__ = ['log', 'BAD_INPUT_POLICIES', 'CACHE_MODES', 'CACHE_FORMAT', 'BadInputError', 'DataReport', 'load_coco_json',
            'coco_categories', 'to_coco', 'Instance', 'ImageRecord', 'read_records', 'Prepared', 'prepare', 'translate',
            'letterbox_params', 'random_affine', 'warp_image', 'mosaic_canvas', 'place_instances', 'AugSettings',
-           'build_sample', 'collate', 'hsv_jitter', 'prepared_bytes', 'prepared_from_bytes', 'atomic_write',
-           'DiskCache', 'default_cache_dir', 'YoloDataset', 'EpochBatchSampler', 'YoloLoader', 'YoloData', 'show_batch',
-           'data_cli', 'data_main']
+           'build_sample', 'collate', 'hsv_jitter', 'prepared_bytes', 'prepared_from_bytes', 'DiskCache',
+           'default_cache_dir', 'YoloDataset', 'EpochBatchSampler', 'YoloLoader', 'YoloData', 'show_batch', 'data_cli',
+           'data_main']
 
 # %% ../nbs/01_data.ipynb #f1c891ef
 log = logging.getLogger('lucid_nb.data')
@@ -447,15 +447,6 @@ def prepared_from_bytes(b:bytes)->Prepared:
     rles = [(int(k), data[e - l:e]) for k, l, e in zip(z['rle_inst'], z['rle_len'], ends)]
     i, H, W = (int(v) for v in z['meta'])
     return Prepared(z['img'], i, (H, W), z['boxes'], z['cls'], z['polys'], z['parts'], rles)
-
-def atomic_write(path:Path, data:bytes):
-    "Write `data` to `path` through a temporary file in the same folder and `os.replace`."
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix='.tmp')
-    try:
-        with os.fdopen(fd, 'wb') as f: f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True); raise
 
 # %% ../nbs/01_data.ipynb #3700f036
 class DiskCache:

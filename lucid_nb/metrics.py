@@ -6,7 +6,7 @@ Docs: https://lucid-nb.github.io/lucid_nb/metrics.html.md"""
 
 # %% ../nbs/07_metrics.ipynb #1817e8cd
 from __future__ import annotations
-import contextlib, hashlib, io, json, os, tempfile
+import contextlib, hashlib, io, json
 from pathlib import Path
 import numpy as np, torch
 from torch import Tensor
@@ -252,14 +252,8 @@ def results_bytes(results:list[dict])->bytes:
 
 def write_results(path, results:list[dict])->str:
     "Write the results JSON atomically (temp file, then `os.replace`); return its sha256."
-    data, path = results_bytes(results), Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.', suffix='.tmp')
-    try:
-        with os.fdopen(fd, 'wb') as f: f.write(data); f.flush(); os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True); raise
+    data = results_bytes(results)
+    atomic_write(path, data)
     return hashlib.sha256(data).hexdigest()
 
 # %% ../nbs/07_metrics.ipynb #7753b5ac

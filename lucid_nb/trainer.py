@@ -6,7 +6,7 @@ Docs: https://lucid-nb.github.io/lucid_nb/trainer.html.md"""
 
 # %% ../nbs/08_trainer.ipynb #44dd294e
 from __future__ import annotations
-import csv, hashlib, importlib.util, json, math, os, sys, time, warnings
+import csv, hashlib, importlib.util, io, json, math, os, sys, time, warnings
 from pathlib import Path
 import numpy as np, torch
 import lightning.pytorch as L
@@ -239,7 +239,7 @@ def fit_state_hashes(trainer, module)->dict:
 
 def write_json_atomic(path:Path, obj):
     "Write `obj` as JSON to `path` through a temporary file and a rename."
-    tmp = Path(f"{path}.tmp"); tmp.write_text(json.dumps(obj, indent=1, sort_keys=True)); os.replace(tmp, path)
+    atomic_write(path, json.dumps(obj, indent=1, sort_keys=True).encode())
 
 def _now(device)->float:
     if device.type == 'cuda': torch.cuda.synchronize(device)
@@ -349,8 +349,8 @@ def cli_main(args:list|None=None, run:bool=True)->LucidCLI:
 # %% ../nbs/08_trainer.ipynb #779a416b
 def save_figure(fig, path)->plt.Figure:
     "Save `fig` through a temporary file and a rename; returns it."
-    path = Path(path); tmp = path.with_name(f'.{path.stem}.tmp{path.suffix}')
-    fig.savefig(tmp, dpi=100, bbox_inches='tight'); os.replace(tmp, path)
+    buf = io.BytesIO(); fig.savefig(buf, format=Path(path).suffix[1:], dpi=100, bbox_inches='tight')
+    atomic_write(path, buf.getvalue())
     return fig
 
 def draw_validation(dm, results:list, n:int=6, ncols:int=3)->plt.Figure:
