@@ -6,7 +6,7 @@ Docs: https://lucid-nb.github.io/lucid_nb/trainer.html.md"""
 
 # %% ../nbs/08_trainer.ipynb #44dd294e
 from __future__ import annotations
-import csv, hashlib, importlib.util, io, json, math, os, sys, time, warnings
+import csv, hashlib, importlib.util, io, json, math, os, time, warnings
 from pathlib import Path
 import numpy as np, torch
 import lightning.pytorch as L
@@ -21,7 +21,6 @@ from .loss import SegLoss
 from .optim import build_optimizer, build_schedule
 from .metrics import Validator, write_results, SUMMARY_NAMES
 from pycocotools import mask as mask_utils
-import matplotlib
 import matplotlib.pyplot as plt
 from PIL import Image
 
@@ -183,13 +182,8 @@ def validation_step(self:LitYolo, batch:dict, batch_idx:int):
 def _run_dir(trainer)->Path:
     d = Path(trainer.log_dir or trainer.default_root_dir); d.mkdir(parents=True, exist_ok=True); return d
 
-@patch
-def on_test_epoch_start(self:LitYolo): self.validator = self.make_validator()
-
-@patch
-def test_step(self:LitYolo, batch:dict, batch_idx:int):
-    "`lucid test` scores the validation split (or the given validation set) like validation does."
-    self.validator.update(self.ema.module(batch['img']), batch)
+# `lucid test` scores the validation split (or the given validation set) exactly as validation does
+LitYolo.on_test_epoch_start, LitYolo.test_step = LitYolo.on_validation_epoch_start, LitYolo.validation_step
 
 @patch
 def on_test_epoch_end(self:LitYolo): self.on_validation_epoch_end()
@@ -241,17 +235,19 @@ def write_json_atomic(path:Path, obj):
     "Write `obj` as JSON to `path` through a temporary file and a rename."
     atomic_write(path, json.dumps(obj, indent=1, sort_keys=True).encode())
 
-def _now(device)->float:
-    if device.type == 'cuda': torch.cuda.synchronize(device)
+def _now(trainer)->float:
+    "Host clock after the training device has finished its queued work."
+    dev = trainer.strategy.root_device
+    if dev.type == 'cuda': torch.cuda.synchronize(dev)
     return time.perf_counter()
 
 class RunArtifacts(Callback):
     "State hashes, timings, curves and sample predictions written to the run folder at the end of fit."
-    def on_fit_start(self, trainer, module): self.t_fit, self.epochs = _now(module.device), []
-    def on_train_epoch_start(self, trainer, module): self.t_epoch = _now(module.device)
+    def on_fit_start(self, trainer, module): self.t_fit, self.epochs = _now(trainer), []
+    def on_train_epoch_start(self, trainer, module): self.t_epoch = _now(trainer)
     def on_train_epoch_end(self, trainer, module):
         # Lightning runs the epoch's validation before this hook: `seconds` includes it when the epoch validates
-        self.epochs.append(dict(epoch=trainer.current_epoch, seconds=_now(module.device) - self.t_epoch,
+        self.epochs.append(dict(epoch=trainer.current_epoch, seconds=_now(trainer) - self.t_epoch,
                                 steps=trainer.num_training_batches))
 
     def on_fit_end(self, trainer, module):
@@ -259,7 +255,7 @@ class RunArtifacts(Callback):
         run = _run_dir(trainer)
         dev = trainer.strategy.root_device
         mem = torch.cuda.max_memory_reserved(dev) / 2**20 if dev.type == 'cuda' else None
-        write_json_atomic(run/'timing.json', dict(fit_seconds=_now(module.device) - self.t_fit, epochs=self.epochs,
+        write_json_atomic(run/'timing.json', dict(fit_seconds=_now(trainer) - self.t_fit, epochs=self.epochs,
                                                   peak_reserved_mib=mem))
         write_json_atomic(run/'state_hashes.json', dict(**fit_state_hashes(trainer, module), env=env_info()))
         csv_path = run/'metrics.csv'
@@ -298,7 +294,7 @@ def draw_detections(ax, img:np.ndarray, results:list, class_names:list|None=None
     ax.imshow(img); ax.set_axis_off()
     overlay = np.zeros((*img.shape[:2], 4))
     colours = plt.get_cmap('tab20')
-    for j, r in enumerate(sorted((r for r in results if r['score'] >= min_score), key=lambda r: -r['score'])):
+    for r in sorted((r for r in results if r['score'] >= min_score), key=lambda r: -r['score']):
         c = colours(r['category_id'] % 20)
         if 'segmentation' in r: overlay[mask_utils.decode(r['segmentation']).astype(bool)] = (*c[:3], .45)
         x, y, w, h = r['bbox']
