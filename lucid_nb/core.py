@@ -13,8 +13,8 @@ from torch import Tensor
 
 # %% auto #0
 __all__ = ['BATCH_KEYS', 'MASK_STRIDE', 'EMBEDDED_DATA', 'EMBEDDED_IMAGES', 'EMBEDDED_ANNOTATIONS', 'TEST_IMG', 'repo_root',
-           'env_info', 'env_card', 'tensor_bytes', 'digest', 'state_hashes', 'atomic_write', 'test_bytes_equal',
-           'test_grads_equal', 'synth_batch']
+           'env_info', 'env_card', 'module_pointers', 'tensor_bytes', 'digest', 'state_hashes', 'atomic_write',
+           'test_bytes_equal', 'test_grads_equal', 'synth_batch']
 
 # %% ../nbs/00_core.ipynb #00d8c748
 BATCH_KEYS = ('img', 'boxes', 'cls', 'valid', 'masks', 'image_id', 'orig_hw', 'letterbox', 'hsv')
@@ -33,9 +33,11 @@ TEST_IMG = EMBEDDED_IMAGES/'000000000009.jpg'
 
 # %% ../nbs/00_core.ipynb #94ea045d
 def _git_commit()->str:
-    try: return subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], cwd=repo_root(), capture_output=True,
-                               text=True, timeout=5).stdout.strip() or 'unknown'
-    except (OSError, subprocess.SubprocessError): return 'unknown'
+    "The checkout's commit; `$LUCID_NB_COMMIT` where there is no git (a copied tree on a GPU machine)."
+    try: found = subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], cwd=repo_root(), capture_output=True,
+                                text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError): found = ''
+    return found or os.environ.get('LUCID_NB_COMMIT', 'unknown')
 
 def env_info()->dict:
     "Hardware and software facts that a measurement depends on."
@@ -50,6 +52,15 @@ def env_card()->str:
     i = env_info()
     cuda = f" CUDA {i['cuda']} cuDNN {i['cudnn']}" if i['cuda'] else ''
     return f"{i['device']} | torch {i['torch']}{cuda} | python {i['python']} | commit {i['commit']} | {i['date']}"
+
+# %% ../nbs/00_core.ipynb #e70e7adc
+def module_pointers(
+    modules:list,          # `list(model.modules())`, built once
+    with_grad:bool=False,  # also each parameter's `requires_grad`
+)->tuple:
+    "Storage addresses of the modules' own parameters and buffers: a cheap key that changes when any tensor moves."
+    return tuple((t.data_ptr(), t.requires_grad) if with_grad else t.data_ptr()
+                 for m in modules for d in (m._parameters, m._buffers) for t in d.values() if t is not None)
 
 # %% ../nbs/00_core.ipynb #94e1856b
 def tensor_bytes(t:Tensor)->bytes:

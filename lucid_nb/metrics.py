@@ -190,9 +190,18 @@ def unletterbox_boxes(
 
 # %% ../nbs/07_metrics.ipynb #fb5d5e4f
 def rle_encode(masks:Tensor)->list[dict]: # (n,H,W) bool -> n RLE dicts {'size': [H,W], 'counts': str}
-    "COCO compressed RLE of each mask."
-    if len(masks) == 0: return []
-    rles = mask_utils.encode(np.asfortranarray(masks.to(torch.uint8).cpu().numpy().transpose(1, 2, 0)))
+    "COCO compressed RLE of each mask, with the run boundaries found on the masks' device."
+    n, H, W = masks.shape
+    if n == 0: return []
+    flat = masks.transpose(1, 2).reshape(n, H * W)                       # column-major, as COCO counts
+    where = (flat[:, 1:] != flat[:, :-1]).nonzero().cpu().numpy()        # (k,2): mask, last pixel of a run
+    starts_with_one = flat[:, 0].cpu().numpy()
+    ends = np.split(where[:, 1] + 1, np.searchsorted(where[:, 0], np.arange(1, n)))
+    runs = []
+    for first, e in zip(starts_with_one, ends):
+        counts = np.diff(np.concatenate([[0], e, [H * W]]))
+        runs.append({'size': [H, W], 'counts': ([0] if first else []) + counts.tolist()})
+    rles = mask_utils.frPyObjects(runs, H, W)
     for r in rles: r['counts'] = r['counts'].decode('ascii')
     return rles
 

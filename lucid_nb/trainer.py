@@ -20,6 +20,7 @@ from .model import SCALES, yolo_seg
 from .loss import SegLoss
 from .optim import build_optimizer, build_schedule
 from .metrics import Validator, write_results, SUMMARY_NAMES
+from .recorder import HeadRecorder, find_recorder, model_outputs
 from pycocotools import mask as mask_utils
 import matplotlib.pyplot as plt
 from PIL import Image
@@ -54,12 +55,26 @@ class ModelEMA(nn.Module):
         "Move the average one step towards `model`."
         self.updates += 1
         d = self.current_decay()
-        ema, live = self.module.state_dict(), model.state_dict()
-        fl = [k for k, v in ema.items() if v.is_floating_point()]
-        torch._foreach_mul_([ema[k] for k in fl], d)
-        torch._foreach_add_([ema[k] for k in fl], [live[k].detach() for k in fl], alpha=1 - d)
-        for k, v in ema.items():
-            if not v.is_floating_point(): v.copy_(live[k])
+        ema_float, live_float, ema_other, live_other = self.paired_state(model)
+        torch._foreach_mul_(ema_float, d)
+        torch._foreach_add_(ema_float, live_float, alpha=1 - d)
+        for e, l in zip(ema_other, live_other): e.copy_(l)
+
+    def paired_state(self, model:nn.Module)->tuple[list,list,list,list]:
+        "The EMA's and `model`'s state tensors paired by name, floating point and not; cached while none of them moves."
+        mods = getattr(self, '_modules_of', None)
+        if mods is None or mods[0] is not model: mods = self._modules_of = (model, list(self.module.modules()), list(model.modules()))
+        key = module_pointers(mods[1]) + module_pointers(mods[2])
+        if getattr(self, '_pairs_key', None) != key:
+            ema, live = self.module.state_dict(), model.state_dict()
+            fl = [k for k, v in ema.items() if v.is_floating_point()]
+            other = [k for k in ema if not ema[k].is_floating_point()]
+            self._pairs = ([ema[k] for k in fl], [live[k] for k in fl], [ema[k] for k in other], [live[k] for k in other])
+            self._pairs_key = key
+        return self._pairs
+
+    def __getstate__(self):  # copies and pickles leave the cache (and the live model it points to) behind
+        return {k: v for k, v in self.__dict__.items() if k not in ('_modules_of', '_pairs', '_pairs_key')}
 
 # %% ../nbs/08_trainer.ipynb #cbbc85fc
 class AtomicCheckpoint(ModelCheckpoint):
@@ -109,7 +124,8 @@ class LitYolo(L.LightningModule):
     max_det : int
         Detections kept per image.
     capture_segment_heads : bool
-        Record the segment head's prediction calls into CUDA graphs and replay them (not implemented yet).
+        Record the segment head's prediction calls and their backward into CUDA graphs at the first training batch
+        and replay them every step (`06_recorder`); results are bit-identical to native training. Off by default.
     """
     def __init__(self, size:str='n', num_classes:int=80, optimizer:str='sgd', lr:float=0.01, momentum:float=0.937,
                  weight_decay:float=5e-4, warmup_epochs:float=3.0, warmup_bias_lr:float=0.1,
@@ -117,9 +133,6 @@ class LitYolo(L.LightningModule):
                  dfl:float=1.5, seg:float=7.5, ema_decay:float=0.9999, ema_tau:float=2000.0, conf:float=0.001,
                  iou:float=0.7, max_det:int=300, capture_segment_heads:bool=False):
         super().__init__()
-        if capture_segment_heads:
-            raise ValueError("--model.capture_segment_heads true: the CUDA-graph recorder is not implemented in this "
-                             "version of lucid_nb; run without it (the default, false).")
         if size not in SCALES: raise ValueError(f"--model.size={size!r} is not a model size; allowed values: {', '.join(SCALES)}")
         self.save_hyperparameters()
         self.model = self.build_model()
@@ -142,7 +155,7 @@ class LitYolo(L.LightningModule):
 # %% ../nbs/08_trainer.ipynb #53fde761
 @patch
 def training_step(self:LitYolo, batch:dict, batch_idx:int)->Tensor:
-    losses = self.loss_fn(self.model(batch['img']), batch)
+    losses = self.loss_fn(model_outputs(self.model, batch['img'], find_recorder(self._trainer)), batch)
     self.last_losses = {k: v.detach() for k, v in losses.items()}
     B = batch['img'].shape[0]
     terms = {f'train/{k}': v for k, v in self.last_losses.items()}
@@ -244,11 +257,15 @@ def _now(trainer)->float:
 class RunArtifacts(Callback):
     "State hashes, timings, curves and sample predictions written to the run folder at the end of fit."
     def on_fit_start(self, trainer, module): self.t_fit, self.epochs = _now(trainer), []
-    def on_train_epoch_start(self, trainer, module): self.t_epoch = _now(trainer)
+    def on_train_epoch_start(self, trainer, module): self.t_epoch, self.t_train = _now(trainer), None
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        if batch_idx == trainer.num_training_batches - 1: self.t_train = _now(trainer)  # one sync per epoch
     def on_train_epoch_end(self, trainer, module):
-        # Lightning runs the epoch's validation before this hook: `seconds` includes it when the epoch validates
-        self.epochs.append(dict(epoch=trainer.current_epoch, seconds=_now(trainer) - self.t_epoch,
-                                steps=trainer.num_training_batches))
+        # Lightning runs the epoch's validation before this hook: `seconds` includes it when the epoch validates;
+        # `train_seconds` ends with the epoch's last training batch (data, steps, EMA updates)
+        t = _now(trainer)
+        self.epochs.append(dict(epoch=trainer.current_epoch, seconds=t - self.t_epoch, steps=trainer.num_training_batches,
+                                train_seconds=(self.t_train or t) - self.t_epoch))
 
     def on_fit_end(self, trainer, module):
         if not trainer.is_global_zero: return
@@ -327,7 +344,10 @@ def default_callbacks()->list:
             RunArtifacts(), PredictionWriter()]
 
 @patch
-def configure_callbacks(self:LitYolo): return default_callbacks()
+def configure_callbacks(self:LitYolo):
+    "Checkpoints, run artifacts, the prediction writer, and the head recorder with `capture_segment_heads`."
+    extra = [HeadRecorder()] if self.hparams.capture_segment_heads and find_recorder(self._trainer) is None else []
+    return default_callbacks() + extra
 
 def main():
     "The `lucid` command (exit status 0 on success; `cli_main` returns the CLI object for notebooks and tests)."

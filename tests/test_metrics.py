@@ -158,9 +158,16 @@ def test_unletterbox_masks_matches_grid_sample():
 
 
 def test_rle_encode_matches_pycocotools():
+    "Byte-identical to pycocotools' encode: random, empty, full, first-pixel-set, one-pixel and smooth masks."
     g = torch.Generator().manual_seed(0)
-    m = torch.rand(3, 17, 23, generator=g) > .5
+    yy, xx = torch.meshgrid(torch.arange(17.), torch.arange(23.), indexing='ij')
+    one = torch.zeros(17, 23, dtype=torch.bool); one[5, 7] = True
+    corner = torch.zeros(17, 23, dtype=torch.bool); corner[0, 0] = True
+    m = torch.cat([torch.rand(3, 17, 23, generator=g) > .5, torch.zeros(1, 17, 23, dtype=torch.bool),
+                   torch.ones(1, 17, 23, dtype=torch.bool), one[None], corner[None],
+                   (((xx - 11) / 8) ** 2 + ((yy - 8) / 5) ** 2 <= 1)[None]])
     rles = rle_encode(m)
+    assert len(rles) == len(m)
     for r, mi in zip(rles, m.numpy().astype(np.uint8)):
         want = mask_utils.encode(np.asfortranarray(mi))
         assert r == dict(size=want['size'], counts=want['counts'].decode()) and mask_utils.area(r) == mi.sum()

@@ -12,34 +12,7 @@ import lightning.pytorch as L
 from lucid_nb.data import YoloData
 from lucid_nb.trainer import AtomicCheckpoint, LitYolo, cli_main
 
-ROOT = Path(__file__).resolve().parent.parent
-TINY = ['--trainer.accelerator', 'cpu', '--trainer.num_sanity_val_steps', '0', '--trainer.limit_train_batches', '2',
-        '--trainer.enable_progress_bar', 'false', '--trainer.enable_model_summary', 'false',
-        '--data.imgsz', '64', '--data.batch_size', '2', '--data.val_count', '2', '--data.close_mosaic', '1',
-        '--model.warmup_epochs', '0', '--model.max_det', '20', '--seed_everything', '0']
-
-
-def tiny(tmp: Path, *extra: str, sub: str = 'fit', epochs: int = 2) -> list:
-    logger = ['--trainer.logger', json.dumps({'class_path': 'lightning.pytorch.loggers.CSVLogger',
-                                              'init_args': {'save_dir': str(tmp / 'runs'), 'name': 'tiny'}})]
-    return [sub, *TINY, '--trainer.max_epochs', str(epochs), *logger, *extra]
-
-
-class StopAfterFirstEpoch(Callback):
-    "Ends fit after epoch 0 (after its validation and checkpoint), as an interrupted run would."
-    def on_validation_end(self, trainer, module):
-        if trainer.current_epoch == 0: trainer.should_stop = True
-
-
-def fit(tmp: Path, *extra, callbacks=(), ckpt=None):
-    cli = cli_main(tiny(tmp, *extra)[1:], run=False)
-    cli.trainer.callbacks.extend(callbacks)
-    cli.trainer.fit(cli.model, cli.datamodule, ckpt_path=ckpt)
-    run = Path(cli.trainer.log_dir)
-    return cli, run, json.loads((run / 'state_hashes.json').read_text())
-
-
-def hashes_only(h: dict) -> dict: return {k: v for k, v in h.items() if k != 'env'}
+from helpers import ROOT, TINY, tiny, StopAfterFirstEpoch, fit, hashes_only
 
 
 @pytest.fixture(scope='module')
@@ -91,11 +64,6 @@ def test_checkpoint_of_another_model_is_refused(reference, tmp_path):
     trainer = L.Trainer(accelerator='cpu', logger=False, enable_progress_bar=False, default_root_dir=tmp_path)
     with pytest.raises(ValueError, match=r"size='n' \(this run: 's'\)"):
         trainer.validate(LitYolo(size='s'), datamodule=YoloData(imgsz=64, batch_size=2, val_count=2), ckpt_path=ckpt)
-
-
-def test_capture_segment_heads_is_refused(tmp_path):
-    with pytest.raises(ValueError, match='capture_segment_heads'):
-        cli_main(tiny(tmp_path, '--model.capture_segment_heads', 'true')[1:], run=False)
 
 
 @pytest.mark.parametrize('opt, value, says', [('--data.cache', 'bogus', 'cache'), ('--model.size', 'x', 'size'),

@@ -1,0 +1,38 @@
+"""Helpers shared by the trainer and recorder tests: a tiny CPU run of the `lucid` CLI."""
+import json
+from pathlib import Path
+
+from lightning.pytorch.callbacks import Callback
+
+from lucid_nb.trainer import cli_main
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = ['--trainer.accelerator', 'cpu', '--trainer.num_sanity_val_steps', '0', '--trainer.limit_train_batches', '2',
+        '--trainer.enable_progress_bar', 'false', '--trainer.enable_model_summary', 'false',
+        '--data.imgsz', '64', '--data.batch_size', '2', '--data.val_count', '2', '--data.close_mosaic', '1',
+        '--model.warmup_epochs', '0', '--model.max_det', '20', '--seed_everything', '0']
+
+
+def tiny(tmp: Path, *extra: str, sub: str = 'fit', epochs: int = 2) -> list:
+    logger = ['--trainer.logger', json.dumps({'class_path': 'lightning.pytorch.loggers.CSVLogger',
+                                              'init_args': {'save_dir': str(tmp / 'runs'), 'name': 'tiny'}})]
+    return [sub, *TINY, '--trainer.max_epochs', str(epochs), *logger, *extra]
+
+
+class StopAfterFirstEpoch(Callback):
+    "Ends fit after epoch 0 (after its validation and checkpoint), as an interrupted run would."
+    def on_validation_end(self, trainer, module):
+        if trainer.current_epoch == 0: trainer.should_stop = True
+
+
+def fit(tmp: Path, *extra, callbacks=(), ckpt=None):
+    cli = cli_main(tiny(tmp, *extra)[1:], run=False)
+    cli.trainer.callbacks.extend(callbacks)
+    cli.trainer.fit(cli.model, cli.datamodule, ckpt_path=ckpt)
+    run = Path(cli.trainer.log_dir)
+    return cli, run, json.loads((run / 'state_hashes.json').read_text())
+
+
+def hashes_only(h: dict) -> dict: return {k: v for k, v in h.items() if k != 'env'}
+
+

@@ -1,0 +1,77 @@
+"""The recorder's bitwise and lifecycle claims on a real GPU (`pytest -m cuda`; skipped where there is none).
+
+Trainer-level: a fit with `--model.capture_segment_heads true` equals the native fit step by step (loss bytes) and at
+the end (model, optimiser, scheduler, EMA, loss, predictions JSON), across EMA validation and a save/resume, within
+one process and across processes with deterministic cuDNN settings. Step-level: gradients of every parameter,
+including a batch with an image without instances."""
+import json, os, subprocess, sys
+from pathlib import Path
+
+import pytest, torch
+
+from lucid_nb.core import synth_batch
+from lucid_nb.model import yolo_seg
+from lucid_nb.recorder import HeadRecorder, train_trace
+from lucid_nb import recorder
+
+from helpers import StopAfterFirstEpoch, fit, hashes_only, tiny
+from test_recorder import StepLosses
+
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA GPU')]
+
+GPU = ('--trainer.accelerator', 'gpu', '--trainer.devices', '1', '--trainer.precision', 'bf16-mixed',
+       '--trainer.limit_train_batches', '6', '--data.imgsz', '320', '--data.batch_size', '4', '--data.val_count', '8')
+CAPTURE = ('--model.capture_segment_heads', 'true')
+
+
+def gpu_fit(tmp, *extra, ckpt=None, callbacks=()):
+    losses = StepLosses()
+    cli, run, h = fit(tmp, *GPU, *extra, callbacks=[losses, *callbacks], ckpt=ckpt)
+    return losses.steps, run, h
+
+
+@pytest.fixture(scope='module')
+def native(tmp_path_factory):
+    torch.backends.cudnn.benchmark = False
+    return gpu_fit(tmp_path_factory.mktemp('native'))
+
+
+def test_fit_replay_equals_native(native, tmp_path):
+    steps, run, h = gpu_fit(tmp_path, *CAPTURE)
+    assert len(steps) == 12 and steps == native[0]
+    assert hashes_only(h) == hashes_only(native[2])
+    report = json.loads((run / 'recorder.json').read_text())
+    assert report['backend'] == 'cuda' and report['replayed_calls'] == 12 and report['native_calls'] == 0, report
+
+
+def test_resumed_replay_equals_native(native, tmp_path):
+    _, run, _ = gpu_fit(tmp_path, *CAPTURE, callbacks=[StopAfterFirstEpoch()])
+    steps, run2, h = gpu_fit(tmp_path, *CAPTURE, ckpt=str(run / 'checkpoints' / 'last.ckpt'))
+    assert steps == native[0][6:] and hashes_only(h) == hashes_only(native[2])
+    assert json.loads((run2 / 'recorder.json').read_text())['replayed_calls'] == 6
+
+
+def test_step_gradients_with_an_empty_image():
+    torch.backends.cudnn.benchmark = False
+    batches = [synth_batch(B=4, S=640, M=16, K=80, seed=s, empty=True) for s in range(4)]
+    def fresh(): torch.manual_seed(0); return yolo_seg('n', 80).cuda()
+    native, control = train_trace(fresh(), batches), train_trace(fresh(), batches)
+    rec = HeadRecorder()
+    replay = train_trace(fresh(), batches, rec)
+    recorder.test_traces_equal(native, control)
+    recorder.test_traces_equal(native, replay)
+    assert rec.replayed == 4 and rec.native == 0
+
+
+def test_cross_process_hashes(tmp_path):
+    "Native and replayed fits in separate processes, cuDNN deterministic (`warn`: the nearest-upsample backward has no deterministic kernel): the same hashes and predictions JSON."
+    env = dict(os.environ, CUBLAS_WORKSPACE_CONFIG=':4096:8')
+    hashes = {}
+    for arm, extra in (('native', ()), ('replay', CAPTURE)):
+        runs = tmp_path / arm
+        args = [sys.executable, '-c', 'import sys; from lucid_nb.trainer import cli_main; cli_main(sys.argv[1:])',
+                *tiny(runs, *GPU, '--trainer.deterministic', 'warn', *extra)]
+        r = subprocess.run(args, capture_output=True, text=True, env=env, cwd=Path(__file__).parent.parent)
+        assert r.returncode == 0, r.stderr[-3000:]
+        hashes[arm] = hashes_only(json.loads(next(runs.rglob('state_hashes.json')).read_text()))
+    assert hashes['native'] == hashes['replay'] and 'predictions' in hashes['native']
