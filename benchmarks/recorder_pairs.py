@@ -8,6 +8,8 @@ the peak reserved CUDA memory, every state hash and the predictions JSON hash, a
 summary gives per arm the median (min–max), per pair the replay/native ratio, and whether all hashes matched.
 
     python benchmarks/recorder_pairs.py --pairs 5 --batch-size 4 --out benchmarks/results [-- extra lucid args]
+
+(`--previous FILE` continues an earlier result file with more pairs, for device sessions shorter than all pairs.)
 """
 import argparse, json, statistics, subprocess, sys, time
 from datetime import datetime, timezone
@@ -41,7 +43,8 @@ def run_once(arm: str, batch_size: int, save_dir: Path, extra: list) -> dict:
                 recorder_log=[l for l in r.stderr.splitlines() if 'capture_segment_heads' in l])
 
 
-def spread(xs: list) -> dict:
+def spread(xs: list) -> dict | None:
+    if any(x is None for x in xs): return None   # e.g. no CUDA memory figure on a CPU check run
     return dict(median=statistics.median(xs), min=min(xs), max=max(xs))
 
 
@@ -49,26 +52,29 @@ def main(argv=None):
     p = argparse.ArgumentParser()
     p.add_argument('--pairs', type=int, default=5); p.add_argument('--batch-size', type=int, default=4)
     p.add_argument('--out', default='benchmarks/results'); p.add_argument('--work', default='/tmp/recorder_pairs')
+    p.add_argument('--previous', help='a result file of earlier pairs (same settings) to continue')
     p.add_argument('extra', nargs='*', help='extra `lucid fit` arguments, after --')
     a = p.parse_args(argv)
-    runs = []
-    for i in range(a.pairs):
+    runs = json.loads(Path(a.previous).read_text())['runs'] if a.previous and Path(a.previous).exists() else []
+    if runs and json.loads(Path(a.previous).read_text())['extra_args'] != a.extra: raise SystemExit('--previous: other settings')
+    first = len(runs) // 2
+    for i in range(first, first + a.pairs):
         for arm in ('native', 'replay'):
             r = run_once(arm, a.batch_size, Path(a.work) / f'b{a.batch_size}' / f'pair{i}', a.extra)
             print(f"pair {i} {arm:>6}: process {r['process_seconds']:.1f} s, fit {r['fit_seconds']:.1f} s, "
-                  f"train {r['train_seconds']:.1f} s, step {r['step_ms']:.1f} ms, peak {r['peak_reserved_mib']:.0f} MiB, "
+                  f"train {r['train_seconds']:.1f} s, step {r['step_ms']:.1f} ms, peak {r['peak_reserved_mib']} MiB, "
                   f"all {r['hashes']['all'][:12]}", flush=True)
             runs.append(r)
     arms = {arm: [r for r in runs if r['arm'] == arm] for arm in ('native', 'replay')}
     keys = ('process_seconds', 'fit_seconds', 'train_seconds', 'validation_seconds', 'step_ms', 'peak_reserved_mib')
     summary = {arm: {k: spread([r[k] for r in rs]) for k in keys} for arm, rs in arms.items()}
     pairs = list(zip(arms['native'], arms['replay']))
-    summary['replay_over_native'] = {k: spread([b[k] / n[k] for n, b in pairs]) for k in keys}
+    summary['replay_over_native'] = {k: spread([None if n[k] is None else b[k] / n[k] for n, b in pairs]) for k in keys}
     summary['all_hashes_equal'] = len({json.dumps(r['hashes'], sort_keys=True) for r in runs}) == 1
     summary['native_runs_equal'] = len({json.dumps(r['hashes'], sort_keys=True) for r in arms['native']}) == 1
     summary['predictions_equal'] = len({r['hashes'].get('predictions') for r in runs}) == 1
     res = dict(what='recorder reference benchmark: alternating native/replay `lucid fit` processes',
-               config='configs/coco128-seg-n.yaml', batch_size=a.batch_size, pairs=a.pairs, extra_args=a.extra,
+               config='configs/coco128-seg-n.yaml', batch_size=a.batch_size, pairs=len(pairs), extra_args=a.extra,
                date=datetime.now(timezone.utc).isoformat(timespec='seconds'), env=runs[0]['env'], summary=summary, runs=runs)
     out = Path(a.out); out.mkdir(parents=True, exist_ok=True)
     path = out / f'recorder_pairs_b{a.batch_size}_nvidia-h200.json'

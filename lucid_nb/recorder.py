@@ -6,7 +6,7 @@ Docs: https://lucid-nb.github.io/lucid_nb/recorder.html.md"""
 
 # %% ../nbs/06_recorder.ipynb #9a9d3be6
 from __future__ import annotations
-import json, logging, operator, time
+import functools, json, logging, operator, time
 from pathlib import Path
 import torch
 from torch import nn, Tensor
@@ -16,9 +16,9 @@ from lightning.pytorch.utilities import rank_zero_info
 from .core import *
 
 # %% auto #0
-__all__ = ['MIN_TORCH', 'log', 'head_autocast', 'autocast_state', 'CudaGraphs', 'EagerGraphs', 'HeadGraphs', 'HeadReplay',
-           'head_blocker', 'fit_blocker', 'call_blocker', 'HeadRecorder', 'find_recorder', 'model_outputs',
-           'train_trace', 'test_traces_equal']
+__all__ = ['MIN_TORCH', 'log', 'head_autocast', 'autocast_state', 'CudaGraphs', 'EagerGraphs', 'alignment', 'grad_layout',
+           'non_overlapping', 'empty_with_layout', 'HeadGraphs', 'HeadReplay', 'head_blocker', 'fit_blocker',
+           'call_blocker', 'HeadRecorder', 'find_recorder', 'model_outputs', 'train_trace', 'test_traces_equal']
 
 # %% ../nbs/06_recorder.ipynb #f7c422cf
 def head_autocast(device_type:str)->torch.autocast:
@@ -58,7 +58,10 @@ class CudaGraphs:
     def replay(self, graph): graph.replay()
     def rng_state(self)->Tensor: return torch.cuda.get_rng_state()
     def set_rng_state(self, state:Tensor): torch.cuda.set_rng_state(state)
-    def memory_reserved(self)->int: return torch.cuda.memory_reserved()
+    def memory_reserved(self)->int:
+        "Reserved CUDA memory after returning the allocator's unused cache (so a difference is the recording's own)."
+        torch.cuda.synchronize(); torch.cuda.empty_cache()
+        return torch.cuda.memory_reserved()
 
 class _EagerGraph:
     "A recorded function and the tensors of its first run, which every replay overwrites."
@@ -86,6 +89,32 @@ class EagerGraphs:
 # %% ../nbs/06_recorder.ipynb #0cd580bc
 def _signature(t:Tensor)->tuple: return (tuple(t.shape), t.stride(), t.dtype, t.device, t.requires_grad)
 
+def alignment(device:torch.device)->int:
+    "Bytes to which PyTorch's allocator aligns every block on `device` (CUDA caching allocator: 512; CPU: 64)."
+    return 512 if device.type == 'cuda' else 64
+
+def grad_layout(g:Tensor)->tuple:
+    "What a gradient kernel may depend on besides the values: strides, and the address modulo the allocator's alignment."
+    return (g.stride(), g.data_ptr() % alignment(g.device))
+
+def non_overlapping(shape, stride)->bool:
+    "Whether no two elements of a strided layout share memory (dims sorted by stride, each must step past the others)."
+    span = 1
+    for st, n in sorted((st, n) for n, st in zip(shape, stride) if n > 1):
+        if st < span: return False
+        span += (n - 1) * st
+    return True
+
+def empty_with_layout(like:Tensor, layout:tuple|None)->Tensor:
+    "A zero tensor shaped and typed as `like`, with `layout`'s strides and address alignment (contiguous if None)."
+    if layout is None: return torch.zeros_like(like, memory_format=torch.contiguous_format)
+    stride, offset = layout
+    span = 1 + sum((n - 1) * st for n, st in zip(like.shape, stride))
+    align = alignment(like.device)
+    base = torch.zeros(span + align // like.element_size(), dtype=like.dtype, device=like.device)
+    shift = ((offset - base.data_ptr() % align) % align) // like.element_size()
+    return base.as_strided(like.shape, stride, shift)
+
 def _describe(sig:tuple)->str: return f"{'×'.join(map(str, sig[0]))} {str(sig[2]).replace('torch.', '')}"
 
 class HeadGraphs:
@@ -93,8 +122,10 @@ class HeadGraphs:
     def __init__(self,
                  head:nn.Module,      # a head with `predict(feats) -> {name: output}` in native call order
                  feats:list[Tensor],  # the feature maps of the batch that is being recorded
-                 backend):            # `CudaGraphs()` or `EagerGraphs()`
+                 backend,             # `CudaGraphs()` or `EagerGraphs()`
+                 grad_layouts=None):  # per output, `grad_layout` of the gradient the loss sends back (None: contiguous)
         self.head, self.backend, self.released = head, backend, False
+        self.grad_layouts = grad_layouts
         self.params = tuple(p for p in head.parameters() if p.requires_grad)
         self.buffers = tuple(head.buffers())
         self.device_type = feats[0].device.type
@@ -107,7 +138,7 @@ class HeadGraphs:
             for s, f in zip(self.static_in, feats): s.copy_(f)
         for s, f in zip(self.static_in, feats): s.requires_grad_(f.requires_grad)
         self.grad_inputs = tuple(s for s in self.static_in if s.requires_grad) + self.params
-        self.generation, self.pending, self._outs = 0, False, None
+        self.generation, self.pending, self._outs, self.native_backwards = 0, False, None, 0
         self.seconds, self.reserved_bytes = self._record()
 
     def current_pointers(self)->tuple:
@@ -134,7 +165,9 @@ class HeadGraphs:
             self.backend.warm_up(self._warm_up_step)
             self.fwd_graph, outs = self.backend.capture(self._forward)
             self.static_out = tuple(o.detach() for o in outs)
-            self.static_gout = tuple(torch.zeros_like(o) for o in outs)
+            layouts = self.grad_layouts or [None] * len(outs)
+            self.static_gout = tuple(empty_with_layout(o, l) for o, l in zip(outs, layouts))
+            self.grad_layouts = tuple(grad_layout(g) for g in self.static_gout)
             self.bwd_graph, grads = self.backend.capture(self._backward)
             self.static_grads = tuple(grads)
         finally:
@@ -170,7 +203,9 @@ class HeadGraphs:
                                "forward only (retain_graph or an older graph's backward is not supported); "
                                "run without --model.capture_segment_heads for this")
         self.pending = False
-        if any(g is None for g in grad_outputs): grads = self._native_backward(grad_outputs)
+        if any(g is None or grad_layout(g) != l for g, l in zip(grad_outputs, self.grad_layouts)):
+            self.native_backwards += 1
+            grads = self._native_backward(grad_outputs)
         else:
             with torch.no_grad():
                 for s, g in zip(self.static_gout, grad_outputs): s.copy_(g)
@@ -283,6 +318,7 @@ class HeadRecorder(Callback):
 
     def reset_stats(self):
         self.replayed, self.native, self.reasons, self.recordings = 0, 0, {}, []
+        self.probes, self.native_backwards, self.layouts, self.probed, self.probe_signature = 0, 0, None, False, None
 
     def note(self, reason:str):
         "Count a reason for a native head call; say it the first time."
@@ -308,19 +344,34 @@ class HeadRecorder(Callback):
             if why is None and self.graphs.current_pointers() != self.graphs.pointers:
                 log.warning("capture_segment_heads: the head's parameters or buffers were replaced; recording again")
                 self.release()
-        if why is None and self.graphs is None: why = self.record(head, feats)
+        if why is None and self.graphs is None:
+            if not self.probed or self.probe_signature != tuple(map(_signature, feats)): return self.probe(head, feats)
+            why = self.record(head, feats)
         if why is not None:
             self.note(why); self.native += 1
             return head.predict(feats)
         self.replayed += 1
         return dict(zip(self.graphs.names, HeadReplay.apply(self.graphs, *feats, *self.graphs.params)))
 
+    def probe(self, head:nn.Module, feats:list[Tensor])->dict[str,Tensor]:
+        "Run the head natively and learn, during its backward, the layout of each output's gradient (for `record`)."
+        self.probes, self.probed, self.probe_signature = self.probes + 1, False, tuple(map(_signature, feats))
+        raw = head.predict(feats)
+        self.layouts = layouts = [None] * len(raw)
+        for i, out in enumerate(raw.values()):
+            if out.requires_grad: out.register_hook(functools.partial(self._learn_layout, layouts, i))
+        return raw
+
+    def _learn_layout(self, layouts:list, i:int, grad:Tensor):
+        layouts[i] = grad_layout(grad) if non_overlapping(grad.shape, grad.stride()) else None
+        self.probed = True
+
     def record(self, head:nn.Module, feats:list[Tensor])->str|None:
         "Record the head on `feats`; return why it could not, or None."
         if len(self.recordings) >= self.max_records:
             self.blocked = f"the head's parameters kept moving; stopped after {self.max_records} recordings"
             return self.blocked
-        try: self.graphs = self.graphs_type(head, feats, self.backend_)
+        try: self.graphs = self.graphs_type(head, feats, self.backend_, self.layouts)
         except Exception as e:
             self.blocked = f"recording failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
             return self.blocked
@@ -334,13 +385,16 @@ class HeadRecorder(Callback):
 
     def report(self)->dict:
         "What the recorder did in this fit."
+        backwards = self.native_backwards + (self.graphs.native_backwards if self.graphs is not None else 0)
         return dict(backend=getattr(self.backend_, 'name', None), blocked=self.blocked, replayed_calls=self.replayed,
-                    native_calls=self.native, native_reasons=dict(self.reasons), recordings=list(self.recordings))
+                    layout_probe_calls=self.probes, native_calls=self.native, native_reasons=dict(self.reasons),
+                    native_backwards_of_replayed_calls=backwards, recordings=list(self.recordings))
 
     def on_fit_end(self, trainer, module):
         r = self.report()
         rec = r['recordings']
-        rank_zero_info(f"capture_segment_heads: {r['replayed_calls']} head calls replayed, {r['native_calls']} native"
+        rank_zero_info(f"capture_segment_heads: {r['replayed_calls']} head calls replayed, {r['layout_probe_calls']} native "
+                       f"to learn gradient layouts, {r['native_calls']} native fallbacks"
                        + (f"; recorded in {sum(x['seconds'] for x in rec):.2f} s, "
                           f"{sum(x['reserved_mib'] for x in rec):.0f} MiB more reserved" if rec else ''))
         if trainer.is_global_zero and (trainer.log_dir or trainer.default_root_dir):
@@ -353,7 +407,9 @@ class HeadRecorder(Callback):
 
     def release(self):
         "Drop the recording (idempotent)."
-        if self.graphs is not None: self.graphs.release()
+        if self.graphs is not None:
+            self.native_backwards += self.graphs.native_backwards
+            self.graphs.release()
         self.graphs = None
 
 

@@ -11,6 +11,7 @@ from lightning.pytorch.callbacks import Callback
 
 from lucid_nb.core import digest, synth_batch
 from lucid_nb.model import yolo_seg
+from lucid_nb.loss import SegLoss
 from lucid_nb.recorder import (EagerGraphs, HeadGraphs, HeadRecorder, fit_blocker, head_blocker, model_outputs,
                                train_trace)
 from lucid_nb import recorder
@@ -49,7 +50,8 @@ def test_replayed_fit_is_bitwise_native(native, tmp_path):
     assert steps == native[0] and len(steps) == 4
     assert hashes_only(h) == hashes_only(native[1])       # model, optimiser, scheduler, EMA, loss, predictions JSON
     report = json.loads((run / 'recorder.json').read_text())
-    assert report['replayed_calls'] == 4 and report['native_calls'] == 0 and report['backend'] == 'eager'
+    assert (report['layout_probe_calls'], report['replayed_calls'], report['native_calls']) == (1, 3, 0)
+    assert report['backend'] == 'eager' and report['native_backwards_of_replayed_calls'] == 0
     assert len(report['recordings']) == 1 and rec.graphs is None   # released at fit end
 
 
@@ -57,7 +59,7 @@ def test_resumed_replayed_fit_is_bitwise_native(native, tmp_path):
     _, _, run, _ = recorded_fit(tmp_path, callbacks=[StopAfterFirstEpoch()])
     rec, steps, _, h = recorded_fit(tmp_path, ckpt=str(run / 'checkpoints' / 'last.ckpt'))
     assert steps == native[0][2:] and hashes_only(h) == hashes_only(native[1])
-    assert rec.replayed == 2 and len(rec.recordings) == 1
+    assert (rec.probes, rec.replayed) == (1, 1) and len(rec.recordings) == 1
 
 
 def test_flag_adds_the_recorder_and_falls_back_on_cpu(tmp_path, caplog):
@@ -131,8 +133,8 @@ def test_released_on_exception(tmp_path):
     class Spy(Callback):
         def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx): seen.append(rec.graphs)
     with pytest.raises(RuntimeError, match='injected failure'):
-        fit(tmp_path, *BF16, callbacks=[rec, Spy(), FailAtStep(1)])
-    assert rec.graphs is None and seen[0] is not None and seen[0].released
+        fit(tmp_path, *BF16, callbacks=[rec, Spy(), FailAtStep(2)])
+    assert rec.graphs is None and seen[-1] is not None and seen[-1].released
 
 
 class FailingBackend(EagerGraphs):
@@ -146,7 +148,7 @@ def test_recording_failure_trains_natively(native, tmp_path, caplog):
     lines = [r.getMessage() for r in caplog.records if r.name == LOGGER]
     assert lines == ['capture_segment_heads: the head runs natively: recording failed '
                      '(RuntimeError: operation not permitted when stream is capturing)']
-    assert rec.native == 4
+    assert (rec.probes, rec.native) == (1, 3)
 
 
 def one_step(model, rec, batch):
@@ -161,7 +163,7 @@ def test_moved_parameters_are_recorded_again(caplog):
     rec = HeadRecorder(backend=EagerGraphs(), max_records=2)
     rec.start(model.head)
     batch = synth_batch(B=2, S=64, K=4)
-    one_step(model, rec, batch)
+    one_step(model, rec, batch); one_step(model, rec, batch)     # learn the gradient layouts; record and replay
     first = rec.graphs
     # new tensors: the recorded addresses are stale
     model.head.load_state_dict({k: v.clone() for k, v in model.head.state_dict().items()}, assign=True)
@@ -177,7 +179,7 @@ def test_checkpoint_load_releases():
     rec = HeadRecorder(backend=EagerGraphs())
     torch.manual_seed(0); model = yolo_seg('n', 4)
     rec.start(model.head)
-    one_step(model, rec, synth_batch(B=2, S=64, K=4))
+    for _ in range(2): one_step(model, rec, synth_batch(B=2, S=64, K=4))
     graphs = rec.graphs
     rec.on_load_checkpoint(None, None, {})
     assert rec.graphs is None and graphs.released
@@ -195,3 +197,32 @@ def test_frozen_branch_and_frozen_features():
     b = train_trace(frozen(), batches, HeadRecorder(backend=EagerGraphs()))
     recorder.test_traces_equal(a, b)
     assert all(b['steps'][0]['grads'][n] is None for n in b['steps'][0]['grads'] if n.startswith(('head.box.2', 'backbone')))
+
+
+class LayoutSwitchingLoss(SegLoss):
+    "The segmentation loss; every other call multiplies the outputs by 1 first, so their gradients arrive contiguous."
+    calls = 0
+    def forward(self, out, batch):
+        LayoutSwitchingLoss.calls += 1
+        if self.calls % 2: out = {k: v * 1 if torch.is_tensor(v) else [t * 1 for t in v] for k, v in out.items()}
+        return super().forward(out, batch)
+
+
+def test_gradient_layouts_are_learned_and_checked():
+    "The recording's gradient inputs copy the loss's strided layout; a backward laid out otherwise runs natively."
+    torch.manual_seed(0); model = yolo_seg('n', 4)
+    rec = HeadRecorder(backend=EagerGraphs()); rec.start(model.head)
+    batch = synth_batch(B=2, S=64, K=4)
+    for _ in range(2):
+        with torch.autocast('cpu', dtype=torch.bfloat16):
+            sum(SegLoss(4)(model_outputs(model, batch['img'].float() / 255, rec), batch).values()).backward()
+    layouts = dict(zip(rec.graphs.names, rec.graphs.grad_layouts))
+    box1 = rec.graphs.static_out[rec.graphs.names.index('box1')]
+    assert layouts['box1'][0] != box1.stride()            # a strided view of the concatenated gradient
+    def fresh(): torch.manual_seed(0); return yolo_seg('n', 4)
+    batches = [synth_batch(B=2, S=64, K=4, seed=s) for s in range(5)]
+    LayoutSwitchingLoss.calls = 0; a = train_trace(fresh(), batches, loss_fn=LayoutSwitchingLoss(4))
+    LayoutSwitchingLoss.calls = 0; rec = HeadRecorder(backend=EagerGraphs())
+    b = train_trace(fresh(), batches, rec, loss_fn=LayoutSwitchingLoss(4))
+    recorder.test_traces_equal(a, b)
+    assert rec.replayed == 4 and rec.native_backwards == 2   # the contiguous-gradient steps went native
