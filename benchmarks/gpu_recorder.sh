@@ -17,6 +17,7 @@ for stage in "$@"; do
   case $stage in
     tests) python3 -m pytest -q -m cuda -p no:cacheprovider tests/test_recorder_cuda.py tests/test_optim.py > "$OUT/results/pytest_cuda.log" 2>&1 || status=1; tail -5 "$OUT/results/pytest_cuda.log" ;;
     notebook) (cd nbs && nbdev-test --flags "cuda slow" --save 06_recorder.ipynb) || status=1; cp nbs/06_recorder.ipynb "$OUT/" ;;
+    diag) python3 -m pytest -q -x -m cuda -p no:cacheprovider tests/test_recorder_cuda.py -k empty_image > "$OUT/results/pytest_cuda_empty_image.log" 2>&1; tail -3 "$OUT/results/pytest_cuda_empty_image.log" ;;
     validation) python3 benchmarks/profile_validation.py --out "$OUT/results" -- --data.workers 4 2>&1 | grep -v Warning | head -60 || status=1 ;;
     profile4) python3 benchmarks/profile_step.py --batch-size 4 --out "$OUT/results" | tail -3 || status=1
               python3 benchmarks/profile_step.py --batch-size 4 --capture --out "$OUT/results" | tail -3 || status=1 ;;

@@ -6,7 +6,7 @@ Docs: https://lucid-nb.github.io/lucid_nb/recorder.html.md"""
 
 # %% ../nbs/06_recorder.ipynb #9a9d3be6
 from __future__ import annotations
-import functools, json, logging, operator, time
+import functools, json, logging, operator, time, traceback
 from pathlib import Path
 import torch
 from torch import nn, Tensor
@@ -319,6 +319,7 @@ class HeadRecorder(Callback):
     def reset_stats(self):
         self.replayed, self.native, self.reasons, self.recordings = 0, 0, {}, []
         self.probes, self.native_backwards, self.layouts, self.probed, self.probe_signature = 0, 0, None, False, None
+        self.record_error = None
 
     def note(self, reason:str):
         "Count a reason for a native head call; say it the first time."
@@ -374,6 +375,7 @@ class HeadRecorder(Callback):
         try: self.graphs = self.graphs_type(head, feats, self.backend_, self.layouts)
         except Exception as e:
             self.blocked = f"recording failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+            self.record_error = traceback.format_exc()  # the whole chain, for recorder.json: the first error matters
             return self.blocked
         self.recordings.append(dict(seconds=self.graphs.seconds, reserved_mib=self.graphs.reserved_bytes / 2**20))
         return None
@@ -388,7 +390,8 @@ class HeadRecorder(Callback):
         backwards = self.native_backwards + (self.graphs.native_backwards if self.graphs is not None else 0)
         return dict(backend=getattr(self.backend_, 'name', None), blocked=self.blocked, replayed_calls=self.replayed,
                     layout_probe_calls=self.probes, native_calls=self.native, native_reasons=dict(self.reasons),
-                    native_backwards_of_replayed_calls=backwards, recordings=list(self.recordings))
+                    native_backwards_of_replayed_calls=backwards, recordings=list(self.recordings),
+                    record_error=self.record_error)
 
     def on_fit_end(self, trainer, module):
         r = self.report()

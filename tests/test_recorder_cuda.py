@@ -61,7 +61,7 @@ def test_step_gradients_with_an_empty_image():
     replay = train_trace(fresh(), batches, rec)
     recorder.test_traces_equal(native, control)
     recorder.test_traces_equal(native, replay)
-    assert (rec.probes, rec.replayed, rec.native, rec.native_backwards) == (1, 3, 0, 0)
+    assert (rec.probes, rec.replayed, rec.native, rec.native_backwards) == (1, 3, 0, 0), rec.report()
 
 
 def test_cross_process_hashes(tmp_path):
