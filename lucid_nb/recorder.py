@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 from torch import nn, Tensor
 from torch.autograd.function import once_differentiable
+from torch.nn.utils.stateless import _reparametrize_module
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 from .core import *
@@ -137,7 +138,9 @@ class HeadGraphs:
         with torch.no_grad():
             for s, f in zip(self.static_in, feats): s.copy_(f)
         for s, f in zip(self.static_in, feats): s.requires_grad_(f.requires_grad)
-        self.grad_inputs = tuple(s for s in self.static_in if s.requires_grad) + self.params
+        # the recording differentiates fresh aliases of the parameters (same storage), not the parameters themselves
+        self.aliases = {n: p.detach().requires_grad_() for n, p in head.named_parameters() if p.requires_grad}
+        self.grad_inputs = tuple(s for s in self.static_in if s.requires_grad) + tuple(self.aliases.values())
         self.generation, self.pending, self._outs, self.native_backwards = 0, False, None, 0
         self.seconds, self.reserved_bytes = self._record()
 
@@ -146,7 +149,8 @@ class HeadGraphs:
         return module_pointers(self.modules, with_grad=True)
 
     def _forward(self)->tuple:
-        with torch.enable_grad(), torch.autocast(self.device_type, **self.autocast):
+        with torch.enable_grad(), torch.autocast(self.device_type, **self.autocast), \
+             _reparametrize_module(self.head, self.aliases):
             out = self.head.predict(list(self.static_in))
         self.names, self._outs = tuple(out), tuple(out.values())
         return self._outs
@@ -232,7 +236,7 @@ class HeadGraphs:
         "Drop the graphs and static buffers (their memory returns to PyTorch's allocator)."
         self.released, self.pending = True, False
         self.fwd_graph = self.bwd_graph = self.static_in = self.static_out = self.static_gout = self.static_grads = None
-        self.grad_inputs = ()
+        self.grad_inputs, self.aliases = (), {}
 
 class HeadReplay(torch.autograd.Function):
     "Autograd node of one replayed head call; its inputs are the feature maps and the head's trainable parameters."

@@ -1,0 +1,19 @@
+import sys, torch
+from lucid_nb.core import synth_batch
+from lucid_nb.model import yolo_seg
+from lucid_nb.loss import SegLoss
+from lucid_nb.recorder import HeadRecorder, train_trace, model_outputs
+torch.backends.cudnn.benchmark = False
+case = sys.argv[1]
+M = 100 if case == 'C' else 16
+bs = [synth_batch(B=4, S=640, M=M, K=80, seed=s, empty=True) for s in range(3)]
+torch.manual_seed(0); m = yolo_seg('n', 80).cuda(); rec = HeadRecorder()
+if case in ('A', 'C'): train_trace(m, bs, rec)
+else:
+    rec.start(m.head); lf = SegLoss(80); opt = torch.optim.SGD(m.parameters(), lr=0.01)
+    for b in bs:
+        b = {k: v.cuda() for k, v in b.items()}
+        with torch.autocast('cuda', dtype=torch.bfloat16):
+            loss = sum(lf(model_outputs(m, b['img'].float() / 255, rec), b).values())
+        opt.zero_grad(); loss.backward(); opt.step(); del loss
+r = rec.report(); print(case, r['replayed_calls'], (r['record_error'] or '').strip().splitlines()[-5:-4])
