@@ -5,7 +5,8 @@
 #   bash benchmarks/gpu_recorder.sh profile    # per-part step profile, native and replay, batch 4 and 16 (profile4: batch 4)
 #   bash benchmarks/gpu_recorder.sh validation # one validation epoch of the reference run under cProfile
 #   bash benchmarks/gpu_recorder.sh pairs4x5   # reference benchmark: 5 alternating native/replay processes at batch 4
-# Results go to $OUT/results (copy them into benchmarks/results/).
+# Results go to $OUT/results (copy them into benchmarks/results/). Export LUCID_NB_COMMIT=<commit> first: the copied
+# tree's .git is stale on that machine, and env_info() records this value.
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl >/dev/null || exit 1
 export PYTHONPATH=$PWD:/tmp/site PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/out}

@@ -33,11 +33,12 @@ TEST_IMG = EMBEDDED_IMAGES/'000000000009.jpg'
 
 # %% ../nbs/00_core.ipynb #94ea045d
 def _git_commit()->str:
-    "The checkout's commit; `$LUCID_NB_COMMIT` where there is no git (a copied tree on a GPU machine)."
+    "`$LUCID_NB_COMMIT` if set (a copied tree on a GPU machine, whose `.git` may be stale), else the checkout's commit."
+    if os.environ.get('LUCID_NB_COMMIT'): return os.environ['LUCID_NB_COMMIT']
     try: found = subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], cwd=repo_root(), capture_output=True,
                                 text=True, timeout=5).stdout.strip()
     except (OSError, subprocess.SubprocessError): found = ''
-    return found or os.environ.get('LUCID_NB_COMMIT', 'unknown')
+    return found or 'unknown'
 
 def env_info()->dict:
     "Hardware and software facts that a measurement depends on."

@@ -6,7 +6,7 @@ Docs: https://lucid-nb.github.io/lucid_nb/recorder.html.md"""
 
 # %% ../nbs/06_recorder.ipynb #9a9d3be6
 from __future__ import annotations
-import functools, json, logging, operator, time, traceback
+import contextlib, functools, json, logging, operator, time, traceback
 from pathlib import Path
 import torch
 from torch import nn, Tensor
@@ -124,7 +124,8 @@ class HeadGraphs:
                  head:nn.Module,      # a head with `predict(feats) -> {name: output}` in native call order
                  feats:list[Tensor],  # the feature maps of the batch that is being recorded
                  backend,             # `CudaGraphs()` or `EagerGraphs()`
-                 grad_layouts=None):  # per output, `grad_layout` of the gradient the loss sends back (None: contiguous)
+                 grad_layouts=None,   # per output, `grad_layout` of the gradient the loss sends back (None: contiguous)
+                 alias_params:bool=False): # differentiate fresh aliases of the parameters while recording (see below)
         self.head, self.backend, self.released = head, backend, False
         self.grad_layouts = grad_layouts
         self.params = tuple(p for p in head.parameters() if p.requires_grad)
@@ -138,9 +139,10 @@ class HeadGraphs:
         with torch.no_grad():
             for s, f in zip(self.static_in, feats): s.copy_(f)
         for s, f in zip(self.static_in, feats): s.requires_grad_(f.requires_grad)
-        # the recording differentiates fresh aliases of the parameters (same storage), not the parameters themselves
-        self.aliases = {n: p.detach().requires_grad_() for n, p in head.named_parameters() if p.requires_grad}
-        self.grad_inputs = tuple(s for s in self.static_in if s.requires_grad) + tuple(self.aliases.values())
+        self.aliases = {n: p.detach().requires_grad_() for n, p in head.named_parameters() if p.requires_grad} \
+            if alias_params else {}
+        self.grad_inputs = tuple(s for s in self.static_in if s.requires_grad) + \
+            (tuple(self.aliases.values()) if alias_params else self.params)
         self.generation, self.pending, self._outs, self.native_backwards = 0, False, None, 0
         self.seconds, self.reserved_bytes = self._record()
 
@@ -149,8 +151,8 @@ class HeadGraphs:
         return module_pointers(self.modules, with_grad=True)
 
     def _forward(self)->tuple:
-        with torch.enable_grad(), torch.autocast(self.device_type, **self.autocast), \
-             _reparametrize_module(self.head, self.aliases):
+        swap = _reparametrize_module(self.head, self.aliases) if self.aliases else contextlib.nullcontext()
+        with torch.enable_grad(), torch.autocast(self.device_type, **self.autocast), swap:
             out = self.head.predict(list(self.static_in))
         self.names, self._outs = tuple(out), tuple(out.values())
         return self._outs
@@ -376,12 +378,19 @@ class HeadRecorder(Callback):
         if len(self.recordings) >= self.max_records:
             self.blocked = f"the head's parameters kept moving; stopped after {self.max_records} recordings"
             return self.blocked
-        try: self.graphs = self.graphs_type(head, feats, self.backend_, self.layouts)
-        except Exception as e:
-            self.blocked = f"recording failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
-            self.record_error = traceback.format_exc()  # the whole chain, for recorder.json: the first error matters
+        errors = []
+        for alias_params in (False, True):
+            try:
+                self.graphs = self.graphs_type(head, feats, self.backend_, self.layouts, alias_params)
+                break
+            except Exception as e:
+                errors.append(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+                self.record_error = traceback.format_exc()  # the whole chain, for recorder.json: the first error matters
+        else:
+            self.blocked = f"recording failed ({errors[0]})"
             return self.blocked
-        self.recordings.append(dict(seconds=self.graphs.seconds, reserved_mib=self.graphs.reserved_bytes / 2**20))
+        self.recordings.append(dict(seconds=self.graphs.seconds, reserved_mib=self.graphs.reserved_bytes / 2**20,
+                                    parameter_aliases=alias_params, first_attempt_error=errors[0] if errors else None))
         return None
 
     def on_train_batch_start(self, trainer, module, batch, batch_idx):
@@ -459,6 +468,7 @@ def train_trace(model:nn.Module,                 # trained in place
         steps.append(dict(loss=digest(loss.detach()),
                           grads={n: None if p.grad is None else digest(p.grad) for n, p in model.named_parameters()}))
         opt.step()
+        del loss, losses  # as Lightning does: the next step's recording must not see this step's autograd graph
     if recorder is not None: recorder.release()
     return dict(steps=steps, state=state_hashes(model=model, optimizer=opt))
 

@@ -226,3 +226,23 @@ def test_gradient_layouts_are_learned_and_checked():
     b = train_trace(fresh(), batches, rec, loss_fn=LayoutSwitchingLoss(4))
     recorder.test_traces_equal(a, b)
     assert rec.replayed == 4 and rec.native_backwards == 2   # the contiguous-gradient steps went native
+
+
+class FailFirstCapture(EagerGraphs):
+    "Fails the first capture, as the H200 did when a previous step's graph was still referenced (see 06_recorder)."
+    failed = False
+    def capture(self, fn):
+        if not self.failed:
+            self.failed = True
+            raise RuntimeError('CUDA error: operation would make the legacy stream depend on a capturing blocking stream')
+        return super().capture(fn)
+
+
+def test_failed_recording_is_retried_with_parameter_aliases(native, tmp_path):
+    rec, steps, run, h = recorded_fit(tmp_path, backend=FailFirstCapture())
+    assert steps == native[0] and hashes_only(h) == hashes_only(native[1])
+    assert (rec.probes, rec.replayed, rec.native) == (1, 3, 0)
+    (r,) = json.loads((run / 'recorder.json').read_text())['recordings']
+    assert r['parameter_aliases'] and 'legacy stream' in r['first_attempt_error']
+    # the aliases were swapped in only while recording: the head holds its own Parameters again
+    assert all(type(p) is nn.Parameter for p in rec.head.parameters())

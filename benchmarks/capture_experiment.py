@@ -1,3 +1,13 @@
+"""The experiment that found why a head recording failed in our step harness on the H200 (2026-11-30).
+
+Case A: `train_trace` as it was (the previous step's `loss` still referenced while the next step records);
+case B: the same steps with `del loss` after each step; case C: as A with 100 instance slots.
+H200 result (torch 2.11): A and C failed with cudaErrorStreamCaptureImplicit ("operation would make the legacy stream
+depend on a capturing blocking stream") in the backward capture; B recorded and replayed. `train_trace` now drops
+its references, and the recorder retries a failed recording with parameter aliases (06_recorder).
+
+    python benchmarks/capture_experiment.py A|B|C
+"""
 import sys, torch
 from lucid_nb.core import synth_batch
 from lucid_nb.model import yolo_seg
