@@ -5,7 +5,7 @@ runs one `trainer.validate` under cProfile and writes the top functions by cumul
 
     python benchmarks/profile_validation.py --epochs 3 --out benchmarks/results -- --data.workers 4
 """
-import argparse, cProfile, io, json, pstats, sys, time
+import argparse, cProfile, io, json, pstats, time
 from pathlib import Path
 
 import torch

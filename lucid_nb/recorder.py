@@ -15,22 +15,23 @@ from torch.nn.utils.stateless import _reparametrize_module
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 from .core import *
+from .loss import SegLoss
 
 # %% auto #0
-__all__ = ['MIN_TORCH', 'log', 'head_autocast', 'autocast_state', 'CudaGraphs', 'EagerGraphs', 'alignment', 'grad_layout',
-           'non_overlapping', 'empty_with_layout', 'HeadGraphs', 'HeadReplay', 'head_blocker', 'fit_blocker',
-           'call_blocker', 'HeadRecorder', 'find_recorder', 'model_outputs', 'train_trace', 'test_traces_equal']
+__all__ = ['MIN_TORCH', 'log', 'autocast_state', 'head_autocast', 'CudaGraphs', 'EagerGraphs', 'input_signature', 'alignment',
+           'grad_layout', 'non_overlapping', 'empty_with_layout', 'HeadGraphs', 'HeadReplay', 'head_blocker',
+           'fit_blocker', 'call_blocker', 'HeadRecorder', 'find_recorder', 'model_outputs', 'train_trace',
+           'test_traces_equal']
 
 # %% ../nbs/06_recorder.ipynb #f7c422cf
-def head_autocast(device_type:str)->torch.autocast:
-    "The head's autocast region: the surrounding autocast dtype and on/off state, with the weight-cast cache off."
-    return torch.autocast(device_type, dtype=torch.get_autocast_dtype(device_type),
-                          enabled=torch.is_autocast_enabled(device_type), cache_enabled=False)
-
 def autocast_state(device_type:str)->dict:
-    "The current autocast settings of `device_type`, as `torch.autocast` keyword arguments."
+    "The surrounding autocast dtype and on/off state of `device_type`, weight-cast cache off, as `torch.autocast` keywords."
     return dict(enabled=torch.is_autocast_enabled(device_type), dtype=torch.get_autocast_dtype(device_type),
                 cache_enabled=False)
+
+def head_autocast(device_type:str)->torch.autocast:
+    "The head's autocast region: `autocast_state` entered."
+    return torch.autocast(device_type, **autocast_state(device_type))
 
 # %% ../nbs/06_recorder.ipynb #415ab208
 class CudaGraphs:
@@ -90,6 +91,10 @@ class EagerGraphs:
 # %% ../nbs/06_recorder.ipynb #0cd580bc
 def _signature(t:Tensor)->tuple: return (tuple(t.shape), t.stride(), t.dtype, t.device, t.requires_grad)
 
+def input_signature(feats:list[Tensor])->tuple:
+    "Shapes, strides, dtypes, devices and grad flags of the feature maps: what a recording is valid for."
+    return tuple(map(_signature, feats))
+
 def alignment(device:torch.device)->int:
     "Bytes to which PyTorch's allocator aligns every block on `device` (CUDA caching allocator: 512; CPU: 64)."
     return 512 if device.type == 'cuda' else 64
@@ -132,7 +137,7 @@ class HeadGraphs:
         self.buffers = tuple(head.buffers())
         self.device_type = feats[0].device.type
         self.autocast = autocast_state(self.device_type)
-        self.signature = tuple(_signature(f) for f in feats)
+        self.signature = input_signature(feats)
         self.modules = tuple(head.modules())
         self.pointers = self.current_pointers()
         self.static_in = tuple(torch.empty_strided(f.shape, f.stride(), dtype=f.dtype, device=f.device) for f in feats)
@@ -164,28 +169,36 @@ class HeadGraphs:
         outs = self._forward()
         torch.autograd.grad(outs, self.grad_inputs, [torch.zeros_like(o) for o in outs], allow_unused=True)
 
-    def _record(self)->tuple[float,int]:
-        t0, mem0 = time.perf_counter(), self.backend.memory_reserved()
-        kept, rng = [b.detach().clone() for b in self.buffers], self.backend.rng_state()
-        try:
-            self.backend.warm_up(self._warm_up_step)
-            self.fwd_graph, outs = self.backend.capture(self._forward)
-            self.static_out = tuple(o.detach() for o in outs)
-            layouts = self.grad_layouts or [None] * len(outs)
-            self.static_gout = tuple(empty_with_layout(o, l) for o, l in zip(outs, layouts))
-            self.grad_layouts = tuple(grad_layout(g) for g in self.static_gout)
-            self.bwd_graph, grads = self.backend.capture(self._backward)
-            self.static_grads = tuple(grads)
+    @contextlib.contextmanager
+    def buffers_kept(self):
+        "Run a block that moves the head's BatchNorm statistics, then copy every head buffer back in place."
+        kept = [b.detach().clone() for b in self.buffers]
+        try: yield
         finally:
-            self._outs = None  # keep only detached static outputs: no capture-time autograd graph stays alive
             with torch.no_grad():
                 for b, k in zip(self.buffers, kept): b.copy_(k)
-            self.backend.set_rng_state(rng)
+
+    def _record(self)->tuple[float,int]:
+        t0, mem0 = time.perf_counter(), self.backend.memory_reserved()
+        rng = self.backend.rng_state()
+        with self.buffers_kept():
+            try:
+                self.backend.warm_up(self._warm_up_step)
+                self.fwd_graph, outs = self.backend.capture(self._forward)
+                self.static_out = tuple(o.detach() for o in outs)
+                layouts = self.grad_layouts or [None] * len(outs)
+                self.static_gout = tuple(empty_with_layout(o, l) for o, l in zip(outs, layouts))
+                self.grad_layouts = tuple(grad_layout(g) for g in self.static_gout)
+                self.bwd_graph, grads = self.backend.capture(self._backward)
+                self.static_grads = tuple(grads)
+            finally:
+                self._outs = None  # keep only detached static outputs: no capture-time autograd graph stays alive
+                self.backend.set_rng_state(rng)
         return time.perf_counter() - t0, self.backend.memory_reserved() - mem0
 
     def mismatch(self, feats:list[Tensor])->str|None:
         "Why `feats` cannot be replayed (another shape, stride, dtype or grad requirement), or None."
-        sig = tuple(_signature(f) for f in feats)
+        sig = input_signature(feats)
         if sig == self.signature: return None
         return (f"input changed from {', '.join(map(_describe, self.signature))} to {', '.join(map(_describe, sig))} "
                 "(a partial last batch or another image size); such steps run natively")
@@ -223,16 +236,13 @@ class HeadGraphs:
     def _native_backward(self, grad_outputs:tuple)->tuple:
         "The native backward of the outputs that have gradients: re-run the head on the saved inputs and differentiate."
         if all(g is None for g in grad_outputs): return (None,) * len(self.grad_inputs)
-        kept = [b.detach().clone() for b in self.buffers]
         x = [s.detach().requires_grad_(s.requires_grad) for s in self.static_in]
-        with torch.enable_grad(), torch.autocast(self.device_type, **self.autocast):
-            outs = tuple(self.head.predict(x).values())
-        used = [(o, g) for o, g in zip(outs, grad_outputs) if g is not None]
-        grads = torch.autograd.grad([o for o, _ in used], [xi for xi in x if xi.requires_grad] + list(self.params),
-                                    [g for _, g in used], allow_unused=True)
-        with torch.no_grad():  # after the backward: BatchNorm saves its running buffers for it
-            for b, k in zip(self.buffers, kept): b.copy_(k)
-        return grads
+        with self.buffers_kept():  # restored after the backward: BatchNorm saves its running buffers for it
+            with torch.enable_grad(), torch.autocast(self.device_type, **self.autocast):
+                outs = tuple(self.head.predict(x).values())
+            used = [(o, g) for o, g in zip(outs, grad_outputs) if g is not None]
+            return torch.autograd.grad([o for o, _ in used], [xi for xi in x if xi.requires_grad] + list(self.params),
+                                       [g for _, g in used], allow_unused=True)
 
     def release(self):
         "Drop the graphs and static buffers (their memory returns to PyTorch's allocator)."
@@ -352,7 +362,7 @@ class HeadRecorder(Callback):
                 log.warning("capture_segment_heads: the head's parameters or buffers were replaced; recording again")
                 self.release()
         if why is None and self.graphs is None:
-            if not self.probed or self.probe_signature != tuple(map(_signature, feats)): return self.probe(head, feats)
+            if not self.probed or self.probe_signature != input_signature(feats): return self.probe(head, feats)
             why = self.record(head, feats)
         if why is not None:
             self.note(why); self.native += 1
@@ -362,7 +372,7 @@ class HeadRecorder(Callback):
 
     def probe(self, head:nn.Module, feats:list[Tensor])->dict[str,Tensor]:
         "Run the head natively and learn, during its backward, the layout of each output's gradient (for `record`)."
-        self.probes, self.probed, self.probe_signature = self.probes + 1, False, tuple(map(_signature, feats))
+        self.probes, self.probed, self.probe_signature = self.probes + 1, False, input_signature(feats)
         raw = head.predict(feats)
         self.layouts = layouts = [None] * len(raw)
         for i, out in enumerate(raw.values()):
@@ -451,7 +461,6 @@ def train_trace(model:nn.Module,                 # trained in place
                 set_to_none:bool=True,           # `zero_grad(set_to_none=...)`
                )->dict:
     "Per-step loss bytes and gradient digests (None for a None grad), and final state hashes, of a short SGD run."
-    from lucid_nb.loss import SegLoss
     dev = next(model.parameters()).device
     loss_fn = loss_fn or SegLoss(model.head.num_classes)
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, nesterov=True)

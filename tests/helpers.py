@@ -4,6 +4,7 @@ from pathlib import Path
 
 from lightning.pytorch.callbacks import Callback
 
+from lucid_nb.core import digest
 from lucid_nb.trainer import cli_main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,3 +37,10 @@ def fit(tmp: Path, *extra, callbacks=(), ckpt=None):
 def hashes_only(h: dict) -> dict: return {k: v for k, v in h.items() if k != 'env'}
 
 
+
+
+class StepLosses(Callback):
+    "Bytes of every step's loss terms, to compare runs step by step and not only at the end."
+    def __init__(self): self.steps = []
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        self.steps.append(digest(module.last_losses))

@@ -2,32 +2,23 @@
 (across EMA validation and a resume), every fallback is one clear line, recordings are released on every exit path,
 moved parameters are re-recorded. The `EagerGraphs` backend stands in for CUDA graphs (see `06_recorder`)."""
 import json, logging
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest, torch
 from torch import nn
 from lightning.pytorch.callbacks import Callback
 
-from lucid_nb.core import digest, synth_batch
+from lucid_nb.core import synth_batch
 from lucid_nb.model import yolo_seg
 from lucid_nb.loss import SegLoss
-from lucid_nb.recorder import (EagerGraphs, HeadGraphs, HeadRecorder, fit_blocker, head_blocker, model_outputs,
+from lucid_nb.recorder import (EagerGraphs, HeadRecorder, fit_blocker, head_blocker, model_outputs,
                                train_trace)
 from lucid_nb import recorder
-from lucid_nb.trainer import cli_main
 
-from helpers import StopAfterFirstEpoch, fit, hashes_only, tiny
+from helpers import StepLosses, StopAfterFirstEpoch, fit, hashes_only
 
 BF16 = ('--trainer.precision', 'bf16-mixed')
 LOGGER = 'lucid_nb.recorder'
-
-
-class StepLosses(Callback):
-    "Bytes of every step's loss terms, to compare runs step by step and not only at the end."
-    def __init__(self): self.steps = []
-    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
-        self.steps.append(digest(module.last_losses))
 
 
 def recorded_fit(tmp, *extra, ckpt=None, backend=None, callbacks=()):

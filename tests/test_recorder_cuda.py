@@ -14,8 +14,7 @@ from lucid_nb.model import yolo_seg
 from lucid_nb.recorder import HeadRecorder, train_trace
 from lucid_nb import recorder
 
-from helpers import StopAfterFirstEpoch, fit, hashes_only, tiny
-from test_recorder import StepLosses
+from helpers import StepLosses, StopAfterFirstEpoch, fit, hashes_only, tiny
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA GPU')]
 

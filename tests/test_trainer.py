@@ -1,10 +1,9 @@
 """The trainer end to end on the CPU: the `lucid` CLI (fit → validate → predict), resume exactness, hash determinism,
 atomic checkpoints and clear errors for bad options, data paths and checkpoints."""
-import json, os, subprocess, sys
+import json, subprocess, sys
 from pathlib import Path
 
-import pytest, torch
-from lightning.pytorch.callbacks import Callback
+import pytest
 from pycocotools.coco import COCO
 
 from lucid_nb.core import EMBEDDED_ANNOTATIONS
@@ -12,7 +11,7 @@ import lightning.pytorch as L
 from lucid_nb.data import YoloData
 from lucid_nb.trainer import AtomicCheckpoint, LitYolo, cli_main
 
-from helpers import ROOT, TINY, tiny, StopAfterFirstEpoch, fit, hashes_only
+from helpers import tiny, StopAfterFirstEpoch, fit, hashes_only
 
 
 @pytest.fixture(scope='module')
