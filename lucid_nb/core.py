@@ -12,21 +12,26 @@ import numpy as np, torch
 from torch import Tensor
 
 # %% auto #0
-__all__ = ['BATCH_KEYS', 'MASK_STRIDE', 'EMBEDDED_DATA', 'EMBEDDED_IMAGES', 'EMBEDDED_ANNOTATIONS', 'TEST_IMG', 'repo_root',
-           'env_info', 'env_card', 'module_pointers', 'tensor_bytes', 'digest', 'state_hashes', 'atomic_write',
-           'test_bytes_equal', 'test_grads_equal', 'synth_batch']
+__all__ = ['BATCH_KEYS', 'MASK_STRIDE', 'EMBEDDED_DATA', 'CONFIGS', 'EMBEDDED_IMAGES', 'EMBEDDED_ANNOTATIONS', 'TEST_IMG',
+           'package_dir', 'repo_root', 'env_info', 'env_card', 'module_pointers', 'tensor_bytes', 'digest',
+           'state_hashes', 'atomic_write', 'test_bytes_equal', 'test_grads_equal', 'synth_batch']
 
 # %% ../nbs/00_core.ipynb #00d8c748
 BATCH_KEYS = ('img', 'boxes', 'cls', 'valid', 'masks', 'image_id', 'orig_hw', 'letterbox', 'hsv')
 MASK_STRIDE = 4  # masks and prototypes live at 1/4 of the input side
 
 # %% ../nbs/00_core.ipynb #db8c02f2
-def repo_root()->Path:
-    "The checkout that holds the `lucid_nb` package (its parent folder)."
+def package_dir()->Path:
+    "The folder of the imported `lucid_nb` package: it holds the embedded data and the configs."
     import lucid_nb
-    return Path(lucid_nb.__file__).resolve().parent.parent
+    return Path(lucid_nb.__file__).resolve().parent
 
-EMBEDDED_DATA = repo_root()/'data'/'coco128'
+def repo_root()->Path:
+    "The folder above the package: the checkout, when `lucid_nb` is imported from one."
+    return package_dir().parent
+
+EMBEDDED_DATA = package_dir()/'embedded'/'coco128'
+CONFIGS = package_dir()/'configs'
 EMBEDDED_IMAGES = EMBEDDED_DATA/'images'
 EMBEDDED_ANNOTATIONS = EMBEDDED_DATA/'annotations'/'instances_train2017.json'
 TEST_IMG = EMBEDDED_IMAGES/'000000000009.jpg'
