@@ -604,13 +604,22 @@ class YoloLoader:
     "Epoch-seeded padded batches from a `YoloDataset`, via a DataLoader, optionally prefetched by a background thread."
     def __init__(self, dataset:YoloDataset, batch_size:int=4, shuffle:bool=True, drop_last:bool=True, seed:int=0,
                  workers:int=0, prefetch:bool=True, depth:int=4):
-        self.dataset, self.prefetch, self.depth, self._live = dataset, prefetch, depth, []
+        self.dataset, self.prefetch, self.depth, self._live, self.wait_seconds = dataset, prefetch, depth, [], 0.
         self.batch_sampler = self.sampler = EpochBatchSampler(len(dataset), batch_size, shuffle, drop_last, seed)
         self.loader = DataLoader(dataset, batch_sampler=self.batch_sampler, num_workers=workers, worker_init_fn=_worker_init,
                                  collate_fn=partial(collate, max_instances=dataset.max_instances))
     def set_epoch(self, epoch:int): self.batch_sampler.set_epoch(epoch)
     def __len__(self): return len(self.batch_sampler)
-    def __iter__(self): return self._prefetched() if self.prefetch else iter(self.loader)
+    def __iter__(self): return self._prefetched() if self.prefetch else self._timed(iter(self.loader))
+
+    def _timed(self, it):
+        "Yield from `it`, adding the time spent waiting for each batch to `wait_seconds`."
+        while True:
+            t0 = time.perf_counter()
+            try: b = next(it)
+            except StopIteration: return
+            finally: self.wait_seconds += time.perf_counter() - t0
+            yield b
 
 # %% ../nbs/01_data.ipynb #b19a1a67
 def _prefetched(self:YoloLoader):
@@ -632,7 +641,9 @@ def _prefetched(self:YoloLoader):
     self._live.append((t, stop)); t.start()
     try:
         while True:
+            t0 = time.perf_counter()
             kind, v = q.get()
+            self.wait_seconds += time.perf_counter() - t0   # the consumer's stall: no batch was ready
             if kind == 'error': raise v
             if kind == 'end': return
             yield v

@@ -10,7 +10,7 @@ import csv, hashlib, importlib.util, io, json, math, os, time, warnings
 from pathlib import Path
 import numpy as np, torch
 import lightning.pytorch as L
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint, BasePredictionWriter
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint, BasePredictionWriter, TQDMProgressBar
 from lightning.pytorch.cli import LightningCLI
 from torch import nn, Tensor
 from fastcore.basics import patch
@@ -26,9 +26,9 @@ import matplotlib.pyplot as plt
 from PIL import Image
 
 # %% auto #0
-__all__ = ['ModelEMA', 'AtomicCheckpoint', 'LitYolo', 'PredictionWriter', 'fit_state_hashes', 'write_json_atomic', 'RunArtifacts',
-           'read_metrics_csv', 'plot_curves', 'draw_detections', 'LucidCLI', 'add_tensorboard', 'default_callbacks',
-           'main', 'cli_main', 'save_figure', 'draw_validation']
+__all__ = ['ModelEMA', 'AtomicCheckpoint', 'LitYolo', 'StepLossBar', 'PredictionWriter', 'fit_state_hashes', 'write_json_atomic',
+           'data_wait', 'process_age', 'RunArtifacts', 'read_metrics_csv', 'plot_curves', 'draw_detections', 'LucidCLI',
+           'add_tensorboard', 'default_callbacks', 'main', 'cli_main', 'save_figure', 'draw_validation']
 
 # %% ../nbs/08_trainer.ipynb #ea5ecba6
 class ModelEMA(nn.Module):
@@ -158,14 +158,33 @@ def training_step(self:LitYolo, batch:dict, batch_idx:int)->Tensor:
     losses = self.loss_fn(model_outputs(self.model, batch['img'], find_recorder(self._trainer)), batch)
     self.last_losses = {k: v.detach() for k, v in losses.items()}
     B = batch['img'].shape[0]
-    terms = {f'train/{k}': v for k, v in self.last_losses.items()}
-    self.log_dict(terms, on_step=True, on_epoch=False, prog_bar=True, batch_size=B)
-    self.log_dict({f'{k}_epoch': v for k, v in terms.items()}, on_step=False, on_epoch=True, batch_size=B)
+    self.log_train_terms(self.last_losses, B)
     return sum(losses.values()) * B
+
+@patch
+def log_train_terms(self:LitYolo, terms:dict, B:int):
+    "Loss terms to the loggers, step values and epoch means, with no host synchronisation."
+    named = {f'train/{k}': v for k, v in terms.items()}
+    self.log_dict(named, on_step=True, on_epoch=False, batch_size=B)
+    self.log_dict({f'{k}_epoch': v for k, v in named.items()}, on_step=False, on_epoch=True, batch_size=B)
 
 @patch
 def on_train_batch_end(self:LitYolo, outputs, batch, batch_idx):
     self.ema.update(self.model)
+
+class StepLossBar(TQDMProgressBar):
+    "Lightning's progress bar, showing the last loss terms read back from the device once every `log_every_n_steps` steps."
+    def __init__(self, refresh_rate:int=1):
+        super().__init__(refresh_rate); self.terms = {}
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        losses = getattr(module, 'last_losses', None)
+        if losses and (not self.terms or trainer.global_step % max(1, trainer.log_every_n_steps) == 0):
+            values = torch.stack([v.float() for v in losses.values()]).tolist()   # the one read-back
+            self.terms = {k: f'{v:.3g}' for k, v in zip(losses, values)}
+        super().on_train_batch_end(trainer, module, outputs, batch, batch_idx)
+
+    def get_metrics(self, trainer, module)->dict: return {**super().get_metrics(trainer, module), **self.terms}
 
 @patch
 def configure_optimizers(self:LitYolo):
@@ -186,11 +205,16 @@ def make_validator(self:LitYolo, conf:float|None=None)->Validator:
     return Validator(self.trainer.datamodule.cat_ids, conf=h.conf if conf is None else conf, iou=h.iou, max_det=h.max_det)
 
 @patch
-def on_validation_epoch_start(self:LitYolo): self.validator = self.make_validator()
+def on_validation_epoch_start(self:LitYolo):
+    self.validator, self.val_seconds = self.make_validator(), dict(forward=0., postprocess=0., evaluate=0.)
 
 @patch
 def validation_step(self:LitYolo, batch:dict, batch_idx:int):
-    self.validator.update(self.ema.module(batch['img']), batch)
+    t0 = _now(self.trainer)
+    out = self.ema.module(batch['img'])
+    t1 = _now(self.trainer)
+    self.validator.update(out, batch)
+    self.val_seconds['forward'] += t1 - t0; self.val_seconds['postprocess'] += _now(self.trainer) - t1
 
 def _run_dir(trainer)->Path:
     d = Path(trainer.log_dir or trainer.default_root_dir); d.mkdir(parents=True, exist_ok=True); return d
@@ -203,7 +227,9 @@ def on_test_epoch_end(self:LitYolo): self.on_validation_epoch_end()
 
 @patch
 def on_validation_epoch_end(self:LitYolo):
+    t0 = time.perf_counter()
     metrics = self.validator.compute(self.trainer.datamodule.val_coco())
+    self.val_seconds['evaluate'] = time.perf_counter() - t0
     self.log_dict({k: v for k, v in metrics.summary().items()}, prog_bar=True)
     if self.trainer.sanity_checking: return
     run = _run_dir(self.trainer)
@@ -254,26 +280,52 @@ def _now(trainer)->float:
     if dev.type == 'cuda': torch.cuda.synchronize(dev)
     return time.perf_counter()
 
+def data_wait(trainer)->float|None:
+    "Seconds the training loop has waited for batches so far (from `YoloLoader.wait_seconds`), None if unknown."
+    return getattr(trainer.train_dataloader, 'wait_seconds', None)
+
+def process_age()->float|None:
+    "Seconds since this process started (Linux, 10 ms resolution), None where `/proc` cannot tell."
+    try:
+        started = int(Path('/proc/self/stat').read_text().rsplit(')', 1)[1].split()[19]) / os.sysconf('SC_CLK_TCK')
+        return float(Path('/proc/uptime').read_text().split()[0]) - started
+    except (OSError, ValueError, IndexError): return None
+
 class RunArtifacts(Callback):
-    "State hashes, timings, curves and sample predictions written to the run folder at the end of fit."
-    def on_fit_start(self, trainer, module): self.t_fit, self.epochs = _now(trainer), []
-    def on_train_epoch_start(self, trainer, module): self.t_epoch, self.t_train = _now(trainer), None
+    "State hashes, a phase-by-phase timing, curves and sample predictions written to the run folder at the end of fit."
+    def on_fit_start(self, trainer, module):
+        self.t_fit, self.epochs, self.validations, self.startup = _now(trainer), [], [], None
+        age = process_age()
+        self.t_process = None if age is None else time.perf_counter() - age
+
+    def on_train_epoch_start(self, trainer, module):
+        self.t_epoch, self.t_train, self.wait0 = _now(trainer), None, data_wait(trainer)
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx):
+        if self.startup is None: self.startup = _now(trainer) - (self.t_process or self.t_fit)  # once per fit
+
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         if batch_idx == trainer.num_training_batches - 1: self.t_train = _now(trainer)  # one sync per epoch
+
+    def on_validation_end(self, trainer, module):
+        if not trainer.sanity_checking and hasattr(self, 'validations'): self.validations.append(dict(module.val_seconds))
+
     def on_train_epoch_end(self, trainer, module):
         # Lightning runs the epoch's validation before this hook: `seconds` includes it when the epoch validates;
         # `train_seconds` ends with the epoch's last training batch (data, steps, EMA updates)
-        t = _now(trainer)
-        self.epochs.append(dict(epoch=trainer.current_epoch, seconds=t - self.t_epoch, steps=trainer.num_training_batches,
-                                train_seconds=(self.t_train or t) - self.t_epoch))
+        t, wait = _now(trainer), data_wait(trainer)
+        e = dict(epoch=trainer.current_epoch, seconds=t - self.t_epoch, steps=trainer.num_training_batches,
+                 train_seconds=(self.t_train or t) - self.t_epoch,
+                 data_wait_seconds=None if wait is None or self.wait0 is None else wait - self.wait0)
+        if self.validations and self.validations[-1].get('epoch') is None:
+            self.validations[-1]['epoch'] = trainer.current_epoch; e['validation'] = self.validations[-1]
+        self.epochs.append(e)
 
     def on_fit_end(self, trainer, module):
         if not trainer.is_global_zero: return
-        run = _run_dir(trainer)
+        t_end, run = _now(trainer), _run_dir(trainer)
         dev = trainer.strategy.root_device
         mem = torch.cuda.max_memory_reserved(dev) / 2**20 if dev.type == 'cuda' else None
-        write_json_atomic(run/'timing.json', dict(fit_seconds=_now(trainer) - self.t_fit, epochs=self.epochs,
-                                                  peak_reserved_mib=mem))
         write_json_atomic(run/'state_hashes.json', dict(**fit_state_hashes(trainer, module), env=env_info()))
         csv_path = run/'metrics.csv'
         if csv_path.exists(): plt.close(save_figure(plot_curves(csv_path), run/'curves.png'))
@@ -281,6 +333,12 @@ class RunArtifacts(Callback):
         if preds.exists():
             results = json.loads(preds.read_text())
             plt.close(save_figure(draw_validation(trainer.datamodule, results), run/'val_predictions.jpg'))
+        dm = trainer.datamodule
+        write_json_atomic(run/'timing.json', dict(
+            process_start_to_fit_start=None if self.t_process is None else self.t_fit - self.t_process,
+            data_setup_seconds=getattr(dm, 'setup_seconds', None), startup_seconds=self.startup,
+            fit_seconds=t_end - self.t_fit, fit_end_seconds=time.perf_counter() - t_end, epochs=self.epochs,
+            peak_reserved_mib=mem))
 
 # %% ../nbs/08_trainer.ipynb #15863fd7
 def read_metrics_csv(path)->dict:
@@ -326,16 +384,20 @@ class LucidCLI(LightningCLI):
     "`lucid`: LightningCLI for `LitYolo` + `YoloData`."
     def add_arguments_to_parser(self, parser):
         parser.link_arguments('data', 'model.num_classes', compute_fn=lambda d: d.num_classes, apply_on='instantiate')
+        parser.add_argument('--tensorboard', type=bool, default=False,
+                            help='Also write TensorBoard logs into the run folder (needs the tensorboard package).')
 
     def after_instantiate_classes(self):
-        "CSV logs always; TensorBoard logs beside them in the run folder when tensorboard is installed."
-        add_tensorboard(self.trainer)
+        "CSV logs always; TensorBoard logs beside them in the run folder with `--tensorboard true`."
+        cfg = self.config.get(self.subcommand, self.config) if self.subcommand else self.config
+        if cfg.get('tensorboard'): add_tensorboard(self.trainer)
 
 def add_tensorboard(trainer)->bool:
-    "Add a TensorBoard logger writing into the run folder's `tensorboard/`, if tensorboard is importable and none is there."
+    "Add a TensorBoard logger writing into the run folder's `tensorboard/`, unless there is one or no logger at all."
     from lightning.pytorch.loggers import TensorBoardLogger
-    if not trainer.loggers or importlib.util.find_spec('tensorboard') is None: return False
-    if any(isinstance(l, TensorBoardLogger) for l in trainer.loggers): return False
+    if importlib.util.find_spec('tensorboard') is None:
+        raise ValueError("--tensorboard true: the tensorboard package is not installed (pip install tensorboard)")
+    if not trainer.loggers or any(isinstance(l, TensorBoardLogger) for l in trainer.loggers): return False
     trainer.loggers = [*trainer.loggers, TensorBoardLogger(trainer.loggers[0].log_dir, name='tensorboard', version='')]
     return True
 
@@ -345,8 +407,10 @@ def default_callbacks()->list:
 
 @patch
 def configure_callbacks(self:LitYolo):
-    "Checkpoints, run artifacts, the prediction writer, and the head recorder with `capture_segment_heads`."
+    "Checkpoints, run artifacts, the prediction writer, the step-loss progress bar, and the head recorder with `capture_segment_heads`."
     extra = [HeadRecorder()] if self.hparams.capture_segment_heads and find_recorder(self._trainer) is None else []
+    bar = self._trainer.progress_bar_callback if self._trainer is not None else None
+    if type(bar) is TQDMProgressBar: extra.append(StepLossBar(bar.refresh_rate))
     return default_callbacks() + extra
 
 def main():

@@ -121,13 +121,23 @@ def test_bf16_mixed_fit_and_validate(tmp_path):
     assert json.loads((run / 'val_metrics.jsonl').read_text().splitlines()[-1])['epoch'] == 1
 
 
-def test_tensorboard_only_when_installed(tmp_path, monkeypatch):
+def test_tensorboard_only_when_asked(tmp_path):
+    "TensorBoard is opt-in (`--tensorboard true`): its writer costs seconds at fit end; a missing package is a clear error."
     import importlib.util
     from lucid_nb.trainer import add_tensorboard
     cli = cli_main(tiny(tmp_path)[1:], run=False)
-    n = len(cli.trainer.loggers)
+    assert len(cli.trainer.loggers) == 1
     if importlib.util.find_spec('tensorboard') is None:
-        assert n == 1 and not add_tensorboard(cli.trainer)
+        with pytest.raises(ValueError, match='pip install tensorboard'): cli_main(tiny(tmp_path, '--tensorboard', 'true')[1:], run=False)
     else:
-        assert n == 2 and type(cli.trainer.loggers[1]).__name__ == 'TensorBoardLogger'
+        cli = cli_main(tiny(tmp_path, '--tensorboard', 'true')[1:], run=False)
+        assert type(cli.trainer.loggers[1]).__name__ == 'TensorBoardLogger'
         assert not add_tensorboard(cli.trainer)   # never twice
+
+
+def test_timing_has_every_phase(reference):
+    "timing.json splits the run: start-up, data setup, per-epoch training, data waits and validation parts, fit end."
+    t = json.loads((reference[1] / 'timing.json').read_text())
+    assert t['startup_seconds'] > 0 and t['fit_end_seconds'] >= 0 and t['data_setup_seconds'] >= 0
+    for e in t['epochs']:
+        assert e['train_seconds'] <= e['seconds'] and set(e['validation']) >= {'forward', 'postprocess', 'evaluate', 'epoch'}

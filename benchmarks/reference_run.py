@@ -1,0 +1,136 @@
+"""The reference run, phase by phase: alternating `lucid fit` processes (one per arm) and, optionally, Ultralytics.
+
+Each run is a separate process of the reference configuration (`configs/coco128-seg-n.yaml`: the embedded data,
+96 train / 32 val images, nano, 640 px, 10 epochs, bf16-mixed, RAM cache, prefetch, device HSV), at the batch size
+given. Arms, run in turn (arm 1, arm 2, ..., arm 1, arm 2, ...):
+
+    native      the configuration as it is
+    head        --model.capture_segment_heads true
+    optim       --model.capture_optimizer_step true
+    head+optim  both (the seed's replay configuration)
+    step        --model.capture_train_step true
+    ul          Ultralytics yolo11n-seg on the same split, batch, size and epochs (`.ulcmp/run.py`, when present)
+
+For a lucid run it keeps the whole-process wall time (measured from outside), the phases of `timing.json`
+(start-up to the first training step, data preparation, per-epoch training with its data stall, per-epoch
+validation split into forward / post-processing / evaluation, fit end), peak reserved CUDA memory, every state hash
+and the recorder's report. The summary gives per arm the median (min–max) and per round each arm's ratio to the
+first arm and to Ultralytics, and whether the hashes of all lucid runs matched.
+
+    python benchmarks/reference_run.py --batch-size 4 --rounds 5 --arms native,head+optim,ul [--out benchmarks/results] [-- extra lucid args]
+
+The result file is named after the device the runs used: `reference_run_b<batch>_<device>.json`.
+"""
+import argparse, json, re, statistics, subprocess, sys, time
+from datetime import datetime, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+LUCID = 'import sys; from lucid_nb.trainer import main; sys.argv[0] = "lucid"; main()'
+ARMS = {'native': [], 'head': ['--model.capture_segment_heads', 'true'], 'optim': ['--model.capture_optimizer_step', 'true'],
+        'head+optim': ['--model.capture_segment_heads', 'true', '--model.capture_optimizer_step', 'true'],
+        'step': ['--model.capture_train_step', 'true']}
+
+
+def lucid_args(arm: str, batch_size: int, save_dir: Path, extra: list) -> list:
+    logger = json.dumps({'class_path': 'lightning.pytorch.loggers.CSVLogger',
+                         'init_args': {'save_dir': str(save_dir), 'name': arm, 'version': ''}})
+    return [sys.executable, '-c', LUCID, 'fit', '--config', str(ROOT / 'configs' / 'coco128-seg-n.yaml'),
+            '--data.batch_size', str(batch_size), '--trainer.logger', logger, '--trainer.enable_progress_bar', 'false',
+            *ARMS[arm], *extra]
+
+
+def run_lucid(arm: str, batch_size: int, save_dir: Path, extra: list) -> dict:
+    args = lucid_args(arm, batch_size, save_dir, extra)
+    t0 = time.perf_counter()
+    r = subprocess.run(args, capture_output=True, text=True, cwd=ROOT)
+    wall = time.perf_counter() - t0
+    if r.returncode != 0: raise SystemExit(f"{arm} run failed:\n{r.stderr[-4000:]}")
+    run = save_dir / arm
+    t = json.loads((run / 'timing.json').read_text())
+    hashes = json.loads((run / 'state_hashes.json').read_text())
+    rec = run / 'recorder.json'
+    later = t['epochs'][1:] or t['epochs']          # epoch 0 includes recording and warm-up
+    val = [e['validation'] for e in t['epochs'] if e.get('validation')]
+    return dict(arm=arm, command=' '.join(args[3:]), process_seconds=wall, fit_seconds=t['fit_seconds'],
+                startup_seconds=t.get('startup_seconds'), data_setup_seconds=t.get('data_setup_seconds'),
+                fit_end_seconds=t.get('fit_end_seconds'),
+                train_seconds=sum(e['train_seconds'] for e in t['epochs']),
+                data_wait_seconds=sum(e.get('data_wait_seconds') or 0 for e in t['epochs']),
+                validation_seconds=sum(e['seconds'] - e['train_seconds'] for e in t['epochs']),
+                validation_epoch_seconds=statistics.median(sum(v[k] for k in ('forward', 'postprocess', 'evaluate')) for v in val[1:] or val) if val else None,
+                validation_parts={k: statistics.median(v[k] for v in val[1:] or val) for k in ('forward', 'postprocess', 'evaluate')} if val else None,
+                step_ms=statistics.median(e['train_seconds'] / e['steps'] for e in later) * 1e3,
+                peak_reserved_mib=t['peak_reserved_mib'], timing=t,
+                hashes={k: v for k, v in hashes.items() if k != 'env'}, env=hashes['env'],
+                recorder=json.loads(rec.read_text()) if rec.exists() else None,
+                fallback_lines=[l for l in r.stderr.splitlines() if 'capture_' in l])
+
+
+def run_ul(batch_size: int) -> dict:
+    args = [sys.executable, str(ROOT / '.ulcmp' / 'run.py'), '--batch', str(batch_size), '--data', 'lucid_nb/embedded/coco128']
+    t0 = time.perf_counter()
+    r = subprocess.run(args, capture_output=True, text=True, cwd=ROOT)
+    wall = time.perf_counter() - t0
+    m = re.search(r'^RESULT_JSON (.*)$', r.stdout, re.M)
+    if r.returncode != 0 or not m: raise SystemExit(f"ultralytics run failed:\n{(r.stdout + r.stderr)[-4000:]}")
+    res = json.loads(m.group(1))
+    ev = res.get('epoch_val_s') or []
+    return dict(arm='ul', command=' '.join(args[1:]), process_seconds=wall, ul_process_s=res.get('process_s'),
+                train_seconds=sum(res.get('epoch_train_s') or []), validation_seconds=sum(ev),
+                validation_epoch_seconds=statistics.median(ev[1:] or ev) if ev else None,
+                step_ms=1e3 * statistics.median(res['epoch_train_s'][1:]) / (res['iterations'] / len(res['epoch_train_s']))
+                if res.get('iterations') and len(res.get('epoch_train_s') or []) > 1 else None,
+                peak_reserved_mib=res.get('peak_reserved_mib'), raw=res)
+
+
+def spread(xs: list) -> dict | None:
+    xs = [x for x in xs if x is not None]
+    return dict(median=statistics.median(xs), min=min(xs), max=max(xs), n=len(xs)) if xs else None
+
+
+def device_slug(env: dict) -> str: return re.sub(r'[^a-z0-9]+', '-', env.get('device', 'cpu').lower()).strip('-')
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser()
+    p.add_argument('--rounds', type=int, default=5); p.add_argument('--batch-size', type=int, default=4)
+    p.add_argument('--arms', default='native,head+optim,ul'); p.add_argument('--out', default='benchmarks/results')
+    p.add_argument('--work', default='/tmp/reference_run')
+    p.add_argument('extra', nargs='*', help='extra `lucid fit` arguments, after --')
+    a = p.parse_args(argv)
+    arms = a.arms.split(',')
+    if 'ul' in arms and not (ROOT / '.ulcmp' / 'run.py').exists(): arms.remove('ul'); print('no .ulcmp/run.py: Ultralytics arm left out')
+    runs = []
+    for i in range(a.rounds):
+        for arm in arms:
+            r = run_ul(a.batch_size) if arm == 'ul' else run_lucid(arm, a.batch_size, Path(a.work) / f'b{a.batch_size}' / f'round{i}', a.extra)
+            r['round'] = i; runs.append(r)
+            print(f"round {i} {arm:>10}: process {r['process_seconds']:.1f} s, train {r['train_seconds']:.1f} s, "
+                  f"val/epoch {r['validation_epoch_seconds'] or float('nan'):.2f} s, step {r['step_ms'] or float('nan'):.1f} ms, "
+                  f"startup {r.get('startup_seconds') or float('nan'):.1f} s, peak {r['peak_reserved_mib']} MiB"
+                  + (f", all {r['hashes']['all'][:12]}" if 'hashes' in r else ''), flush=True)
+    keys = ('process_seconds', 'fit_seconds', 'startup_seconds', 'data_setup_seconds', 'fit_end_seconds', 'train_seconds',
+            'data_wait_seconds', 'validation_seconds', 'validation_epoch_seconds', 'step_ms', 'peak_reserved_mib')
+    by_arm = {arm: [r for r in runs if r['arm'] == arm] for arm in arms}
+    summary = {arm: {k: spread([r.get(k) for r in rs]) for k in keys} for arm, rs in by_arm.items()}
+    ratio = lambda x, y, k: None if x.get(k) is None or not y.get(k) else x[k] / y[k]
+    for ref in [arms[0]] + (['ul'] if 'ul' in arms and arms[0] != 'ul' else []):
+        summary[f'over_{ref}'] = {arm: {k: spread([ratio(r, next(q for q in by_arm[ref] if q['round'] == r['round']), k) for r in rs])
+                                        for k in ('process_seconds', 'train_seconds', 'step_ms', 'peak_reserved_mib')}
+                                  for arm, rs in by_arm.items() if arm != ref}
+    lucid_runs = [r for r in runs if 'hashes' in r]
+    summary['all_hashes_equal'] = len({json.dumps(r['hashes'], sort_keys=True) for r in lucid_runs}) == 1
+    summary['predictions_equal'] = len({r['hashes'].get('predictions') for r in lucid_runs}) == 1
+    env = lucid_runs[0]['env'] if lucid_runs else {}
+    res = dict(what='the reference run, phase by phase, alternating processes per arm', batch_size=a.batch_size,
+               rounds=a.rounds, arms=arms, extra_args=a.extra, command=' '.join([sys.executable, *sys.argv]),
+               date=datetime.now(timezone.utc).isoformat(timespec='seconds'), env=env, summary=summary, runs=runs)
+    out = Path(a.out); out.mkdir(parents=True, exist_ok=True)
+    path = out / f'reference_run_b{a.batch_size}_{device_slug(env)}.json'
+    path.write_text(json.dumps(res, indent=1))
+    print(json.dumps({k: v for k, v in summary.items()}, indent=1)); print(f'-> {path}')
+
+
+if __name__ == '__main__':
+    main()

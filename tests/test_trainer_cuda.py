@@ -1,0 +1,36 @@
+"""The trainer on a CUDA GPU: a whole Lightning training step runs without one host synchronisation.
+
+CUDA's sync-debug mode ('error') makes every operation that would make the host wait for the device raise. It is
+switched on from the start of one training batch to the start of the next (forward, loss, backward, optimiser,
+scheduler, EMA, logging, progress bar, the next batch's fetch and transfer), for every step that is not one of
+Lightning's `log_every_n_steps` logging steps, where reading the logged values back is what logging means.
+"""
+import pytest, torch
+from lightning.pytorch.callbacks import Callback
+
+from helpers import fit
+
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA GPU')]
+
+
+class SyncGuard(Callback):
+    "Sync-debug mode 'error' between the starts of consecutive training batches, past the first two of an epoch."
+    def __init__(self): self.guarded = 0
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx):
+        torch.cuda.set_sync_debug_mode(0)
+        if 2 <= batch_idx < trainer.num_training_batches - 1:   # the last batch's end syncs for the epoch timing
+            torch.cuda.set_sync_debug_mode('error'); self.guarded += 1
+
+    def on_train_epoch_end(self, trainer, module): torch.cuda.set_sync_debug_mode(0)
+    def on_exception(self, trainer, module, exc): torch.cuda.set_sync_debug_mode(0)
+
+
+def test_no_host_sync_inside_training_steps(tmp_path):
+    guard = SyncGuard()
+    try:
+        fit(tmp_path, '--trainer.accelerator', 'gpu', '--trainer.precision', 'bf16-mixed', '--trainer.limit_train_batches', '8',
+            '--trainer.log_every_n_steps', '100', '--trainer.enable_progress_bar', 'true', '--data.batch_size', '2',
+            '--data.imgsz', '128', callbacks=[guard])
+    finally: torch.cuda.set_sync_debug_mode(0)
+    assert guard.guarded == 2 * 5, guard.guarded   # 2 epochs × batches 2..6 ran guarded
