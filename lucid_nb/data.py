@@ -232,7 +232,7 @@ def _decode(path:str|Path, hw:tuple|None=None)->tuple[np.ndarray, int]:
         return np.array(to_rgb(im if o == 1 else im.transpose(ORIENTATIONS[o][0]))), o
 
 def load_rgb(path:str|Path)->np.ndarray:
-    "(H,W,3) uint8 RGB of an image file as displayed: EXIF orientation applied, then the mode rule. Every reader uses it."
+    "(H,W,3) uint8 RGB of an image file as displayed: EXIF orientation applied, then the mode rule (`prepare` reads the same way)."
     return _decode(path)[0]
 
 # %% ../nbs/01_data.ipynb #7d9b5678
@@ -827,15 +827,12 @@ def _split(self:YoloData, d:dict, recs:list)->tuple[list, list]:
 YoloData._split = _split
 
 # %% ../nbs/01_data.ipynb #955f4c69
-def _disk_cache(self:YoloData, images:Path, annotations:Path)->DiskCache:
-    h = self.hparams
-    folder = Path(h.cache_dir)/f"{images.name}-{annotations.stem}-{h.imgsz}" if h.cache_dir else default_cache_dir(images, annotations, h.imgsz)
-    if folder not in self._disks: self._disks[folder] = DiskCache(folder, h.imgsz, annotations)
-    return self._disks[folder]
-
 def _dataset(self:YoloData, recs:list, images:Path, annotations:Path, augment:bool)->YoloDataset:
-    h = self.hparams
-    disk = self._disk_cache(images, annotations) if h.cache == 'disk' else None
+    h, disk = self.hparams, None
+    if h.cache == 'disk':                                  # one DiskCache per folder: a split JSON's train and validation share it
+        folder = Path(h.cache_dir)/f"{images.name}-{annotations.stem}-{h.imgsz}" if h.cache_dir else default_cache_dir(images, annotations, h.imgsz)
+        if folder not in self._disks: self._disks[folder] = DiskCache(folder, h.imgsz, annotations)
+        disk = self._disks[folder]
     return YoloDataset(recs, h.imgsz, h.cache, disk, self.report, augment, self.aug, h.seed, h.max_instances)
 
 def _setup(self:YoloData, stage:str|None=None):
@@ -865,7 +862,7 @@ def _setup(self:YoloData, stage:str|None=None):
     self.setup_seconds = time.perf_counter() - t0
     if rank_zero_only.rank == 0: print(self.summary())
 
-YoloData._disk_cache, YoloData._dataset, YoloData.setup = _disk_cache, _dataset, _setup
+YoloData._dataset, YoloData.setup = _dataset, _setup
 
 # %% ../nbs/01_data.ipynb #e6fb98a6
 def _summary(self:YoloData)->str:
