@@ -223,17 +223,17 @@ def check_size(im:Image.Image, hw:tuple):
             "give the JSON the displayed size and annotate the displayed image" if im.size == (W, H) else '')
     raise ValueError(f"image is {w}x{h}, the JSON says {W}x{H}{hint}")
 
-def _decode(path:str|Path, hw:tuple|None=None)->tuple[np.ndarray, int]:
-    "The oriented, converted pixels of the image at `path` and its EXIF orientation; checked against `hw` if given."
+def _decode(path:str|Path, hw:tuple|None=None)->tuple[Image.Image, int]:
+    "The image at `path` loaded, oriented and in RGB, and its EXIF orientation; checked against `hw` (H, W) if given."
     with Image.open(path) as im:
         if hw is not None: check_size(im, hw)
         im.load()                                          # raises on truncated data
         o = exif_orientation(im)
-        return np.array(to_rgb(im if o == 1 else im.transpose(ORIENTATIONS[o][0]))), o
+        return to_rgb(im if o == 1 else im.transpose(ORIENTATIONS[o][0])), o
 
 def load_rgb(path:str|Path)->np.ndarray:
     "(H,W,3) uint8 RGB of an image file as displayed: EXIF orientation applied, then the mode rule (`prepare` reads the same way)."
-    return _decode(path)[0]
+    return np.array(_decode(path)[0])
 
 # %% ../nbs/01_data.ipynb #7d9b5678
 @dataclass
@@ -256,8 +256,8 @@ def _resized_hw(hw:tuple, imgsz:int)->tuple:
 def prepare(rec:ImageRecord, imgsz:int)->Prepared:
     "Decode `rec`'s image as displayed (raising on unreadable, truncated or wrongly sized files) and resize it with its instances."
     (H, W), (h, w) = rec.hw, _resized_hw(rec.hw, imgsz)
-    img, orientation = _decode(rec.path, rec.hw)
-    if (w, h) != (W, H): img = np.array(Image.fromarray(img).resize((w, h), Image.BILINEAR))
+    im, orientation = _decode(rec.path, rec.hw)
+    img = np.array(im if (w, h) == (W, H) else im.resize((w, h), Image.BILINEAR))
     sx, sy = w / W, h / H
     boxes = (np.array([i.box for i in rec.instances], np.float64).reshape(-1, 4) * (sx, sy, sx, sy)).astype(np.float32)
     xy, parts, rles = [np.zeros((0, 2), np.float32)], [], []

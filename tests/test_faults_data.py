@@ -21,6 +21,11 @@ def coco(tmp_path): return make_coco(tmp_path / 'coco')
 def warnings_with(caplog, text): return [r.getMessage() for r in caplog.records if text in r.getMessage()]
 
 
+def ready(coco, **kw):
+    "A set-up data module over `coco` (see `test_data.dm_for`)."
+    dm = dm_for(coco, **kw); dm.setup(); return dm
+
+
 def epoch_digests(dm):
     "Digests of every validation batch and of two training epochs."
     out = [digest(b) for b in dm.val_dataloader()]
@@ -80,7 +85,7 @@ def fill_disk_after(monkeypatch, n:int):
 @pytest.mark.parametrize('policy', ['skip', 'error'])
 def test_full_disk_under_the_cache_keeps_every_image(coco, tmp_path, monkeypatch, caplog, policy):
     "ENOSPC from a cache write turns the disk cache off with one line; every image trains, with the same bytes as the RAM cache."
-    ref = epoch_digests((lambda dm: (dm.setup(), dm)[1])(dm_for(coco, cache='ram')))
+    ref = epoch_digests(ready(coco, cache='ram'))
     fill_disk_after(monkeypatch, 2)
     with caplog.at_level('WARNING', logger='lucid_nb.data'):
         dm = dm_for(coco, cache='disk', cache_dir=str(tmp_path / 'cache'), on_bad_input=policy); dm.setup()
@@ -97,7 +102,7 @@ def test_full_disk_never_serves_an_old_cache_file(coco, tmp_path, monkeypatch):
     dm_for(coco, cache='disk', cache_dir=str(tmp_path / 'cache')).setup()
     Image.fromarray(np.random.default_rng(1).integers(0, 256, (80, 120, 3), dtype=np.uint8)).save(imgs / 'x_poly.png')
     st = (imgs / 'x_poly.png').stat(); os.utime(imgs / 'x_poly.png', ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
-    ref = epoch_digests((lambda dm: (dm.setup(), dm)[1])(dm_for(coco, cache='ram')))
+    ref = epoch_digests(ready(coco, cache='ram'))
     fill_disk_after(monkeypatch, 0)
     dm = dm_for(coco, cache='disk', cache_dir=str(tmp_path / 'cache')); dm.setup()
     assert dm.report.notes['disk cache rebuilt (stale)'] == 1 and epoch_digests(dm) == ref
@@ -208,7 +213,7 @@ def store_turned(imgs, name, o):
 def test_oriented_image_trains_as_displayed(coco, tmp_path, caplog, o, cache):
     """Orientation 3 (stored upside down) and 6 (stored sideways; the JSON has the displayed size) train exactly as the
     displayed image does, with every cache; the orientation is reported once, naming the file and the rule."""
-    ref = epoch_digests((lambda dm: (dm.setup(), dm)[1])(dm_for(coco, cache='ram')))
+    ref = epoch_digests(ready(coco, cache='ram'))
     store_turned(coco[0], 'b_train.png', o)
     with caplog.at_level('WARNING', logger='lucid_nb.data'):
         dm = dm_for(coco, cache=cache, cache_dir=str(tmp_path / 'cache')); dm.setup()
@@ -236,7 +241,7 @@ def test_json_with_the_stored_size_gets_a_hint(coco, cache):
 def test_disk_cache_sees_a_new_orientation(coco, tmp_path, caplog):
     "A file rewritten with an orientation tag is rebuilt (the fingerprint changed); the reused cache still reports it."
     imgs, _ = coco
-    run = lambda: (lambda dm: (dm.setup(), dm)[1])(dm_for(coco, cache='disk', cache_dir=str(tmp_path / 'cache')))
+    run = lambda: ready(coco, cache='disk', cache_dir=str(tmp_path / 'cache'))
     ref = epoch_digests(run())
     store_turned(imgs, 'b_train.png', 3)
     st = (imgs / 'b_train.png').stat(); os.utime(imgs / 'b_train.png', ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
