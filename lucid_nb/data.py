@@ -755,7 +755,8 @@ class YoloData(L.LightningDataModule):
     workers : int
         DataLoader worker processes (0: build batches in this process).
     cache : str
-        Prepared-image cache: 'none' (decode every time), 'ram' or 'disk'.
+        Prepared-image cache: 'none' (decode every time), 'ram' or 'disk' (a cache folder that cannot be written is
+        reported once and bypassed; no image is left out).
     cache_dir : str | None
         Folder of the disk cache. None: `.cache/` next to the images folder (or ~/.cache/lucid_nb if read-only).
     prefetch : bool
