@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse, hashlib, io, json, logging, math, os, queue, tempfile, threading, time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import redirect_stdout
+from contextlib import redirect_stdout, suppress
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -23,8 +23,9 @@ from torch.utils.data import DataLoader, Dataset
 from .core import *
 
 # %% auto #0
-__all__ = ['log', 'BAD_INPUT_POLICIES', 'CACHE_MODES', 'CACHE_FORMAT', 'BadInputError', 'DataReport', 'load_coco_json',
-           'coco_categories', 'to_coco', 'Instance', 'ImageRecord', 'read_records', 'Prepared', 'prepare', 'translate',
+__all__ = ['log', 'BAD_INPUT_POLICIES', 'CACHE_MODES', 'ORIENTATION_TAG', 'ORIENTATIONS', 'CACHE_FORMAT', 'BadInputError',
+           'DataReport', 'load_coco_json', 'coco_categories', 'to_coco', 'Instance', 'ImageRecord', 'read_records',
+           'to_rgb', 'exif_orientation', 'check_size', 'load_rgb', 'Prepared', 'prepare', 'translate',
            'letterbox_params', 'random_affine', 'warp_image', 'mosaic_canvas', 'place_instances', 'AugSettings',
            'build_sample', 'collate', 'hsv_jitter', 'prepared_bytes', 'prepared_from_bytes', 'DiskCache',
            'default_cache_dir', 'YoloDataset', 'EpochBatchSampler', 'YoloLoader', 'YoloData', 'show_batch', 'data_cli',
@@ -128,6 +129,7 @@ class ImageRecord:
     instances: list = field(default_factory=list)
     ann_hash: str = ''       # hash of this image's raw annotations and the class mapping (disk-cache key)
     bad_anns: set = field(default_factory=set)  # ids of annotations left out as bad
+    entry: int = -1          # index of the JSON 'images' entry it was read from
 
 # %% ../nbs/01_data.ipynb #483cdeab
 def _instance(a:dict, hw:tuple, lut:dict)->Instance|tuple|None:
@@ -162,11 +164,13 @@ def read_records(
 )->list[ImageRecord]:         # every usable image entry, in JSON order
     "Check each image entry and annotation of `d` under `report`'s policy."
     images, lut, recs, by_id, anns = Path(images), {c: k for k, c in enumerate(cat_ids)}, [], {}, {}
-    for e in d['images']:
-        try: rec = ImageRecord(int(e['id']), images/e['file_name'], (int(e['height']), int(e['width'])))
+    for k, e in enumerate(d['images']):
+        try: rec = ImageRecord(int(e['id']), images/e['file_name'], (int(e['height']), int(e['width'])), entry=k)
         except (KeyError, TypeError, ValueError):
             report.problem(f"{source} image entry {e.get('id', '?') if isinstance(e, dict) else '?'}", 'bad image entry', 'needs id, file_name, height, width'); continue
-        if rec.image_id in by_id: report.problem(f"{source} image id {rec.image_id}", 'duplicate image id'); continue
+        if (kept := by_id.get(rec.image_id)) is not None:
+            report.problem(f"{source} image id {rec.image_id}", 'duplicate image id', f"kept {kept.path.name} (entry {kept.entry}), "
+                           f"skipped {rec.path.name} (entry {k}); every annotation with this image_id goes to {kept.path.name}"); continue
         by_id[rec.image_id] = rec; recs.append(rec)
     for a in d['annotations']:
         if a.get('image_id') in by_id: anns.setdefault(a['image_id'], []).append(a)
@@ -183,6 +187,54 @@ def read_records(
         rec.ann_hash = hashlib.sha256(json.dumps([mine, list(cat_ids), rec.hw], sort_keys=True, default=str).encode()).hexdigest()
     return recs
 
+# %% ../nbs/01_data.ipynb #b90342ee
+def _scale16(a:np.ndarray)->np.ndarray:
+    "Integers clipped to 0..65535 → uint8 by the full range: round(v·255/65535)."
+    return ((a.clip(0, 65535).astype(np.uint32) * 255 + 32767) // 65535).astype(np.uint8)
+
+def to_rgb(im:Image.Image)->Image.Image:
+    "`im` in 8-bit RGB by the mode rule above (alpha dropped; 16-bit, 32-bit and float scaled by their range)."
+    if im.mode == 'RGB': return im
+    if im.mode.startswith('I;16') or im.mode == 'I': grey = _scale16(np.asarray(im))
+    elif im.mode == 'F': grey = np.round(np.nan_to_num(np.asarray(im, np.float64), nan=0.).clip(0, 1) * 255).astype(np.uint8)
+    else: return im.convert('RGB')
+    return Image.fromarray(grey).convert('RGB')
+
+# %% ../nbs/01_data.ipynb #e6c928f5
+ORIENTATION_TAG = 0x0112
+ORIENTATIONS = {2: (Image.Transpose.FLIP_LEFT_RIGHT, 'mirror left-right'), 3: (Image.Transpose.ROTATE_180, 'turn 180°'),
+                4: (Image.Transpose.FLIP_TOP_BOTTOM, 'mirror top-bottom'), 5: (Image.Transpose.TRANSPOSE, 'transpose'),
+                6: (Image.Transpose.ROTATE_270, 'turn 90° clockwise'), 7: (Image.Transpose.TRANSVERSE, 'transverse'),
+                8: (Image.Transpose.ROTATE_90, 'turn 90° counter-clockwise')}   # EXIF value: (PIL transpose, what it does)
+
+def exif_orientation(im:Image.Image)->int:
+    "The EXIF orientation of an opened image, 1..8 (1: none, or not a valid tag)."
+    try: o = im.getexif().get(ORIENTATION_TAG, 1)
+    except Exception: return 1                             # a malformed EXIF block: as if there were none
+    return o if isinstance(o, int) and o in ORIENTATIONS else 1
+
+# %% ../nbs/01_data.ipynb #7cc73c08
+def check_size(im:Image.Image, hw:tuple):
+    "Raise `ValueError` unless opened image `im`, oriented, is the JSON's `hw` (H, W); hint if the JSON has the stored size."
+    o, (w, h), (H, W) = exif_orientation(im), im.size, hw
+    if o in (5, 6, 7, 8): w, h = h, w
+    if (h, w) == (H, W): return
+    hint = (f"; that is its stored size, but its EXIF orientation {o} ({ORIENTATIONS[o][1]}) is applied, as browsers and OpenCV do: "
+            "give the JSON the displayed size and annotate the displayed image" if im.size == (W, H) else '')
+    raise ValueError(f"image is {w}x{h}, the JSON says {W}x{H}{hint}")
+
+def _decode(path:str|Path, hw:tuple|None=None)->tuple[Image.Image, int]:
+    "The image at `path` loaded, oriented and in RGB, and its EXIF orientation; checked against `hw` (H, W) if given."
+    with Image.open(path) as im:
+        if hw is not None: check_size(im, hw)
+        im.load()                                          # raises on truncated data
+        o = exif_orientation(im)
+        return to_rgb(im if o == 1 else im.transpose(ORIENTATIONS[o][0])), o
+
+def load_rgb(path:str|Path)->np.ndarray:
+    "(H,W,3) uint8 RGB of an image file as displayed: EXIF orientation applied, then the mode rule (`prepare` reads the same way)."
+    return np.array(_decode(path)[0])
+
 # %% ../nbs/01_data.ipynb #7d9b5678
 @dataclass
 class Prepared:
@@ -195,19 +247,17 @@ class Prepared:
     polys: np.ndarray        # (V,2) float32, the vertices of every polygon part
     parts: np.ndarray        # (Q,2) int64, (instance, vertex count) of each part, in order
     rles: list               # [(instance, compressed counts bytes)] at (h,w)
+    orientation: int = 1     # EXIF orientation of the source (already applied to `img`)
 
 def _resized_hw(hw:tuple, imgsz:int)->tuple:
     r = imgsz / max(hw); return max(1, round(hw[0] * r)), max(1, round(hw[1] * r))
 
 # %% ../nbs/01_data.ipynb #c3f740d4
 def prepare(rec:ImageRecord, imgsz:int)->Prepared:
-    "Decode `rec`'s image (raising on unreadable, truncated or wrongly sized files) and resize it with its instances."
+    "Decode `rec`'s image as displayed (raising on unreadable, truncated or wrongly sized files) and resize it with its instances."
     (H, W), (h, w) = rec.hw, _resized_hw(rec.hw, imgsz)
-    with Image.open(rec.path) as im:
-        im.load()                                        # raises on truncated data
-        if im.size != (W, H): raise ValueError(f"image is {im.size[0]}x{im.size[1]}, the JSON says {W}x{H}")
-        im = im.convert('RGB')
-        img = np.array(im if (w, h) == (W, H) else im.resize((w, h), Image.BILINEAR))
+    im, orientation = _decode(rec.path, rec.hw)
+    img = np.array(im if (w, h) == (W, H) else im.resize((w, h), Image.BILINEAR))
     sx, sy = w / W, h / H
     boxes = (np.array([i.box for i in rec.instances], np.float64).reshape(-1, 4) * (sx, sy, sx, sy)).astype(np.float32)
     xy, parts, rles = [np.zeros((0, 2), np.float32)], [], []
@@ -219,7 +269,7 @@ def prepare(rec:ImageRecord, imgsz:int)->Prepared:
             m = np.asarray(Image.fromarray(mask_utils.decode(inst.rle)).resize((w, h), Image.NEAREST))
             rles.append((k, mask_utils.encode(np.asfortranarray(m))['counts']))
     return Prepared(img, rec.image_id, (H, W), boxes, np.array([i.cls for i in rec.instances], np.int64),
-                    np.concatenate(xy), np.array(parts, np.int64).reshape(-1, 2), rles)
+                    np.concatenate(xy), np.array(parts, np.int64).reshape(-1, 2), rles, orientation)
 
 # %% ../nbs/01_data.ipynb #d796d5c4
 def translate(tx:float, ty:float)->np.ndarray:
@@ -424,13 +474,13 @@ def hsv_jitter(
     return v[:, None] - (v * s)[:, None] * torch.minimum(k, 4 - k).clamp(0, 1)
 
 # %% ../nbs/01_data.ipynb #f3c26868
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2   # 2: EXIF orientation applied, the mode rule, the orientation stored
 _MAGIC = b'lucid_nb cache\n'
 
 def prepared_bytes(p:Prepared)->bytes:
     "Serialise `p`: magic, sha256 of the body, body (.npz, no pickle)."
     buf = io.BytesIO()
-    np.savez(buf, img=p.img, meta=np.array([p.image_id, *p.orig_hw], np.int64), boxes=p.boxes, cls=p.cls, polys=p.polys,
+    np.savez(buf, img=p.img, meta=np.array([p.image_id, *p.orig_hw, p.orientation], np.int64), boxes=p.boxes, cls=p.cls, polys=p.polys,
              parts=p.parts, rle_inst=np.array([k for k, _ in p.rles], np.int64), rle_len=np.array([len(c) for _, c in p.rles], np.int64),
              rle_data=np.frombuffer(b''.join(c for _, c in p.rles), np.uint8))
     body = buf.getvalue()
@@ -445,16 +495,17 @@ def prepared_from_bytes(b:bytes)->Prepared:
     z = np.load(io.BytesIO(body), allow_pickle=False)
     data, ends = z['rle_data'].tobytes(), np.cumsum(z['rle_len'])
     rles = [(int(k), data[e - l:e]) for k, l, e in zip(z['rle_inst'], z['rle_len'], ends)]
-    i, H, W = (int(v) for v in z['meta'])
-    return Prepared(z['img'], i, (H, W), z['boxes'], z['cls'], z['polys'], z['parts'], rles)
+    i, H, W, o = (int(v) for v in z['meta'])
+    return Prepared(z['img'], i, (H, W), z['boxes'], z['cls'], z['polys'], z['parts'], rles, o)
 
 # %% ../nbs/01_data.ipynb #3700f036
 class DiskCache:
     "Prepared images as checksummed files in `folder`, with a manifest of what each was built from."
     def __init__(self, folder:str|Path, imgsz:int, annotations:str|Path=''):
-        self.folder, self.imgsz, self.annotations = Path(folder), imgsz, str(annotations)
-        self.folder.mkdir(parents=True, exist_ok=True)
+        self.folder, self.imgsz, self.annotations, self.error = Path(folder), imgsz, str(annotations), None
         self.manifest_path, self.stats, self._lock = self.folder/'manifest.json', Counter(), threading.Lock()
+        try: self.folder.mkdir(parents=True, exist_ok=True)
+        except OSError as e: self.turn_off(e)
         try: m = json.loads(self.manifest_path.read_text())
         except (OSError, ValueError): m = {}
         ok = isinstance(m, dict) and m.get('format') == CACHE_FORMAT and m.get('imgsz') == imgsz and isinstance(m.get('entries'), dict)
@@ -471,6 +522,13 @@ class DiskCache:
     def _count(self, what:str):
         with self._lock: self.stats[what] += 1
 
+    def turn_off(self, e:OSError):
+        "Stop writing after the first failure, saying so in one line: a cache problem never leaves an image out."
+        with self._lock: first, self.error = self.error is None, self.error or e
+        if first and rank_zero_only.rank == 0:
+            log.warning(f"disk cache {self.folder}: cannot write ({type(e).__name__}: {e}); going on without it: "
+                        "images not cached yet are decoded from their files at every use (slower, nothing left out)")
+
 # %% ../nbs/01_data.ipynb #33cab325
 def _cache_get(self:DiskCache, rec:ImageRecord)->Prepared|None:
     "The cached `Prepared` of `rec` if its manifest entry matches the source and its file checks out, else None."
@@ -483,14 +541,22 @@ def _cache_get(self:DiskCache, rec:ImageRecord)->Prepared|None:
     self._count('reused'); return p
 
 def _cache_put(self:DiskCache, rec:ImageRecord, p:Prepared):
-    "Write `p` for `rec` atomically and record its fingerprint."
-    atomic_write(self.file(rec), prepared_bytes(p))
-    with self._lock: self.entries[str(rec.image_id)] = self.fingerprint(rec)
+    "Write `p` for `rec` atomically and record its fingerprint; once a write fails, only forget `rec`'s old file."
+    if self.error is None:
+        try: atomic_write(self.file(rec), prepared_bytes(p))
+        except OSError as e: self.turn_off(e)
+        else:
+            with self._lock: self.entries[str(rec.image_id)] = self.fingerprint(rec)
+            return
+    with self._lock: self.entries.pop(str(rec.image_id), None)   # without an entry its file is never read
+    with suppress(OSError): self.file(rec).unlink(missing_ok=True)
+    self._count('not written (cache off)')
 
 def _cache_save(self:DiskCache):
-    "Write the manifest atomically."
+    "Write the manifest atomically (a failure turns the cache off, as in `put`)."
     with self._lock: m = dict(format=CACHE_FORMAT, imgsz=self.imgsz, annotations=self.annotations, entries=dict(self.entries))
-    atomic_write(self.manifest_path, json.dumps(m, indent=1, sort_keys=True).encode())
+    try: atomic_write(self.manifest_path, json.dumps(m, indent=1, sort_keys=True).encode())
+    except OSError as e: self.turn_off(e)
 
 DiskCache.get, DiskCache.put, DiskCache.save = _cache_get, _cache_put, _cache_save
 
@@ -509,20 +575,18 @@ def default_cache_dir(images:str|Path, annotations:str|Path, imgsz:int)->Path:
 _IMAGE_ERRORS = (OSError, ValueError, SyntaxError, Image.DecompressionBombError)
 
 def _check_image(rec:ImageRecord, imgsz:int, cache:str, disk:DiskCache|None)->tuple:
-    "(prepared or None, (reason, detail) or None): check one record's image, preparing/caching it as `cache` says."
-    if not rec.path.is_file(): return None, ('missing file', str(rec.path))
+    "(prepared or None, (reason, detail) or None, EXIF orientation): check one record's image, preparing/caching it as `cache` says."
+    if not rec.path.is_file(): return None, ('missing file', str(rec.path)), 1
     try:
         if cache == 'none':
-            with Image.open(rec.path) as im:
-                if im.size != rec.hw[::-1]: raise ValueError(f"image is {im.size[0]}x{im.size[1]}, the JSON says {rec.hw[1]}x{rec.hw[0]}")
-            return None, None
+            with Image.open(rec.path) as im: check_size(im, rec.hw); return None, None, exif_orientation(im)
         p = disk.get(rec) if disk is not None else None
         if p is None:
             p = prepare(rec, imgsz)
             if disk is not None: disk.put(rec, p)
-        return p, None
+        return p, None, p.orientation
     except _IMAGE_ERRORS as e:
-        return None, ('image size differs from the JSON' if 'the JSON says' in str(e) else 'unreadable image', f"{type(e).__name__}: {e}")
+        return None, ('image size differs from the JSON' if 'the JSON says' in str(e) else 'unreadable image', f"{type(e).__name__}: {e}"), 1
 
 # %% ../nbs/01_data.ipynb #b38d87a5
 class YoloDataset(Dataset):
@@ -536,9 +600,11 @@ class YoloDataset(Dataset):
         with ThreadPoolExecutor(threads or min(8, os.cpu_count() or 1)) as ex:
             checked = list(ex.map(lambda r: _check_image(r, imgsz, cache, disk), records))
         self.records, self._ram = [], []
-        for rec, (p, bad) in zip(records, checked):
+        for rec, (p, bad, o) in zip(records, checked):
             if bad: self.report.problem(rec.path.name, *bad); continue
             self.records.append(rec)
+            if o != 1: self.report.problem(rec.path.name, 'EXIF orientation applied', f"orientation {o}: {ORIENTATIONS[o][1]}, as browsers and "
+                                           "OpenCV show it; the JSON's size and annotations must be of the displayed image", 'used as displayed', fatal=False)
             if cache == 'ram': self._ram.append(p)
             if len(rec.instances) > max_instances:
                 self.report.problem(rec.path.name, 'more instances than max_instances', f"{len(rec.instances)} > {max_instances}",
@@ -551,8 +617,9 @@ def _load(self:YoloDataset, i:int)->Prepared:
     if self.cache == 'ram': return self._ram[i]
     rec = self.records[i]
     if self.cache == 'disk':
-        try: return prepared_from_bytes(self.disk.file(rec).read_bytes())
-        except (OSError, ValueError): pass                  # gone or damaged since setup: rebuild from the source
+        if str(rec.image_id) in self.disk.entries:         # written or checked at setup (not when the disk was full)
+            try: return prepared_from_bytes(self.disk.file(rec).read_bytes())
+            except (OSError, ValueError): pass              # gone or damaged since setup: rebuild from the source
         p = prepare(rec, self.imgsz); self.disk.put(rec, p); return p
     return prepare(rec, self.imgsz)
 
@@ -699,7 +766,8 @@ class YoloData(L.LightningDataModule):
     workers : int
         DataLoader worker processes (0: build batches in this process).
     cache : str
-        Prepared-image cache: 'none' (decode every time), 'ram' or 'disk'.
+        Prepared-image cache: 'none' (decode every time), 'ram' or 'disk' (a cache folder that cannot be written is
+        reported once and bypassed; no image is left out).
     cache_dir : str | None
         Folder of the disk cache. None: `.cache/` next to the images folder (or ~/.cache/lucid_nb if read-only).
     prefetch : bool
@@ -744,6 +812,7 @@ class YoloData(L.LightningDataModule):
         self.save_hyperparameters()
         self.aug = AugSettings(fliplr, degrees, translate, scale, shear, mosaic, hsv_h, hsv_s, hsv_v)
         self.report, self._train, self._val, self._json, self._val_coco, self._loaders = DataReport(on_bad_input), None, None, None, None, []
+        self._disks = {}   # folder: DiskCache, shared by train and validation when they come from one JSON
 
 # %% ../nbs/01_data.ipynb #6c41de4f
 def _paths(self:YoloData)->tuple:
@@ -760,29 +829,23 @@ YoloData.class_names = property(lambda self: coco_categories(self._train_json())
 YoloData.num_classes = property(lambda self: len(self.cat_ids), doc="Number of classes K.")
 
 # %% ../nbs/01_data.ipynb #e70d3c6c
-def _split(self:YoloData, d:dict, recs:list)->tuple[list, list, dict]:
-    "Train records, validation records and the validation JSON, by the file-name split rule."
+def _split(self:YoloData, d:dict, recs:list)->tuple[list, list]:
+    "Train and validation records: a record validates when its own JSON entry is among the last `val_count` by file name."
     n, v = len(d['images']), self.hparams.val_count
     if v >= n: raise ValueError(f"val_count={v} leaves no training images out of {n}; lower val_count or give val_images/val_annotations")
-    names = sorted(d['images'], key=lambda e: str(e.get('file_name')))
-    val_ids = {e.get('id') for e in names[n - v:]}
-    vjson = {**d, 'images': [e for e in d['images'] if e.get('id') in val_ids],
-             'annotations': [a for a in d['annotations'] if a.get('image_id') in val_ids]}
-    return [r for r in recs if r.image_id not in val_ids], [r for r in recs if r.image_id in val_ids], vjson
+    last = set(sorted(range(n), key=lambda k: str(d['images'][k].get('file_name')))[n - v:])
+    return [r for r in recs if r.entry not in last], [r for r in recs if r.entry in last]
 
 YoloData._split = _split
 
 # %% ../nbs/01_data.ipynb #955f4c69
 def _dataset(self:YoloData, recs:list, images:Path, annotations:Path, augment:bool)->YoloDataset:
     h, disk = self.hparams, None
-    if h.cache == 'disk':
+    if h.cache == 'disk':                                  # one DiskCache per folder: a split JSON's train and validation share it
         folder = Path(h.cache_dir)/f"{images.name}-{annotations.stem}-{h.imgsz}" if h.cache_dir else default_cache_dir(images, annotations, h.imgsz)
-        disk = DiskCache(folder, h.imgsz, annotations)
-    ds = YoloDataset(recs, h.imgsz, h.cache, disk, self.report, augment, self.aug, h.seed, h.max_instances)
-    if disk is not None:
-        disk.save()
-        for k, n in disk.stats.items(): self.report.note(f"disk cache {k}", n)
-    return ds
+        if folder not in self._disks: self._disks[folder] = DiskCache(folder, h.imgsz, annotations)
+        disk = self._disks[folder]
+    return YoloDataset(recs, h.imgsz, h.cache, disk, self.report, augment, self.aug, h.seed, h.max_instances)
 
 def _setup(self:YoloData, stage:str|None=None):
     "Read, check, split and cache the data (once), then print the report."
@@ -791,7 +854,7 @@ def _setup(self:YoloData, stage:str|None=None):
     images, annotations = self._paths()
     d = self._train_json(); cat_ids = coco_categories(d)[0]
     recs = read_records(d, images, cat_ids, self.report, annotations.name)
-    if h.val_images is None: tr, va, self._val_json = self._split(d, recs)
+    if h.val_images is None: (tr, va), self._val_json = self._split(d, recs), d
     else:
         vimages, vann = Path(h.val_images), Path(h.val_annotations)
         self._val_json = load_coco_json(vann)
@@ -799,6 +862,9 @@ def _setup(self:YoloData, stage:str|None=None):
         tr, va = recs, read_records(self._val_json, vimages, cat_ids, self.report, vann.name)
     self._val = self._dataset(va, Path(h.val_images) if h.val_images else images, Path(h.val_annotations) if h.val_annotations else annotations, False)
     self._train = self._dataset(tr, images, annotations, True)
+    for disk in self._disks.values():
+        disk.save()
+        for k, n in disk.stats.items(): self.report.note(f"disk cache {k}", n)
     if len(self._val) == 0:
         src = f"{h.val_annotations}" if h.val_images else f"the last {h.val_count} images of {annotations.name} (by file name)"
         raise ValueError(f"no usable validation image: every one of {src} was left out as bad input (see the report above); "
@@ -824,11 +890,12 @@ def _val_image_ids(self:YoloData)->list[int]:
     return [r.image_id for r in self._val.records]
 
 def _val_coco(self:YoloData)->COCO:
-    "pycocotools ground truth of the validation images that are loaded (crowd regions kept, bad annotations left out)."
+    "pycocotools ground truth of the loaded validation images: the entry each was read from, the annotations of its id (crowd kept, bad left out)."
     ids, d = set(self.val_image_ids), self._val_json
     if self._val_coco is None:
-        bad = {a for r in self._val.records for a in r.bad_anns}
-        self._val_coco = to_coco({**d, 'images': [e for e in d['images'] if e.get('id') in ids],
+        recs = self._val.records
+        bad = {a for r in recs for a in r.bad_anns}
+        self._val_coco = to_coco({**d, 'images': [d['images'][r.entry] for r in recs],
                                   'annotations': [a for a in d['annotations'] if a.get('image_id') in ids and a.get('id') not in bad]})
     return self._val_coco
 
