@@ -470,7 +470,8 @@ def hsv_jitter(
     s = torch.where(mx > 0, d / torch.where(mx > 0, mx, torch.ones_like(mx)), torch.zeros_like(mx))
     gh, gs, gv = (gains.to(x)[:, i, None, None] for i in range(3))
     h, s, v = (h * gh) % 1, (s * gs).clamp(0, 1), (mx * gv).clamp(0, 1)
-    k = (torch.tensor([5., 3., 1.], device=x.device)[None, :, None, None] + h[:, None] * 6) % 6
+    n = torch.arange(5., 0., -2., device=x.device)   # (5, 3, 1), made on the device: no host copy inside a step
+    k = (n[None, :, None, None] + h[:, None] * 6) % 6
     return v[:, None] - (v * s)[:, None] * torch.minimum(k, 4 - k).clamp(0, 1)
 
 # %% ../nbs/01_data.ipynb #f3c26868

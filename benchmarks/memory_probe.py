@@ -1,0 +1,70 @@
+"""Where the reference run's peak GPU memory goes: training steps vs validation, allocated vs reserved.
+
+Runs one epoch of the reference configuration (`configs/coco128-seg-n.yaml`) through the real trainer and reads the
+CUDA allocator's peaks after the training batches and after the validation, then lists the live blocks at the
+training peak (from the allocator's memory history) by the line of lucid_nb code that made them:
+
+    python benchmarks/memory_probe.py --out benchmarks/results [-- extra lucid args]
+"""
+import argparse, collections, json, re
+from pathlib import Path
+
+import torch
+from lightning.pytorch.callbacks import Callback
+
+ROOT = Path(__file__).resolve().parent.parent
+MiB = 2 ** 20
+
+
+class Peaks(Callback):
+    "Allocator peaks at the end of the training batches and of the validation."
+    def __init__(self): self.at = {}
+    def _read(self, name):
+        torch.cuda.synchronize()
+        self.at[name] = dict(allocated_mib=torch.cuda.max_memory_allocated() / MiB, reserved_mib=torch.cuda.max_memory_reserved() / MiB)
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        if batch_idx == trainer.num_training_batches - 1:
+            self._read('training'); self.snapshot = torch.cuda.memory._snapshot()
+    def on_validation_end(self, trainer, module): self._read('validation')
+
+
+def _where(frames: list) -> str:
+    f = next((f for f in frames if 'lucid_nb' in f['filename']), frames[0] if frames else None)
+    return f"{Path(f['filename']).name}:{f['line']} {f['name']}" if f else '?'
+
+
+def live_at_peak(snapshot: dict, n: int = 15) -> dict:
+    "Replay the allocator's trace; at the moment the most memory was allocated, group the live blocks by the code that made them."
+    live, total, best, best_live = {}, 0, -1, {}
+    for e in snapshot['device_traces'][0]:
+        if e['action'] == 'alloc': live[e['addr']] = (e['size'], _where(e.get('frames') or [])); total += e['size']
+        elif e['action'] in ('free_completed',) and e['addr'] in live: total -= live.pop(e['addr'])[0]
+        else: continue
+        if total > best: best, best_live = total, dict(live)
+    by = collections.Counter()
+    for size, where in best_live.values(): by[where] += size
+    return dict(peak_traced_mib=round(best / MiB, 1), by_code=[(k, round(v / MiB, 1)) for k, v in by.most_common(n)])
+
+
+def main():
+    p = argparse.ArgumentParser(); p.add_argument('--out', default='benchmarks/results')
+    p.add_argument('extra', nargs='*'); a = p.parse_args()
+    from lucid_nb.trainer import cli_main
+    from lucid_nb.core import env_info
+    torch.cuda.memory._record_memory_history(max_entries=200000)
+    peaks = Peaks()
+    cli = cli_main(['--config', str(ROOT / 'configs' / 'coco128-seg-n.yaml'), '--trainer.max_epochs', '1',
+                    '--trainer.enable_progress_bar', 'false', '--trainer.logger', 'false', '--trainer.enable_checkpointing', 'false',
+                    *a.extra], run=False)
+    cli.trainer.callbacks.append(peaks)
+    cli.trainer.fit(cli.model, cli.datamodule)
+    env = env_info(); dev = re.sub(r'[^a-z0-9]+', '-', env['device'].lower()).strip('-')
+    res = dict(env=env, extra_args=a.extra, peaks=peaks.at, training_peak=live_at_peak(peaks.snapshot),
+               stats={k: v / MiB for k, v in torch.cuda.memory_stats().items() if k.endswith('bytes.all.peak')})
+    out = Path(a.out); out.mkdir(parents=True, exist_ok=True)
+    (out / f'memory_probe_{dev}.json').write_text(json.dumps(res, indent=1))
+    print(json.dumps(res, indent=1))
+
+
+if __name__ == '__main__':
+    main()
