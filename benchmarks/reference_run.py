@@ -26,7 +26,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-LUCID = 'import sys; from lucid_nb.trainer import main; sys.argv[0] = "lucid"; main()'
+LUCID = 'import sys; from lucid_nb.cli import main; sys.argv[0] = "lucid"; main()'
 ARMS = {'native': [], 'head': ['--model.capture_segment_heads', 'true'], 'optim': ['--model.capture_optimizer_step', 'true'],
         'head+optim': ['--model.capture_segment_heads', 'true', '--model.capture_optimizer_step', 'true'],
         'step': ['--model.capture_train_step', 'true']}

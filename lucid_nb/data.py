@@ -660,8 +660,10 @@ class EpochBatchSampler:
     def set_epoch(self, epoch:int): self.epoch = int(epoch)
     def __len__(self): return self.n // self.batch_size if self.drop_last else -(-self.n // self.batch_size)
     def __iter__(self):
-        order = np.random.default_rng([self.seed, self.epoch, 2**32 - 1]).permutation(self.n) if self.shuffle else np.arange(self.n)
-        for k in range(len(self)): yield [(self.epoch, int(i)) for i in order[k * self.batch_size:(k + 1) * self.batch_size]]
+        "The epoch is read when iteration starts (not at the first batch), so a loader can start the next epoch early."
+        e, bs = self.epoch, self.batch_size
+        order = np.random.default_rng([self.seed, e, 2**32 - 1]).permutation(self.n) if self.shuffle else np.arange(self.n)
+        return iter([[(e, int(i)) for i in order[k * bs:(k + 1) * bs]] for k in range(len(self))])
 
 def _worker_init(worker_id:int):
     "DataLoader workers: one torch thread each; global RNGs fixed so nothing can depend on them by accident."
@@ -671,11 +673,14 @@ def _worker_init(worker_id:int):
 class YoloLoader:
     "Epoch-seeded padded batches from a `YoloDataset`, via a DataLoader, optionally prefetched by a background thread."
     def __init__(self, dataset:YoloDataset, batch_size:int=4, shuffle:bool=True, drop_last:bool=True, seed:int=0,
-                 workers:int=0, prefetch:bool=True, depth:int=4):
+                 workers:int=0, prefetch:bool=True, depth:int=4,
+                 ahead_until:int|None=None, # with `prefetch`: when an epoch ends, start the next one's batches, up to this epoch
+                ):
         self.dataset, self.prefetch, self.depth, self._live, self.wait_seconds = dataset, prefetch, depth, [], 0.
+        self.ahead_until, self._ahead = ahead_until, None
         self.batch_sampler = self.sampler = EpochBatchSampler(len(dataset), batch_size, shuffle, drop_last, seed)
         self.loader = DataLoader(dataset, batch_sampler=self.batch_sampler, num_workers=workers, worker_init_fn=_worker_init,
-                                 collate_fn=partial(collate, max_instances=dataset.max_instances))
+                                 collate_fn=partial(collate, max_instances=dataset.max_instances), persistent_workers=workers > 0)
     def set_epoch(self, epoch:int): self.batch_sampler.set_epoch(epoch)
     def __len__(self): return len(self.batch_sampler)
     def __iter__(self): return self._prefetched() if self.prefetch else self._timed(iter(self.loader))
@@ -690,32 +695,43 @@ class YoloLoader:
             yield b
 
 # %% ../nbs/01_data.ipynb #b19a1a67
-def _prefetched(self:YoloLoader):
+def _produce(self:YoloLoader, epoch:int)->tuple:
+    "Start a thread that puts the batches of `epoch` into a bounded queue: `(epoch, queue, thread, stop event)`."
     q, stop = queue.Queue(maxsize=self.depth), threading.Event()
+    self.batch_sampler.set_epoch(epoch)
     def put(item):
         while not stop.is_set():
             try: q.put(item, timeout=.05); return True
             except queue.Full: pass
         return False
     def work():
-        it = iter(self.loader)
         try:
-            for b in it:
+            for b in iter(self.loader):
                 if not put(('batch', b)): return
             put(('end', None))
         except BaseException as e: put(('error', e))
-        finally: del it                                      # shuts DataLoader workers down
     t = threading.Thread(target=work, name='lucid_nb-prefetch', daemon=True)
     self._live.append((t, stop)); t.start()
+    return epoch, q, t, stop
+
+def _prefetched(self:YoloLoader):
+    epoch, ahead, self._ahead = self.batch_sampler.epoch, self._ahead, None
+    if ahead is not None and ahead[0] != epoch: ahead = None                      # set to another epoch since
+    for live in list(self._live):                  # one epoch at a time: an abandoned iteration shares the workers
+        if ahead is None or live[0] is not ahead[2]: _stop(self, *live)
+    _, q, t, stop = ahead or self._produce(epoch)
+    finished = False
     try:
         while True:
             t0 = time.perf_counter()
             kind, v = q.get()
             self.wait_seconds += time.perf_counter() - t0   # the consumer's stall: no batch was ready
             if kind == 'error': raise v
-            if kind == 'end': return
+            if kind == 'end': finished = True; return
             yield v
-    finally: _stop(self, t, stop)
+    finally:
+        _stop(self, t, stop)
+        if finished and self.ahead_until is not None and epoch < self.ahead_until: self._ahead = self._produce(epoch + 1)
 
 def _stop(self:YoloLoader, t:threading.Thread, stop:threading.Event):
     stop.set(); t.join(timeout=60)
@@ -723,10 +739,14 @@ def _stop(self:YoloLoader, t:threading.Thread, stop:threading.Event):
     else: self._live[:] = [x for x in self._live if x[0] is not t]
 
 def _close(self:YoloLoader):
-    "Stop every prefetch thread of this loader (teardown; safe to call twice)."
+    "Stop every prefetch thread and worker process of this loader (teardown; safe to call twice)."
+    self._ahead = None
     for t, stop in list(self._live): _stop(self, t, stop)
+    it = getattr(self.loader, '_iterator', None)   # persistent workers live in the DataLoader's iterator
+    if it is not None and hasattr(it, '_shutdown_workers'): it._shutdown_workers()
+    self.loader._iterator = None
 
-YoloLoader._prefetched, YoloLoader.close = _prefetched, _close
+YoloLoader._produce, YoloLoader._prefetched, YoloLoader.close = _produce, _prefetched, _close
 
 # %% ../nbs/01_data.ipynb #ac8594aa
 def _check_options(o:dict):
@@ -910,8 +930,12 @@ def _mosaic_until(self:YoloData)->int|None:
     return None if n is None or n < 0 else max(n - self.hparams.close_mosaic, 0)
 
 def _make_loader(self:YoloData, ds:YoloDataset, train:bool)->YoloLoader:
-    h = self.hparams
-    ld = YoloLoader(ds, h.batch_size, shuffle=train, drop_last=train, seed=h.seed, workers=h.workers, prefetch=h.prefetch)
+    "A loader of `ds`; the training one starts each next epoch's batches as soon as an epoch ends."
+    h, n = self.hparams, self.hparams.max_epochs
+    if n is None and self.trainer is not None: n = self.trainer.max_epochs
+    ahead = n - 1 if train and n is not None and n > 0 else None
+    ld = YoloLoader(ds, h.batch_size, shuffle=train, drop_last=train, seed=h.seed, workers=h.workers, prefetch=h.prefetch,
+                    ahead_until=ahead)
     self._loaders.append(ld); return ld
 
 def _train_dataloader(self:YoloData)->YoloLoader:

@@ -273,6 +273,24 @@ def test_same_bytes_with_prefetch_and_workers(coco):
     assert live_prefetch_threads() == []
 
 
+def test_epoch_prefetch_with_workers_after_an_abandoned_epoch(coco):
+    "Running ahead into the next epoch (persistent workers) gives the same batches, also after an epoch left half-way."
+    base = dm_for(coco, val_count=1, seed=3, max_epochs=3, close_mosaic=1); base.setup()
+    ref = [_digests(base, e) for e in range(3)]
+    dm = dm_for(coco, val_count=1, seed=3, workers=2, prefetch=True, max_epochs=3, close_mosaic=1); dm.setup()
+    ld = dm.train_dataloader(); assert ld.ahead_until == 2
+    def epoch(e, n=None):
+        ld.set_epoch(e); out = []
+        for b in ld:
+            out.append(digest(b))
+            if n and len(out) == n: break          # as `limit_train_batches` leaves an epoch: not closed
+        return out
+    assert epoch(0, n=1) == ref[0][:1]
+    assert epoch(1) == ref[1] and ld._ahead is not None and ld._ahead[0] == 2   # epoch 2 started as epoch 1 ended
+    assert epoch(2) == ref[2] and ld._ahead is None
+    dm.teardown(); assert live_prefetch_threads() == []
+
+
 def test_close_mosaic(coco):
     dm = dm_for(coco, val_count=1, max_epochs=3, close_mosaic=1); dm.setup()
     dm.train_dataloader(); assert dm._train.mosaic_until == 2
