@@ -41,10 +41,11 @@ class LastCkptEpochs(Callback):
 
 @pytest.fixture(scope='module')
 def three_epochs(tmp_path_factory):
-    "A 3-epoch tiny run whose mAP never improves after epoch 0, into a folder where a killed run left `*.ckpt.tmp`."
+    """A 3-epoch tiny run whose mAP never improves after epoch 0, into a folder where a killed run left `*.ckpt.tmp`
+    (`last-v1`: a name that no save of this run writes over)."""
     tmp = tmp_path_factory.mktemp('three')
     d = tmp / 'runs' / 'tiny' / 'v' / 'checkpoints'; d.mkdir(parents=True)
-    for name in ('last.ckpt.tmp', 'best.ckpt.tmp'): (d / name).write_bytes(b'half a checkpoint')
+    for name in ('last.ckpt.tmp', 'best.ckpt.tmp', 'last-v1.ckpt.tmp'): (d / name).write_bytes(b'half a checkpoint')
     seen = LastCkptEpochs()
     cli, run, h = fit(tmp, callbacks=[seen], epochs=3, version='v')
     return cli, run, seen
