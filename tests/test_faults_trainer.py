@@ -150,6 +150,14 @@ def test_stale_lock_is_taken_over(tmp_path, monkeypatch, capsys):
     assert (run / 'state_hashes.json').exists() and not (run / LOCK_NAME).exists()   # released at the end
 
 
+def test_lock_released_after_an_error(tmp_path, monkeypatch, capsys):
+    "An error inside the run (here the schedule's, raised while fit sets up) still releases the folder."
+    run = tmp_path / 'runs' / 'tiny' / 'v'
+    assert lucid_main(monkeypatch, *tiny(tmp_path, version='v', epochs=-1)) == 2
+    assert 'max_epochs=-1' in capsys.readouterr().err.strip().splitlines()[-1]
+    assert run.is_dir() and not (run / LOCK_NAME).exists()
+
+
 # ---- bad checkpoint files ----
 
 @pytest.mark.parametrize('kind, says', [('text', 'is not a checkpoint'), ('truncated', 'is truncated')])
