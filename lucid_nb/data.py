@@ -735,8 +735,10 @@ def _prefetched(self:YoloLoader):
             if kind == 'end': finished = True; return
             yield v
     finally:
-        _stop(self, t, stop)
-        if finished and self.ahead_until is not None and epoch < self.ahead_until: self._ahead = self._produce(epoch + 1)
+        if not finished: stop.set()      # left early (an error, Ctrl-C, a batch limit): the thread ends by itself and
+        else:                            # is joined by the next epoch or `close()`; a join here could swallow a Ctrl-C
+            _stop(self, t, stop)         # it has put its last item: the join is immediate
+            if self.ahead_until is not None and epoch < self.ahead_until: self._ahead = self._produce(epoch + 1)
 
 def _stop(self:YoloLoader, t:threading.Thread, stop:threading.Event):
     stop.set(); t.join(timeout=60)

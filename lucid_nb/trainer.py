@@ -6,16 +6,19 @@ Docs: https://lucid-nb.github.io/lucid_nb/trainer.html.md"""
 
 # %% ../nbs/08_trainer.ipynb #44dd294e
 from __future__ import annotations
-import csv, hashlib, importlib.util, io, json, math, os, time, warnings
+import contextlib, csv, datetime, hashlib, importlib.util, io, json, math, os, signal, socket, sys, time, warnings, zipfile
 from pathlib import Path
 import numpy as np, torch
 import lightning.pytorch as L
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint, BasePredictionWriter, TQDMProgressBar
 from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.utilities import rank_zero_only
+from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
+from jsonargparse import Namespace
 from torch import nn, Tensor
 from fastcore.basics import patch
 from .core import *
-from .data import YoloData
+from .data import YoloData, load_rgb
 from .model import SCALES, yolo_seg
 from .loss import SegLoss
 from .optim import build_optimizer, build_schedule
@@ -26,9 +29,11 @@ import matplotlib.pyplot as plt
 from PIL import Image
 
 # %% auto #0
-__all__ = ['ModelEMA', 'AtomicCheckpoint', 'LitYolo', 'StepLossBar', 'PredictionWriter', 'fit_state_hashes', 'write_json_atomic',
-           'data_wait', 'process_age', 'RunArtifacts', 'read_metrics_csv', 'plot_curves', 'draw_detections', 'LucidCLI',
-           'add_tensorboard', 'default_callbacks', 'main', 'cli_main', 'save_figure', 'draw_validation']
+__all__ = ['LOCK_NAME', 'USER_ERRORS', 'ModelEMA', 'AtomicCheckpoint', 'LitYolo', 'StepLossBar', 'PredictionWriter',
+           'fit_state_hashes', 'write_json_atomic', 'data_wait', 'process_age', 'RunArtifacts', 'read_metrics_csv',
+           'plot_curves', 'draw_detections', 'LucidCLI', 'add_tensorboard', 'default_callbacks', 'cli_main',
+           'save_figure', 'draw_validation', 'note', 'RunFolderInUse', 'read_lock', 'lock_owner_alive',
+           'acquire_run_lock', 'run_lock', 'resume_hint', 'read_checkpoint', 'one_line', 'main']
 
 # %% ../nbs/08_trainer.ipynb #ea5ecba6
 class ModelEMA(nn.Module):
@@ -78,12 +83,21 @@ class ModelEMA(nn.Module):
 
 # %% ../nbs/08_trainer.ipynb #cbbc85fc
 class AtomicCheckpoint(ModelCheckpoint):
-    "`ModelCheckpoint` that writes to a temporary file and renames it into place."
+    "`ModelCheckpoint` that writes to a temporary file and renames it into place, and writes `last.ckpt` every epoch."
     def _save_checkpoint(self, trainer, filepath):
         tmp = f"{filepath}.tmp"
+        if trainer.is_global_zero:
+            for old in Path(filepath).parent.glob('*.ckpt.tmp'): old.unlink(missing_ok=True)
         super()._save_checkpoint(trainer, tmp)
         if trainer.is_global_zero: os.replace(tmp, filepath)
         self._last_checkpoint_saved = filepath
+
+# %% ../nbs/08_trainer.ipynb #15ce8912
+@patch
+def on_train_epoch_end(self:AtomicCheckpoint, trainer, module):
+    ModelCheckpoint.on_train_epoch_end(self, trainer, module)
+    if self.save_last and not self._should_skip_saving_checkpoint(trainer):  # skipped: this step is saved already
+        self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
 
 # %% ../nbs/08_trainer.ipynb #235f0363
 class LitYolo(L.LightningModule):
@@ -255,7 +269,7 @@ class PredictionWriter(BasePredictionWriter):
         dm = trainer.datamodule
         for rec in dm._val.records[:self.max_images]:
             fig, ax = plt.subplots(figsize=(6, 6 * rec.hw[0] / rec.hw[1]))
-            draw_detections(ax, np.asarray(Image.open(rec.path).convert('RGB')),
+            draw_detections(ax, load_rgb(rec.path),
                             [r for r in results if r['image_id'] == rec.image_id], dm.class_names, dm.cat_ids)
             plt.close(save_figure(fig, out/f'{rec.image_id}.jpg'))
         print(f"predict: {len(results)} detections -> {out/'predictions.json'} (sha256 {sha[:12]})")
@@ -391,6 +405,8 @@ class LucidCLI(LightningCLI):
         "CSV logs always; TensorBoard logs beside them in the run folder with `--tensorboard true`."
         cfg = self.config.get(self.subcommand, self.config) if self.subcommand else self.config
         if cfg.get('tensorboard'): add_tensorboard(self.trainer)
+        # `--ckpt_path` of another architecture: the check that loading makes, made before anything runs
+        if self.ckpt_hparams: self.model.on_load_checkpoint({'hyper_parameters': self.ckpt_hparams})
 
 def add_tensorboard(trainer)->bool:
     "Add a TensorBoard logger writing into the run folder's `tensorboard/`, unless there is one or no logger at all."
@@ -412,10 +428,6 @@ def configure_callbacks(self:LitYolo):
     bar = self._trainer.progress_bar_callback if self._trainer is not None else None
     if type(bar) is TQDMProgressBar: extra.append(StepLossBar(bar.refresh_rate))
     return default_callbacks() + extra
-
-def main():
-    "The `lucid` command (exit status 0 on success; `cli_main` returns the CLI object for notebooks and tests)."
-    cli_main()
 
 def cli_main(args:list|None=None, run:bool=True)->LucidCLI:
     "Entry point of the `lucid` command."
@@ -439,7 +451,145 @@ def draw_validation(dm, results:list, n:int=6, ncols:int=3)->plt.Figure:
     fig, axs = plt.subplots(-(-len(recs) // ncols), ncols, figsize=(4 * ncols, 3.4 * -(-len(recs) // ncols)), squeeze=False)
     for ax in axs.flat: ax.set_axis_off()
     for ax, rec in zip(axs.flat, recs):
-        draw_detections(ax, np.asarray(Image.open(rec.path).convert('RGB')),
+        draw_detections(ax, load_rgb(rec.path),
                         [r for r in results if r['image_id'] == rec.image_id], dm.class_names, dm.cat_ids)
     fig.tight_layout()
     return fig
+
+# %% ../nbs/08_trainer.ipynb #dfda702c
+LOCK_NAME = 'lucid.lock'
+
+@rank_zero_only
+def note(msg:str):
+    "One line for the user on stderr (from rank 0)."
+    print(f"lucid: {msg}", file=sys.stderr, flush=True)
+
+class RunFolderInUse(RuntimeError): "A live run holds the run folder's lock."
+
+def read_lock(lock:Path)->dict:
+    "What a lock says; `{}` when it is missing or unreadable."
+    try: return json.loads(lock.read_text())
+    except (OSError, ValueError): return {}
+
+def lock_owner_alive(owner:dict)->bool:
+    "Whether the run that wrote a lock may still be running (always, for a run on another host)."
+    if not owner.get('pid'): return False
+    if owner.get('host') != socket.gethostname(): return True
+    try: os.kill(int(owner['pid']), 0)
+    except ProcessLookupError: return False
+    except PermissionError: pass   # alive, another user's
+    return True
+
+# %% ../nbs/08_trainer.ipynb #c3fb1cc1
+def _holder(owner:dict)->str: return f"pid {owner.get('pid')} on {owner.get('host')}, started {owner.get('started')}"
+
+def acquire_run_lock(run:Path)->dict:
+    "Create `run/lucid.lock` naming this process, taking over a lock whose process is gone; returns what it wrote."
+    run.mkdir(parents=True, exist_ok=True)
+    lock, tmp = run/LOCK_NAME, run/f'{LOCK_NAME}.{os.getpid()}.tmp'
+    me = dict(pid=os.getpid(), host=socket.gethostname(), command=' '.join(sys.argv),
+              started=datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M:%S UTC'))
+    tmp.write_text(json.dumps(me))
+    try:
+        for _ in range(3):
+            try: os.link(tmp, lock); return me
+            except FileExistsError: owner = read_lock(lock)
+            if lock_owner_alive(owner):
+                raise RunFolderInUse(f"{run} is in use by another run ({_holder(owner)}): wait for it to end or give "
+                                     f"this run another --trainer.logger version; if that run is gone, delete {lock}")
+            note(f"{run}: taking over the lock of a run that is gone ({_holder(owner)})")
+            lock.unlink(missing_ok=True)
+        raise RunFolderInUse(f"{run}: another run keeps taking its lock {lock}")
+    finally: tmp.unlink(missing_ok=True)
+
+@contextlib.contextmanager
+def run_lock(run:Path):
+    "Hold the lock of the run folder `run` for the `with` block; released also on exceptions and signals."
+    me = acquire_run_lock(run)
+    try: yield me
+    finally:
+        if read_lock(run/LOCK_NAME) == me: (run/LOCK_NAME).unlink(missing_ok=True)
+
+# %% ../nbs/08_trainer.ipynb #30d045dc
+def resume_hint(trainer)->str:
+    "How to go on after a stopped run: the checkpoint of its last finished epoch, if there is one."
+    if trainer.state.fn != 'fit': return 'run it again'
+    ck = trainer.checkpoint_callback
+    last = (ck.last_model_path if ck else '') or trainer.ckpt_path
+    if last and Path(last).is_file(): return f"{last} holds the last finished epoch: resume with the same options and --ckpt_path {last}"
+    return 'no epoch had finished, so there is no checkpoint to resume from: run it again'
+
+@patch
+def _run_subcommand(self:LucidCLI, subcommand:str):
+    "Run `subcommand` holding the run folder's lock; a run stopped by SIGTERM or Ctrl-C says so and how to resume."
+    run = _run_dir(self.trainer)
+    fresh = not any(run.iterdir())
+    with run_lock(run) if rank_zero_only.rank == 0 else contextlib.nullcontext(), warnings.catch_warnings():
+        if fresh: warnings.filterwarnings('ignore', message='Experiment logs directory .* exists and is not empty')  # our lock
+        try: LightningCLI._run_subcommand(self, subcommand)
+        except SystemExit as e:  # SIGTERMException after SIGTERM; Lightning's sys.exit(1) after Ctrl-C
+            if not self.trainer.interrupted: raise
+            sig, status = ('SIGTERM', 128 + signal.SIGTERM) if isinstance(e, SIGTERMException) else ('Ctrl-C', 1)
+            note(f"{subcommand} stopped by {sig} before it finished; {resume_hint(self.trainer)}")
+            raise SystemExit(status) from None
+
+# %% ../nbs/08_trainer.ipynb #3d1a2fc7
+@patch
+def parse_arguments(self:LucidCLI, parser, args):
+    "Parse as LightningCLI does, and remember which model options the command line and `--config` gave."
+    LightningCLI.parse_arguments(self, parser, args)
+    given = parser.parse_object(args, defaults=False) if isinstance(args, (dict, Namespace)) else parser.parse_args(args, defaults=False)
+    model = given.get(f"{given.subcommand}.model" if given.get('subcommand') else 'model')
+    self.given_model_options = set(model.keys()) if model else set()
+
+# %% ../nbs/08_trainer.ipynb #eecc4ead
+def read_checkpoint(path)->dict:
+    "Load a Lightning checkpoint on the CPU; a file that is none raises an error naming it and what is wrong."
+    p = Path(path)
+    if not p.is_file(): raise FileNotFoundError(f"--ckpt_path {p}: {'a folder, not a file' if p.is_dir() else 'no such file'}")
+    with open(p, 'rb') as f: magic = f.read(4)
+    try: ckpt = torch.load(p, map_location='cpu', weights_only=True)
+    except Exception as e:
+        why = ('is not a checkpoint (not a PyTorch archive)' if magic != b'PK\x03\x04' else
+               f'is truncated ({p.stat().st_size} bytes, the archive has no end): an interrupted copy?' if not zipfile.is_zipfile(p)
+               else f'is damaged or was not written by lucid ({type(e).__name__})')
+        raise ValueError(f"--ckpt_path {p} {why}") from e
+    if not isinstance(ckpt, dict) or 'state_dict' not in ckpt:
+        raise ValueError(f"--ckpt_path {p} is not a Lightning checkpoint: it holds no 'state_dict'")
+    return ckpt
+
+# %% ../nbs/08_trainer.ipynb #4248039a
+@patch
+def _parse_ckpt_path(self:LucidCLI):
+    "Model options from the `--ckpt_path` checkpoint where the command line and `--config` gave none."
+    self.ckpt_hparams, sub = {}, self.config.get('subcommand')
+    path = self.config[sub].get('ckpt_path') if sub else None
+    if not path or path in ('last', 'best', 'hpc') or '://' in str(path) or str(path).startswith('registry'): return
+    saved = read_checkpoint(path).get('hyper_parameters') or {}
+    model = self.config[sub].model   # num_classes: linked from the data, checked against the checkpoint later
+    taken = {k: v for k, v in saved.items() if k in model and k != 'num_classes' and k not in self.given_model_options}
+    changed = ', '.join(f"{k}={v!r}" for k, v in taken.items() if v != model[k]) or 'none that differ from the defaults'
+    self.config = self.parser.parse_object({sub: {'model': taken}}, self.config)
+    note(f"model options taken from {path}: {changed} (options given on the command line or in --config win)")
+    self.ckpt_hparams = saved
+
+# %% ../nbs/08_trainer.ipynb #f4cc842c
+@patch
+def instantiate_classes(self:LucidCLI):
+    "Instantiate as LightningCLI does; an error of the data inside the `num_classes` link is raised as itself."
+    try: LightningCLI.instantiate_classes(self)
+    except ValueError as e:
+        if e.__cause__ is None or 'compute_fn of link' not in str(e): raise
+        raise e.__cause__ from None
+
+USER_ERRORS = (ValueError, OSError, RunFolderInUse, MisconfigurationException)
+
+def one_line(e:BaseException)->str: return '; '.join(l.strip() for l in str(e).splitlines() if l.strip()) or type(e).__name__
+
+def main():
+    "The `lucid` command: exit status 0 on success, 2 after a user error (one line), 143 after SIGTERM, 1 after Ctrl-C."
+    try: cli_main()
+    except USER_ERRORS as e:
+        if os.environ.get('LUCID_DEBUG') == '1': raise
+        note(f"error: {one_line(e)} (LUCID_DEBUG=1 shows the traceback)")
+        sys.exit(2)

@@ -58,7 +58,7 @@ def test_validate_and_predict(reference, tmp_path):
 
 
 def test_checkpoint_of_another_model_is_refused(reference, tmp_path):
-    "The CLI takes the architecture from the checkpoint; through the API a mismatch gets a clear error."
+    "Through the API a checkpoint of another architecture gets a clear error (the CLI: test_faults_trainer.py)."
     ckpt = str(reference[1] / 'checkpoints' / 'last.ckpt')
     trainer = L.Trainer(accelerator='cpu', logger=False, enable_progress_bar=False, default_root_dir=tmp_path)
     with pytest.raises(ValueError, match=r"size='n' \(this run: 's'\)"):

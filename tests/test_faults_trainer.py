@@ -1,0 +1,222 @@
+"""Faults around a training run (issue 9, trainer side): checkpoints after every epoch, leftover temporary files,
+SIGTERM / Ctrl-C / kill -9 of a real `lucid` process and its exact resume, two runs in one folder, bad checkpoint
+files, options given with `--ckpt_path`, and user errors reported in one line with exit status 2."""
+import json, os, shutil, signal, socket, subprocess, sys, time
+from pathlib import Path
+
+import pytest
+import torch
+from lightning.pytorch.callbacks import Callback
+
+from lucid_nb.core import EMBEDDED_ANNOTATIONS, EMBEDDED_IMAGES
+from lucid_nb.trainer import LOCK_NAME, cli_main, read_checkpoint
+
+from helpers import LUCID, fit, hashes_only, lucid_main, tiny
+
+TESTS = Path(__file__).resolve().parent
+
+
+def load(path: Path) -> dict: return torch.load(path, map_location='cpu', weights_only=True)
+
+
+def ckpts(run: Path) -> Path: return run / 'checkpoints'
+
+
+@pytest.fixture(scope='module')
+def reference(tmp_path_factory):
+    "An uninterrupted 2-epoch tiny run."
+    return fit(tmp_path_factory.mktemp('ref'))
+
+
+# ---- last.ckpt after every epoch; leftover temporary files ----
+
+class LastCkptEpochs(Callback):
+    "The epoch stored in last.ckpt, read after each epoch's checkpoints are written."
+    def __init__(self): self.epochs = []
+    def on_train_epoch_start(self, trainer, module):
+        if trainer.current_epoch: self.epochs.append(load(ckpts(Path(trainer.log_dir)) / 'last.ckpt')['epoch'])
+    def on_train_end(self, trainer, module):
+        self.epochs.append(load(ckpts(Path(trainer.log_dir)) / 'last.ckpt')['epoch'])
+
+
+@pytest.fixture(scope='module')
+def three_epochs(tmp_path_factory):
+    """A 3-epoch tiny run whose mAP never improves after epoch 0, into a folder where a killed run left `*.ckpt.tmp`
+    (`last-v1`: a name that no save of this run writes over)."""
+    tmp = tmp_path_factory.mktemp('three')
+    d = tmp / 'runs' / 'tiny' / 'v' / 'checkpoints'; d.mkdir(parents=True)
+    for name in ('last.ckpt.tmp', 'best.ckpt.tmp', 'last-v1.ckpt.tmp'): (d / name).write_bytes(b'half a checkpoint')
+    seen = LastCkptEpochs()
+    cli, run, h = fit(tmp, callbacks=[seen], epochs=3, version='v')
+    return cli, run, seen
+
+
+def test_last_ckpt_is_the_last_epoch(three_epochs):
+    cli, run, seen = three_epochs
+    maps = [json.loads(l)['mAP50-95(M)'] for l in (run / 'val_metrics.jsonl').read_text().splitlines()]
+    assert len(maps) == 3 and max(maps[1:]) <= maps[0]       # mAP did not improve after epoch 0
+    assert seen.epochs == [0, 1, 2]                           # last.ckpt after every epoch
+    last = load(ckpts(run) / 'last.ckpt')
+    assert (last['epoch'], last['global_step']) == (2, cli.trainer.global_step) == (2, 6)
+    assert load(ckpts(run) / 'best.ckpt')['epoch'] == 0      # best stays the best by mAP50-95(M)
+
+
+def test_leftover_tmp_files_are_removed(three_epochs):
+    _, run, _ = three_epochs
+    assert (run / 'checkpoints').is_dir() and not list(run.rglob('*.tmp'))
+
+
+# ---- SIGTERM, Ctrl-C and kill -9 of a real `lucid fit` ----
+
+def start_fit(tmp: Path) -> subprocess.Popen:
+    "A 2-epoch tiny `lucid fit` subprocess that waits for a signal at the start of epoch 1, after touching `tmp/waiting`."
+    env = {**os.environ, 'PYTHONPATH': os.pathsep.join([str(TESTS), os.environ.get('PYTHONPATH', '')]),
+           'WAIT_MARKER': str(tmp / 'waiting')}
+    return subprocess.Popen([str(LUCID), *tiny(tmp, '--trainer.callbacks', 'helpers.WaitForSignal')], cwd=tmp, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 300):
+    t = time.monotonic()
+    while not path.exists():
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() - t < timeout, f'{path} did not appear'
+        time.sleep(0.1)
+
+
+def resume(tmp: Path, ckpt: Path) -> dict:
+    "Resume with `--ckpt_path` in a subprocess to the end; its state hashes."
+    r = subprocess.run([str(LUCID), *tiny(tmp, '--ckpt_path', str(ckpt))], cwd=tmp, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    runs = sorted((tmp / 'runs' / 'tiny').glob('version_*'), key=lambda p: int(p.name.split('_')[1]))
+    return json.loads((runs[-1] / 'state_hashes.json').read_text())
+
+
+@pytest.mark.parametrize('sig, status', [(signal.SIGTERM, 143), (signal.SIGINT, 1)], ids=['SIGTERM', 'SIGINT'])
+def test_signal_stops_with_a_resume_hint(reference, tmp_path, sig, status):
+    proc = start_fit(tmp_path)
+    run = tmp_path / 'runs' / 'tiny' / 'version_0'
+    wait_for(tmp_path / 'waiting', proc)   # epoch 0 and its checkpoints are done
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=300)
+    last_line = err.strip().splitlines()[-1]
+    assert proc.returncode == status, err[-3000:]
+    assert 'stopped by' in last_line and f"--ckpt_path {ckpts(run) / 'last.ckpt'}" in last_line, last_line
+    assert not (run / 'state_hashes.json').exists() and not (run / LOCK_NAME).exists()
+    assert load(ckpts(run) / 'last.ckpt')['epoch'] == 0      # the finished epoch, not half of epoch 1
+    assert hashes_only(resume(tmp_path, ckpts(run) / 'last.ckpt')) == hashes_only(reference[2])
+
+
+def test_kill_9_leaves_a_loadable_last_ckpt(reference, tmp_path):
+    proc = start_fit(tmp_path)
+    run = tmp_path / 'runs' / 'tiny' / 'version_0'
+    wait_for(tmp_path / 'waiting', proc)   # epoch 0 and its checkpoints are done
+    proc.kill(); proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    assert read_checkpoint(ckpts(run) / 'last.ckpt')['epoch'] == 0
+    assert json.loads((run / LOCK_NAME).read_text())['pid'] == proc.pid   # left behind, for the next run to take over
+    assert hashes_only(resume(tmp_path, ckpts(run) / 'last.ckpt')) == hashes_only(reference[2])
+
+
+# ---- two runs in one folder ----
+
+def plant_lock(run: Path, pid: int) -> Path:
+    run.mkdir(parents=True)
+    lock = run / LOCK_NAME
+    lock.write_text(json.dumps(dict(pid=pid, host=socket.gethostname(), started='2026-12-01 08:00:00 UTC', command='lucid fit')))
+    return lock
+
+
+def test_second_run_in_a_folder_is_refused(tmp_path, monkeypatch, capsys):
+    other = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])
+    try:
+        run = tmp_path / 'runs' / 'tiny' / 'v'
+        lock = plant_lock(run, other.pid)
+        assert lucid_main(monkeypatch, *tiny(tmp_path, version='v', epochs=1)) == 2
+        last_line = capsys.readouterr().err.strip().splitlines()[-1]
+        assert str(run) in last_line and f'pid {other.pid}' in last_line and 'in use' in last_line, last_line
+        assert sorted(p.name for p in run.iterdir()) == [LOCK_NAME]          # nothing of the second run was written
+        assert json.loads(lock.read_text())['pid'] == other.pid
+    finally:
+        other.kill(); other.wait()
+
+
+def test_stale_lock_is_taken_over(tmp_path, monkeypatch, capsys):
+    gone = subprocess.Popen([sys.executable, '-c', 'pass']); gone.wait()
+    run = tmp_path / 'runs' / 'tiny' / 'v'
+    plant_lock(run, gone.pid)
+    assert lucid_main(monkeypatch, *tiny(tmp_path, version='v', epochs=1)) == 0
+    assert f'taking over the lock of a run that is gone (pid {gone.pid}' in capsys.readouterr().err
+    assert (run / 'state_hashes.json').exists() and not (run / LOCK_NAME).exists()   # released at the end
+
+
+def test_lock_released_after_an_error(tmp_path, monkeypatch, capsys):
+    "An error inside the run (here the schedule's, raised while fit sets up) still releases the folder."
+    run = tmp_path / 'runs' / 'tiny' / 'v'
+    assert lucid_main(monkeypatch, *tiny(tmp_path, version='v', epochs=-1)) == 2
+    assert 'max_epochs=-1' in capsys.readouterr().err.strip().splitlines()[-1]
+    assert run.is_dir() and not (run / LOCK_NAME).exists()
+
+
+# ---- bad checkpoint files ----
+
+@pytest.mark.parametrize('kind, says', [('text', 'is not a checkpoint'), ('truncated', 'is truncated')])
+def test_bad_checkpoint_file(reference, tmp_path, kind, says):
+    bad = tmp_path / f'{kind}.ckpt'
+    good = (ckpts(reference[1]) / 'last.ckpt').read_bytes()
+    bad.write_bytes(b'hello, not a checkpoint\n' if kind == 'text' else good[:len(good) // 2])
+    r = subprocess.run([str(LUCID), *tiny(tmp_path, '--ckpt_path', str(bad), sub='validate')], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=300)
+    last_line = r.stderr.strip().splitlines()[-1]
+    assert r.returncode == 2 and last_line.startswith(f'lucid: error: --ckpt_path {bad} {says}'), r.stderr[-3000:]
+    assert 'Traceback' not in r.stderr and 'weights_only' not in r.stderr
+
+
+# ---- options given with --ckpt_path ----
+
+def validate_args(tmp: Path, ckpt: Path, *extra) -> list:
+    "A tiny `lucid validate` of `ckpt`, with no `--model.max_det` unless `extra` gives one."
+    args = tiny(tmp, '--ckpt_path', str(ckpt), *extra, sub='validate')
+    i = args.index('--model.max_det')
+    return args[:i] + args[i + 2:]
+
+
+def detections_per_image(cli) -> int:
+    results = json.loads((Path(cli.trainer.log_dir) / 'predictions.json').read_text())
+    return max(sum(r['image_id'] == i for r in results) for i in {r['image_id'] for r in results})
+
+
+@pytest.mark.parametrize('given', ['command line', 'config'])
+def test_given_options_win_over_the_checkpoint(reference, tmp_path, capsys, given):
+    ckpt = ckpts(reference[1]) / 'best.ckpt'   # trained with max_det 20
+    cli = cli_main(validate_args(tmp_path, ckpt))
+    assert detections_per_image(cli) == 20
+    assert 'model options taken from' in (err := capsys.readouterr().err) and 'max_det=20' in err
+    (cfg := tmp_path / 'c.yaml').write_text('model:\n  max_det: 1\n')
+    cli = cli_main(validate_args(tmp_path, ckpt, *(['--model.max_det', '1'] if given == 'command line' else ['--config', str(cfg)])))
+    assert cli.model.hparams.max_det == 1 and detections_per_image(cli) == 1
+    line = next(l for l in capsys.readouterr().err.splitlines() if 'model options taken from' in l)
+    assert 'max_det' not in line
+
+
+def test_other_architecture_is_an_error(reference, tmp_path, monkeypatch, capsys):
+    ckpt = ckpts(reference[1]) / 'last.ckpt'   # size n
+    assert lucid_main(monkeypatch, *tiny(tmp_path, '--model.size', 's', '--ckpt_path', str(ckpt), epochs=1)) == 2
+    last_line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last_line.startswith('lucid: error:') and "size='n' (this run: 's')" in last_line, last_line
+    assert not list(tmp_path.rglob('*.ckpt'))    # nothing trained
+
+
+# ---- malformed annotations; the traceback on request ----
+
+def test_malformed_annotations_reported_once(tmp_path, monkeypatch, capsys):
+    text = EMBEDDED_ANNOTATIONS.read_text()
+    (bad := tmp_path / 'bad.json').write_text(text[:5000] + ',,' + text[5000:])
+    args = tiny(tmp_path, '--data.train_images', str(EMBEDDED_IMAGES), '--data.train_annotations', str(bad), epochs=1)
+    assert lucid_main(monkeypatch, *args) == 2
+    err = capsys.readouterr().err
+    last_line = err.strip().splitlines()[-1]
+    assert f'{bad}: malformed JSON at line 1, column 5001' in last_line, last_line
+    assert err.count('malformed JSON') == 1 and 'compute_fn' not in err and 'Traceback' not in err
+    monkeypatch.setenv('LUCID_DEBUG', '1')
+    with pytest.raises(ValueError, match='malformed JSON at line 1'): lucid_main(monkeypatch, *args)
