@@ -384,18 +384,30 @@ class AdamWUpdate(CapturedUpdate):
     counter_keys = ('step',)
     def __init__(self, opt, params):
         super().__init__(opt, params)
-        self.t = [[dict(decay=_scalar(p.device), w1=_scalar(p.device), bc2=_scalar(p.device), neg_step=_scalar(p.device))
-                   for p in ps] for ps in params]
+        self.parts = self.partition()        # per group, which parameters share a step count (usually all)
+        scalars = lambda dev: dict(decay=_scalar(dev), w1=_scalar(dev), bc2=_scalar(dev), neg_step=_scalar(dev))
+        self.sets = [[scalars(ps[0].device) for _ in range(max(part, default=-1) + 1)] for ps, part in zip(params, self.parts)]
+        self.t = [[sets[i] for i in part] for sets, part in zip(self.sets, self.parts)]
+    def partition(self)->tuple:
+        "Per group, for each parameter the index of its step count among the group's distinct counts."
+        out = []
+        for ps in self.params:
+            seen = {}
+            out.append(tuple(seen.setdefault(float(self.opt.state[p]['step']), len(seen)) for p in ps))
+        return tuple(out)
     def settings(self)->tuple:
-        return tuple((g['weight_decay'], g['betas'][1], g['eps']) for g in self.opt.param_groups)
-    def tensors(self)->list[Tensor]: return [v for ts in self.t for t in ts for v in t.values()]
+        return (*((g['weight_decay'], g['betas'][1], g['eps']) for g in self.opt.param_groups), self.partition())
+    def tensors(self)->list[Tensor]: return [v for sets in self.sets for t in sets for v in t.values()]
     def refresh(self):
-        for g, ps, ts in zip(self.opt.param_groups, self.params, self.t):
+        "Count the step on the host as torch does, and write each step-count set's values once."
+        for g, ps, part, sets in zip(self.opt.param_groups, self.params, self.parts, self.sets):
             lr, (b1, b2) = g['lr'], g['betas']
-            for p, t in zip(ps, ts):
+            done = set()
+            for p, i in zip(ps, part):
                 step_t = self.opt.state[p]['step']
                 step_t += 1
-                step = step_t.item()                      # a CPU tensor: no device sync
+                if i in done: continue
+                done.add(i); t, step = sets[i], step_t.item()      # a CPU tensor: no device sync
                 t['decay'].fill_(1 - lr * g['weight_decay']); t['w1'].fill_(1 - b1)
                 t['bc2'].fill_((1 - b2 ** step) ** 0.5); t['neg_step'].fill_(-(lr / (1 - b1 ** step)))
     @torch.no_grad()

@@ -497,7 +497,8 @@ class UpdateGraphs:
     def stale(self, opt)->str|None:
         "Why this recording no longer fits `opt` (moved tensors, changed settings): record again."
         if opt is not self.update.opt: return "the optimiser is another one"
-        if self.update.settings() != self.settings: return "the optimiser's settings changed"
+        if self.update.settings() != self.settings:
+            return "the optimiser's settings changed (a value baked into the recording, or which parameters share a step count)"
         if self.update.pointers() != self.pointers: return "parameters or optimiser state were replaced (e.g. load_state_dict)"
         return None
 
