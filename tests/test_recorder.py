@@ -400,3 +400,16 @@ def test_uncapturable_optimiser_and_hooks_run_natively(caplog):
     lines = [r.getMessage() for r in caplog.records if r.name == LOGGER]
     assert lines == [OPT_LINE + 'the optimiser Adam has no recordable update (MuSGD, SGD and AdamW have)',
                      OPT_LINE + 'optimizer step hooks are registered; they would not run on replay']
+
+
+def test_stepping_puts_the_step_back():
+    "`Recorder.stepping` routes `opt.step` only inside the block; an LR scheduler's wrapper on the instance comes back."
+    net = nn.Linear(3, 2)
+    opt = build_optimizer(net, 'sgd'); build_schedule(opt, epochs=1, steps_per_epoch=2)
+    wrapper, rec = vars(opt)['step'], Recorder(EagerGraphs(), head=False, optimizer=True)
+    with rec.stepping(opt): assert opt.step is not wrapper
+    assert vars(opt)['step'] is wrapper
+    plain = build_optimizer(net, 'sgd')
+    with rec.stepping(plain): assert 'step' in vars(plain)
+    assert 'step' not in vars(plain)
+    with Recorder(EagerGraphs()).stepping(plain): assert 'step' not in vars(plain)   # no 'optimizer' region: untouched
