@@ -5,6 +5,7 @@
 #   bash benchmarks/gpu_recorder.sh profile    # per-part step profile, native and replay, batch 4 and 16 (profile4: batch 4)
 #   bash benchmarks/gpu_recorder.sh validation # one validation epoch of the reference run under cProfile
 #   bash benchmarks/gpu_recorder.sh pairs4x5   # reference benchmark: 5 alternating native/replay processes at batch 4
+#   bash benchmarks/gpu_recorder.sh optim4x3   # 3 rounds of native, head, head+optim (the seed's configuration) at batch 4
 # Results go to $OUT/results (copy them into benchmarks/results/). Export LUCID_NB_COMMIT=<commit> first: the copied
 # tree's .git is stale on that machine, and env_info() records this value.
 set -uo pipefail
@@ -29,6 +30,9 @@ for stage in "$@"; do
     pairs*) b=${stage#pairs}; b=${b%x*}; n=${stage#*x}
             python3 benchmarks/recorder_pairs.py --pairs "$n" --batch-size "$b" --out "$OUT/results" \
               --previous "benchmarks/results/recorder_pairs_b${b}_nvidia-h200.json" -- --data.workers 4 --trainer.deterministic warn || status=1 ;;
+    optim*) b=${stage#optim}; b=${b%x*}; n=${stage#*x}
+            python3 benchmarks/recorder_pairs.py --pairs "$n" --batch-size "$b" --arms native head head+optim --out "$OUT/results" \
+              --previous "benchmarks/results/recorder_pairs_b${b}_head_head+optim_nvidia-h200.json" -- --data.workers 4 --trainer.deterministic warn || status=1 ;;
     *) echo "unknown stage $stage"; status=1 ;;
   esac
   echo "== $stage: $((SECONDS - t)) s"
