@@ -18,7 +18,7 @@ results; `nms` is NMS alone on the same outputs, part of it), `evaluate` (`Valid
 GPU work is timed between `torch.cuda.synchronize()` calls. The JSON goes to `<out>/validation_speed_<device>.json`,
 named after the device found at run time, with torch version, date and this exact command.
 """
-import argparse, json, re, shlex, statistics, sys, time
+import argparse, json, os, re, shlex, statistics, sys, time
 from pathlib import Path
 
 import torch
@@ -93,12 +93,13 @@ def main(argv=None):
                     'Validator(conf=0.001, iou=0.7, max_det=300); median of runs after warm-up',
                command=shlex.join([Path(sys.executable).name, *sys.argv]) if argv is None else shlex.join(['validation_speed.py', *argv]),
                device=device_slug(device), device_name=env_info()['device'], images=sum(len(b['img']) for b in batches), batches=len(batches),
-               torch_threads=torch.get_num_threads(), env=env_info(), cases={})
+               torch_threads=torch.get_num_threads(), load_average_before=os.getloadavg(), env=env_info(), cases={})
     for case in a.cases.split(','):
         if case == 'many_detections':
             for conv in model.head.cls: conv[-1].bias.data.zero_()   # every pair scores ~0.5: NMS keeps max_det
         res['cases'][case] = r = measure(model, batches, coco, cat_ids, device, a.runs, a.warmup)
         print(f"{case}: {r['detections']} detections | " + ' | '.join(f"{k} {v * 1e3:.0f} ms" for k, v in r['median_s'].items()))
+    res['load_average_after'] = os.getloadavg()  # other processes on a small machine skew CPU numbers
     out = Path(a.out); out.mkdir(parents=True, exist_ok=True)
     path = out / f"validation_speed_{res['device']}.json"
     path.write_text(json.dumps(res, indent=1) + '\n')
