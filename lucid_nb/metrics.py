@@ -10,7 +10,6 @@ import contextlib, hashlib, io, json
 from pathlib import Path
 import numpy as np, torch, torch.nn.functional as F
 from torch import Tensor
-from pycocotools import mask as mask_utils
 from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 from .core import *

@@ -13,8 +13,8 @@ from lucid_nb.core import EMBEDDED_ANNOTATIONS, MASK_STRIDE
 from lucid_nb.core import test_bytes_equal as assert_bytes_equal
 from lucid_nb.loss import crop_mask
 from lucid_nb.metrics import (COCO80_IDS, STAT_NAMES, Validator, box_iou, coco_evaluate, coco_results, load_coco,
-                              masks_to_rle, nms, nms_reference, proto_masks, quiet, rle_encode, unletterbox_boxes,
-                              unletterbox_masks, write_results)
+                              masks_to_rle, nms, nms_reference, proto_masks, quiet, results_bytes, rle_encode,
+                              unletterbox_boxes, unletterbox_masks, write_results)
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA GPU')
 
@@ -327,6 +327,20 @@ def test_validator_worse_predictions_score_lower():
     assert st['mAP50-95(B)'] < .6 and st['mAP50-95(M)'] < .6
 
 
+@cuda
+@pytest.mark.cuda
+def test_validator_on_cuda_same_bytes_as_cpu():
+    "The predictions JSON from CUDA head outputs: the same bytes run after run, and the same as from the CPU."
+    coco, rects = _gt()
+    eval_out, batch = _gt_head_output(rects, shift=1.37)
+    blobs = []
+    for dev in ('cuda', 'cuda', 'cpu'):
+        v = Validator(cat_ids=CATS)
+        v.update({k: t.to(dev) for k, t in eval_out.items()}, {k: t.to(dev) for k, t in batch.items()})
+        blobs.append(results_bytes(v.results))
+    assert blobs[0] == blobs[1] == blobs[2]
+
+
 def test_results_json_is_valid_coco(tmp_path):
     coco, rects = _gt()
     v = Validator(cat_ids=CATS)
@@ -401,7 +415,12 @@ def test_write_results_failure_leaves_no_temp_file(tmp_path):
 
 
 # ------------------------------------------------------------------------------- COCOeval: our call vs pycocotools' own
-def _perturbed_gt_results(coco, ids, seed=0, per_gt=8, false_pos=30):
+def _encode_np(m):
+    r = mask_utils.encode(np.asfortranarray(m))
+    return dict(size=r['size'], counts=r['counts'].decode('ascii'))
+
+
+def _perturbed_gt_results(coco, ids, seed=0, per_gt=6, false_pos=30):
     "Many detections: jittered copies of each ground-truth object (some of the wrong class), on crowd regions too, and false positives of any of the 80 classes; scores with ties."
     rng = np.random.default_rng(seed)
     res = []
@@ -416,13 +435,13 @@ def _perturbed_gt_results(coco, ids, seed=0, per_gt=8, false_pos=30):
                 x, y, w, h = a['bbox']; s = rng.uniform(.8, 1.25, 2)
                 c = a['category_id'] if rng.random() > .2 else int(rng.choice(COCO80_IDS))
                 res.append(dict(image_id=iid, category_id=c, bbox=[round(x + dx, 3), round(y + dy, 3), round(w * s[0], 3), round(h * s[1], 3)],
-                                score=round(int(rng.integers(1, 20)) / 20, 5), segmentation=_encode(torch.from_numpy(mm)[None].bool())[0]))
+                                score=round(int(rng.integers(1, 20)) / 20, 5), segmentation=_encode_np(mm)))
         for _ in range(false_pos):
             x0, y0 = int(rng.integers(0, W - 2)), int(rng.integers(0, H - 2))
             w, h = int(rng.integers(1, min(120, W - x0) + 1)), int(rng.integers(1, min(120, H - y0) + 1))
             mm = np.zeros((H, W), np.uint8); mm[y0:y0 + h, x0:x0 + w] = 1
             res.append(dict(image_id=iid, category_id=int(rng.choice(COCO80_IDS)), bbox=[float(x0), float(y0), float(w), float(h)],
-                            score=round(float(rng.random()), 5), segmentation=_encode(torch.from_numpy(mm)[None].bool())[0]))
+                            score=round(float(rng.random()), 5), segmentation=_encode_np(mm)))
     return res
 
 
@@ -439,11 +458,11 @@ def _pycocotools_stats(coco, results, ids):
 
 
 def test_coco_evaluate_equals_pycocotools_exactly():
-    "All 24 numbers bit-equal to a plain COCOeval run, on the 32 validation images with ~3,000 detections (crowd regions, false positives of classes absent from the ground truth, tied scores)."
+    "All 24 numbers bit-equal to a plain COCOeval run, on the 32 validation images with ~2,400 detections (crowd regions, false positives of classes absent from the ground truth, tied scores)."
     coco = load_coco(EMBEDDED_ANNOTATIONS)
     ids = [im['id'] for im in sorted(coco.dataset['images'], key=lambda im: im['file_name'])[-32:]]
     res = _perturbed_gt_results(coco, ids)
-    assert len(res) > 2500 and any(a['iscrowd'] for a in coco.loadAnns(coco.getAnnIds(imgIds=ids)))
+    assert len(res) > 2000 and any(a['iscrowd'] for a in coco.loadAnns(coco.getAnnIds(imgIds=ids)))
     gt_cats = {a['category_id'] for a in coco.loadAnns(coco.getAnnIds(imgIds=ids))}
     assert sum(r['category_id'] not in gt_cats for r in res) > 300     # the category restriction has work to skip
     before = json.dumps(coco.dataset, sort_keys=True)
