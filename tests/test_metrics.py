@@ -445,7 +445,7 @@ def _perturbed_gt_results(coco, ids, seed=0, per_gt=6, false_pos=30):
     return res
 
 
-def _pycocotools_stats(coco, results, ids):
+def _pycocotools_stats(coco, results, ids, COCO=COCO, COCOeval=COCOeval):
     "The 24 numbers as pycocotools' README computes them: full ground truth, default parameters, one results list per iouType."
     out = []
     for iou_type, drop in (('bbox', 'segmentation'), ('segm', 'bbox')):
@@ -472,3 +472,12 @@ def test_coco_evaluate_equals_pycocotools_exactly():
     assert got == want                                                 # exactly: ==, no tolerance
     assert 0 < st['mAP50-95(B)'] < 1 and 0 < st['mAP50-95(M)'] < 1
     assert json.dumps(coco.dataset, sort_keys=True) == before          # the ground truth is left as it was
+
+
+def test_ultrafast_pycocotools_equals_pycocotools():
+    "A candidate faster evaluator, not a dependency: run where `ultrafast-pycocotools` is installed; its 24 numbers must be pycocotools' exactly."
+    uc = pytest.importorskip('ultrafast_pycocotools.coco'); ue = pytest.importorskip('ultrafast_pycocotools.cocoeval')
+    coco = load_coco(EMBEDDED_ANNOTATIONS)
+    ids = [im['id'] for im in sorted(coco.dataset['images'], key=lambda im: im['file_name'])[-32:]]
+    res = _perturbed_gt_results(coco, ids, seed=1)
+    assert _pycocotools_stats(coco, res, ids, uc.COCO, ue.COCOeval) == _pycocotools_stats(coco, res, ids)
