@@ -6,7 +6,9 @@ own dpi. On the GPU machine (its own torch; missing wheels carried in `.whl/`):
 
     python3 benchmarks/run_notebooks.py nbs/06_recorder.ipynb nbs/07_metrics.ipynb ...
 
-Each notebook is saved only when every cell passed; the exit status is 1 if any failed.
+Each notebook is saved only when every cell passed; the exit status is 1 if any failed. With `--keep-cuda`
+(e.g. on a CPU machine after editing prose or a cell that reads committed results) the `#| cuda` cells are not run
+and keep the outputs they have.
 """
 import sys, time
 from pathlib import Path
@@ -22,10 +24,12 @@ class PlainShell(CaptureShell):
 
 def main(paths: list) -> int:
     nbdev.test.CaptureShell = PlainShell
+    keep = '--keep-cuda' in paths
     failed = []
-    for p in (Path(x).resolve() for x in paths):   # test_nb runs in the notebook's folder
+    for p in (Path(x).resolve() for x in paths if x != '--keep-cuda'):   # test_nb runs in the notebook's folder
         t = time.perf_counter()
-        ok, _ = nbdev.test.test_nb(p, skip_flags=[], force_flags=['cuda', 'slow'], save=True, cell_timeout=900)
+        ok, _ = nbdev.test.test_nb(p, skip_flags=['cuda'] if keep else [], force_flags=['slow'] if keep else ['cuda', 'slow'],
+                                   save=True, cell_timeout=900)
         print(f"{'PASSED' if ok else 'FAILED'} {p} ({time.perf_counter() - t:.0f} s)", flush=True)
         if not ok: failed.append(p)
     return 1 if failed else 0
