@@ -26,14 +26,15 @@ from .metrics import Validator, write_results, SUMMARY_NAMES
 from .recorder import HeadRecorder, find_recorder, model_outputs
 from pycocotools import mask as mask_utils
 import matplotlib.pyplot as plt
-from PIL import Image
+from PIL import Image, ImageDraw
 
 # %% auto #0
-__all__ = ['LOCK_NAME', 'USER_ERRORS', 'ModelEMA', 'AtomicCheckpoint', 'LitYolo', 'StepLossBar', 'PredictionWriter',
+__all__ = ['PALETTE', 'LOCK_NAME', 'USER_ERRORS', 'ModelEMA', 'AtomicCheckpoint', 'LitYolo', 'StepLossBar', 'PredictionWriter',
            'fit_state_hashes', 'write_json_atomic', 'data_wait', 'process_age', 'RunArtifacts', 'read_metrics_csv',
-           'plot_curves', 'draw_detections', 'LucidCLI', 'add_tensorboard', 'default_callbacks', 'cli_main',
-           'save_figure', 'draw_validation', 'note', 'RunFolderInUse', 'read_lock', 'lock_owner_alive',
-           'acquire_run_lock', 'run_lock', 'resume_hint', 'read_checkpoint', 'one_line', 'main']
+           'plot_curves', 'draw_detections', 'draw_instances', 'draw_results', 'save_jpeg', 'LucidCLI',
+           'add_tensorboard', 'default_callbacks', 'cli_main', 'save_figure', 'draw_validation', 'note',
+           'RunFolderInUse', 'read_lock', 'lock_owner_alive', 'acquire_run_lock', 'run_lock', 'resume_hint',
+           'read_checkpoint', 'one_line', 'main']
 
 # %% ../nbs/08_trainer.ipynb #ea5ecba6
 class ModelEMA(nn.Module):
@@ -253,26 +254,34 @@ def on_validation_epoch_end(self:LitYolo):
 
 # %% ../nbs/08_trainer.ipynb #8143446b
 @patch
+def on_save_checkpoint(self:LitYolo, checkpoint:dict):
+    "Store the classes and the image size of the data with the weights."
+    dm = self.trainer.datamodule if self._trainer is not None else None
+    if dm is not None: checkpoint['lucid'] = dict(class_names=list(dm.class_names), cat_ids=list(dm.cat_ids), imgsz=dm.hparams.imgsz)
+
+# %% ../nbs/08_trainer.ipynb #921548c1
+@patch
 def predict_step(self:LitYolo, batch:dict, batch_idx:int)->list:
     v = self.make_validator(conf=max(self.hparams.conf, 0.25))
     v.update(self.ema.module(batch['img']), batch)
     return v.results
 
 class PredictionWriter(BasePredictionWriter):
-    "Writes the predictions of `lucid predict` as COCO results JSON and drawn images into the run folder."
-    def __init__(self, max_images:int=16):
-        super().__init__(write_interval='epoch'); self.max_images = max_images
+    "Writes the predictions of `lucid predict` as COCO results JSON (with `file_name`) and one drawn JPEG per image."
+    def __init__(self): super().__init__(write_interval='epoch')
     def write_on_epoch_end(self, trainer, pl_module, predictions, batch_indices):
-        results = [r for batch in predictions for r in batch]
+        dm = trainer.datamodule
+        files = dict(enumerate(dm._predict.files)) if dm.hparams.predict_images else {r.image_id: r.path for r in dm._val.records}
+        results = [dict(r, file_name=str(files[r['image_id']])) for batch in predictions for r in batch]
         out = _run_dir(trainer)/'predict'; out.mkdir(exist_ok=True)
         sha = write_results(out/'predictions.json', results)
-        dm = trainer.datamodule
-        for rec in dm._val.records[:self.max_images]:
-            fig, ax = plt.subplots(figsize=(6, 6 * rec.hw[0] / rec.hw[1]))
-            draw_detections(ax, load_rgb(rec.path),
-                            [r for r in results if r['image_id'] == rec.image_id], dm.class_names, dm.cat_ids)
-            plt.close(save_figure(fig, out/f'{rec.image_id}.jpg'))
-        print(f"predict: {len(results)} detections -> {out/'predictions.json'} (sha256 {sha[:12]})")
+        by_image, names = {}, {}
+        for r in results: by_image.setdefault(r['image_id'], []).append(r)
+        for i, f in files.items():
+            name = f.stem if f.stem not in names.values() else f"{f.stem}_{f.suffix[1:]}_{i}"
+            names[i] = name
+            save_jpeg(draw_results(load_rgb(f), by_image.get(i, []), dm.class_names, dm.cat_ids), out/f'{name}.jpg')
+        print(f"predict: {len(results)} detections on {len(files)} images -> {out}/ (predictions.json sha256 {sha[:12]})")
 
 # %% ../nbs/08_trainer.ipynb #3aa39449
 def fit_state_hashes(trainer, module)->dict:
@@ -393,13 +402,59 @@ def draw_detections(ax, img:np.ndarray, results:list, class_names:list|None=None
     ax.imshow(overlay)
     return ax
 
+# %% ../nbs/08_trainer.ipynb #ea40e0a1
+PALETTE = [tuple(int(255 * c) for c in rgb) for rgb in plt.get_cmap('tab20').colors]
+
+def draw_instances(img:np.ndarray,          # (H,W,3) uint8 RGB
+                   boxes,                   # (n,4) xyxy in the pixels of img
+                   labels:list,             # n label strings
+                   colours:list,            # n indices into PALETTE (e.g. class ids)
+                   masks=None,              # (n,H,W) bool, or None
+                   alpha:float=.45,         # mask opacity
+                  )->np.ndarray:            # (H,W,3) uint8, a drawn copy
+    "Masks (blended), boxes and labels drawn on a copy of `img` with PIL."
+    out = img.copy()
+    for k, m in enumerate(masks if masks is not None else []):
+        c = np.array(PALETTE[colours[k] % len(PALETTE)], np.float32)
+        out[m] = (out[m] * (1 - alpha) + c * alpha).astype(np.uint8)
+    im = Image.fromarray(out); d = ImageDraw.Draw(im)
+    lw = max(1, round(sum(img.shape[:2]) / 600))
+    for (x1, y1, x2, y2), label, k in zip(np.asarray(boxes, np.float32).reshape(-1, 4).tolist(), labels, colours):
+        c = PALETTE[k % len(PALETTE)]
+        d.rectangle((x1, y1, x2, y2), outline=c, width=lw)
+        if label:
+            l, t, r, b = d.textbbox((x1, y1), label)
+            y = y1 - (b - t) - 2 if y1 - (b - t) - 2 >= 0 else y1
+            d.rectangle((x1, y, x1 + r - l + 3, y + b - t + 2), fill=c); d.text((x1 + 1, y - (t - y1)), label, fill=(255, 255, 255))
+    return np.asarray(im)
+
+def draw_results(img:np.ndarray, results:list, class_names:list|None=None, cat_ids=None, min_score:float=0.25)->np.ndarray:
+    "COCO results (masks, boxes, class names, scores) drawn on a copy of `img` (H,W,3) uint8."
+    rs = sorted((r for r in results if r['score'] >= min_score), key=lambda r: r['score'])   # best drawn last, on top
+    cls = [list(cat_ids).index(r['category_id']) if cat_ids is not None else r['category_id'] for r in rs]
+    boxes = [(x, y, x + w, y + h) for x, y, w, h in (r['bbox'] for r in rs)]
+    labels = [f"{class_names[c] if class_names else c} {r['score']:.2f}" for c, r in zip(cls, rs)]
+    masks = [mask_utils.decode(r['segmentation']).astype(bool) for r in rs if 'segmentation' in r]
+    return draw_instances(img, boxes, labels, cls, masks if len(masks) == len(rs) else None)
+
+def save_jpeg(img:np.ndarray, path, quality:int=85):
+    "Write an (H,W,3) uint8 image as JPEG through a temporary file and a rename."
+    buf = io.BytesIO(); Image.fromarray(img).save(buf, format='JPEG', quality=quality)
+    atomic_write(path, buf.getvalue())
+
 # %% ../nbs/08_trainer.ipynb #d9baf6c2
 class LucidCLI(LightningCLI):
     "`lucid`: LightningCLI for `LitYolo` + `YoloData`."
     def add_arguments_to_parser(self, parser):
-        parser.link_arguments('data', 'model.num_classes', compute_fn=lambda d: d.num_classes, apply_on='instantiate')
+        parser.link_arguments('data', 'model.num_classes', compute_fn=self.data_classes, apply_on='instantiate')
         parser.add_argument('--tensorboard', type=bool, default=False,
                             help='Also write TensorBoard logs into the run folder (needs the tensorboard package).')
+
+    def data_classes(self, data:YoloData)->int:
+        "The number of classes: the checkpoint's classes when predicting on plain images, else the training JSON's."
+        saved = getattr(self, 'ckpt_extra', None) or {}
+        if data.hparams.predict_images and 'class_names' in saved: data.set_classes(saved['cat_ids'], saved['class_names'])
+        return data.num_classes
 
     def after_instantiate_classes(self):
         "CSV logs always; TensorBoard logs beside them in the run folder with `--tensorboard true`."
@@ -435,8 +490,8 @@ def cli_main(args:list|None=None, run:bool=True)->LucidCLI:
     warnings.filterwarnings('ignore', message='.*LeafSpec.*')
     warnings.filterwarnings('ignore', message=".*args parameter is intended to run from within Python.*")  # notebooks, tests
     return LucidCLI(LitYolo, YoloData, args=args, run=run, save_config_kwargs={'overwrite': True}, auto_configure_optimizers=False,
-                    trainer_defaults={'logger': {'class_path': 'lightning.pytorch.loggers.CSVLogger',
-                                                 'init_args': {'save_dir': 'runs', 'name': 'lucid'}}})
+                    trainer_defaults={'max_epochs': 10, 'logger': {'class_path': 'lightning.pytorch.loggers.CSVLogger',
+                                                                  'init_args': {'save_dir': 'runs', 'name': 'lucid'}}})
 
 # %% ../nbs/08_trainer.ipynb #779a416b
 def save_figure(fig, path)->plt.Figure:
@@ -539,8 +594,10 @@ def parse_arguments(self:LucidCLI, parser, args):
     "Parse as LightningCLI does, and remember which model options the command line and `--config` gave."
     LightningCLI.parse_arguments(self, parser, args)
     given = parser.parse_object(args, defaults=False) if isinstance(args, (dict, Namespace)) else parser.parse_args(args, defaults=False)
-    model = given.get(f"{given.subcommand}.model" if given.get('subcommand') else 'model')
+    pre = f"{given.subcommand}." if given.get('subcommand') else ''
+    model, data = given.get(f"{pre}model"), given.get(f"{pre}data")
     self.given_model_options = set(model.keys()) if model else set()
+    self.given_data_options = set(data.keys()) if isinstance(data, Namespace) else set()
 
 # %% ../nbs/08_trainer.ipynb #eecc4ead
 def read_checkpoint(path)->dict:
@@ -561,11 +618,14 @@ def read_checkpoint(path)->dict:
 # %% ../nbs/08_trainer.ipynb #4248039a
 @patch
 def _parse_ckpt_path(self:LucidCLI):
-    "Model options from the `--ckpt_path` checkpoint where the command line and `--config` gave none."
-    self.ckpt_hparams, sub = {}, self.config.get('subcommand')
+    "Model options (and, for `predict`, the image size) from the `--ckpt_path` checkpoint where the command line and `--config` gave none."
+    self.ckpt_hparams, self.ckpt_extra, sub = {}, {}, self.config.get('subcommand')
     path = self.config[sub].get('ckpt_path') if sub else None
     if not path or path in ('last', 'best', 'hpc') or '://' in str(path) or str(path).startswith('registry'): return
-    saved = read_checkpoint(path).get('hyper_parameters') or {}
+    ckpt = read_checkpoint(path)
+    saved, self.ckpt_extra = ckpt.get('hyper_parameters') or {}, ckpt.get('lucid') or {}
+    if sub == 'predict' and 'imgsz' in self.ckpt_extra and 'imgsz' not in self.given_data_options:
+        self.config = self.parser.parse_object({sub: {'data': {'imgsz': self.ckpt_extra['imgsz']}}}, self.config)
     model = self.config[sub].model   # num_classes: linked from the data, checked against the checkpoint later
     taken = {k: v for k, v in saved.items() if k in model and k != 'num_classes' and k not in self.given_model_options}
     changed = ', '.join(f"{k}={v!r}" for k, v in taken.items() if v != model[k]) or 'none that differ from the defaults'
