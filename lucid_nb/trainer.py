@@ -648,7 +648,11 @@ def one_line(e:BaseException)->str: return '; '.join(l.strip() for l in str(e).s
 
 def main():
     "The `lucid` command: exit status 0 on success, 2 after a user error (one line), 143 after SIGTERM, 1 after Ctrl-C."
-    try: cli_main()
+    try:
+        if sys.argv[1:2] == ['export']:   # not a Lightning subcommand: `lucid export --ckpt_path CKPT --format onnx|torchscript`
+            from lucid_nb.predict import export_main
+            return export_main(sys.argv[2:]) and None
+        cli_main()
     except USER_ERRORS as e:
         if os.environ.get('LUCID_DEBUG') == '1': raise
         note(f"error: {one_line(e)} (LUCID_DEBUG=1 shows the traceback)")
