@@ -13,6 +13,7 @@ from contextlib import redirect_stdout, suppress
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from typing import Literal
 import numpy as np, torch, lightning as L
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from PIL import Image
@@ -834,8 +835,8 @@ class YoloData(L.LightningDataModule):
     """
     def __init__(self, train_images:str|None=None, train_annotations:str|None=None, val_images:str|None=None,
                  val_annotations:str|None=None, val_count:int=32, imgsz:int=640, batch_size:int=4, workers:int=0,
-                 cache:str='ram', cache_dir:str|None=None, prefetch:bool=True, max_instances:int=100,
-                 on_bad_input:str='skip', fliplr:float=.5, degrees:float=0., translate:float=.1, scale:float=.5,
+                 cache:Literal['none', 'ram', 'disk']='ram', cache_dir:str|None=None, prefetch:bool=True, max_instances:int=100,
+                 on_bad_input:Literal['skip', 'error']='skip', fliplr:float=.5, degrees:float=0., translate:float=.1, scale:float=.5,
                  shear:float=0., mosaic:float=1., close_mosaic:int=10, hsv_h:float=.015, hsv_s:float=.7, hsv_v:float=.4,
                  seed:int=0, max_epochs:int|None=None, predict_images:str|None=None):
         super().__init__()

@@ -8,6 +8,7 @@ Docs: https://lucid-nb.github.io/lucid_nb/trainer.html.md"""
 from __future__ import annotations
 import contextlib, csv, datetime, hashlib, importlib.util, io, json, logging, math, os, signal, socket, sys, time, warnings, zipfile
 from pathlib import Path
+from typing import Literal
 import numpy as np, torch
 import lightning.pytorch as L
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint, BasePredictionWriter, TQDMProgressBar
@@ -129,21 +130,29 @@ class LitYolo(L.LightningModule):
         Final learning rate as a fraction of `lr`.
     cosine : bool
         Cosine instead of linear decay.
-    box, cls, dfl, seg : float
-        Loss gains.
+    box : float
+        Gain of the box (CIoU) loss.
+    cls : float
+        Gain of the classification (BCE) loss.
+    dfl : float
+        Gain of the distribution focal loss of the box sides.
+    seg : float
+        Gain of the mask loss.
     ema_decay : float
         Final EMA decay.
     ema_tau : float
         EMA ramp in updates.
-    conf, iou : float
-        Validation score and NMS IoU thresholds.
+    conf : float
+        Score threshold of validation's NMS (`predict` uses at least 0.25).
+    iou : float
+        IoU threshold of NMS.
     max_det : int
         Detections kept per image.
     capture_segment_heads : bool
         Record the segment head's prediction calls and their backward into CUDA graphs at the first training batch
         and replay them every step (`06_recorder`); results are bit-identical to native training. Off by default.
     """
-    def __init__(self, size:str='n', num_classes:int=80, optimizer:str='sgd', lr:float=0.01, momentum:float=0.937,
+    def __init__(self, size:Literal['n', 's', 'm']='n', num_classes:int=80, optimizer:Literal['sgd', 'adamw', 'musgd']='sgd', lr:float=0.01, momentum:float=0.937,
                  weight_decay:float=5e-4, warmup_epochs:float=3.0, warmup_bias_lr:float=0.1,
                  warmup_momentum:float=0.8, lrf:float=0.01, cosine:bool=False, box:float=7.5, cls:float=0.5,
                  dfl:float=1.5, seg:float=7.5, ema_decay:float=0.9999, ema_tau:float=2000.0, conf:float=0.001,

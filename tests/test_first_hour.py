@@ -50,3 +50,34 @@ def test_help_shows_the_defaults():
     assert 'for 10 epochs (--trainer.max_epochs)' in flat
     i = flat.index('--trainer.max_epochs MAX_EPOCHS Stop training')
     assert 'default: 10)' in flat[i:i + 400]
+
+
+def undocumented_options(help_text: str) -> list:
+    "Options of an argparse `--help` whose entry is only its type and default."
+    import re
+    opts = help_text[help_text.index('\noptions:'):]
+    bad = []
+    for block in re.split(r'\n(?=  -)', opts)[1:]:
+        head, *rest = block.split('\n')
+        m = re.match(r'  (-\S+(?:, -\S+)?(?: \S+)?)(?:\s{2,}(.*))?$', head)
+        desc = (((m.group(2) or '') if m else '') + ' '.join(l.strip() for l in rest)).strip()
+        if not desc or desc.startswith(('(type:', '(required, type:')): bad.append(head.strip())
+    return bad
+
+
+def test_every_option_has_help():
+    r = subprocess.run([str(LUCID), 'fit', '--help'], capture_output=True, text=True, timeout=120)
+    assert undocumented_options(r.stdout) == []
+    assert undocumented_options('\noptions:\n  --model.box BOX       (type: float, default: 7.5)\n') == ['--model.box BOX       (type: float, default: 7.5)']
+    for choices in ('--model.size {n,s,m}', '--model.optimizer {sgd,adamw,musgd}', '--data.cache {none,ram,disk}',
+                    '--data.on_bad_input {skip,error}'):
+        assert choices in r.stdout
+
+
+def test_python_api_keeps_its_messages():
+    "The Literal types list the choices in --help; the checks behind them still explain a bad value from Python."
+    from lucid_nb.data import YoloData
+    from lucid_nb.trainer import LitYolo
+    with pytest.raises(ValueError, match='allowed values: n, s, m'): LitYolo(size='x')
+    with pytest.raises(ValueError, match="use one of 'none', 'ram', 'disk'"): YoloData(cache='bogus')
+    with pytest.raises(ValueError, match="use 'skip' or 'error'"): YoloData(on_bad_input='maybe')
