@@ -529,4 +529,5 @@ d = { 'settings': { 'branch': 'main',
                                   'lucid_nb.trainer.run_lock': ('trainer.html#run_lock', 'lucid_nb/trainer.py'),
                                   'lucid_nb.trainer.save_figure': ('trainer.html#save_figure', 'lucid_nb/trainer.py'),
                                   'lucid_nb.trainer.save_jpeg': ('trainer.html#save_jpeg', 'lucid_nb/trainer.py'),
+                                  'lucid_nb.trainer.say': ('trainer.html#say', 'lucid_nb/trainer.py'),
                                   'lucid_nb.trainer.write_json_atomic': ('trainer.html#write_json_atomic', 'lucid_nb/trainer.py')}}}

@@ -73,7 +73,9 @@ class Detections:
         self.names = [class_names[c] for c in class_ids]
         self.category_ids, self.masks, self.source = category_ids, masks, source                # (n,), (n,H,W) bool
     def __len__(self): return len(self.scores)
-    def __repr__(self): return f"Detections({len(self)} on {self.image.shape[1]}x{self.image.shape[0]}: {', '.join(sorted(set(self.names)))})"
+    def __repr__(self):
+        names = sorted(set(self.names))
+        return f"Detections({len(self)} on {self.image.shape[1]}x{self.image.shape[0]}: {', '.join(names[:6])}{', ...' if len(names) > 6 else ''})"
 
     def plot(self, pil:bool=False):
         "The image with masks, boxes, class names and scores drawn: (H,W,3) uint8, or a PIL image with `pil`."

@@ -31,10 +31,10 @@ from PIL import Image, ImageDraw
 
 # %% auto #0
 __all__ = ['PALETTE', 'HELP', 'LOCK_NAME', 'USER_ERRORS', 'ModelEMA', 'AtomicCheckpoint', 'LitYolo', 'StepLossBar',
-           'PredictionWriter', 'fit_state_hashes', 'write_json_atomic', 'data_wait', 'process_age', 'RunArtifacts',
-           'epoch_line', 'EpochSummary', 'class_ap', 'class_ap_table', 'QuietLightning', 'quiet_lightning',
-           'read_metrics_csv', 'plot_curves', 'draw_instances', 'instances_of', 'draw_results', 'fit_tile',
-           'image_grid', 'save_jpeg', 'draw_train_batch', 'draw_val_batch', 'LucidCLI', 'add_tensorboard',
+           'PredictionWriter', 'say', 'fit_state_hashes', 'write_json_atomic', 'data_wait', 'process_age',
+           'RunArtifacts', 'epoch_line', 'EpochSummary', 'class_ap', 'class_ap_table', 'QuietLightning',
+           'quiet_lightning', 'read_metrics_csv', 'plot_curves', 'draw_instances', 'instances_of', 'draw_results',
+           'fit_tile', 'image_grid', 'save_jpeg', 'draw_train_batch', 'draw_val_batch', 'LucidCLI', 'add_tensorboard',
            'default_callbacks', 'cli_main', 'save_figure', 'note', 'RunFolderInUse', 'read_lock', 'lock_owner_alive',
            'acquire_run_lock', 'run_lock', 'resume_hint', 'read_checkpoint', 'one_line', 'main']
 
@@ -291,9 +291,14 @@ class PredictionWriter(BasePredictionWriter):
             name = f.stem if f.stem not in names.values() else f"{f.stem}_{f.suffix[1:]}_{i}"
             names[i] = name
             save_jpeg(draw_results(load_rgb(f), by_image.get(i, []), dm.class_names, dm.cat_ids), out/f'{name}.jpg')
-        print(f"predict: {len(results)} detections on {len(files)} images -> {out}/ (predictions.json sha256 {sha[:12]})")
+        say(trainer, f"predict: {len(results)} detections on {len(files)} images -> {out}/ (predictions.json sha256 {sha[:12]})")
 
 # %% ../nbs/08_trainer.ipynb #3aa39449
+def say(trainer, msg:str):
+    "Print a line to stdout; through the progress bar's `print` while it is on, so the line does not land inside the bar's."
+    bar = trainer.progress_bar_callback
+    (bar.print if bar is not None else print)(msg)
+
 def fit_state_hashes(trainer, module)->dict:
     "Byte hashes of everything a resumed or replayed run must reproduce."
     sched = trainer.lr_scheduler_configs[0].scheduler if trainer.lr_scheduler_configs else None
@@ -391,7 +396,7 @@ class EpochSummary(Callback):
     def on_train_epoch_start(self, trainer, module): self.t0 = time.perf_counter()
     @rank_zero_only
     def on_train_epoch_end(self, trainer, module):
-        print(f"{epoch_line(trainer)}  {time.perf_counter() - getattr(self, 't0', time.perf_counter()):.1f} s", flush=True)
+        say(trainer, f"{epoch_line(trainer)}  {time.perf_counter() - getattr(self, 't0', time.perf_counter()):.1f} s")
     @rank_zero_only
     def on_fit_end(self, trainer, module):
         run, preds = _run_dir(trainer), _run_dir(trainer)/'predictions.json'
