@@ -170,7 +170,8 @@ def export_check(p:Predictor, path, fmt:str, image=TEST_IMG)->tuple[float,float]
 # %% ../nbs/10_predict.ipynb #15193b43
 def export_main(argv:list[str]|None=None)->Path:
     "`lucid export`: write a checkpoint's network as ONNX or TorchScript and check it against PyTorch on a real image."
-    ap = argparse.ArgumentParser(prog='lucid export', description=export_main.__doc__.split(': ', 1)[1])
+    ap = argparse.ArgumentParser(prog='lucid export', description="Write a checkpoint's network (EMA weights) as ONNX or "
+                                 "TorchScript and check it against PyTorch on a real image.")
     ap.add_argument('--ckpt_path', required=True, help='a lucid checkpoint (last.ckpt, best.ckpt)')
     ap.add_argument('--format', choices=('onnx', 'torchscript'), default='onnx', help='file format (default: onnx)')
     ap.add_argument('--imgsz', type=int, default=None, help="input side (default: the checkpoint's training size)")
