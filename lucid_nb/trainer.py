@@ -384,19 +384,20 @@ class RunArtifacts(Callback):
             peak_reserved_mib=mem))
 
 # %% ../nbs/08_trainer.ipynb #52ce82d3
-def epoch_line(trainer)->str:
-    "The epoch's mean loss terms, its validation mAP50-95 (box, mask) and its seconds, from `callback_metrics`."
+def epoch_line(trainer, validated:bool=True)->str:
+    "The epoch's mean loss terms and, if it `validated`, its validation mAP50-95 (box, mask), from `callback_metrics`."
     m = {k: float(v) for k, v in trainer.callback_metrics.items()}
     terms = ' '.join(f"{k[6:-6]} {v:.3f}" for k, v in m.items() if k.startswith('train/') and k.endswith('_epoch'))
-    val = (f"  mAP50-95 box {m['mAP50-95(B)']:.4f} mask {m['mAP50-95(M)']:.4f}" if 'mAP50-95(M)' in m else '')
+    val = (f"  mAP50-95 box {m['mAP50-95(B)']:.4f} mask {m['mAP50-95(M)']:.4f}" if validated and 'mAP50-95(M)' in m else '')
     return f"epoch {trainer.current_epoch + 1}/{trainer.max_epochs}  loss {terms or '-'}{val}"
 
 class EpochSummary(Callback):
     "Prints `epoch_line` at the end of every training epoch, and the per-class AP table and the run folder after fit."
-    def on_train_epoch_start(self, trainer, module): self.t0 = time.perf_counter()
+    def on_train_epoch_start(self, trainer, module): self.t0, self.validated = time.perf_counter(), False
+    def on_validation_end(self, trainer, module): self.validated = self.validated or not trainer.sanity_checking
     @rank_zero_only
     def on_train_epoch_end(self, trainer, module):
-        say(trainer, f"{epoch_line(trainer)}  {time.perf_counter() - getattr(self, 't0', time.perf_counter()):.1f} s")
+        say(trainer, f"{epoch_line(trainer, getattr(self, 'validated', True))}  {time.perf_counter() - getattr(self, 't0', time.perf_counter()):.1f} s")
     @rank_zero_only
     def on_fit_end(self, trainer, module):
         run, preds = _run_dir(trainer), _run_dir(trainer)/'predictions.json'
@@ -489,9 +490,9 @@ def draw_instances(img:np.ndarray,          # (H,W,3) uint8 RGB
             d.rectangle((x1, y, x1 + r - l + 3, y + b - t + 2), fill=c); d.text((x1 + 1, y - (t - y1)), label, fill=(255, 255, 255))
     return np.asarray(im)
 
-def instances_of(anns:list, class_names:list|None, cat_ids, hw:tuple, to_mask=None, min_score:float=0.25)->tuple:
-    "COCO results or annotations of one image as (boxes xyxy, labels, class indices, (n,H,W) bool masks); results best last."
-    anns = sorted((a for a in anns if a.get('score', 1) >= min_score), key=lambda a: a.get('score', 1))
+def instances_of(anns:list, class_names:list|None, cat_ids, hw:tuple, to_mask=None, min_score:float=0.25, top:int|None=None)->tuple:
+    "COCO results or annotations of one image as (boxes xyxy, labels, class indices, (n,H,W) bool masks); the `top` best, best last."
+    anns = sorted((a for a in anns if a.get('score', 1) >= min_score), key=lambda a: a.get('score', 1))[-top if top else 0:]
     cls = [list(cat_ids).index(a['category_id']) if cat_ids is not None else a['category_id'] for a in anns]
     boxes = np.array([(x, y, x + w, y + h) for x, y, w, h in (a['bbox'] for a in anns)], np.float32).reshape(-1, 4)
     labels = [f"{class_names[c] if class_names else c}" + (f" {a['score']:.2f}" if 'score' in a else '') for c, a in zip(cls, anns)]
@@ -540,14 +541,15 @@ def draw_train_batch(batch:dict, class_names:list|None=None, n:int=16, size:int=
         tiles.append(draw_instances(t, bx, [class_names[i] if class_names else str(i) for i in c], c, m))
     return image_grid(tiles, size)
 
-def draw_val_batch(dm, results:list|None=None, n:int=8, size:int=320)->np.ndarray:
-    "The first `n` validation images with their ground truth (`results` None) or with `results`, as one grid image."
+def draw_val_batch(dm, results:list|None=None, n:int=8, size:int=320, top:int=30)->np.ndarray:
+    "The first `n` validation images with their ground truth (`results` None) or with their `top` best `results`, as one grid image."
     gt, tiles = dm.val_coco(), []
     for rec in dm._val.records[:n]:
         img = load_rgb(rec.path)
         if results is None: anns, to_mask = gt.imgToAnns.get(rec.image_id, []), gt.annToMask
         else: anns, to_mask = [r for r in results if r['image_id'] == rec.image_id], None
-        boxes, labels, cls, masks = instances_of([a for a in anns if not a.get('iscrowd')], dm.class_names, dm.cat_ids, img.shape[:2], to_mask)
+        boxes, labels, cls, masks = instances_of([a for a in anns if not a.get('iscrowd')], dm.class_names, dm.cat_ids, img.shape[:2], to_mask,
+                                                 top=None if results is None else top)
         t, bx, m = fit_tile(img, boxes, masks, size)
         tiles.append(draw_instances(t, bx, labels, cls, m))
     return image_grid(tiles, size)
