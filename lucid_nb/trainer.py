@@ -394,7 +394,7 @@ def epoch_line(trainer, validated:bool=True)->str:
 class EpochSummary(Callback):
     "Prints `epoch_line` at the end of every training epoch, and the per-class AP table and the run folder after fit."
     def on_train_epoch_start(self, trainer, module): self.t0, self.validated = time.perf_counter(), False
-    def on_validation_end(self, trainer, module): self.validated = self.validated or not trainer.sanity_checking
+    def on_validation_end(self, trainer, module): self.validated = getattr(self, 'validated', False) or not trainer.sanity_checking
     @rank_zero_only
     def on_train_epoch_end(self, trainer, module):
         say(trainer, f"{epoch_line(trainer, getattr(self, 'validated', True))}  {time.perf_counter() - getattr(self, 't0', time.perf_counter()):.1f} s")
