@@ -9,15 +9,18 @@ its references, and the recorder retries a failed recording with parameter alias
     python benchmarks/capture_experiment.py A|B|C
 """
 import sys, torch
+from pathlib import Path
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / 'tests'))
 from lucid_nb.core import synth_batch
 from lucid_nb.model import yolo_seg
 from lucid_nb.loss import SegLoss
-from lucid_nb.recorder import HeadRecorder, train_trace, model_outputs
+from lucid_nb.recorder import HeadRegion, model_outputs
+from helpers import train_trace
 torch.backends.cudnn.benchmark = False
 case = sys.argv[1]
 M = 100 if case == 'C' else 16
 bs = [synth_batch(B=4, S=640, M=M, K=80, seed=s, empty=True) for s in range(3)]
-torch.manual_seed(0); m = yolo_seg('n', 80).cuda(); rec = HeadRecorder()
+torch.manual_seed(0); m = yolo_seg('n', 80).cuda(); rec = HeadRegion()
 if case in ('A', 'C'): train_trace(m, bs, rec)
 else:
     rec.start(m.head); lf = SegLoss(80); opt = torch.optim.SGD(m.parameters(), lr=0.01)

@@ -16,14 +16,14 @@ from lucid_nb.core import env_info
 from lucid_nb.data import YoloData
 from lucid_nb.trainer import LitYolo
 from lucid_nb.optim import build_optimizer, build_schedule
-from lucid_nb.recorder import HeadRecorder, model_outputs
+from lucid_nb.recorder import HeadRegion, model_outputs
 
 
 def main(argv=None):
     p = argparse.ArgumentParser()
     p.add_argument('--steps', type=int, default=40); p.add_argument('--warmup', type=int, default=10)
     p.add_argument('--batch-size', type=int, default=4); p.add_argument('--out', default='benchmarks/results')
-    p.add_argument('--capture', action='store_true', help='replay the head through a HeadRecorder (CUDA graphs)')
+    p.add_argument('--capture', action='store_true', help='replay the head through a HeadRegion (CUDA graphs)')
     a = p.parse_args(argv)
     dev = torch.device('cuda')
     dm = YoloData(batch_size=a.batch_size, workers=4); dm.setup('fit')
@@ -31,7 +31,7 @@ def main(argv=None):
     model, loss_fn = lit.model.train(), lit.loss_fn
     opt = build_optimizer(model, 'sgd'); sched = build_schedule(opt, epochs=10, steps_per_epoch=24)
     batches = iter(dm.train_dataloader())
-    recorder = HeadRecorder() if a.capture else None
+    recorder = HeadRegion() if a.capture else None
     if recorder: recorder.start(model.head)
 
     def sync(): torch.cuda.synchronize()

@@ -23,7 +23,7 @@ class PlainShell(CaptureShell):
 def main(paths: list) -> int:
     nbdev.test.CaptureShell = PlainShell
     failed = []
-    for p in map(Path, paths):
+    for p in (Path(x).resolve() for x in paths):   # test_nb runs in the notebook's folder
         t = time.perf_counter()
         ok, _ = nbdev.test.test_nb(p, skip_flags=[], force_flags=['cuda', 'slow'], save=True, cell_timeout=900)
         print(f"{'PASSED' if ok else 'FAILED'} {p} ({time.perf_counter() - t:.0f} s)", flush=True)

@@ -10,6 +10,7 @@ import contextlib, math
 from typing import NamedTuple
 import torch, torch.nn.functional as F
 from torch import nn, Tensor
+from torch.autograd.function import once_differentiable
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from fastcore.basics import patch
@@ -17,8 +18,8 @@ from .core import *
 from .heads import make_anchors, dist2bbox, bbox2dist
 
 # %% auto #0
-__all__ = ['HostSyncError', 'assert_no_host_sync', 'bbox_iou', 'dfl_loss', 'Assignment', 'in_boxes', 'assign', 'crop_mask',
-           'mask_loss', 'SegLoss', 'synth_head_out']
+__all__ = ['MASK_CHUNK_ELEMENTS', 'HostSyncError', 'assert_no_host_sync', 'bbox_iou', 'dfl_loss', 'Assignment', 'in_boxes',
+           'assign', 'crop_mask', 'CroppedMaskBCE', 'mask_loss', 'SegLoss', 'synth_head_out']
 
 # %% ../nbs/04_loss.ipynb #454b2039
 class HostSyncError(RuntimeError):
@@ -159,6 +160,35 @@ def crop_mask(
     return (c >= x1) & (c < x2) & (r >= y1) & (r < y2)
 
 # %% ../nbs/04_loss.ipynb #7fdc7cfb
+MASK_CHUNK_ELEMENTS = 2**25   # logits per chunk of slots in `CroppedMaskBCE` (128 MB in float32)
+
+def _cropped_bce_sum(c, proto, t, inside):
+    "Σ over (h,w) of inside · BCE(c · proto, t): c (B,m,k,P), proto (B,P,h,w), t and inside (B,m,h,w) → (B,m,k)."
+    x = torch.einsum('bmkp,bphw->bmkhw', c, proto)
+    return (F.binary_cross_entropy_with_logits(x, t[:, :, None].expand_as(x), reduction='none') * inside[:, :, None]).sum((-2, -1))
+
+class CroppedMaskBCE(torch.autograd.Function):
+    "Per (b, m, k) the BCE of mask logits `c · proto` against slot m's mask, summed inside its box; `chunk` slots at a time."
+    @staticmethod
+    def forward(ctx, c, proto, t, inside, chunk:int):   # c (B,M,k,P), proto (B,P,h,w), t and inside (B,M,h,w) 0/1 floats
+        ctx.save_for_backward(c, proto, t, inside); ctx.chunk = chunk
+        return torch.cat([_cropped_bce_sum(c[:, s:s + chunk], proto, t[:, s:s + chunk], inside[:, s:s + chunk])
+                          for s in range(0, c.shape[1], chunk)], 1)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g):                                 # g (B,M,k)
+        c, proto, t, inside = ctx.saved_tensors
+        gc, gp = [], torch.zeros_like(proto)
+        for s in range(0, c.shape[1], ctx.chunk):
+            cs, sl = c[:, s:s + ctx.chunk], slice(s, s + ctx.chunk)
+            x = torch.einsum('bmkp,bphw->bmkhw', cs, proto)
+            gx = (torch.sigmoid(x) - t[:, sl, None]) * (inside[:, sl, None] * g[:, sl, :, None, None])   # ∂/∂x
+            gc.append(torch.einsum('bmkhw,bphw->bmkp', gx, proto))
+            gp += torch.einsum('bmkhw,bmkp->bphw', gx, cs)
+        return torch.cat(gc, 1), gp, None, None, None
+
+# %% ../nbs/04_loss.ipynb #b2214211
 def mask_loss(
     coef:Tensor,        # (B,A,P) mask coefficients
     proto:Tensor,       # (B,P,h,w) prototypes, h = w = S/4
@@ -172,13 +202,12 @@ def mask_loss(
     B, M, k = a.topk_idx.shape; P, h, w = proto.shape[1:]
     wt = a.mask_pos.gather(2, a.topk_idx)                                               # (B,M,k)
     c = coef.gather(1, a.topk_idx.reshape(B, M * k, 1).expand(B, M * k, P)).view(B, M, k, P)
-    logits = torch.einsum('bmkp,bphw->bmkhw', c, proto)                                 # (B,M,k,h,w)
-    bce = F.binary_cross_entropy_with_logits(logits, masks[:, :, None].to(logits.dtype).expand_as(logits), reduction='none')
     sx, sy = w / img_hw[1], h / img_hw[0]
     mbox = torch.stack([gt_boxes[..., 0] * sx, gt_boxes[..., 1] * sy, gt_boxes[..., 2] * sx, gt_boxes[..., 3] * sy], -1)  # (B,M,4) mask px
-    inside = crop_mask(mbox, h, w)                                                      # (B,M,h,w)
+    inside = crop_mask(mbox, h, w).to(c.dtype)                                          # (B,M,h,w)
     area = ((mbox[..., 2] - mbox[..., 0]) * (mbox[..., 3] - mbox[..., 1])).clamp_min(eps)  # (B,M)
-    per = (bce * inside[:, :, None]).sum((-2, -1)) / area[..., None]                    # (B,M,k)
+    chunk = max(1, min(M, MASK_CHUNK_ELEMENTS // (B * k * h * w)))
+    per = CroppedMaskBCE.apply(c, proto, masks.to(c.dtype), inside, chunk) / area[..., None]   # (B,M,k)
     return (per * wt).sum() / a.fg.sum().clamp_min(1)
 
 # %% ../nbs/04_loss.ipynb #c9e5e5f5

@@ -8,18 +8,19 @@ Docs: https://lucid-nb.github.io/lucid_nb/metrics.html.md"""
 from __future__ import annotations
 import contextlib, hashlib, io, json
 from pathlib import Path
-import numpy as np, torch
+import numpy as np, torch, torch.nn.functional as F
 from torch import Tensor
-from pycocotools import mask as mask_utils
 from pycocotools.coco import COCO
-from pycocotools.cocoeval import COCOeval
+from ultrafast_pycocotools.coco import COCO as FastCOCO
+from ultrafast_pycocotools.cocoeval import COCOeval as FastCOCOeval
 from .core import *
+from .loss import crop_mask
 
 # %% auto #0
 __all__ = ['COCO80_IDS', 'STAT_NAMES', 'SUMMARY_NAMES', 'box_area', 'box_iou', 'greedy_keep', 'nms', 'nms_reference',
-           'box_window', 'crop_masks', 'proto_masks', 'unletterbox_masks', 'unletterbox_boxes', 'rle_encode',
-           'masks_to_rle', 'quiet', 'load_coco', 'coco_results', 'results_bytes', 'write_results', 'CocoStats',
-           'coco_evaluate', 'Validator']
+           'crop_window', 'proto_masks', 'unletterbox_masks', 'unletterbox_boxes', 'rle_runs', 'rle_chars',
+           'rle_encode', 'masks_to_rle', 'quiet', 'load_coco', 'coco_results', 'results_bytes', 'write_results',
+           'CocoStats', 'coco_evaluate', 'Validator']
 
 # %% ../nbs/07_metrics.ipynb #7af0e70d
 def box_area(b:Tensor)->Tensor: # (...,4) xyxy -> (...)
@@ -122,46 +123,35 @@ def nms_reference(boxes:Tensor, scores:Tensor, conf:float=0.001, iou:float=0.7, 
     return out
 
 # %% ../nbs/07_metrics.ipynb #46763104
-def box_window(
-    boxes:Tensor,       # (n,4) xyxy in pixel units of an (h,w) grid
+def crop_window(
+    boxes:Tensor,   # (n,4) xyxy in pixel units of an (h,w) grid
     h:int, w:int,
-    offset:float=.5,    # where a pixel is tested: .5 its centre; 0 its top-left corner (the loss's `crop_mask`)
-)->tuple[Tensor,Tensor]: # (n,h,1) and (n,1,w) bool: rows and columns inside each box
-    "Which rows and columns of an (h,w) grid lie inside each box."
-    x = torch.arange(w, device=boxes.device, dtype=boxes.dtype) + offset
-    y = torch.arange(h, device=boxes.device, dtype=boxes.dtype) + offset
-    inx = (x >= boxes[:, 0, None]) & (x < boxes[:, 2, None])
-    iny = (y >= boxes[:, 1, None]) & (y < boxes[:, 3, None])
-    return iny[:, :, None], inx[:, None, :]
+)->tuple[Tensor,Tensor]: # (n,h,1) rows and (n,1,w) columns: their product is `crop_mask(boxes, h, w)`
+    "The loss's `crop_mask` as separate row and column windows, to crop masks in place."
+    inf = torch.full_like(boxes[:, 0], float('inf'))
+    rows = crop_mask(torch.stack([-inf, boxes[:, 1], inf, boxes[:, 3]], 1), h, 1)   # every column: only rows count
+    cols = crop_mask(torch.stack([boxes[:, 0], -inf, boxes[:, 2], inf], 1), 1, w)   # every row: only columns count
+    return rows, cols
 
-def crop_masks(
-    masks:Tensor,       # (n,h,w)
-    boxes:Tensor,       # (n,4) xyxy in the masks' pixel units
-    offset:float=.5,    # see `box_window`
-)->Tensor:              # (n,h,w), zero outside the box
-    "Zero each mask outside its box."
-    iny, inx = box_window(boxes, *masks.shape[1:], offset)
-    return masks * (iny & inx)
-
+# %% ../nbs/07_metrics.ipynb #063a2251
 def proto_masks(
     coef:Tensor,   # (n,P) mask coefficients of the kept detections
     proto:Tensor,  # (P,S/4,S/4) the image's prototypes
     boxes:Tensor,  # (n,4) xyxy in pixels of the letterboxed input
 )->Tensor:         # (n,S/4,S/4) in [0,1]
-    "Soft masks on the prototype grid, cropped to their boxes."
+    "Soft masks on the prototype grid, cropped to their boxes by the loss's rule (`crop_mask`)."
     P, h, w = proto.shape
     m = (coef.float() @ proto.float().reshape(P, -1)).sigmoid().reshape(-1, h, w)
-    return crop_masks(m, boxes.float() / MASK_STRIDE)
+    rows, cols = crop_window(boxes.float() / MASK_STRIDE, h, w)  # = crop_mask(boxes / 4, h, w), row × column
+    return m.mul_(rows).mul_(cols)
 
-# %% ../nbs/07_metrics.ipynb #c9ed8fe9
+# %% ../nbs/07_metrics.ipynb #25681a75
 def _floats(x)->list: return x.tolist() if isinstance(x, Tensor) else [float(v) for v in x]
 
-def _lerp_index(n_out:int, n_in:int, scale:float, pad:float, stride:float, device):
-    "Source cells and weights for sampling `n_out` original pixels from a letterboxed grid of `n_in` cells."
-    c = ((torch.arange(n_out, device=device, dtype=torch.float64) + .5) * scale + pad) / stride - .5
-    c = c.clamp(0, n_in - 1)
-    i0 = c.floor().long()
-    return i0, (i0 + 1).clamp(max=n_in - 1), (c - i0).float()
+def _grid_coords(n_out:int, n_in:int, scale:float, pad:float, stride:float, device)->Tensor:
+    "`grid_sample` coordinates (align_corners=False) of `n_out` original pixel centres on a letterboxed grid of `n_in` cells."
+    px = (torch.arange(n_out, device=device, dtype=torch.float64) + .5) * scale + pad   # letterboxed px, float64
+    return (px / (stride * n_in) * 2 - 1).float()                                     # -1, 1: the grid's outer edges
 
 def unletterbox_masks(
     masks:Tensor,           # (n,h,w) soft masks on the letterboxed grid, one cell = `stride` input pixels
@@ -169,13 +159,13 @@ def unletterbox_masks(
     orig_hw,                # (H, W) of the original image
     stride:float=MASK_STRIDE,
 )->Tensor:                  # (n,H,W)
-    "Resample masks bilinearly onto the original image's pixels (the pad falls away)."
+    "Resample masks bilinearly onto the original image's pixels (the pad falls away), in one `grid_sample`."
     scale, px, py = _floats(letterbox); H, W = map(int, _floats(orig_hw))
     n, h, w = masks.shape
-    x0, x1, fx = _lerp_index(W, w, scale, px, stride, masks.device)
-    y0, y1, fy = _lerp_index(H, h, scale, py, stride, masks.device)
-    m = torch.lerp(masks.index_select(2, x0), masks.index_select(2, x1), fx)        # (n,h,W)
-    return torch.lerp(m.index_select(1, y0), m.index_select(1, y1), fy[:, None])     # (n,H,W)
+    if n == 0: return masks.new_zeros(0, H, W)
+    gx, gy = _grid_coords(W, w, scale, px, stride, masks.device), _grid_coords(H, h, scale, py, stride, masks.device)
+    grid = torch.stack(torch.broadcast_tensors(gx[None, :], gy[:, None]), -1)[None]  # (1,H,W,2): x, y of each pixel
+    return F.grid_sample(masks[None], grid, mode='bilinear', padding_mode='border', align_corners=False)[0]  # masks as channels
 
 # %% ../nbs/07_metrics.ipynb #97910d7b
 def unletterbox_boxes(
@@ -189,36 +179,68 @@ def unletterbox_boxes(
     return torch.stack([b[:, 0].clamp(0, W), b[:, 1].clamp(0, H), b[:, 2].clamp(0, W), b[:, 3].clamp(0, H)], -1)
 
 # %% ../nbs/07_metrics.ipynb #fb5d5e4f
+def rle_runs(masks:Tensor)->tuple[Tensor,Tensor]: # (n,H,W) bool -> counts (k,) int64, runs per mask (n,) int64
+    "Uncompressed COCO RLE of each mask, computed on the masks' device: run lengths down the columns, zeros first."
+    n, H, W = masks.shape
+    flat = masks.transpose(1, 2).reshape(n, H * W)                    # column-major, as COCO counts
+    start = torch.cat([flat[:, :1], flat[:, 1:] != flat[:, :-1]], 1)  # a run of 1s or 0s (after the first) starts here
+    m, q = start.nonzero(as_tuple=True)                               # every start, mask by mask, in order
+    runs = torch.bincount(m, minlength=n) + 1                         # the first run of 0s, then one per start
+    ends = torch.full((len(q) + n,), H * W, dtype=torch.long, device=masks.device)
+    ends[torch.arange(len(q), device=q.device) + m] = q               # a run ends where the next starts, the last at H·W
+    begins = ends.roll(1)
+    begins[runs.cumsum(0) - runs] = 0                                 # each mask's first run begins at pixel 0
+    return ends - begins, runs
+
+# %% ../nbs/07_metrics.ipynb #223b9ac0
+def rle_chars(
+    counts:Tensor,  # (k,) int64 run lengths of all masks, one after the other (`rle_runs`)
+    runs:Tensor,    # (n,) int64 counts per mask
+    hw:int,         # pixels per mask, H·W: bounds every count
+)->Tensor:          # (k,G) uint8 characters of each count, 0 past its last
+    "The characters of COCO's compressed RLE string (pycocotools' `rleToString`), elementwise on the counts' device."
+    first = runs.cumsum(0) - runs
+    of = torch.repeat_interleave(torch.arange(len(runs), device=runs.device), runs, output_size=len(counts))
+    i = torch.arange(len(counts), device=counts.device) - first[of]   # index of each count within its mask
+    x = torch.where(i > 2, counts - counts.roll(2), counts)           # from the 4th count on: difference to 2 before
+    chars, alive = [], torch.ones_like(x, dtype=torch.bool)
+    for _ in range(-(-(hw.bit_length() + 1) // 5)):                   # 5-bit groups for any |x| <= hw, sign included
+        c = x & 0x1f
+        x = x >> 5                                                    # arithmetic shift, as C's on a long
+        more = torch.where((c & 0x10) != 0, x != -1, x != 0)
+        chars.append(torch.where(alive, c + 48 + 32 * more, 0))
+        alive = alive & more
+    return torch.stack(chars, 1).to(torch.uint8)
+
+# %% ../nbs/07_metrics.ipynb #0f9d04cb
 def rle_encode(masks:Tensor)->list[dict]: # (n,H,W) bool -> n RLE dicts {'size': [H,W], 'counts': str}
-    "COCO compressed RLE of each mask, with the run boundaries found on the masks' device."
+    "COCO compressed RLE of each mask: runs and characters on the masks' device, one string per mask on the host."
     n, H, W = masks.shape
     if n == 0: return []
-    flat = masks.transpose(1, 2).reshape(n, H * W)                       # column-major, as COCO counts
-    where = (flat[:, 1:] != flat[:, :-1]).nonzero().cpu().numpy()        # (k,2): mask, last pixel of a run
-    starts_with_one = flat[:, 0].cpu().numpy()
-    ends = np.split(where[:, 1] + 1, np.searchsorted(where[:, 0], np.arange(1, n)))
-    runs = []
-    for first, e in zip(starts_with_one, ends):
-        counts = np.diff(np.concatenate([[0], e, [H * W]]))
-        runs.append({'size': [H, W], 'counts': ([0] if first else []) + counts.tolist()})
-    rles = mask_utils.frPyObjects(runs, H, W)
-    for r in rles: r['counts'] = r['counts'].decode('ascii')
-    return rles
+    counts, runs = rle_runs(masks)
+    chars, runs = rle_chars(counts, runs, H * W).cpu().numpy(), runs.cpu().numpy()
+    live = chars != 0
+    text = chars[live].tobytes().decode('ascii')                       # row-major: count by count, groups in order
+    ends = np.add.reduceat(live.sum(1), runs.cumsum() - runs).cumsum().tolist()
+    return [{'size': [H, W], 'counts': text[a:b]} for a, b in zip([0] + ends[:-1], ends)]
 
+# %% ../nbs/07_metrics.ipynb #fbac8d39
 def masks_to_rle(
     coef:Tensor,    # (n,P) coefficients of the kept detections
     proto:Tensor,   # (P,S/4,S/4) prototypes of their image
     boxes:Tensor,   # (n,4) xyxy in pixels of the letterboxed input
     letterbox,      # (scale, pad_x, pad_y)
     orig_hw,        # (H, W)
-    chunk:int=32,   # masks at full resolution at a time
+    max_pixels:int=2**25, # full-resolution mask pixels at a time (memory: ~8 bytes each)
 )->list[dict]:      # n RLE dicts on the original image
     "Masks of detections on the original image: prototypes × coefficients, cropped, un-letterboxed, > 0.5, RLE."
     ob, out = unletterbox_boxes(boxes, letterbox, orig_hw), []
-    for i in range(0, len(coef), chunk):
-        m = unletterbox_masks(proto_masks(coef[i:i + chunk], proto, boxes[i:i + chunk]), letterbox, orig_hw) > .5
-        iny, inx = box_window(ob[i:i + chunk], *m.shape[1:])   # the box again, at full resolution: no bilinear bleed
-        out += rle_encode(m.logical_and_(iny).logical_and_(inx))
+    H, W = map(int, _floats(orig_hw))
+    step = max(1, max_pixels // (H * W))
+    for i in range(0, len(coef), step):
+        m = unletterbox_masks(proto_masks(coef[i:i + step], proto, boxes[i:i + step]), letterbox, orig_hw) > .5
+        rows, cols = crop_window(ob[i:i + step], H, W)          # the box again, at full resolution: no bilinear bleed
+        out += rle_encode(m.logical_and_(rows).logical_and_(cols))
     return out
 
 # %% ../nbs/07_metrics.ipynb #0ce9d803
@@ -282,11 +304,15 @@ class CocoStats(dict):
 # %% ../nbs/07_metrics.ipynb #40e844a2
 def _cocoeval(coco_gt:COCO, dets:list[dict], iou_type:str, image_ids:list)->tuple[list, str]:
     def run():
-        gt = COCO()  # COCOeval('segm') rewrites the GT's polygons into RLE in place: give it copies of the annotation dicts
-        gt.dataset = dict(coco_gt.dataset, annotations=[dict(a) for a in coco_gt.dataset['annotations']])
+        keep, d = set(image_ids), coco_gt.dataset
+        gt = FastCOCO()  # COCOeval('segm') rewrites the GT's polygons into RLE in place: give it copies of the annotation dicts
+        gt.dataset = dict(d, images=[im for im in d['images'] if im['id'] in keep],
+                          annotations=[dict(a) for a in d['annotations'] if a['image_id'] in keep])
         gt.createIndex()
-        E = COCOeval(gt, gt.loadRes(dets), iou_type)
+        cats = sorted({a['category_id'] for a in gt.dataset['annotations']})
+        E = FastCOCOeval(gt, gt.loadRes([r for r in dets if r['category_id'] in cats] or dets), iou_type)
         E.params.imgIds = image_ids
+        if cats: E.params.catIds = cats  # a category without ground truth here only adds -1s: same numbers, less work
         E.evaluate(); E.accumulate(); E.summarize()
         return E.stats.tolist()
     return quiet(run)
@@ -296,7 +322,7 @@ def coco_evaluate(
     results:list[dict],  # COCO results (`coco_results`), with `bbox` and, for masks, `segmentation`
     image_ids=None,      # images to evaluate on (default: all of `coco_gt`'s)
 )->CocoStats:            # 12 numbers each for `bbox/` and `segm/`, plus the summary
-    "COCO mAP and mAR of boxes and masks, by pycocotools' COCOeval."
+    "COCO mAP and mAR of boxes and masks, by COCOeval (ultrafast-pycocotools: pycocotools' numbers to the bit, faster)."
     ids = sorted({int(i) for i in (coco_gt.getImgIds() if image_ids is None else _floats(image_ids))})
     keep = set(ids)
     stats, logs = CocoStats(), []
@@ -342,9 +368,11 @@ class Validator:
         eval_out = {k: v.float() for k, v in eval_out.items()}             # the branches' outputs may be bf16
         dets = nms(eval_out['boxes'], eval_out['scores'], **self.nms_kw)
         ids, hws, lbs = (batch[k].cpu() for k in ('image_id', 'orig_hw', 'letterbox'))
-        for i, d in enumerate(dets):
-            p = {k: d[k].cpu() for k in ('scores', 'classes')}
-            p['boxes'] = unletterbox_boxes(d['boxes'], lbs[i], hws[i]).cpu()
+        rows = [torch.cat([unletterbox_boxes(d['boxes'], lbs[i], hws[i]), d['scores'][:, None], d['classes'][:, None].float()], 1)
+                for i, d in enumerate(dets)]                                   # (n,6) per image: box, score, class
+        rows = torch.cat(rows).cpu().split([len(d['scores']) for d in dets])  # one copy to the host for the batch
+        for i, (d, r) in enumerate(zip(dets, rows)):
+            p = dict(boxes=r[:, :4], scores=r[:, 4], classes=r[:, 5].long())
             if self.masks:
                 p['masks'] = masks_to_rle(eval_out['coef'][i][d['anchors']], eval_out['proto'][i], d['boxes'], lbs[i], hws[i])
             self.results += coco_results([p], [ids[i]], self.cat_ids)

@@ -15,7 +15,8 @@ from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['NS_COEFFS', 'HYPERPARAMS', 'OPTIMIZERS', 'param_groups', 'newton_schulz', 'orthogonalise', 'MuSGD', 'build_optimizer',
-           'WarmupDecayLR', 'build_schedule']
+           'WarmupDecayLR', 'build_schedule', 'CapturedUpdate', 'MuSGDUpdate', 'SGDUpdate', 'AdamWUpdate',
+           'update_blocker', 'captured_update', 'state_ready']
 
 # %% ../nbs/05_optim.ipynb #96576144
 _NORMS = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm)
@@ -149,20 +150,17 @@ def _muon_direction(grads, bufs, mom:Tensor, nesterov:bool)->list[Tensor]:
 # %% ../nbs/05_optim.ipynb #2d6466ff
 @patch
 @torch.no_grad()
-def step(self:MuSGD, closure=None):
-    "One update of every parameter that has a `.grad`; no host syncs, hyperparameters read as device tensors."
-    loss = None
-    if closure is not None:
-        with torch.enable_grad(): loss = closure()
-    self.init_state()
+def update(self:MuSGD,
+           params:list[list[Tensor]],  # per group, the parameters to update
+           grads:list[list[Tensor]]):  # their gradients, in the same order
+    "The update of `step` with the gradients given (a recorded update passes its static gradient buffers)."
     todo, muon_in = [], []
-    for g in self.param_groups:
-        ps = [p for p in g['params'] if p.grad is not None]
+    for g, ps, grads_g in zip(self.param_groups, params, grads):
         if not ps: continue
-        grads, st = [p.grad for p in ps], [self.state[p] for p in ps]
-        u = _sgd_direction(ps, grads, [s['momentum_buffer'] for s in st], g['momentum'], g['weight_decay'], g['nesterov'])
+        st = [self.state[p] for p in ps]
+        u = _sgd_direction(ps, grads_g, [s['momentum_buffer'] for s in st], g['momentum'], g['weight_decay'], g['nesterov'])
         if g['use_muon']:
-            muon_in += _muon_direction(grads, [s['muon_buffer'] for s in st], g['momentum'], g['nesterov'])
+            muon_in += _muon_direction(grads_g, [s['muon_buffer'] for s in st], g['momentum'], g['nesterov'])
         todo.append((g, ps, u))
     orth = iter(orthogonalise(muon_in, self.ns_steps, self.ns_dtype))
     for g, ps, u in todo:
@@ -172,6 +170,17 @@ def step(self:MuSGD, closure=None):
             torch._foreach_mul_(upd, g['lr'])                                             # η (...)
         else: upd = torch._foreach_mul(u, g['lr'])                                        # η u
         torch._foreach_sub_(ps, upd)
+
+@patch
+@torch.no_grad()
+def step(self:MuSGD, closure=None):
+    "One update of every parameter that has a `.grad`; no host syncs, hyperparameters read as device tensors."
+    loss = None
+    if closure is not None:
+        with torch.enable_grad(): loss = closure()
+    self.init_state()
+    params = [[p for p in g['params'] if p.grad is not None] for g in self.param_groups]
+    self.update(params, [[p.grad for p in ps] for ps in params])
     return loss
 
 # %% ../nbs/05_optim.ipynb #9e26b86a
@@ -307,3 +316,133 @@ def build_schedule(
     "The YOLO warm-up + linear/cosine decay schedule, stepped per iteration."
     return WarmupDecayLR(optimizer, epochs, steps_per_epoch, warmup_epochs, warmup_bias_lr, warmup_momentum, lrf,
                          cosine, min_warmup_iters)
+
+# %% ../nbs/05_optim.ipynb #dc4f8fb6
+class CapturedUpdate:
+    "An optimiser's update split into a host `refresh()` of 0-dim scheduled values and a recordable device `run(grads)`."
+    def __init__(self,
+                 opt:torch.optim.Optimizer,  # the optimiser, with its state created
+                 params:list[list[Tensor]]): # per group, the parameters that get a gradient
+        self.opt, self.params = opt, params
+        self.flat = [p for ps in params for p in ps]
+    counter_keys = ()
+    def settings(self)->tuple: return ()
+    def refresh(self): pass
+    def run(self, grads:list[Tensor]): raise NotImplementedError
+    def state(self)->list[Tensor]:
+        "Every device tensor `run` writes: the parameters, then their state tensors."
+        return self.flat + [v for p in self.flat for k, v in sorted(self.opt.state[p].items()) if k not in self.counter_keys]
+    def counters(self)->list[Tensor]:
+        "Host-side state tensors `refresh` writes (AdamW's step counts)."
+        return [v for p in self.flat for k, v in sorted(self.opt.state[p].items()) if k in self.counter_keys]
+    def pointers(self)->tuple:
+        "Addresses of everything the recorded `run` reads or writes."
+        return tuple(t.data_ptr() for t in self.state() + self.tensors())
+    def tensors(self)->list[Tensor]: return []     # 0-dim hyperparameter tensors
+    def per_group(self, grads:list[Tensor])->list[list[Tensor]]:
+        it = iter(grads)
+        return [[next(it) for _ in ps] for ps in self.params]
+
+# %% ../nbs/05_optim.ipynb #8599d81a
+class MuSGDUpdate(CapturedUpdate):
+    "`MuSGD`'s update: its hyperparameters are 0-dim tensors already."
+    def settings(self)->tuple:
+        o = self.opt
+        return (o.ns_steps, o.ns_dtype, *((g['nesterov'], g['use_muon']) for g in o.param_groups))
+    def tensors(self)->list[Tensor]: return [g[k] for g in self.opt.param_groups for k in HYPERPARAMS]
+    def run(self, grads:list[Tensor]): self.opt.update(self.params, self.per_group(grads))
+
+# %% ../nbs/05_optim.ipynb #eb7b04e4
+def _scalar(dev)->Tensor: return torch.zeros((), dtype=torch.float32, device=dev)
+
+class SGDUpdate(CapturedUpdate):
+    "torch's `SGD` step with lr and momentum read from 0-dim tensors (`fill_`ed from the groups by `refresh`)."
+    def __init__(self, opt, params):
+        super().__init__(opt, params)
+        self.neg_lr = [_scalar(ps[0].device) if ps else None for ps in params]
+        self.mom = [_scalar(ps[0].device) if ps else None for ps in params]
+    def settings(self)->tuple:
+        return tuple((g['weight_decay'], g['dampening'], g['nesterov'], g['momentum'] != 0) for g in self.opt.param_groups)
+    def tensors(self)->list[Tensor]: return [t for t in self.neg_lr + self.mom if t is not None]
+    def refresh(self):
+        for g, lr, mom in zip(self.opt.param_groups, self.neg_lr, self.mom):
+            if lr is not None: lr.fill_(-g['lr']); mom.fill_(g['momentum'])
+    @torch.no_grad()
+    def run(self, grads:list[Tensor]):
+        for g, ps, gs, neg_lr, mom in zip(self.opt.param_groups, self.params, self.per_group(grads), self.neg_lr, self.mom):
+            for p, d in zip(ps, gs):
+                if g['weight_decay'] != 0: d = d.add(p, alpha=g['weight_decay'])
+                if g['momentum'] != 0:
+                    buf = self.opt.state[p]['momentum_buffer']
+                    buf.mul_(mom).add_(d, alpha=1 - g['dampening'])
+                    d = torch.addcmul(d, buf, mom) if g['nesterov'] else buf   # d + μ·buf, one rounding
+                p.addcmul_(d, neg_lr)                                          # p - η·d, one rounding
+
+# %% ../nbs/05_optim.ipynb #c40aeb38
+class AdamWUpdate(CapturedUpdate):
+    "torch's `AdamW` step (not `capturable`) with lr, β₁ and the bias corrections read from 0-dim tensors."
+    counter_keys = ('step',)
+    def __init__(self, opt, params):
+        super().__init__(opt, params)
+        self.parts = self.partition()        # per group, which parameters share a step count (usually all)
+        scalars = lambda dev: dict(decay=_scalar(dev), w1=_scalar(dev), bc2=_scalar(dev), neg_step=_scalar(dev))
+        self.sets = [[scalars(ps[0].device) for _ in range(max(part, default=-1) + 1)] for ps, part in zip(params, self.parts)]
+        self.t = [[sets[i] for i in part] for sets, part in zip(self.sets, self.parts)]
+    def partition(self)->tuple:
+        "Per group, for each parameter the index of its step count among the group's distinct counts."
+        out = []
+        for ps in self.params:
+            seen = {}
+            out.append(tuple(seen.setdefault(float(self.opt.state[p]['step']), len(seen)) for p in ps))
+        return tuple(out)
+    def settings(self)->tuple:
+        return (*((g['weight_decay'], g['betas'][1], g['eps']) for g in self.opt.param_groups), self.partition())
+    def tensors(self)->list[Tensor]: return [v for sets in self.sets for t in sets for v in t.values()]
+    def refresh(self):
+        "Count the step on the host as torch does, and write each step-count set's values once."
+        for g, ps, part, sets in zip(self.opt.param_groups, self.params, self.parts, self.sets):
+            lr, (b1, b2) = g['lr'], g['betas']
+            done = set()
+            for p, i in zip(ps, part):
+                step_t = self.opt.state[p]['step']
+                step_t += 1
+                if i in done: continue
+                done.add(i); t, step = sets[i], step_t.item()      # a CPU tensor: no device sync
+                t['decay'].fill_(1 - lr * g['weight_decay']); t['w1'].fill_(1 - b1)
+                t['bc2'].fill_((1 - b2 ** step) ** 0.5); t['neg_step'].fill_(-(lr / (1 - b1 ** step)))
+    @torch.no_grad()
+    def run(self, grads:list[Tensor]):
+        for g, ps, gs, ts in zip(self.opt.param_groups, self.params, self.per_group(grads), self.t):
+            b2, eps = g['betas'][1], g['eps']
+            for p, d, t in zip(ps, gs, ts):
+                s = self.opt.state[p]
+                if g['weight_decay'] != 0: p.mul_(t['decay'])
+                s['exp_avg'].lerp_(d, t['w1'])
+                s['exp_avg_sq'].mul_(b2).addcmul_(d, d, value=1 - b2)
+                denom = (s['exp_avg_sq'].sqrt() / t['bc2']).add_(eps)
+                if p.is_cuda: p.addcmul_(s['exp_avg'] / denom, t['neg_step'])  # as the CUDA kernel: fma(-step_size, m/denom, p)
+                else: p.addcdiv_(s['exp_avg'] * t['neg_step'], denom)          # as the CPU kernel: (-step_size·m)/denom + p
+
+# %% ../nbs/05_optim.ipynb #1534ebe2
+def update_blocker(opt:torch.optim.Optimizer)->str|None:
+    "Why the update of `opt` cannot be recorded, or None."
+    name = type(opt).__name__
+    if type(opt) not in (MuSGD, torch.optim.SGD, torch.optim.AdamW):
+        return f"the optimiser {name} has no recordable update (MuSGD, SGD and AdamW have)"
+    for g in opt.param_groups:
+        for k in ('maximize', 'differentiable', 'capturable', 'fused', 'amsgrad'):
+            if g.get(k): return f"{name} with {k}=True is not covered"
+        if any(isinstance(g.get(k), Tensor) for k in ('lr', 'momentum')) and type(opt) is not MuSGD:
+            return f"{name} with a tensor lr or momentum is not covered"
+        if any(p.is_sparse or p.is_complex() for p in g['params']): return f"{name} of sparse or complex parameters is not covered"
+    return None
+
+def captured_update(opt:torch.optim.Optimizer, params:list[list[Tensor]])->CapturedUpdate:
+    "The `CapturedUpdate` of `opt` (see `update_blocker`)."
+    return {MuSGD: MuSGDUpdate, torch.optim.SGD: SGDUpdate, torch.optim.AdamW: AdamWUpdate}[type(opt)](opt, params)
+
+def state_ready(opt:torch.optim.Optimizer, params:list[Tensor])->bool:
+    "Whether every parameter has its optimiser state (torch creates it lazily at the first step; MuSGD on demand)."
+    if isinstance(opt, MuSGD): opt.init_state(); return True
+    need = ('momentum_buffer',) if isinstance(opt, torch.optim.SGD) else ('step', 'exp_avg', 'exp_avg_sq')
+    return all(all(opt.state[p].get(k) is not None for k in need) for p in params)

@@ -1,4 +1,4 @@
-"""`--model.capture_segment_heads true`: the segment head's prediction calls and their backward recorded into CUDA graphs and replayed every training step, bit for bit as native.
+"""Named regions of the training step — the segment head's prediction calls and their backward (`--model.capture_segment_heads true`), the optimiser update (`--model.capture_optimizer_step true`) — recorded into CUDA graphs and replayed every step, bit for bit as native.
 
 Docs: https://lucid-nb.github.io/lucid_nb/recorder.html.md"""
 
@@ -15,13 +15,13 @@ from torch.nn.utils.stateless import _reparametrize_module
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 from .core import *
-from .loss import SegLoss
+from .optim import CapturedUpdate, captured_update, state_ready, update_blocker
 
 # %% auto #0
 __all__ = ['MIN_TORCH', 'log', 'autocast_state', 'head_autocast', 'CudaGraphs', 'EagerGraphs', 'input_signature', 'alignment',
            'grad_layout', 'non_overlapping', 'empty_with_layout', 'HeadGraphs', 'HeadReplay', 'head_blocker',
-           'fit_blocker', 'call_blocker', 'HeadRecorder', 'find_recorder', 'model_outputs', 'train_trace',
-           'test_traces_equal']
+           'fit_blocker', 'head_fit_blocker', 'call_blocker', 'Region', 'HeadRegion', 'UpdateMismatch', 'UpdateGraphs',
+           'update_fit_blocker', 'UpdateRegion', 'Recorder', 'model_outputs']
 
 # %% ../nbs/06_recorder.ipynb #f7c422cf
 def autocast_state(device_type:str)->dict:
@@ -290,20 +290,24 @@ def head_blocker(head:nn.Module)->str|None:
     if any(b.requires_grad for b in head.buffers()): return "a head buffer requires grad"
     return None
 
-def fit_blocker(trainer, module, head:nn.Module, backend=None)->str|None:
-    "Why this fit cannot record the head (checked once, at fit start), or None."
+def fit_blocker(trainer, module, backend=None)->str|None:
+    "Why this fit can record no region (checked once, at fit start), or None."
     if _torch_version() < MIN_TORCH:
         return f"torch {torch.__version__} is older than {'.'.join(map(str, MIN_TORCH))}"
     if trainer.world_size > 1 or trainer.num_devices > 1:
         return f"the run uses {max(trainer.world_size, trainer.num_devices)} devices; the recorder covers one"
     device = trainer.strategy.root_device
     if backend is None and device.type != 'cuda': return f"the run trains on {device.type}; the recorder needs a CUDA GPU"
-    if trainer.precision != 'bf16-mixed':
-        return f"--trainer.precision={trainer.precision}; the recorder covers bf16-mixed"
     if not module.automatic_optimization: return "the module uses manual optimisation"
     if trainer.accumulate_grad_batches > 1:
         return f"--trainer.accumulate_grad_batches={trainer.accumulate_grad_batches}; the recorder covers 1"
-    if getattr(trainer, '_detect_anomaly', False): return "anomaly detection is on (--trainer.detect_anomaly)"
+    return None
+
+def head_fit_blocker(trainer, module, head:nn.Module, backend=None)->str|None:
+    "Why this fit cannot record the head, or None."
+    if why := fit_blocker(trainer, module, backend): return why
+    if trainer.precision != 'bf16-mixed':
+        return f"--trainer.precision={trainer.precision}; the recorder covers bf16-mixed"
     return head_blocker(head)
 
 def call_blocker(head:nn.Module, recorded:nn.Module, graphs:HeadGraphs|None)->str|None:
@@ -311,7 +315,7 @@ def call_blocker(head:nn.Module, recorded:nn.Module, graphs:HeadGraphs|None)->st
     if head is not recorded: return "the head called is not the model's own head (e.g. a copy)"
     if not head.training: return "the head is in eval mode"
     if not torch.is_grad_enabled(): return "grad mode is off"
-    if torch.is_anomaly_enabled(): return "anomaly detection is on"
+    if torch.is_anomaly_enabled(): return "anomaly detection is on (torch.is_anomaly_enabled(), e.g. --trainer.detect_anomaly)"
     if graphs is None: return None
     if graphs.pending: return "a second head call before the backward of the first (its saved activations would be overwritten)"
     if autocast_state(graphs.device_type) != graphs.autocast:
@@ -321,37 +325,62 @@ def call_blocker(head:nn.Module, recorded:nn.Module, graphs:HeadGraphs|None)->st
 # %% ../nbs/06_recorder.ipynb #70ba06ed
 log = logging.getLogger('lucid_nb.recorder')
 
-class HeadRecorder(Callback):
-    "Records the segment head's prediction calls and backward at the first training batch; replays them every step."
-    graphs_type = HeadGraphs
+class Region:
+    "One named region of the training step that a `Recorder` records and replays: counts, reasons, the backend."
+    option, what = '', ''              # the command-line option, and what runs natively ('the head', 'the update')
     def __init__(self,
-                 backend=None,             # None: `CudaGraphs()` when training on a CUDA device; `EagerGraphs()` for tests
-                 head:str='model.head',    # attribute path of the head in the LightningModule
-                 max_records:int=3):       # recordings per fit before moved parameters make it give up
-        self.backend, self.head_path, self.max_records = backend, head, max_records
-        self.graphs, self.head, self.blocked = None, None, None
+                 backend=None,         # None: `CudaGraphs()` when the fit can record; `EagerGraphs()` for tests
+                 max_records:int=3):   # recordings per fit before moved tensors make it give up
+        self.backend, self.max_records = backend, max_records
+        self.graphs, self.blocked = None, None
         self.reset_stats()
 
-    def reset_stats(self):
-        self.replayed, self.native, self.reasons, self.recordings = 0, 0, {}, []
-        self.probes, self.native_backwards, self.layouts, self.probed, self.probe_signature = 0, 0, None, False, None
-        self.record_error = None
+    def reset_stats(self): self.replayed, self.native, self.reasons, self.recordings, self.record_error = 0, 0, {}, [], None
 
     def note(self, reason:str):
-        "Count a reason for a native head call; say it the first time."
-        if reason not in self.reasons: log.warning(f"capture_segment_heads: the head runs natively: {reason}")
+        "Count a reason for a native call; say it the first time."
+        if reason not in self.reasons: log.warning(f"{self.option}: {self.what} runs natively: {reason}")
         self.reasons[reason] = self.reasons.get(reason, 0) + 1
 
-    def start(self, head:nn.Module, blocked:str|None=None):
-        "Forget any recording and statistics; record `head` at its next call unless `blocked` says why not."
+    def begin(self, blocked:str|None=None):
+        "Forget any recording and statistics; record at the next call unless `blocked` says why not."
         self.release(); self.reset_stats()
-        self.head, self.blocked = head, blocked
+        self.blocked = blocked
         self.backend_ = self.backend or (CudaGraphs() if blocked is None else None)
         if blocked: self.note(blocked); self.reasons[blocked] = 0  # said once now; counted per call later
 
-    def on_fit_start(self, trainer, module):
+    def failed(self, e:Exception)->str:
+        "Keep a recording error's traceback (for recorder.json); return its first line."
+        self.record_error = traceback.format_exc()
+        return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+
+    def report(self)->dict:
+        return dict(backend=getattr(self.backend_, 'name', None), blocked=self.blocked, native_reasons=dict(self.reasons),
+                    recordings=list(self.recordings), record_error=self.record_error)
+
+    def release(self):
+        "Drop the recording (idempotent)."
+        if self.graphs is not None: self.graphs.release()
+        self.graphs = None
+
+class HeadRegion(Region):
+    "The segment head's prediction calls and backward: recorded at the first training batch, replayed every step."
+    graphs_type, option, what = HeadGraphs, 'capture_segment_heads', 'the head'
+    def __init__(self, backend=None, head:str='model.head', max_records:int=3):  # head: attribute path in the module
+        super().__init__(backend, max_records)
+        self.head_path, self.head = head, None
+
+    def reset_stats(self):
+        super().reset_stats()
+        self.probes, self.native_backwards, self.layouts, self.probed, self.probe_signature = 0, 0, None, False, None
+
+    def start(self, head:nn.Module, blocked:str|None=None):
+        "Record `head` at its next call unless `blocked` says why not."
+        self.begin(blocked); self.head = head
+
+    def fit_start(self, trainer, module):
         head = operator.attrgetter(self.head_path)(module)
-        self.start(head, fit_blocker(trainer, module, head, self.backend))
+        self.start(head, head_fit_blocker(trainer, module, head, self.backend))
 
     def predict(self, head:nn.Module, feats:list[Tensor])->dict[str,Tensor]:
         "The head's prediction calls on `feats`: replayed when possible, else native (`head.predict`)."
@@ -393,9 +422,7 @@ class HeadRecorder(Callback):
             try:
                 self.graphs = self.graphs_type(head, feats, self.backend_, self.layouts, alias_params)
                 break
-            except Exception as e:
-                errors.append(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
-                self.record_error = traceback.format_exc()  # the whole chain, for recorder.json: the first error matters
+            except Exception as e: errors.append(self.failed(e))  # the whole chain is kept: the first error matters
         else:
             self.blocked = f"recording failed ({errors[0]})"
             return self.blocked
@@ -403,91 +430,228 @@ class HeadRecorder(Callback):
                                     parameter_aliases=alias_params, first_attempt_error=errors[0] if errors else None))
         return None
 
-    def on_train_batch_start(self, trainer, module, batch, batch_idx):
+    def new_batch(self):
         if self.graphs is not None: self.graphs.pending = False  # a forward whose backward never ran (e.g. a skipped step)
+
+    def report(self)->dict:
+        "What the head region did in this fit."
+        backwards = self.native_backwards + (self.graphs.native_backwards if self.graphs is not None else 0)
+        return dict(super().report(), replayed_calls=self.replayed, layout_probe_calls=self.probes,
+                    native_calls=self.native, native_backwards_of_replayed_calls=backwards)
+
+    def summary(self)->str:
+        return (f"{self.replayed} head calls replayed, {self.probes} native to learn gradient layouts, "
+                f"{self.native} native fallbacks")
+
+    def release(self):
+        if self.graphs is not None: self.native_backwards += self.graphs.native_backwards
+        super().release()
+
+# %% ../nbs/06_recorder.ipynb #7d8a2764
+def _same_bytes(a:Tensor, b:Tensor)->bool: return a.dtype == b.dtype and a.shape == b.shape and tensor_bytes(a) == tensor_bytes(b)
+
+def _copy_all(dst:list[Tensor], src:list[Tensor]):
+    with torch.no_grad():
+        for d, s in zip(dst, src): d.copy_(s)
+
+class UpdateMismatch(RuntimeError): pass
+
+class UpdateGraphs:
+    "One recording of an optimiser's update, reading static gradient buffers; replayed through `replay`."
+    def __init__(self, update:CapturedUpdate, grads:list[Tensor], backend, pattern:tuple):
+        self.update, self.backend, self.pattern, self.released, self.applied = update, backend, pattern, False, False
+        self.settings, self.pointers = update.settings(), update.pointers()
+        self.static_grads = [torch.empty_strided(g.shape, g.stride(), dtype=g.dtype, device=g.device) for g in grads]
+        self.graph = None
+
+    def _run(self)->tuple: self.update.run(self.static_grads); return ()
+
+    def load(self, grads:list[Tensor]):
+        "Copy this step's gradients into the static buffers and write this step's scheduled values."
+        with torch.no_grad(): torch._foreach_copy_(self.static_grads, grads)
+        self.update.refresh()
+
+    def record(self, grads:list[Tensor], native):
+        "Apply this step's update natively (`native()`), then record and replay it; raise `UpdateMismatch` if they differ."
+        t0, mem0 = time.perf_counter(), self.backend.memory_reserved()
+        state, counters = self.update.state(), self.update.counters()
+        with torch.no_grad(): torch._foreach_copy_(self.static_grads, grads)   # before `native`: SGD may edit .grad
+        kept = [t.detach().clone() for t in state + counters]
+        native(); self.applied = True
+        want = [t.detach().clone() for t in state + counters]
+        ok = False
+        try:
+            _copy_all(state + counters, kept)
+            self.update.refresh()
+            self.backend.warm_up(self._run); _copy_all(state, kept)
+            self.graph, _ = self.backend.capture(self._run); _copy_all(state, kept)
+            self.backend.replay(self.graph)
+            bad = [i for i, (t, w) in enumerate(zip(state + counters, want)) if not _same_bytes(t, w)]
+            if bad: raise UpdateMismatch(f"the recorded update differs from {type(self.update.opt).__name__}.step in "
+                                         f"{len(bad)} of {len(want)} parameter and state tensors on this device")
+            ok = True
+        finally:
+            if not ok: _copy_all(state + counters, want)    # keep the native result
+        self.seconds, self.reserved_bytes = time.perf_counter() - t0, self.backend.memory_reserved() - mem0
+
+    def stale(self, opt)->str|None:
+        "Why this recording no longer fits `opt` (moved tensors, changed settings): record again."
+        if opt is not self.update.opt: return "the optimiser is another one"
+        if self.update.settings() != self.settings:
+            return "the optimiser's settings changed (a value baked into the recording, or which parameters share a step count)"
+        if self.update.pointers() != self.pointers: return "parameters or optimiser state were replaced (e.g. load_state_dict)"
+        return None
+
+    def mismatch(self, pattern:tuple)->str|None:
+        "Why this step must run natively: another set of parameters has gradients."
+        if pattern == self.pattern: return None
+        return (f"the parameters with a gradient changed ({sum(pattern)} of {len(pattern)}, {sum(self.pattern)} when "
+                "recorded); such steps run natively")
+
+    def replay(self, grads:list[Tensor]):
+        self.load(grads); self.backend.replay(self.graph)
+
+    def release(self): self.released, self.graph, self.static_grads = True, None, []
+
+# %% ../nbs/06_recorder.ipynb #24ee6ef2
+def _grad_pattern(opt)->tuple: return tuple(p.grad is not None for g in opt.param_groups for p in g['params'])
+
+def update_fit_blocker(trainer, module, backend=None)->str|None:
+    "Why this fit cannot record the optimiser update, or None."
+    if why := fit_blocker(trainer, module, backend): return why
+    if trainer.precision not in ('32-true', 'bf16-mixed', 'bf16-true'):
+        return f"--trainer.precision={trainer.precision}; the recorded update covers 32-true and bf16 (no grad scaler)"
+    return None
+
+def _hook_blocker(opt)->str|None:
+    from torch.optim import optimizer as _o
+    if opt._optimizer_step_pre_hooks or opt._optimizer_step_post_hooks or _o._global_optimizer_pre_hooks \
+       or _o._global_optimizer_post_hooks: return "optimizer step hooks are registered; they would not run on replay"
+    return None
+
+class UpdateRegion(Region):
+    "The optimiser's update: recorded at the first step that has optimiser state, replayed every step."
+    option, what = 'capture_optimizer_step', 'the update'
+    def reset_stats(self): super().reset_stats(); self.state_steps, self.recorded = 0, 0
+    def start(self, blocked:str|None=None): self.begin(blocked)
+    def fit_start(self, trainer, module): self.start(update_fit_blocker(trainer, module, self.backend))
+
+    def step(self, opt, closure=None, native=None):
+        "One optimiser step: the closure natively, then the update replayed when possible, else `native` (opt's step)."
+        native = native or opt.step
+        why = self.blocked or update_blocker(opt) or _hook_blocker(opt)
+        if why is not None:
+            self.note(why); self.native += 1
+            return native(closure)
+        loss = None
+        if closure is not None:
+            with torch.enable_grad(): loss = closure()
+        pattern = _grad_pattern(opt)
+        if self.graphs is not None and (again := self.graphs.stale(opt)):
+            log.warning(f"capture_optimizer_step: {again}; recording again")
+            self.release()
+        params = [[p for p in g['params'] if p.grad is not None] for g in opt.param_groups]
+        grads = [p.grad for ps in params for p in ps]
+        if self.graphs is None:
+            if not state_ready(opt, [p for ps in params for p in ps]):
+                self.state_steps += 1
+                if self.state_steps > 1: self.note("the optimiser has no state after its first step")
+                native(); return loss
+            return self.record(opt, params, grads, pattern, native) or loss
+        if why := self.graphs.mismatch(pattern):
+            self.note(why); self.native += 1
+            native(); return loss
+        self.graphs.replay(grads); self.replayed += 1
+        return loss
+
+    def record(self, opt, params, grads, pattern, native):
+        "Record the update on this step's gradients; the step is applied either way (natively if recording fails)."
+        if len(self.recordings) >= self.max_records:
+            self.blocked = f"the optimiser's tensors kept moving; stopped after {self.max_records} recordings"
+            self.note(self.blocked); self.native += 1
+            return native()
+        graphs = UpdateGraphs(captured_update(opt, params), grads, self.backend_, pattern)
+        try: graphs.record(grads, lambda: native())
+        except Exception as e:
+            if not graphs.applied: raise
+            self.blocked = f"recording failed ({self.failed(e)})"
+            self.note(self.blocked); self.native += 1
+            return None
+        self.graphs, self.recorded = graphs, self.recorded + 1
+        self.recordings.append(dict(seconds=graphs.seconds, reserved_mib=graphs.reserved_bytes / 2**20))
+        return None
+
+    def report(self)->dict:
+        "What the update region did in this fit."
+        return dict(super().report(), replayed_steps=self.replayed, recorded_steps=self.recorded,
+                    native_steps=self.native, first_steps_creating_state=self.state_steps)
+
+    def summary(self)->str:
+        return (f"{self.replayed} optimiser updates replayed, {self.recorded} recorded (checked against the native "
+                f"step), {self.state_steps} native creating the state, {self.native} native fallbacks")
+
+# %% ../nbs/06_recorder.ipynb #50f5c9fd
+class Recorder(Callback):
+    "Records named regions of the training step ('head', 'optimizer') at their first use in a fit; replays them."
+    def __init__(self,
+                 backend=None,             # None: `CudaGraphs()` per region when training on a CUDA device
+                 head:bool=True,           # record the head's prediction calls and backward
+                 optimizer:bool=False,     # record the optimiser update
+                 head_path:str='model.head', # attribute path of the head in the LightningModule
+                 max_records:int=3):       # recordings per region and fit before moved tensors make it give up
+        self.regions = {}
+        if head: self.regions['head'] = HeadRegion(backend, head_path, max_records)
+        if optimizer: self.regions['optimizer'] = UpdateRegion(backend, max_records)
+
+    def predict(self, head:nn.Module, feats:list[Tensor])->dict[str,Tensor]:
+        "The head's prediction calls, through the 'head' region if there is one."
+        r = self.regions.get('head')
+        return head.predict(feats) if r is None else r.predict(head, feats)
+
+    @contextlib.contextmanager
+    def stepping(self, opt:torch.optim.Optimizer):
+        "While the block runs, `opt.step` goes through the 'optimizer' region (its previous `step` is put back after)."
+        r = self.regions.get('optimizer')
+        if r is None: yield; return
+        own, native = vars(opt).get('step'), opt.step   # an LR scheduler keeps its own wrapper on the instance
+        opt.step = lambda closure=None: r.step(opt, closure, native)
+        try: yield
+        finally:
+            if own is None: del opt.step
+            else: opt.step = own
+
+    def on_fit_start(self, trainer, module):
+        for r in self.regions.values(): r.fit_start(trainer, module)
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx):
+        if 'head' in self.regions: self.regions['head'].new_batch()
 
     def on_load_checkpoint(self, trainer, module, checkpoint): self.release()
 
     def report(self)->dict:
-        "What the recorder did in this fit."
-        backwards = self.native_backwards + (self.graphs.native_backwards if self.graphs is not None else 0)
-        return dict(backend=getattr(self.backend_, 'name', None), blocked=self.blocked, replayed_calls=self.replayed,
-                    layout_probe_calls=self.probes, native_calls=self.native, native_reasons=dict(self.reasons),
-                    native_backwards_of_replayed_calls=backwards, recordings=list(self.recordings),
-                    record_error=self.record_error)
+        "What each region did in this fit."
+        return {name: r.report() for name, r in self.regions.items()}
 
     def on_fit_end(self, trainer, module):
-        r = self.report()
-        rec = r['recordings']
-        rank_zero_info(f"capture_segment_heads: {r['replayed_calls']} head calls replayed, {r['layout_probe_calls']} native "
-                       f"to learn gradient layouts, {r['native_calls']} native fallbacks"
-                       + (f"; recorded in {sum(x['seconds'] for x in rec):.2f} s, "
-                          f"{sum(x['reserved_mib'] for x in rec):.0f} MiB more reserved" if rec else ''))
+        for r in self.regions.values():
+            rec = r.recordings
+            rank_zero_info(f"{r.option}: {r.summary()}" + (f"; recorded in {sum(x['seconds'] for x in rec):.2f} s, "
+                           f"{sum(x['reserved_mib'] for x in rec):.0f} MiB more reserved" if rec else ''))
         if trainer.is_global_zero and (trainer.log_dir or trainer.default_root_dir):
             atomic_write(Path(trainer.log_dir or trainer.default_root_dir)/'recorder.json',
-                         json.dumps(r, indent=1, sort_keys=True).encode())
+                         json.dumps(self.report(), indent=1, sort_keys=True).encode())
         self.release()
 
     def teardown(self, trainer, module, stage): self.release()
     def on_exception(self, trainer, module, exception): self.release()
-
     def release(self):
-        "Drop the recording (idempotent)."
-        if self.graphs is not None:
-            self.native_backwards += self.graphs.native_backwards
-            self.graphs.release()
-        self.graphs = None
-
-
-def find_recorder(trainer)->HeadRecorder|None:
-    "The trainer's `HeadRecorder`, if it has one."
-    if trainer is None: return None
-    return next((c for c in trainer.callbacks if isinstance(c, HeadRecorder)), None)
+        "Drop every region's recording (idempotent)."
+        for r in self.regions.values(): r.release()
 
 # %% ../nbs/06_recorder.ipynb #cf30554a
-def model_outputs(model:nn.Module, img:Tensor, recorder:HeadRecorder|None=None)->dict:
+def model_outputs(model:nn.Module, img:Tensor, recorder=None)->dict: # recorder: a `Recorder` or `HeadRegion`
     "The segmentation model's training output, the head's prediction calls replayed by `recorder` when it can."
     feats = model.features(img)
     with head_autocast(img.device.type):
         raw = recorder.predict(model.head, feats) if recorder is not None else model.head.predict(feats)
     return model.head.assemble(raw)
-
-# %% ../nbs/06_recorder.ipynb #2895ffbb
-def train_trace(model:nn.Module,                 # trained in place
-                batches:list[dict],              # batches in the padded format (`img` uint8)
-                recorder:HeadRecorder|None=None, # None: native
-                lr:float=0.01,
-                loss_fn=None,                    # default `SegLoss(model.head.num_classes)`
-                set_to_none:bool=True,           # `zero_grad(set_to_none=...)`
-               )->dict:
-    "Per-step loss bytes and gradient digests (None for a None grad), and final state hashes, of a short SGD run."
-    dev = next(model.parameters()).device
-    loss_fn = loss_fn or SegLoss(model.head.num_classes)
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, nesterov=True)
-    if recorder is not None: recorder.start(model.head)
-    model.train()
-    steps = []
-    for batch in batches:
-        b = {k: v.to(dev) for k, v in batch.items()}
-        with torch.autocast(dev.type, dtype=torch.bfloat16):
-            losses = loss_fn(model_outputs(model, b['img'].float() / 255, recorder), b)
-        loss = sum(losses.values())
-        opt.zero_grad(set_to_none=set_to_none)
-        loss.backward()
-        steps.append(dict(loss=digest(loss.detach()),
-                          grads={n: None if p.grad is None else digest(p.grad) for n, p in model.named_parameters()}))
-        opt.step()
-        del loss, losses  # as Lightning does: the next step's recording must not see this step's autograd graph
-    if recorder is not None: recorder.release()
-    return dict(steps=steps, state=state_hashes(model=model, optimizer=opt))
-
-def test_traces_equal(a:dict, b:dict):
-    "Fail unless two `train_trace` results are identical; the message names the first step and tensor that differ."
-    for i, (sa, sb) in enumerate(zip(a['steps'], b['steps'])):
-        assert sa['loss'] == sb['loss'], f"step {i}: loss bytes differ"
-        for n in sa['grads']:
-            ga, gb = sa['grads'][n], sb['grads'][n]
-            assert (ga is None) == (gb is None), f"step {i}: {n}.grad is {ga and 'set'} vs {gb and 'set'}"
-            assert ga == gb, f"step {i}: {n}.grad bytes differ"
-    assert len(a['steps']) == len(b['steps']), "traces have different lengths"
-    assert a['state'] == b['state'], f"final state hashes differ: {a['state']} vs {b['state']}"

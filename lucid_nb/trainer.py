@@ -24,7 +24,7 @@ from .model import SCALES, yolo_seg
 from .loss import SegLoss
 from .optim import build_optimizer, build_schedule
 from .metrics import Validator, write_results, SUMMARY_NAMES
-from .recorder import HeadRecorder, find_recorder, model_outputs
+from .recorder import Recorder, model_outputs
 from pycocotools import mask as mask_utils
 import matplotlib.pyplot as plt
 from PIL import Image, ImageDraw
@@ -151,12 +151,16 @@ class LitYolo(L.LightningModule):
     capture_segment_heads : bool
         Record the segment head's prediction calls and their backward into CUDA graphs at the first training batch
         and replay them every step (`06_recorder`); results are bit-identical to native training. Off by default.
+    capture_optimizer_step : bool
+        Record the optimiser update (MuSGD, SGD or AdamW) into a CUDA graph at the first step that has optimiser
+        state, checked against the native step, and replay it every step (`06_recorder`). Off by default.
     """
     def __init__(self, size:Literal['n', 's', 'm']='n', num_classes:int=80, optimizer:Literal['sgd', 'adamw', 'musgd']='sgd', lr:float=0.01, momentum:float=0.937,
                  weight_decay:float=5e-4, warmup_epochs:float=3.0, warmup_bias_lr:float=0.1,
                  warmup_momentum:float=0.8, lrf:float=0.01, cosine:bool=False, box:float=7.5, cls:float=0.5,
                  dfl:float=1.5, seg:float=7.5, ema_decay:float=0.9999, ema_tau:float=2000.0, conf:float=0.001,
-                 iou:float=0.7, max_det:int=300, capture_segment_heads:bool=False):
+                 iou:float=0.7, max_det:int=300, capture_segment_heads:bool=False,
+                 capture_optimizer_step:bool=False):
         super().__init__()
         if size not in SCALES: raise ValueError(f"--model.size={size!r} is not a model size; allowed values: {', '.join(SCALES)}")
         self.save_hyperparameters()
@@ -165,6 +169,7 @@ class LitYolo(L.LightningModule):
         self.loss_fn = SegLoss(num_classes, box=box, cls=cls, dfl=dfl, seg=seg)
         self.validator = None   # built at the first validation, when the datamodule's categories are known
         self.last_losses = {}
+        self.recorder = None    # a `Recorder` with a capture option on (`configure_callbacks`)
 
     def on_load_checkpoint(self, checkpoint:dict):
         "Refuse a checkpoint of another architecture with a message that says which option differs."
@@ -180,7 +185,7 @@ class LitYolo(L.LightningModule):
 # %% ../nbs/08_trainer.ipynb #53fde761
 @patch
 def training_step(self:LitYolo, batch:dict, batch_idx:int)->Tensor:
-    losses = self.loss_fn(model_outputs(self.model, batch['img'], find_recorder(self._trainer)), batch)
+    losses = self.loss_fn(model_outputs(self.model, batch['img'], self.recorder), batch)
     self.last_losses = {k: v.detach() for k, v in losses.items()}
     B = batch['img'].shape[0]
     self.log_train_terms(self.last_losses, B)
@@ -222,6 +227,14 @@ def configure_optimizers(self:LitYolo):
     sched = build_schedule(opt, epochs=epochs, steps_per_epoch=steps, warmup_epochs=h.warmup_epochs,
                            warmup_bias_lr=h.warmup_bias_lr, warmup_momentum=h.warmup_momentum, lrf=h.lrf, cosine=h.cosine)
     return {'optimizer': opt, 'lr_scheduler': {'scheduler': sched, 'interval': 'step'}}
+
+# %% ../nbs/08_trainer.ipynb #167e6bd5
+@patch
+def optimizer_step(self:LitYolo, epoch:int, batch_idx:int, optimizer, optimizer_closure=None):
+    "Lightning's step; with `capture_optimizer_step` the recorder replays the update (the closure and clipping stay native)."
+    if self.recorder is None: return super(LitYolo, self).optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
+    with self.recorder.stepping(getattr(optimizer, "optimizer", optimizer)):
+        return super(LitYolo, self).optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
 
 # %% ../nbs/08_trainer.ipynb #686375c5
 @patch
@@ -597,11 +610,13 @@ def default_callbacks()->list:
 
 @patch
 def configure_callbacks(self:LitYolo):
-    "Checkpoints, run artifacts, the prediction writer, the step-loss progress bar, and the head recorder with `capture_segment_heads`."
-    extra = [HeadRecorder()] if self.hparams.capture_segment_heads and find_recorder(self._trainer) is None else []
+    "Checkpoints, run artifacts, the prediction writer, the step-loss progress bar, and the recorder with `capture_segment_heads` or `capture_optimizer_step`."
+    h, extra = self.hparams, []
+    if self.recorder is None and (h.capture_segment_heads or h.capture_optimizer_step):
+        self.recorder = Recorder(head=h.capture_segment_heads, optimizer=h.capture_optimizer_step)
     bar = self._trainer.progress_bar_callback if self._trainer is not None else None
     if type(bar) is TQDMProgressBar: extra.append(StepLossBar(bar.refresh_rate))
-    return default_callbacks() + extra
+    return default_callbacks() + ([self.recorder] if self.recorder is not None else []) + extra
 
 HELP = {'description': "lucid: YOLO-style instance segmentation (lucid_nb). Subcommands: fit, validate, test, predict "
                         "(Lightning's), and export (`lucid export --help`).",

@@ -4,7 +4,12 @@ from pathlib import Path
 
 from lightning.pytorch.callbacks import Callback
 
-from lucid_nb.core import digest
+import torch
+from torch import nn
+
+from lucid_nb.core import digest, state_hashes
+from lucid_nb.loss import SegLoss
+from lucid_nb.recorder import model_outputs
 from lucid_nb.trainer import cli_main, main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -27,8 +32,9 @@ class StopAfterFirstEpoch(Callback):
         if trainer.current_epoch == 0: trainer.should_stop = True
 
 
-def fit(tmp: Path, *extra, callbacks=(), ckpt=None, epochs: int = 2, version: str | None = None):
+def fit(tmp: Path, *extra, callbacks=(), ckpt=None, epochs: int = 2, version: str | None = None, recorder=None):
     cli = cli_main(tiny(tmp, *extra, epochs=epochs, version=version)[1:], run=False)
+    if recorder is not None: cli.model.recorder = recorder   # e.g. `Recorder(backend=EagerGraphs())`
     cli.trainer.callbacks.extend(callbacks)
     cli.trainer.fit(cli.model, cli.datamodule, ckpt_path=ckpt)
     run = Path(cli.trainer.log_dir)
@@ -66,3 +72,44 @@ class WaitForSignal(Callback):
         Path(os.environ['WAIT_MARKER']).touch()
         deadline = time.monotonic() + 300
         while not trainer.received_sigterm and time.monotonic() < deadline: time.sleep(0.05)
+
+
+# The recorder's parity harness: a short SGD run, native or with the head replayed (`06_recorder`).
+def train_trace(model:nn.Module,                 # trained in place
+                batches:list[dict],              # batches in the padded format (`img` uint8)
+                recorder=None,                   # a `HeadRegion`; None: native
+                lr:float=0.01,
+                loss_fn=None,                    # default `SegLoss(model.head.num_classes)`
+                set_to_none:bool=True,           # `zero_grad(set_to_none=...)`
+               )->dict:
+    "Per-step loss bytes and gradient digests (None for a None grad), and final state hashes, of a short SGD run."
+    dev = next(model.parameters()).device
+    loss_fn = loss_fn or SegLoss(model.head.num_classes)
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, nesterov=True)
+    if recorder is not None: recorder.start(model.head)
+    model.train()
+    steps = []
+    for batch in batches:
+        b = {k: v.to(dev) for k, v in batch.items()}
+        with torch.autocast(dev.type, dtype=torch.bfloat16):
+            losses = loss_fn(model_outputs(model, b['img'].float() / 255, recorder), b)
+        loss = sum(losses.values())
+        opt.zero_grad(set_to_none=set_to_none)
+        loss.backward()
+        steps.append(dict(loss=digest(loss.detach()),
+                          grads={n: None if p.grad is None else digest(p.grad) for n, p in model.named_parameters()}))
+        opt.step()
+        del loss, losses  # as Lightning does: the next step's recording must not see this step's autograd graph
+    if recorder is not None: recorder.release()
+    return dict(steps=steps, state=state_hashes(model=model, optimizer=opt))
+
+def test_traces_equal(a:dict, b:dict):
+    "Fail unless two `train_trace` results are identical; the message names the first step and tensor that differ."
+    for i, (sa, sb) in enumerate(zip(a['steps'], b['steps'])):
+        assert sa['loss'] == sb['loss'], f"step {i}: loss bytes differ"
+        for n in sa['grads']:
+            ga, gb = sa['grads'][n], sb['grads'][n]
+            assert (ga is None) == (gb is None), f"step {i}: {n}.grad is {ga and 'set'} vs {gb and 'set'}"
+            assert ga == gb, f"step {i}: {n}.grad bytes differ"
+    assert len(a['steps']) == len(b['steps']), "traces have different lengths"
+    assert a['state'] == b['state'], f"final state hashes differ: {a['state']} vs {b['state']}"

@@ -1,5 +1,5 @@
 """Tests of `lucid_nb.metrics`: NMS against a brute-force greedy reference, the mask path, COCO results JSON and COCOeval."""
-import hashlib, json
+import copy, hashlib, json
 
 import numpy as np
 import pytest
@@ -7,10 +7,16 @@ import torch
 from pycocotools import mask as mask_utils
 from pycocotools.coco import COCO
 
-from lucid_nb.core import MASK_STRIDE
+from pycocotools.cocoeval import COCOeval
+
+from lucid_nb.core import EMBEDDED_ANNOTATIONS, MASK_STRIDE
 from lucid_nb.core import test_bytes_equal as assert_bytes_equal
-from lucid_nb.metrics import (COCO80_IDS, STAT_NAMES, Validator, box_iou, coco_evaluate, coco_results, masks_to_rle,
-                              nms, nms_reference, quiet, rle_encode, unletterbox_boxes, unletterbox_masks, write_results)
+from lucid_nb.loss import crop_mask
+from lucid_nb.metrics import (COCO80_IDS, STAT_NAMES, Validator, box_iou, coco_evaluate, coco_results, load_coco,
+                              masks_to_rle, nms, nms_reference, proto_masks, quiet, results_bytes, rle_encode,
+                              unletterbox_boxes, unletterbox_masks, write_results)
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA GPU')
 
 
 # ---------------------------------------------------------------------------------------------------------------- IoU
@@ -141,7 +147,7 @@ def test_soft_mask_round_trip_area(hw):
     rle = masks_to_rle(torch.ones(1, 1), proto, lbox, lb, (H, W))
     want = (box[0, 2] - box[0, 0]) * (box[0, 3] - box[0, 1])
     assert abs(mask_utils.area(rle)[0] / want.item() - 1) < .03
-    tol = MASK_STRIDE / 2 / s + 1  # the crop on the prototype grid may move an edge by up to half a cell
+    tol = MASK_STRIDE / s + 1  # the crop on the prototype grid (corner rule: cells from ceil(x1)) may move an edge by up to a cell
     got = torch.tensor(mask_utils.toBbox(rle)[0], dtype=torch.float32)
     assert ((got - torch.cat([box[0, :2], box[0, 2:] - box[0, :2]])).abs() <= tol).all()
 
@@ -157,21 +163,102 @@ def test_unletterbox_masks_matches_grid_sample():
     torch.testing.assert_close(unletterbox_masks(m, torch.tensor(lb), torch.tensor([H, W])), want, rtol=0, atol=1e-5)
 
 
-def test_rle_encode_matches_pycocotools():
-    "Byte-identical to pycocotools' encode: random, empty, full, first-pixel-set, one-pixel and smooth masks."
-    g = torch.Generator().manual_seed(0)
-    yy, xx = torch.meshgrid(torch.arange(17.), torch.arange(23.), indexing='ij')
-    one = torch.zeros(17, 23, dtype=torch.bool); one[5, 7] = True
-    corner = torch.zeros(17, 23, dtype=torch.bool); corner[0, 0] = True
-    m = torch.cat([torch.rand(3, 17, 23, generator=g) > .5, torch.zeros(1, 17, 23, dtype=torch.bool),
-                   torch.ones(1, 17, 23, dtype=torch.bool), one[None], corner[None],
-                   (((xx - 11) / 8) ** 2 + ((yy - 8) / 5) ** 2 <= 1)[None]])
-    rles = rle_encode(m)
-    assert len(rles) == len(m)
-    for r, mi in zip(rles, m.numpy().astype(np.uint8)):
-        want = mask_utils.encode(np.asfortranarray(mi))
-        assert r == dict(size=want['size'], counts=want['counts'].decode()) and mask_utils.area(r) == mi.sum()
+def _encode(masks):
+    "pycocotools' `encode`, mask by mask, with `counts` as str: the reference."
+    out = []
+    for m in masks.cpu().numpy().astype(np.uint8):
+        r = mask_utils.encode(np.asfortranarray(m))
+        out.append(dict(size=r['size'], counts=r['counts'].decode('ascii')))
+    return out
+
+
+def _edge_masks(H, W, g):
+    "Empty, full, random, sparse, one pixel at each corner (and its complement), each border, halves."
+    z = torch.zeros(H, W, dtype=torch.bool)
+    ms = [z, ~z, torch.rand(H, W, generator=g) > .5, torch.rand(H, W, generator=g) > .97]
+    for r, c in ((0, 0), (0, W - 1), (H - 1, 0), (H - 1, W - 1)):
+        m = z.clone(); m[r, c] = True; ms += [m, ~m]
+    for sl in (np.s_[0, :], np.s_[-1, :], np.s_[:, 0], np.s_[:, -1], np.s_[:, W // 2:], np.s_[H // 3:, :], np.s_[1:-1, 1:-1]):
+        m = z.clone(); m[sl] = True; ms.append(m)
+    return torch.stack(ms)
+
+
+@pytest.mark.parametrize('hw', [(1, 1), (1, 9), (7, 1), (2, 3), (17, 23), (96, 64), (427, 640), (1025, 1024)])
+def test_rle_encode_matches_pycocotools(hw):
+    "Byte-identical to pycocotools' encode, edge cases and all sizes (1025 x 1024: counts above 2^20, 5 characters)."
+    m = _edge_masks(*hw, torch.Generator().manual_seed(sum(hw)))
+    assert rle_encode(m) == _encode(m)
+
+
+def test_rle_encode_random_sizes_and_shapes():
+    "Fuzz: random sizes, random rectangles and blobs, long runs crossing columns, masks that differ by one pixel."
+    g = torch.Generator().manual_seed(7)
+    for _ in range(40):
+        H, W = (int(v) for v in torch.randint(1, 90, (2,), generator=g))
+        n = int(torch.randint(1, 12, (1,), generator=g))
+        x = torch.rand(n, H, W, generator=g)
+        m = x > torch.rand(n, 1, 1, generator=g)                                  # each mask its own density
+        xy = torch.randint(0, max(H, W), (n, 4), generator=g)
+        yy, xx = torch.arange(H)[:, None], torch.arange(W)[None]
+        rect = (xx >= xy[:, 0, None, None]) & (xx < xy[:, 2, None, None]) & (yy >= xy[:, 1, None, None]) & (yy < xy[:, 3, None, None])
+        both = torch.cat([m, rect, rect ^ m])
+        assert rle_encode(both) == _encode(both)
     assert rle_encode(torch.zeros(0, 5, 5, dtype=torch.bool)) == []
+
+
+def _masks_to_rle_before(coef, proto, boxes, letterbox, orig_hw, offset):
+    "The path before the crop rule was unified: crop tested at `offset` (.5: cell centres), pycocotools' encode on the host."
+    def window(b, h, w):
+        x, y = torch.arange(w, dtype=b.dtype) + offset, torch.arange(h, dtype=b.dtype) + offset
+        return ((y >= b[:, 1, None]) & (y < b[:, 3, None]))[:, :, None] & ((x >= b[:, 0, None]) & (x < b[:, 2, None]))[:, None, :]
+    P, h, w = proto.shape
+    soft = (coef.float() @ proto.float().reshape(P, -1)).sigmoid().reshape(-1, h, w)
+    soft = soft * window(boxes.float() / MASK_STRIDE, h, w)
+    m = unletterbox_masks(soft, letterbox, orig_hw) > .5
+    return _encode(m & window(unletterbox_boxes(boxes, letterbox, orig_hw), *m.shape[1:]))
+
+
+def _random_masks_input(seed, n=40, S=64, P=8):
+    g = torch.Generator().manual_seed(seed)
+    xy = torch.rand(n, 2, generator=g) * S * .8
+    boxes = torch.cat([xy, (xy + torch.rand(n, 2, generator=g) * S * .5 + 1).clamp(max=S)], 1)
+    return torch.randn(n, P, generator=g), torch.randn(P, S // 4, S // 4, generator=g) * 3, boxes
+
+
+@pytest.mark.parametrize('lb,hw', [((.5, 8., 0.), (128, 96)), ((.2, 0., 7.3), (250, 320)), ((.137, 3.1, 9.6), (331, 421))])
+def test_masks_to_rle_old_vs_new(lb, hw):
+    "New path = the old one with the loss's corner rule (any box); = the old centre rule on boxes on the cell grid."
+    coef, proto, boxes = _random_masks_input(0)
+    new = masks_to_rle(coef, proto, boxes, lb, hw, max_pixels=3 * hw[0] * hw[1])  # several chunks
+    assert new == _masks_to_rle_before(coef, proto, boxes, lb, hw, offset=0.)
+    grid = (boxes / 4).round() * 4                              # edges on prototype cells ...
+    ob = unletterbox_boxes(grid, lb, hw)
+    on_px = (ob.round() == ob).all(1)                           # ... and on original pixels: both rules agree there
+    if lb[0] == .5: assert on_px.all()
+    new = masks_to_rle(coef[on_px], proto, grid[on_px], lb, hw)
+    assert new == _masks_to_rle_before(coef[on_px], proto, grid[on_px], lb, hw, offset=.5)
+    assert masks_to_rle(coef, proto, boxes, lb, hw) != _masks_to_rle_before(coef, proto, boxes, lb, hw, offset=.5)
+
+
+def test_proto_crop_is_the_loss_crop():
+    "The prototype-grid window of every detection is exactly the loss's `crop_mask` of its box."
+    _, _, boxes = _random_masks_input(3, n=200)
+    inside = proto_masks(torch.ones(200, 1), torch.full((1, 16, 16), 30.), boxes) > 0
+    assert torch.equal(inside, crop_mask(boxes * (16 / 64), 16, 16))
+
+
+@cuda
+@pytest.mark.cuda
+def test_rle_encode_on_cuda_equals_cpu():
+    g = torch.Generator().manual_seed(0)
+    m = torch.cat([_edge_masks(427, 640, g), torch.rand(200, 427, 640, generator=g) > torch.rand(200, 1, 1, generator=g)])
+    assert rle_encode(m.cuda()) == rle_encode(m) == _encode(m)
+    coef, proto, boxes = _random_masks_input(1, n=300)
+    lb, hw = (.137, 3.1, 9.6), (331, 421)
+    got = masks_to_rle(coef.cuda(), proto.cuda(), boxes.cuda(), lb, hw)
+    assert got == masks_to_rle(coef.cuda(), proto.cuda(), boxes.cuda(), lb, hw)     # deterministic on the device
+    agree = sum(a == b for a, b in zip(got, masks_to_rle(coef, proto, boxes, lb, hw)))
+    assert agree >= .95 * len(got)  # CPU and GPU sigmoid/lerp may differ in a last bit at the 0.5 level
 
 
 # ------------------------------------------------------------------------------------------------- COCO results, eval
@@ -238,6 +325,20 @@ def test_validator_worse_predictions_score_lower():
     v.update(*_gt_head_output(rects, shift=6.))
     st = v.compute(coco)
     assert st['mAP50-95(B)'] < .6 and st['mAP50-95(M)'] < .6
+
+
+@cuda
+@pytest.mark.cuda
+def test_validator_on_cuda_same_bytes_as_cpu():
+    "The predictions JSON from CUDA head outputs: the same bytes run after run, and the same as from the CPU."
+    coco, rects = _gt()
+    eval_out, batch = _gt_head_output(rects, shift=1.37)
+    blobs = []
+    for dev in ('cuda', 'cuda', 'cpu'):
+        v = Validator(cat_ids=CATS)
+        v.update({k: t.to(dev) for k, t in eval_out.items()}, {k: t.to(dev) for k, t in batch.items()})
+        blobs.append(results_bytes(v.results))
+    assert blobs[0] == blobs[1] == blobs[2]
 
 
 def test_results_json_is_valid_coco(tmp_path):
@@ -311,3 +412,72 @@ def test_write_results_failure_leaves_no_temp_file(tmp_path):
         write_results(tmp_path / 'out.json', [])
     assert [p.name for p in tmp_path.iterdir()] == ['out.json']
     assert write_results(tmp_path / 'empty.json', []) == hashlib.sha256(b'[]').hexdigest()
+
+
+# ------------------------------------------------------------------------------- COCOeval: our call vs pycocotools' own
+def _encode_np(m):
+    r = mask_utils.encode(np.asfortranarray(m))
+    return dict(size=r['size'], counts=r['counts'].decode('ascii'))
+
+
+def _perturbed_gt_results(coco, ids, seed=0, per_gt=6, false_pos=30):
+    "Many detections: jittered copies of each ground-truth object (some of the wrong class), on crowd regions too, and false positives of any of the 80 classes; scores with ties."
+    rng = np.random.default_rng(seed)
+    res = []
+    for iid in ids:
+        img = coco.imgs[iid]; H, W = img['height'], img['width']
+        for a in coco.loadAnns(coco.getAnnIds(imgIds=[iid])):            # crowd regions included
+            m = coco.annToMask(a)
+            for j in range(per_gt):
+                dx, dy = (int(v) for v in rng.integers(-6, 7, 2))
+                mm = np.roll(m, (dy, dx), (0, 1))
+                if j % 4 == 3: mm = np.maximum(mm, np.roll(mm, 3, 0))      # a fatter mask
+                x, y, w, h = a['bbox']; s = rng.uniform(.8, 1.25, 2)
+                c = a['category_id'] if rng.random() > .2 else int(rng.choice(COCO80_IDS))
+                res.append(dict(image_id=iid, category_id=c, bbox=[round(x + dx, 3), round(y + dy, 3), round(w * s[0], 3), round(h * s[1], 3)],
+                                score=round(int(rng.integers(1, 20)) / 20, 5), segmentation=_encode_np(mm)))
+        for _ in range(false_pos):
+            x0, y0 = int(rng.integers(0, W - 2)), int(rng.integers(0, H - 2))
+            w, h = int(rng.integers(1, min(120, W - x0) + 1)), int(rng.integers(1, min(120, H - y0) + 1))
+            mm = np.zeros((H, W), np.uint8); mm[y0:y0 + h, x0:x0 + w] = 1
+            res.append(dict(image_id=iid, category_id=int(rng.choice(COCO80_IDS)), bbox=[float(x0), float(y0), float(w), float(h)],
+                            score=round(float(rng.random()), 5), segmentation=_encode_np(mm)))
+    return res
+
+
+def _pycocotools_stats(coco, results, ids, COCO=COCO, COCOeval=COCOeval):
+    "The 24 numbers as pycocotools' README computes them: full ground truth, default parameters, one results list per iouType."
+    out = []
+    for iou_type, drop in (('bbox', 'segmentation'), ('segm', 'bbox')):
+        gt = COCO(); gt.dataset = copy.deepcopy(coco.dataset); quiet(gt.createIndex)
+        dt = quiet(gt.loadRes, [{k: v for k, v in r.items() if k != drop} for r in copy.deepcopy(results)])[0]
+        E = COCOeval(gt, dt, iou_type); E.params.imgIds = sorted(ids)
+        quiet(E.evaluate); quiet(E.accumulate); quiet(E.summarize)
+        out += E.stats.tolist()
+    return out
+
+
+def test_coco_evaluate_equals_pycocotools_exactly():
+    "All 24 numbers bit-equal to a plain COCOeval run, on the 32 validation images with ~2,400 detections (crowd regions, false positives of classes absent from the ground truth, tied scores)."
+    coco = load_coco(EMBEDDED_ANNOTATIONS)
+    ids = [im['id'] for im in sorted(coco.dataset['images'], key=lambda im: im['file_name'])[-32:]]
+    res = _perturbed_gt_results(coco, ids)
+    assert len(res) > 2000 and any(a['iscrowd'] for a in coco.loadAnns(coco.getAnnIds(imgIds=ids)))
+    gt_cats = {a['category_id'] for a in coco.loadAnns(coco.getAnnIds(imgIds=ids))}
+    assert sum(r['category_id'] not in gt_cats for r in res) > 300     # the category restriction has work to skip
+    before = json.dumps(coco.dataset, sort_keys=True)
+    st = coco_evaluate(coco, res, ids)
+    want = _pycocotools_stats(coco, res, ids)
+    got = [st[f'{t}/{n}'] for t in ('bbox', 'segm') for n in STAT_NAMES]
+    assert got == want                                                 # exactly: ==, no tolerance
+    assert 0 < st['mAP50-95(B)'] < 1 and 0 < st['mAP50-95(M)'] < 1
+    assert json.dumps(coco.dataset, sort_keys=True) == before          # the ground truth is left as it was
+
+
+def test_ultrafast_pycocotools_equals_pycocotools():
+    "The evaluator `coco_evaluate` runs (ultrafast-pycocotools): its 24 numbers must be pycocotools' exactly."
+    import ultrafast_pycocotools.coco as uc, ultrafast_pycocotools.cocoeval as ue
+    coco = load_coco(EMBEDDED_ANNOTATIONS)
+    ids = [im['id'] for im in sorted(coco.dataset['images'], key=lambda im: im['file_name'])[-32:]]
+    res = _perturbed_gt_results(coco, ids, seed=1)
+    assert _pycocotools_stats(coco, res, ids, uc.COCO, ue.COCOeval) == _pycocotools_stats(coco, res, ids)

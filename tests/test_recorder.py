@@ -1,31 +1,33 @@
-"""The recorder's bookkeeping on the CPU, through real Lightning fits: replayed training is bit-identical to native
-(across EMA validation and a resume), every fallback is one clear line, recordings are released on every exit path,
-moved parameters are re-recorded. The `EagerGraphs` backend stands in for CUDA graphs (see `06_recorder`)."""
-import json, logging
+"""The recorder's bookkeeping on the CPU, through real Lightning fits: replayed training (the head, the optimiser
+update, both) is bit-identical to native (across EMA validation, warm-up, clipping and a resume), every fallback is one
+clear line, recordings are released on every exit path, moved parameters and optimiser state are re-recorded.
+The `EagerGraphs` backend stands in for CUDA graphs (see `06_recorder`)."""
+import copy, json, logging
 from types import SimpleNamespace
 
 import pytest, torch
 from torch import nn
 from lightning.pytorch.callbacks import Callback
 
-from lucid_nb.core import synth_batch
+from lucid_nb.core import digest, synth_batch
 from lucid_nb.model import yolo_seg
 from lucid_nb.loss import SegLoss
-from lucid_nb.recorder import (EagerGraphs, HeadRecorder, fit_blocker, head_blocker, model_outputs,
-                               train_trace)
-from lucid_nb import recorder
+from lucid_nb.optim import SGDUpdate, build_optimizer, build_schedule
+from lucid_nb.recorder import (EagerGraphs, HeadRegion, Recorder, UpdateRegion, head_blocker, head_fit_blocker,
+                               model_outputs, update_fit_blocker)
 
-from helpers import StepLosses, StopAfterFirstEpoch, fit, hashes_only
+from helpers import StepLosses, StopAfterFirstEpoch, fit, hashes_only, train_trace
+from helpers import test_traces_equal as traces_equal   # (not collected as a test)
 
 BF16 = ('--trainer.precision', 'bf16-mixed')
 LOGGER = 'lucid_nb.recorder'
 
 
 def recorded_fit(tmp, *extra, ckpt=None, backend=None, callbacks=()):
-    rec = HeadRecorder(backend=EagerGraphs() if backend is None else backend)
+    rec = Recorder(backend=EagerGraphs() if backend is None else backend)
     losses = StepLosses()
-    cli, run, h = fit(tmp, *BF16, *extra, callbacks=[rec, losses, *callbacks], ckpt=ckpt)
-    return rec, losses.steps, run, h
+    cli, run, h = fit(tmp, *BF16, *extra, callbacks=[losses, *callbacks], ckpt=ckpt, recorder=rec)
+    return rec.regions['head'], losses.steps, run, h
 
 
 @pytest.fixture(scope='module')
@@ -40,7 +42,7 @@ def test_replayed_fit_is_bitwise_native(native, tmp_path):
     rec, steps, run, h = recorded_fit(tmp_path)
     assert steps == native[0] and len(steps) == 4
     assert hashes_only(h) == hashes_only(native[1])       # model, optimiser, scheduler, EMA, loss, predictions JSON
-    report = json.loads((run / 'recorder.json').read_text())
+    report = json.loads((run / 'recorder.json').read_text())['head']
     assert (report['layout_probe_calls'], report['replayed_calls'], report['native_calls']) == (1, 3, 0)
     assert report['backend'] == 'eager' and report['native_backwards_of_replayed_calls'] == 0
     assert len(report['recordings']) == 1 and rec.graphs is None   # released at fit end
@@ -59,19 +61,20 @@ def test_flag_adds_the_recorder_and_falls_back_on_cpu(tmp_path, caplog):
     cli, run, _ = fit(tmp_path, '--model.capture_segment_heads', 'true')
     lines = [r.getMessage() for r in caplog.records if r.name == LOGGER]
     assert lines == ['capture_segment_heads: the head runs natively: the run trains on cpu; the recorder needs a CUDA GPU']
-    report = json.loads((run / 'recorder.json').read_text())
+    report = json.loads((run / 'recorder.json').read_text())['head']
     assert report['replayed_calls'] == 0 and report['native_calls'] == 4
 
 
 @pytest.mark.parametrize('extra, says', [
     ((), '--trainer.precision=32-true; the recorder covers bf16-mixed'),
     ((*BF16, '--trainer.accumulate_grad_batches', '2'), '--trainer.accumulate_grad_batches=2; the recorder covers 1'),
-    ((*BF16, '--trainer.detect_anomaly', 'true'), 'anomaly detection is on (--trainer.detect_anomaly)'),
+    ((*BF16, '--trainer.detect_anomaly', 'true'), 'anomaly detection is on (torch.is_anomaly_enabled(), e.g. --trainer.detect_anomaly)'),
 ])
 def test_unsupported_setups_train_natively_with_one_line(tmp_path, caplog, extra, says):
     caplog.set_level(logging.WARNING, LOGGER)
-    rec = HeadRecorder(backend=EagerGraphs())
-    fit(tmp_path, *extra, callbacks=[rec])
+    rec = Recorder(backend=EagerGraphs())
+    fit(tmp_path, *extra, recorder=rec)
+    rec = rec.regions['head']
     lines = [r.getMessage() for r in caplog.records if r.name == LOGGER]
     assert len(lines) == 1 and lines[0].endswith(says), lines
     assert rec.replayed == 0 and rec.native == 4 and rec.reasons == {says: 4}
@@ -79,17 +82,17 @@ def test_unsupported_setups_train_natively_with_one_line(tmp_path, caplog, extra
 
 def trainer_stub(**kw):
     t = dict(world_size=1, num_devices=1, strategy=SimpleNamespace(root_device=torch.device('cuda')),
-             precision='bf16-mixed', accumulate_grad_batches=1, _detect_anomaly=False)
+             precision='bf16-mixed', accumulate_grad_batches=1)
     return SimpleNamespace(**{**t, **kw})
 
 
 def test_fit_blockers(monkeypatch):
     head, module = yolo_seg('n', 4).head, SimpleNamespace(automatic_optimization=True)
-    assert fit_blocker(trainer_stub(), module, head) is None
-    assert 'uses 2 devices' in fit_blocker(trainer_stub(world_size=2, num_devices=2), module, head)
-    assert 'manual optimisation' in fit_blocker(trainer_stub(), SimpleNamespace(automatic_optimization=False), head)
+    assert head_fit_blocker(trainer_stub(), module, head) is None
+    assert 'uses 2 devices' in head_fit_blocker(trainer_stub(world_size=2, num_devices=2), module, head)
+    assert 'manual optimisation' in head_fit_blocker(trainer_stub(), SimpleNamespace(automatic_optimization=False), head)
     monkeypatch.setattr(torch, '__version__', '2.8.1+cu128')
-    assert fit_blocker(trainer_stub(), module, head) == 'torch 2.8.1+cu128 is older than 2.9'
+    assert head_fit_blocker(trainer_stub(), module, head) == 'torch 2.8.1+cu128 is older than 2.9'
 
 
 def test_head_blockers():
@@ -119,13 +122,14 @@ class FailAtStep(Callback):
 
 
 def test_released_on_exception(tmp_path):
-    rec = HeadRecorder(backend=EagerGraphs())
+    whole = Recorder(backend=EagerGraphs(), optimizer=True); rec, upd = whole.regions['head'], whole.regions['optimizer']
     seen = []
     class Spy(Callback):
-        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx): seen.append(rec.graphs)
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx): seen.append((rec.graphs, upd.graphs))
     with pytest.raises(RuntimeError, match='injected failure'):
-        fit(tmp_path, *BF16, callbacks=[rec, Spy(), FailAtStep(2)])
-    assert rec.graphs is None and seen[-1] is not None and seen[-1].released
+        fit(tmp_path, *BF16, callbacks=[Spy(), FailAtStep(2)], recorder=whole)
+    assert rec.graphs is None and upd.graphs is None
+    assert all(g is not None and g.released for g in seen[-1])
 
 
 class FailingBackend(EagerGraphs):
@@ -151,7 +155,7 @@ def one_step(model, rec, batch):
 def test_moved_parameters_are_recorded_again(caplog):
     caplog.set_level(logging.WARNING, LOGGER)
     torch.manual_seed(0); model = yolo_seg('n', 4)
-    rec = HeadRecorder(backend=EagerGraphs(), max_records=2)
+    rec = HeadRegion(backend=EagerGraphs(), max_records=2)
     rec.start(model.head)
     batch = synth_batch(B=2, S=64, K=4)
     one_step(model, rec, batch); one_step(model, rec, batch)     # learn the gradient layouts; record and replay
@@ -167,12 +171,12 @@ def test_moved_parameters_are_recorded_again(caplog):
 
 
 def test_checkpoint_load_releases():
-    rec = HeadRecorder(backend=EagerGraphs())
+    whole = Recorder(backend=EagerGraphs()); rec = whole.regions['head']
     torch.manual_seed(0); model = yolo_seg('n', 4)
     rec.start(model.head)
     for _ in range(2): one_step(model, rec, synth_batch(B=2, S=64, K=4))
     graphs = rec.graphs
-    rec.on_load_checkpoint(None, None, {})
+    whole.on_load_checkpoint(None, None, {})
     assert rec.graphs is None and graphs.released
     with pytest.raises(RuntimeError, match='released'): graphs.backward(graphs.generation, ())
 
@@ -185,8 +189,8 @@ def test_frozen_branch_and_frozen_features():
         return m
     batches = [synth_batch(B=2, S=64, K=4, seed=s) for s in range(2)]
     a = train_trace(frozen(), batches)
-    b = train_trace(frozen(), batches, HeadRecorder(backend=EagerGraphs()))
-    recorder.test_traces_equal(a, b)
+    b = train_trace(frozen(), batches, HeadRegion(backend=EagerGraphs()))
+    traces_equal(a, b)
     assert all(b['steps'][0]['grads'][n] is None for n in b['steps'][0]['grads'] if n.startswith(('head.box.2', 'backbone')))
 
 
@@ -202,7 +206,7 @@ class LayoutSwitchingLoss(SegLoss):
 def test_gradient_layouts_are_learned_and_checked():
     "The recording's gradient inputs copy the loss's strided layout; a backward laid out otherwise runs natively."
     torch.manual_seed(0); model = yolo_seg('n', 4)
-    rec = HeadRecorder(backend=EagerGraphs()); rec.start(model.head)
+    rec = HeadRegion(backend=EagerGraphs()); rec.start(model.head)
     batch = synth_batch(B=2, S=64, K=4)
     for _ in range(2):
         with torch.autocast('cpu', dtype=torch.bfloat16):
@@ -213,9 +217,9 @@ def test_gradient_layouts_are_learned_and_checked():
     def fresh(): torch.manual_seed(0); return yolo_seg('n', 4)
     batches = [synth_batch(B=2, S=64, K=4, seed=s) for s in range(5)]
     LayoutSwitchingLoss.calls = 0; a = train_trace(fresh(), batches, loss_fn=LayoutSwitchingLoss(4))
-    LayoutSwitchingLoss.calls = 0; rec = HeadRecorder(backend=EagerGraphs())
+    LayoutSwitchingLoss.calls = 0; rec = HeadRegion(backend=EagerGraphs())
     b = train_trace(fresh(), batches, rec, loss_fn=LayoutSwitchingLoss(4))
-    recorder.test_traces_equal(a, b)
+    traces_equal(a, b)
     assert rec.replayed == 4 and rec.native_backwards == 2   # the contiguous-gradient steps went native
 
 
@@ -233,7 +237,179 @@ def test_failed_recording_is_retried_with_parameter_aliases(native, tmp_path):
     rec, steps, run, h = recorded_fit(tmp_path, backend=FailFirstCapture())
     assert steps == native[0] and hashes_only(h) == hashes_only(native[1])
     assert (rec.probes, rec.replayed, rec.native) == (1, 3, 0)
-    (r,) = json.loads((run / 'recorder.json').read_text())['recordings']
+    (r,) = json.loads((run / 'recorder.json').read_text())['head']['recordings']
     assert r['parameter_aliases'] and 'legacy stream' in r['first_attempt_error']
     # the aliases were swapped in only while recording: the head holds its own Parameters again
     assert all(type(p) is nn.Parameter for p in rec.head.parameters())
+
+
+# ---- the optimiser update as a region (`--model.capture_optimizer_step`) ----
+WARM = ('--model.warmup_epochs', '1')   # every step of the tiny fit is in warm-up: lr and momentum change each step
+OPT_LINE = 'capture_optimizer_step: the update runs natively: '
+
+
+def optimizer_fit(tmp, opt, *extra, head=False, ckpt=None, callbacks=()):
+    rec = Recorder(backend=EagerGraphs(), head=head, optimizer=True)
+    losses = StepLosses()
+    _, run, h = fit(tmp, '--model.optimizer', opt, *WARM, *extra, callbacks=[losses, *callbacks], ckpt=ckpt, recorder=rec)
+    return rec, losses.steps, json.loads((run / 'recorder.json').read_text()), h
+
+
+def native_fit(tmp, opt, *extra, callbacks=()):
+    losses = StepLosses()
+    _, _, h = fit(tmp, '--model.optimizer', opt, *WARM, *extra, callbacks=[losses, *callbacks])
+    return losses.steps, h
+
+
+@pytest.mark.parametrize('opt, first_native', [('sgd', 1), ('adamw', 1), ('musgd', 0)])
+def test_replayed_update_is_bitwise_native(tmp_path, opt, first_native):
+    "Parameters, every optimiser state tensor, the schedule and the EMA: the same bytes after a fit with warm-up."
+    steps, h = native_fit(tmp_path / 'native', opt)
+    rec, steps_r, report, h_r = optimizer_fit(tmp_path / 'replay', opt)
+    assert steps_r == steps and hashes_only(h_r) == hashes_only(h)
+    r = report['optimizer']
+    assert (r['first_steps_creating_state'], r['recorded_steps'], r['replayed_steps'], r['native_steps']) == \
+        (first_native, 1, 3 - first_native, 0), r
+    assert rec.regions['optimizer'].graphs is None     # released at fit end
+
+
+def test_both_regions_with_clipping_are_bitwise_native(tmp_path):
+    "Head and update replayed together, gradients clipped by Lightning before the (replayed) update."
+    clip = ('--trainer.gradient_clip_val', '0.05', *BF16)
+    steps, h = native_fit(tmp_path / 'native', 'sgd', *clip)
+    rec, steps_r, report, h_r = optimizer_fit(tmp_path / 'replay', 'sgd', *clip, head=True)
+    assert steps_r == steps and hashes_only(h_r) == hashes_only(h)
+    assert report['optimizer']['replayed_steps'] == 2 and report['head']['replayed_calls'] == 3, report
+
+
+def test_resumed_update_is_recorded_again(tmp_path):
+    "`load_state_dict` gives new state tensors: the resumed fit records again (after its first step) and ends as native."
+    steps, h = native_fit(tmp_path / 'native', 'sgd')
+    _, _, first, _ = optimizer_fit(tmp_path, 'sgd', callbacks=[StopAfterFirstEpoch()])
+    run = next((tmp_path / 'runs').rglob('last.ckpt'))
+    rec, steps_r, report, h_r = optimizer_fit(tmp_path, 'sgd', ckpt=str(run))
+    assert steps_r == steps[2:] and hashes_only(h_r) == hashes_only(h)
+    r = report['optimizer']
+    assert (r['first_steps_creating_state'], r['recorded_steps'], r['replayed_steps']) == (0, 1, 1), r
+
+
+def test_flag_on_cpu_trains_natively_with_one_line(tmp_path, caplog):
+    caplog.set_level(logging.WARNING, LOGGER)
+    _, run, h = fit(tmp_path, '--model.capture_optimizer_step', 'true')
+    lines = [r.getMessage() for r in caplog.records if r.name == LOGGER]
+    assert lines == [OPT_LINE + 'the run trains on cpu; the recorder needs a CUDA GPU']
+    r = json.loads((run / 'recorder.json').read_text())
+    assert list(r) == ['optimizer'] and r['optimizer']['native_steps'] == 4
+
+
+def test_accumulation_trains_natively_with_one_line(tmp_path, caplog):
+    caplog.set_level(logging.WARNING, LOGGER)
+    rec, _, report, _ = optimizer_fit(tmp_path, 'sgd', '--trainer.accumulate_grad_batches', '2')
+    lines = [r.getMessage() for r in caplog.records if r.name == LOGGER]
+    assert lines == [OPT_LINE + '--trainer.accumulate_grad_batches=2; the recorder covers 1']
+    assert report['optimizer']['replayed_steps'] == 0
+
+
+def test_update_fit_blockers(monkeypatch):
+    module = SimpleNamespace(automatic_optimization=True)
+    assert update_fit_blocker(trainer_stub(), module) is None
+    assert update_fit_blocker(trainer_stub(precision='32-true'), module) is None
+    assert 'no grad scaler' in update_fit_blocker(trainer_stub(precision='16-mixed'), module)
+    assert 'manual optimisation' in update_fit_blocker(trainer_stub(), SimpleNamespace(automatic_optimization=False))
+    assert 'uses 2 devices' in update_fit_blocker(trainer_stub(world_size=2, num_devices=2), module)
+    monkeypatch.setattr(torch, '__version__', '2.8.1+cu128')
+    assert update_fit_blocker(trainer_stub(), module) == 'torch 2.8.1+cu128 is older than 2.9'
+
+
+def tiny_pair(name='sgd'):
+    "Two identical small nets with their optimisers and schedules (warm-up: lr and momentum change every step)."
+    out = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        net = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.Conv2d(8, 4, 1), nn.Flatten(), nn.Linear(4 * 36, 5))
+        opt = build_optimizer(net, name, lr=0.05)
+        out.append((net, opt, build_schedule(opt, epochs=2, steps_per_epoch=4, warmup_epochs=1, min_warmup_iters=4)))
+    return out
+
+
+def step_both(pair, region, seed, drop=()):
+    "One step of the native pair member and of the region's; the parameters in `drop` get no gradient."
+    torch.manual_seed(seed)
+    grads = [torch.randn_like(p) for p in pair[0][0].parameters()]
+    for (net, opt, sched), how in zip(pair, ('native', 'region')):
+        for i, (p, g) in enumerate(zip(net.parameters(), grads)): p.grad = None if i in drop else g.clone()
+        opt.step() if how == 'native' else region.step(opt)
+        sched.step()
+    (a, oa, _), (b, ob, _) = pair
+    assert digest(a.state_dict()) == digest(b.state_dict()) and digest(oa.state_dict()) == digest(ob.state_dict())
+
+
+
+@pytest.mark.parametrize('name, counts', [('sgd', (1, 1, 3, 1)), ('adamw', (1, 2, 2, 1))])
+def test_changed_grad_pattern_runs_natively(caplog, name, counts):
+    "A step where a parameter has no gradient runs natively; AdamW's step counts then differ, so it records again."
+    caplog.set_level(logging.WARNING, LOGGER)
+    pair, region = tiny_pair(name), UpdateRegion(EagerGraphs())
+    region.start()
+    for i in range(3): step_both(pair, region, i)
+    step_both(pair, region, 3, drop={0})                   # a frozen conv: its update must not run
+    for i in range(4, 6): step_both(pair, region, i)
+    assert (region.state_steps, region.recorded, region.replayed, region.native) == counts
+    lines = [r.getMessage() for r in caplog.records if r.name == LOGGER]
+    assert 'parameters with a gradient changed' in lines[0], lines
+    assert lines[1:] == ([] if name == 'sgd' else ["capture_optimizer_step: the optimiser's settings changed (a value baked into the recording, or "
+                                                 "which parameters share a step count); recording again"])
+
+
+def test_moved_state_is_recorded_again(caplog):
+    "A `load_state_dict` (new state tensors) between steps: the next step records again and stays bitwise native."
+    caplog.set_level(logging.WARNING, LOGGER)
+    pair, region = tiny_pair(), UpdateRegion(EagerGraphs())
+    region.start()
+    for i in range(3): step_both(pair, region, i)
+    _, opt, _ = pair[1]
+    opt.load_state_dict(copy.deepcopy(opt.state_dict()))   # new state tensors, as from a checkpoint
+    for i in range(3, 5): step_both(pair, region, i)
+    assert (region.recorded, region.replayed, len(region.recordings)) == (2, 2, 2)
+    assert any('recording again' in r.getMessage() for r in caplog.records)
+
+
+def test_an_update_that_differs_is_caught_when_recorded(monkeypatch, caplog):
+    "If the recorded arithmetic differs in one bit from the optimiser's step, the native result is kept and said."
+    caplog.set_level(logging.WARNING, LOGGER)
+    run = SGDUpdate.run
+    def off_by_a_bit(self, grads):
+        run(self, grads)
+        with torch.no_grad(): self.flat[0].view(-1)[0] = torch.nextafter(self.flat[0].view(-1)[0], torch.tensor(9.))
+    monkeypatch.setattr(SGDUpdate, 'run', off_by_a_bit)
+    pair, region = tiny_pair(), UpdateRegion(EagerGraphs())
+    region.start()
+    for i in range(4): step_both(pair, region, i)
+    assert region.graphs is None and region.replayed == 0 and region.native == 3   # the recorded step and two more
+    lines = [r.getMessage() for r in caplog.records if r.name == LOGGER]
+    assert len(lines) == 1 and 'differs from SGD.step in 1 of' in lines[0], lines
+
+
+def test_uncapturable_optimiser_and_hooks_run_natively(caplog):
+    caplog.set_level(logging.WARNING, LOGGER)
+    net = nn.Linear(3, 2); region = UpdateRegion(EagerGraphs()); region.start()
+    net.weight.grad, net.bias.grad = torch.ones(2, 3), torch.ones(2)
+    region.step(torch.optim.Adam(net.parameters()))
+    opt = build_optimizer(net, 'sgd'); h = opt.register_step_post_hook(lambda *a: None)
+    region.step(opt); h.remove()
+    lines = [r.getMessage() for r in caplog.records if r.name == LOGGER]
+    assert lines == [OPT_LINE + 'the optimiser Adam has no recordable update (MuSGD, SGD and AdamW have)',
+                     OPT_LINE + 'optimizer step hooks are registered; they would not run on replay']
+
+
+def test_stepping_puts_the_step_back():
+    "`Recorder.stepping` routes `opt.step` only inside the block; an LR scheduler's wrapper on the instance comes back."
+    net = nn.Linear(3, 2)
+    opt = build_optimizer(net, 'sgd'); build_schedule(opt, epochs=1, steps_per_epoch=2)
+    wrapper, rec = vars(opt)['step'], Recorder(EagerGraphs(), head=False, optimizer=True)
+    with rec.stepping(opt): assert opt.step is not wrapper
+    assert vars(opt)['step'] is wrapper
+    plain = build_optimizer(net, 'sgd')
+    with rec.stepping(plain): assert 'step' in vars(plain)
+    assert 'step' not in vars(plain)
+    with Recorder(EagerGraphs()).stepping(plain): assert 'step' not in vars(plain)   # no 'optimizer' region: untouched

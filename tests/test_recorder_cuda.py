@@ -3,7 +3,8 @@
 Trainer-level: a fit with `--model.capture_segment_heads true` equals the native fit step by step (loss bytes) and at
 the end (model, optimiser, scheduler, EMA, loss, predictions JSON), across EMA validation and a save/resume, within
 one process and across processes with deterministic cuDNN settings. Step-level: gradients of every parameter,
-including a batch with an image without instances."""
+including a batch with an image without instances. Optimiser update: MuSGD, SGD and AdamW recorded vs their own `step`
+over warm-up steps, and a fit with both captures on equal to the native fit."""
 import json, os, subprocess, sys
 from pathlib import Path
 
@@ -11,16 +12,19 @@ import pytest, torch
 
 from lucid_nb.core import synth_batch
 from lucid_nb.model import yolo_seg
-from lucid_nb.recorder import HeadRecorder, train_trace
-from lucid_nb import recorder
+from lucid_nb.core import digest
+from lucid_nb.optim import build_optimizer, build_schedule
+from lucid_nb.recorder import HeadRegion, UpdateRegion
 
-from helpers import StepLosses, StopAfterFirstEpoch, fit, hashes_only, tiny
+from helpers import StepLosses, StopAfterFirstEpoch, fit, hashes_only, tiny, train_trace
+from helpers import test_traces_equal as traces_equal   # (not collected as a test)
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA GPU')]
 
 GPU = ('--trainer.accelerator', 'gpu', '--trainer.devices', '1', '--trainer.precision', 'bf16-mixed',
        '--trainer.limit_train_batches', '6', '--data.imgsz', '320', '--data.batch_size', '4', '--data.val_count', '8')
 CAPTURE = ('--model.capture_segment_heads', 'true')
+BOTH = (*CAPTURE, '--model.capture_optimizer_step', 'true')
 
 
 def gpu_fit(tmp, *extra, ckpt=None, callbacks=()):
@@ -39,7 +43,7 @@ def test_fit_replay_equals_native(native, tmp_path):
     steps, run, h = gpu_fit(tmp_path, *CAPTURE)
     assert len(steps) == 12 and steps == native[0]
     assert hashes_only(h) == hashes_only(native[2])
-    report = json.loads((run / 'recorder.json').read_text())
+    report = json.loads((run / 'recorder.json').read_text())['head']
     assert report['backend'] == 'cuda' and (report['layout_probe_calls'], report['replayed_calls']) == (1, 11), report
     assert report['native_calls'] == 0 and report['native_backwards_of_replayed_calls'] == 0, report
 
@@ -48,7 +52,7 @@ def test_resumed_replay_equals_native(native, tmp_path):
     _, run, _ = gpu_fit(tmp_path, *CAPTURE, callbacks=[StopAfterFirstEpoch()])
     steps, run2, h = gpu_fit(tmp_path, *CAPTURE, ckpt=str(run / 'checkpoints' / 'last.ckpt'))
     assert steps == native[0][6:] and hashes_only(h) == hashes_only(native[2])
-    assert json.loads((run2 / 'recorder.json').read_text())['replayed_calls'] == 5
+    assert json.loads((run2 / 'recorder.json').read_text())['head']['replayed_calls'] == 5
 
 
 def test_step_gradients_with_an_empty_image():
@@ -56,10 +60,10 @@ def test_step_gradients_with_an_empty_image():
     batches = [synth_batch(B=4, S=640, M=16, K=80, seed=s, empty=True) for s in range(4)]
     def fresh(): torch.manual_seed(0); return yolo_seg('n', 80).cuda()
     native, control = train_trace(fresh(), batches), train_trace(fresh(), batches)
-    rec = HeadRecorder()
+    rec = HeadRegion()
     replay = train_trace(fresh(), batches, rec)
-    recorder.test_traces_equal(native, control)
-    recorder.test_traces_equal(native, replay)
+    traces_equal(native, control)
+    traces_equal(native, replay)
     assert (rec.probes, rec.replayed, rec.native, rec.native_backwards) == (1, 3, 0, 0), rec.report()
 
 
@@ -75,3 +79,32 @@ def test_cross_process_hashes(tmp_path):
         assert r.returncode == 0, r.stderr[-3000:]
         hashes[arm] = hashes_only(json.loads(next(runs.rglob('state_hashes.json')).read_text()))
     assert hashes['native'] == hashes['replay'] and 'predictions' in hashes['native']
+
+
+@pytest.mark.parametrize('name', ['musgd', 'sgd', 'adamw'])
+def test_update_replay_equals_native(name):
+    "The recorded update of each optimiser vs its own `step`, 8 warm-up steps (lr, momentum change): every tensor equal."
+    def fresh(): torch.manual_seed(0); return yolo_seg('n', 80).cuda()
+    nets = [fresh(), fresh()]
+    opts = [build_optimizer(n, name) for n in nets]
+    scheds = [build_schedule(o, epochs=2, steps_per_epoch=8, warmup_epochs=1, min_warmup_iters=8) for o in opts]
+    region = UpdateRegion(); region.start()
+    for i in range(8):
+        g = torch.Generator(device='cuda').manual_seed(i)
+        grads = [torch.randn(p.shape, device='cuda', generator=g) * 1e-2 for p in nets[0].parameters()]
+        for n in nets:
+            for p, gr in zip(n.parameters(), grads): p.grad = gr.clone()
+        opts[0].step(); region.step(opts[1])
+        for s in scheds: s.step()
+        assert digest(nets[0].state_dict()) == digest(nets[1].state_dict()), f"step {i}: parameters differ"
+        assert digest(opts[0].state_dict()) == digest(opts[1].state_dict()), f"step {i}: optimiser state differs"
+    r = region.report()
+    assert r['backend'] == 'cuda' and r['replayed_steps'] >= 5 and r['native_steps'] == 0, r
+
+
+def test_fit_with_both_captures_equals_native(native, tmp_path):
+    steps, run, h = gpu_fit(tmp_path, *BOTH)
+    assert steps == native[0] and hashes_only(h) == hashes_only(native[2])
+    report = json.loads((run / 'recorder.json').read_text())
+    assert report['head']['replayed_calls'] == 11 and report['optimizer']['replayed_steps'] == 10, report
+    assert report['optimizer']['native_steps'] == 0 and report['optimizer']['recorded_steps'] == 1, report

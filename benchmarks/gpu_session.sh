@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Everything the project measures on the lent GPU machine, by stage (its own torch; the wheels it lacks carried in
+# .whl/, Ultralytics' comparator in .ulcmp/ — see benchmarks/README.md):
+#   bash benchmarks/gpu_session.sh tests                 # pytest -m cuda: recorder, optimiser replay, metrics, no-sync step
+#   bash benchmarks/gpu_session.sh notebooks NB...       # every cell of the notebooks, outputs saved at 1x, copied to $OUT
+#   bash benchmarks/gpu_session.sh validation            # benchmarks/validation_speed.py on the GPU
+#   bash benchmarks/gpu_session.sh memory startup        # memory_probe.py, profile_startup.py
+#   bash benchmarks/gpu_session.sh ref4x3                # reference_run.py: 3 rounds of native, head+optim, ul at batch 4
+# Results go to $OUT/results (copy them into benchmarks/results/). Export LUCID_NB_COMMIT=<commit> first: the copied
+# tree's .git may be stale on that machine, and env_info() records this value.
+set -uo pipefail
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl >/dev/null || exit 1
+export PYTHONPATH=$PWD:/tmp/site PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT/results"
+python3 -c "import torch, lightning; print('torch', torch.__version__, 'lightning', lightning.__version__, torch.cuda.get_device_name(0))"
+status=0; nbs=()
+for stage in "$@"; do case $stage in *.ipynb) nbs+=("$stage") ;; esac; done
+for stage in "$@"; do
+  t=$SECONDS
+  case $stage in
+    *.ipynb) continue ;;
+    tests) python3 -m pytest -q -m cuda -p no:cacheprovider -W ignore tests/test_recorder_cuda.py tests/test_optim.py \
+             tests/test_trainer_cuda.py tests/test_metrics.py > "$OUT/results/pytest_cuda.log" 2>&1 || status=1
+           grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/results/pytest_cuda.log" | tail -12 ;;
+    notebooks) python3 benchmarks/run_notebooks.py "${nbs[@]}" 2>&1 | grep -E "PASSED|FAILED|Error|error" | tail -20 || status=1
+               cp "${nbs[@]}" "$OUT/" ;;
+    validation) python3 benchmarks/validation_speed.py --device cuda --out "$OUT/results" 2>&1 | tail -8 || status=1 ;;
+    memory) python3 benchmarks/memory_probe.py --out "$OUT/results" 2>&1 | grep -A3 '"peaks"' || status=1 ;;
+    startup) python3 benchmarks/profile_startup.py --out "$OUT/results" 2>&1 | grep " s$" || status=1 ;;
+    ref*) b=${stage#ref}; b=${b%x*}; n=${stage#*x}
+          python3 benchmarks/reference_run.py --rounds "$n" --batch-size "$b" --arms "${ARMS:-native,head+optim,ul}" \
+            --out "$OUT/results" 2>&1 | grep -E "^round|->|Error|error" || status=1 ;;
+    *) echo "unknown stage $stage"; status=1 ;;
+  esac
+  echo "== $stage: $((SECONDS - t)) s"
+done
+exit $status
