@@ -14,7 +14,7 @@ from torch import Tensor
 # %% auto #0
 __all__ = ['BATCH_KEYS', 'MASK_STRIDE', 'EMBEDDED_DATA', 'CONFIGS', 'EMBEDDED_IMAGES', 'EMBEDDED_ANNOTATIONS', 'TEST_IMG',
            'package_dir', 'repo_root', 'env_info', 'env_card', 'module_pointers', 'tensor_bytes', 'digest',
-           'state_hashes', 'atomic_write', 'test_bytes_equal', 'test_grads_equal', 'synth_batch']
+           'state_hashes', 'current_umask', 'atomic_write', 'test_bytes_equal', 'test_grads_equal', 'synth_batch']
 
 # %% ../nbs/00_core.ipynb #00d8c748
 BATCH_KEYS = ('img', 'boxes', 'cls', 'valid', 'masks', 'image_id', 'orig_hw', 'letterbox', 'hsv')
@@ -104,11 +104,16 @@ def state_hashes(**parts)->dict:
     return h
 
 # %% ../nbs/00_core.ipynb #fa2428ce
+def current_umask()->int:
+    "This process's umask (read by setting it and setting it back)."
+    m = os.umask(0o22); os.umask(m); return m
+
 def atomic_write(path, data:bytes)->Path:
     "Write `data` to `path` through a temporary file in the same folder, fsync, then `os.replace`."
     path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix='.tmp')
     try:
+        os.fchmod(fd, 0o666 & ~current_umask())
         with os.fdopen(fd, 'wb') as f: f.write(data); f.flush(); os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:

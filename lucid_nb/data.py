@@ -6,13 +6,14 @@ Docs: https://lucid-nb.github.io/lucid_nb/data.html.md"""
 
 # %% ../nbs/01_data.ipynb #ff747adc
 from __future__ import annotations
-import argparse, hashlib, io, json, logging, math, os, queue, tempfile, threading, time
+import argparse, glob, hashlib, io, json, logging, math, os, queue, tempfile, threading, time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import redirect_stdout, suppress
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from typing import Literal
 import numpy as np, torch, lightning as L
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from PIL import Image
@@ -23,13 +24,13 @@ from torch.utils.data import DataLoader, Dataset
 from .core import *
 
 # %% auto #0
-__all__ = ['log', 'BAD_INPUT_POLICIES', 'CACHE_MODES', 'ORIENTATION_TAG', 'ORIENTATIONS', 'CACHE_FORMAT', 'BadInputError',
-           'DataReport', 'load_coco_json', 'coco_categories', 'to_coco', 'Instance', 'ImageRecord', 'read_records',
-           'to_rgb', 'exif_orientation', 'check_size', 'load_rgb', 'Prepared', 'prepare', 'translate',
+__all__ = ['log', 'BAD_INPUT_POLICIES', 'CACHE_MODES', 'ORIENTATION_TAG', 'ORIENTATIONS', 'CACHE_FORMAT', 'IMAGE_SUFFIXES',
+           'BadInputError', 'DataReport', 'load_coco_json', 'coco_categories', 'to_coco', 'Instance', 'ImageRecord',
+           'read_records', 'to_rgb', 'exif_orientation', 'check_size', 'load_rgb', 'Prepared', 'prepare', 'translate',
            'letterbox_params', 'random_affine', 'warp_image', 'mosaic_canvas', 'place_instances', 'AugSettings',
            'build_sample', 'collate', 'hsv_jitter', 'prepared_bytes', 'prepared_from_bytes', 'DiskCache',
-           'default_cache_dir', 'YoloDataset', 'EpochBatchSampler', 'YoloLoader', 'YoloData', 'show_batch', 'data_cli',
-           'data_main']
+           'default_cache_dir', 'YoloDataset', 'EpochBatchSampler', 'YoloLoader', 'YoloData', 'image_files', 'pil_rgb',
+           'prepare_image', 'image_batch', 'ImageFiles', 'show_batch', 'data_cli', 'data_main']
 
 # %% ../nbs/01_data.ipynb #f1c891ef
 log = logging.getLogger('lucid_nb.data')
@@ -828,13 +829,16 @@ class YoloData(L.LightningDataModule):
         Seed of the shuffle order and every augmentation draw.
     max_epochs : int | None
         Epoch count for `close_mosaic`. None: the attached trainer's `max_epochs`.
+    predict_images : str | None
+        What `lucid predict` runs on: a folder, a glob pattern or one image file (no annotations needed). None: the
+        validation images.
     """
     def __init__(self, train_images:str|None=None, train_annotations:str|None=None, val_images:str|None=None,
                  val_annotations:str|None=None, val_count:int=32, imgsz:int=640, batch_size:int=4, workers:int=0,
-                 cache:str='ram', cache_dir:str|None=None, prefetch:bool=True, max_instances:int=100,
-                 on_bad_input:str='skip', fliplr:float=.5, degrees:float=0., translate:float=.1, scale:float=.5,
+                 cache:Literal['none', 'ram', 'disk']='ram', cache_dir:str|None=None, prefetch:bool=True, max_instances:int=100,
+                 on_bad_input:Literal['skip', 'error']='skip', fliplr:float=.5, degrees:float=0., translate:float=.1, scale:float=.5,
                  shear:float=0., mosaic:float=1., close_mosaic:int=10, hsv_h:float=.015, hsv_s:float=.7, hsv_v:float=.4,
-                 seed:int=0, max_epochs:int|None=None):
+                 seed:int=0, max_epochs:int|None=None, predict_images:str|None=None):
         super().__init__()
         _check_options(dict(locals()))
         self.save_hyperparameters()
@@ -978,6 +982,67 @@ YoloData._mosaic_until, YoloData._make_loader = _mosaic_until, _make_loader
 YoloData.train_dataloader, YoloData.val_dataloader, YoloData.teardown = _train_dataloader, _val_dataloader, _teardown
 YoloData.predict_dataloader, YoloData.test_dataloader = _predict_dataloader, _test_dataloader
 YoloData.on_after_batch_transfer = _on_after_batch_transfer
+
+# %% ../nbs/01_data.ipynb #9fdecac6
+IMAGE_SUFFIXES = ('.jpg', '.jpeg', '.png', '.bmp', '.gif', '.tif', '.tiff', '.webp')
+
+def image_files(path:str|Path)->list[Path]:
+    "The image files of a folder (sorted, not recursive), of a glob pattern (sorted), or one file."
+    p = Path(path)
+    if p.is_file(): return [p]
+    found = p.iterdir() if p.is_dir() else map(Path, glob.glob(str(path), recursive=True))
+    files = sorted(f for f in found if f.suffix.lower() in IMAGE_SUFFIXES and f.is_file())
+    if not files: raise FileNotFoundError(f"{path}: no image files ({', '.join(IMAGE_SUFFIXES)}) found there")
+    return files
+
+# %% ../nbs/01_data.ipynb #a5a11101
+def pil_rgb(im:Image.Image)->np.ndarray:
+    "(H,W,3) uint8 RGB of a PIL image as displayed (EXIF orientation applied), as `load_rgb` reads files."
+    o = exif_orientation(im)
+    return np.array(to_rgb(im if o == 1 else im.transpose(ORIENTATIONS[o][0])))
+
+def prepare_image(img:np.ndarray, imgsz:int, image_id:int=0)->Prepared:
+    "An (H,W,3) uint8 RGB image resized as `prepare` resizes (long side = imgsz), with no instances."
+    H, W = img.shape[:2]; h, w = _resized_hw((H, W), imgsz)
+    if (h, w) != (H, W): img = np.array(Image.fromarray(img).resize((w, h), Image.BILINEAR))
+    return Prepared(img, image_id, (H, W), np.zeros((0, 4), np.float32), np.zeros(0, np.int64),
+                    np.zeros((0, 2), np.float32), np.zeros((0, 2), np.int64), [])
+
+def image_batch(imgs:list[np.ndarray], imgsz:int, first_id:int=0)->dict:
+    "Letterboxed images as a batch in the format of `collate` (`image_id` counts from `first_id`)."
+    return collate([build_sample([prepare_image(a, imgsz, first_id + i)], imgsz, max_instances=1) for i, a in enumerate(imgs)], 1)
+
+# %% ../nbs/01_data.ipynb #df04aba3
+class ImageFiles(Dataset):
+    "Plain image files as letterboxed samples; `image_id` is the file's index in `files`."
+    def __init__(self, files:list[Path], imgsz:int=640): self.files, self.imgsz = list(files), imgsz
+    def __len__(self): return len(self.files)
+    def __getitem__(self, i:int)->dict:
+        return build_sample([prepare_image(load_rgb(self.files[i]), self.imgsz, i)], self.imgsz, max_instances=1)
+
+# %% ../nbs/01_data.ipynb #fcce96c1
+_setup_data = YoloData.setup
+
+def _setup_or_images(self:YoloData, stage:str|None=None):
+    if stage == 'predict' and self.hparams.predict_images: return   # the image files need nothing read in advance
+    _setup_data(self, stage)
+
+def _predict_images_loader(self:YoloData)->DataLoader:
+    "The `predict_images` files (or, without them, the validation images) batched like validation."
+    h = self.hparams
+    if not h.predict_images: return _predict_dataloader(self)
+    self._predict = ImageFiles(image_files(h.predict_images), h.imgsz)
+    return DataLoader(self._predict, batch_size=h.batch_size, num_workers=h.workers, collate_fn=partial(collate, max_instances=1))
+
+def _set_classes(self:YoloData, cat_ids:list, class_names:list):
+    "Use these classes (e.g. a checkpoint's) instead of the training JSON's."
+    self._classes = (list(cat_ids), list(class_names))
+
+YoloData.setup, YoloData.predict_dataloader, YoloData.set_classes = _setup_or_images, _predict_images_loader, _set_classes
+YoloData.cat_ids = property(lambda self: (getattr(self, '_classes', None) or coco_categories(self._train_json()))[0],
+                            doc="COCO category id of each contiguous class.")
+YoloData.class_names = property(lambda self: (getattr(self, '_classes', None) or coco_categories(self._train_json()))[1],
+                                doc="Name of each contiguous class.")
 
 # %% ../nbs/01_data.ipynb #8337cfae
 def show_batch(batch:dict, class_names:list|None=None, n:int=8, ncols:int=4, size:float=3.):

@@ -6,8 +6,9 @@ Docs: https://lucid-nb.github.io/lucid_nb/trainer.html.md"""
 
 # %% ../nbs/08_trainer.ipynb #44dd294e
 from __future__ import annotations
-import contextlib, csv, datetime, hashlib, importlib.util, io, json, math, os, signal, socket, sys, time, warnings, zipfile
+import contextlib, csv, datetime, hashlib, importlib.util, io, json, logging, math, os, signal, socket, sys, time, warnings, zipfile
 from pathlib import Path
+from typing import Literal
 import numpy as np, torch
 import lightning.pytorch as L
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint, BasePredictionWriter, TQDMProgressBar
@@ -26,13 +27,15 @@ from .metrics import Validator, write_results, SUMMARY_NAMES
 from .recorder import Recorder, model_outputs
 from pycocotools import mask as mask_utils
 import matplotlib.pyplot as plt
-from PIL import Image
+from PIL import Image, ImageDraw
 
 # %% auto #0
-__all__ = ['LOCK_NAME', 'USER_ERRORS', 'ModelEMA', 'AtomicCheckpoint', 'LitYolo', 'StepLossBar', 'PredictionWriter',
-           'fit_state_hashes', 'write_json_atomic', 'data_wait', 'process_age', 'RunArtifacts', 'read_metrics_csv',
-           'plot_curves', 'draw_detections', 'LucidCLI', 'add_tensorboard', 'default_callbacks', 'cli_main',
-           'save_figure', 'draw_validation', 'note', 'RunFolderInUse', 'read_lock', 'lock_owner_alive',
+__all__ = ['PALETTE', 'HELP', 'LOCK_NAME', 'USER_ERRORS', 'ModelEMA', 'AtomicCheckpoint', 'LitYolo', 'StepLossBar',
+           'PredictionWriter', 'say', 'fit_state_hashes', 'write_json_atomic', 'data_wait', 'process_age',
+           'RunArtifacts', 'epoch_line', 'EpochSummary', 'class_ap', 'class_ap_table', 'QuietLightning',
+           'quiet_lightning', 'read_metrics_csv', 'plot_curves', 'draw_instances', 'instances_of', 'draw_results',
+           'fit_tile', 'image_grid', 'save_jpeg', 'draw_train_batch', 'draw_val_batch', 'LucidCLI', 'add_tensorboard',
+           'default_callbacks', 'cli_main', 'save_figure', 'note', 'RunFolderInUse', 'read_lock', 'lock_owner_alive',
            'acquire_run_lock', 'run_lock', 'resume_hint', 'read_checkpoint', 'one_line', 'main']
 
 # %% ../nbs/08_trainer.ipynb #ea5ecba6
@@ -127,14 +130,22 @@ class LitYolo(L.LightningModule):
         Final learning rate as a fraction of `lr`.
     cosine : bool
         Cosine instead of linear decay.
-    box, cls, dfl, seg : float
-        Loss gains.
+    box : float
+        Gain of the box (CIoU) loss.
+    cls : float
+        Gain of the classification (BCE) loss.
+    dfl : float
+        Gain of the distribution focal loss of the box sides.
+    seg : float
+        Gain of the mask loss.
     ema_decay : float
         Final EMA decay.
     ema_tau : float
         EMA ramp in updates.
-    conf, iou : float
-        Validation score and NMS IoU thresholds.
+    conf : float
+        Score threshold of validation's NMS (`predict` uses at least 0.25).
+    iou : float
+        IoU threshold of NMS.
     max_det : int
         Detections kept per image.
     capture_segment_heads : bool
@@ -144,7 +155,7 @@ class LitYolo(L.LightningModule):
         Record the optimiser update (MuSGD, SGD or AdamW) into a CUDA graph at the first step that has optimiser
         state, checked against the native step, and replay it every step (`06_recorder`). Off by default.
     """
-    def __init__(self, size:str='n', num_classes:int=80, optimizer:str='sgd', lr:float=0.01, momentum:float=0.937,
+    def __init__(self, size:Literal['n', 's', 'm']='n', num_classes:int=80, optimizer:Literal['sgd', 'adamw', 'musgd']='sgd', lr:float=0.01, momentum:float=0.937,
                  weight_decay:float=5e-4, warmup_epochs:float=3.0, warmup_bias_lr:float=0.1,
                  warmup_momentum:float=0.8, lrf:float=0.01, cosine:bool=False, box:float=7.5, cls:float=0.5,
                  dfl:float=1.5, seg:float=7.5, ema_decay:float=0.9999, ema_tau:float=2000.0, conf:float=0.001,
@@ -266,28 +277,41 @@ def on_validation_epoch_end(self:LitYolo):
 
 # %% ../nbs/08_trainer.ipynb #8143446b
 @patch
+def on_save_checkpoint(self:LitYolo, checkpoint:dict):
+    "Store the classes and the image size of the data with the weights."
+    dm = self.trainer.datamodule if self._trainer is not None else None
+    if dm is not None: checkpoint['lucid'] = dict(class_names=list(dm.class_names), cat_ids=list(dm.cat_ids), imgsz=dm.hparams.imgsz)
+
+# %% ../nbs/08_trainer.ipynb #921548c1
+@patch
 def predict_step(self:LitYolo, batch:dict, batch_idx:int)->list:
     v = self.make_validator(conf=max(self.hparams.conf, 0.25))
     v.update(self.ema.module(batch['img']), batch)
     return v.results
 
 class PredictionWriter(BasePredictionWriter):
-    "Writes the predictions of `lucid predict` as COCO results JSON and drawn images into the run folder."
-    def __init__(self, max_images:int=16):
-        super().__init__(write_interval='epoch'); self.max_images = max_images
+    "Writes the predictions of `lucid predict` as COCO results JSON (with `file_name`) and one drawn JPEG per image."
+    def __init__(self): super().__init__(write_interval='epoch')
     def write_on_epoch_end(self, trainer, pl_module, predictions, batch_indices):
-        results = [r for batch in predictions for r in batch]
+        dm = trainer.datamodule
+        files = dict(enumerate(dm._predict.files)) if dm.hparams.predict_images else {r.image_id: r.path for r in dm._val.records}
+        results = [dict(r, file_name=str(files[r['image_id']])) for batch in predictions for r in batch]
         out = _run_dir(trainer)/'predict'; out.mkdir(exist_ok=True)
         sha = write_results(out/'predictions.json', results)
-        dm = trainer.datamodule
-        for rec in dm._val.records[:self.max_images]:
-            fig, ax = plt.subplots(figsize=(6, 6 * rec.hw[0] / rec.hw[1]))
-            draw_detections(ax, load_rgb(rec.path),
-                            [r for r in results if r['image_id'] == rec.image_id], dm.class_names, dm.cat_ids)
-            plt.close(save_figure(fig, out/f'{rec.image_id}.jpg'))
-        print(f"predict: {len(results)} detections -> {out/'predictions.json'} (sha256 {sha[:12]})")
+        by_image, names = {}, {}
+        for r in results: by_image.setdefault(r['image_id'], []).append(r)
+        for i, f in files.items():
+            name = f.stem if f.stem not in names.values() else f"{f.stem}_{f.suffix[1:]}_{i}"
+            names[i] = name
+            save_jpeg(draw_results(load_rgb(f), by_image.get(i, []), dm.class_names, dm.cat_ids), out/f'{name}.jpg')
+        say(trainer, f"predict: {len(results)} detections on {len(files)} images -> {out}/ (predictions.json sha256 {sha[:12]})")
 
 # %% ../nbs/08_trainer.ipynb #3aa39449
+def say(trainer, msg:str):
+    "Print a line to stdout; through the progress bar's `print` while it is on, so the line does not land inside the bar's."
+    bar = trainer.progress_bar_callback
+    (bar.print if bar is not None else print)(msg)
+
 def fit_state_hashes(trainer, module)->dict:
     "Byte hashes of everything a resumed or replayed run must reproduce."
     sched = trainer.lr_scheduler_configs[0].scheduler if trainer.lr_scheduler_configs else None
@@ -329,7 +353,11 @@ class RunArtifacts(Callback):
         self.t_epoch, self.t_train, self.wait0 = _now(trainer), None, data_wait(trainer)
 
     def on_train_batch_start(self, trainer, module, batch, batch_idx):
-        if self.startup is None: self.startup = _now(trainer) - (self.t_process or self.t_fit)  # once per fit
+        if self.startup is None:   # once per fit
+            self.startup = _now(trainer) - (self.t_process or self.t_fit)
+            if trainer.is_global_zero:
+                dm = trainer.datamodule
+                save_jpeg(draw_train_batch(batch, dm.class_names if dm is not None else None), _run_dir(trainer)/'train_batch.jpg')
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         if batch_idx == trainer.num_training_batches - 1: self.t_train = _now(trainer)  # one sync per epoch
@@ -359,13 +387,72 @@ class RunArtifacts(Callback):
         preds = run/'predictions.json'
         if preds.exists():
             results = json.loads(preds.read_text())
-            plt.close(save_figure(draw_validation(trainer.datamodule, results), run/'val_predictions.jpg'))
+            save_jpeg(draw_val_batch(trainer.datamodule), run/'val_batch_labels.jpg')
+            save_jpeg(draw_val_batch(trainer.datamodule, results), run/'val_batch_pred.jpg')
         dm = trainer.datamodule
         write_json_atomic(run/'timing.json', dict(
             process_start_to_fit_start=None if self.t_process is None else self.t_fit - self.t_process,
             data_setup_seconds=getattr(dm, 'setup_seconds', None), startup_seconds=self.startup,
             fit_seconds=t_end - self.t_fit, fit_end_seconds=time.perf_counter() - t_end, epochs=self.epochs,
             peak_reserved_mib=mem))
+
+# %% ../nbs/08_trainer.ipynb #52ce82d3
+def epoch_line(trainer, validated:bool=True)->str:
+    "The epoch's mean loss terms and, if it `validated`, its validation mAP50-95 (box, mask), from `callback_metrics`."
+    m = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    terms = ' '.join(f"{k[6:-6]} {v:.3f}" for k, v in m.items() if k.startswith('train/') and k.endswith('_epoch'))
+    val = (f"  mAP50-95 box {m['mAP50-95(B)']:.4f} mask {m['mAP50-95(M)']:.4f}" if validated and 'mAP50-95(M)' in m else '')
+    return f"epoch {trainer.current_epoch + 1}/{trainer.max_epochs}  loss {terms or '-'}{val}"
+
+class EpochSummary(Callback):
+    "Prints `epoch_line` at the end of every training epoch, and the per-class AP table and the run folder after fit."
+    def on_train_epoch_start(self, trainer, module): self.t0, self.validated = time.perf_counter(), False
+    def on_validation_end(self, trainer, module): self.validated = getattr(self, 'validated', False) or not trainer.sanity_checking
+    @rank_zero_only
+    def on_train_epoch_end(self, trainer, module):
+        say(trainer, f"{epoch_line(trainer, getattr(self, 'validated', True))}  {time.perf_counter() - getattr(self, 't0', time.perf_counter()):.1f} s")
+    @rank_zero_only
+    def on_fit_end(self, trainer, module):
+        run, preds = _run_dir(trainer), _run_dir(trainer)/'predictions.json'
+        if preds.exists() and trainer.datamodule is not None:
+            dm = trainer.datamodule
+            print(class_ap_table(dm.val_coco(), json.loads(preds.read_text()), dm.class_names, dm.cat_ids))
+        print(f"Results saved to {run}", flush=True)
+
+# %% ../nbs/08_trainer.ipynb #dd34d68e
+def class_ap(coco_gt, results:list, iou_type:str)->dict:
+    "AP50-95 of each category id with ground truth ({cat_id: AP}), -1 where it has none; pycocotools, quietly."
+    from pycocotools.cocoeval import COCOeval
+    gt = type(coco_gt)()   # COCOeval('segm') rewrites polygons in place: evaluate copies of the annotations
+    gt.dataset = dict(coco_gt.dataset, annotations=[dict(a) for a in coco_gt.dataset['annotations']])
+    with contextlib.redirect_stdout(io.StringIO()):
+        gt.createIndex()
+        if not results: return {c: 0. for c in gt.getCatIds()}
+        E = COCOeval(gt, gt.loadRes(results), iou_type); E.evaluate(); E.accumulate()
+    p = E.eval['precision'][:, :, :, 0, -1]                  # (T iou thresholds, R recalls, K classes), area all, max dets
+    return {c: float(p[:, :, k][p[:, :, k] > -1].mean()) if (p[:, :, k] > -1).any() else -1. for k, c in enumerate(E.params.catIds)}
+
+def class_ap_table(coco_gt, results:list, class_names:list, cat_ids:list)->str:
+    "Per-class box and mask AP50-95 of the classes in the ground truth, and their mean."
+    box, mask = class_ap(coco_gt, results, 'bbox'), class_ap(coco_gt, results, 'segm')
+    n = {c: len(coco_gt.getAnnIds(catIds=[c], iscrowd=False)) for c in cat_ids}
+    rows = [(name, n[c], box.get(c, -1), mask.get(c, -1)) for name, c in zip(class_names, cat_ids) if n[c]]
+    mean = lambda i: np.mean([r[i] for r in rows if r[i] >= 0]) if rows else 0.
+    lines = [f"{'class':<16}{'instances':>10}{'box AP50-95':>13}{'mask AP50-95':>14}",
+             f"{'all':<16}{sum(r[1] for r in rows):>10}{mean(2):>13.4f}{mean(3):>14.4f}"]
+    return '\n'.join(lines + [f"{name[:15]:<16}{k:>10}{b:>13.4f}{m:>14.4f}" for name, k, b, m in rows])
+
+# %% ../nbs/08_trainer.ipynb #0b95467e
+class QuietLightning(logging.Filter):
+    "Drops Lightning's cloud adverts and its note that `configure_callbacks` replaces the Trainer's default callbacks."
+    DROP = ('💡 Tip', 'The following callbacks returned in `LightningModule.configure_callbacks` will override')
+    def filter(self, record)->bool: return not str(record.getMessage()).startswith(self.DROP)
+
+def quiet_lightning():
+    "Install `QuietLightning` on the loggers of Lightning's `rank_zero_info` (once)."
+    for name in ('lightning.pytorch.utilities.rank_zero', 'lightning.fabric.utilities.rank_zero'):
+        log = logging.getLogger(name)
+        if not any(isinstance(f, QuietLightning) for f in log.filters): log.addFilter(QuietLightning())
 
 # %% ../nbs/08_trainer.ipynb #15863fd7
 def read_metrics_csv(path)->dict:
@@ -390,29 +477,116 @@ def plot_curves(path)->plt.Figure:
     fig.tight_layout()
     return fig
 
-# %% ../nbs/08_trainer.ipynb #92744769
-def draw_detections(ax, img:np.ndarray, results:list, class_names:list|None=None, cat_ids=None, min_score:float=0.25):
-    "Draw COCO results (masks, boxes, labels) for one image on a matplotlib axis."
-    ax.imshow(img); ax.set_axis_off()
-    overlay = np.zeros((*img.shape[:2], 4))
-    colours = plt.get_cmap('tab20')
-    for r in sorted((r for r in results if r['score'] >= min_score), key=lambda r: -r['score']):
-        c = colours(r['category_id'] % 20)
-        if 'segmentation' in r: overlay[mask_utils.decode(r['segmentation']).astype(bool)] = (*c[:3], .45)
-        x, y, w, h = r['bbox']
-        ax.add_patch(plt.Rectangle((x, y), w, h, fill=False, color=c, lw=1.5))
-        name = class_names[list(cat_ids).index(r['category_id'])] if class_names else r['category_id']
-        ax.text(x, y, f"{name} {r['score']:.2f}", color='white', fontsize=7, va='bottom', bbox=dict(fc=c, lw=0, pad=1))
-    ax.imshow(overlay)
-    return ax
+# %% ../nbs/08_trainer.ipynb #ea40e0a1
+PALETTE = [tuple(int(255 * c) for c in rgb) for rgb in plt.get_cmap('tab20').colors]
+
+def draw_instances(img:np.ndarray,          # (H,W,3) uint8 RGB
+                   boxes,                   # (n,4) xyxy in the pixels of img
+                   labels:list,             # n label strings
+                   colours:list,            # n indices into PALETTE (e.g. class ids)
+                   masks=None,              # (n,H,W) bool, or None
+                   alpha:float=.45,         # mask opacity
+                  )->np.ndarray:            # (H,W,3) uint8, a drawn copy
+    "Masks (blended), boxes and labels drawn on a copy of `img` with PIL."
+    out = img.copy()
+    for k, m in enumerate(masks if masks is not None else []):
+        c = np.array(PALETTE[colours[k] % len(PALETTE)], np.float32)
+        out[m] = (out[m] * (1 - alpha) + c * alpha).astype(np.uint8)
+    im = Image.fromarray(out); d = ImageDraw.Draw(im)
+    lw = max(1, round(sum(img.shape[:2]) / 600))
+    for (x1, y1, x2, y2), label, k in zip(np.asarray(boxes, np.float32).reshape(-1, 4).tolist(), labels, colours):
+        c = PALETTE[k % len(PALETTE)]
+        d.rectangle((x1, y1, x2, y2), outline=c, width=lw)
+        if label:
+            l, t, r, b = d.textbbox((x1, y1), label)
+            y = y1 - (b - t) - 2 if y1 - (b - t) - 2 >= 0 else y1
+            d.rectangle((x1, y, x1 + r - l + 3, y + b - t + 2), fill=c); d.text((x1 + 1, y - (t - y1)), label, fill=(255, 255, 255))
+    return np.asarray(im)
+
+def instances_of(anns:list, class_names:list|None, cat_ids, hw:tuple, to_mask=None, min_score:float=0.25, top:int|None=None)->tuple:
+    "COCO results or annotations of one image as (boxes xyxy, labels, class indices, (n,H,W) bool masks); the `top` best, best last."
+    anns = sorted((a for a in anns if a.get('score', 1) >= min_score), key=lambda a: a.get('score', 1))[-top if top else 0:]
+    cls = [list(cat_ids).index(a['category_id']) if cat_ids is not None else a['category_id'] for a in anns]
+    boxes = np.array([(x, y, x + w, y + h) for x, y, w, h in (a['bbox'] for a in anns)], np.float32).reshape(-1, 4)
+    labels = [f"{class_names[c] if class_names else c}" + (f" {a['score']:.2f}" if 'score' in a else '') for c, a in zip(cls, anns)]
+    decode = to_mask or (lambda a: mask_utils.decode(a['segmentation']))
+    masks = np.array([decode(a) for a in anns if 'segmentation' in a], bool).reshape(-1, *hw)
+    return boxes, labels, cls, masks if len(masks) == len(anns) else None
+
+def draw_results(img:np.ndarray, results:list, class_names:list|None=None, cat_ids=None, min_score:float=0.25)->np.ndarray:
+    "COCO results (masks, boxes, class names, scores) drawn on a copy of `img` (H,W,3) uint8."
+    boxes, labels, cls, masks = instances_of(results, class_names, cat_ids, img.shape[:2], min_score=min_score)
+    return draw_instances(img, boxes, labels, cls, masks)
+
+def fit_tile(img:np.ndarray, boxes:np.ndarray, masks, size:int)->tuple:
+    "An image (long side to `size`) with its xyxy boxes and (n,H,W) bool masks resized alike."
+    H, W = img.shape[:2]; r = size / max(H, W); h, w = max(1, round(H * r)), max(1, round(W * r))
+    img = np.asarray(Image.fromarray(img).resize((w, h), Image.BILINEAR))
+    if masks is not None: masks = np.array([np.asarray(Image.fromarray(m).resize((w, h), Image.NEAREST)) for m in masks], bool).reshape(-1, h, w)
+    return img, np.asarray(boxes, np.float32).reshape(-1, 4) * r, masks
+
+def image_grid(tiles:list[np.ndarray], size:int, ncols:int=4)->np.ndarray:
+    "Tiles of at most `size`×`size` pasted row by row on a grey canvas."
+    nrows, ncols = -(-len(tiles) // ncols), min(ncols, len(tiles))
+    out = np.full((nrows * size, ncols * size, 3), 114, np.uint8)
+    for k, t in enumerate(tiles):
+        r, c = divmod(k, ncols); out[r * size:r * size + t.shape[0], c * size:c * size + t.shape[1]] = t
+    return out
+
+def save_jpeg(img:np.ndarray, path, quality:int=85):
+    "Write an (H,W,3) uint8 image as JPEG through a temporary file and a rename."
+    buf = io.BytesIO(); Image.fromarray(img).save(buf, format='JPEG', quality=quality)
+    atomic_write(path, buf.getvalue())
+
+# %% ../nbs/08_trainer.ipynb #cc89579a
+def draw_train_batch(batch:dict, class_names:list|None=None, n:int=16, size:int=320)->np.ndarray:
+    "The first `n` images of a training batch (on any device) with their valid targets, as one grid image."
+    img = batch['img'][:n].detach()
+    img = (img * 255 if img.is_floating_point() else img).clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
+    valid, boxes, cls = (batch[k][:n].cpu().numpy() for k in ('valid', 'boxes', 'cls'))
+    S, tiles = img.shape[1], []
+    for b in range(len(img)):
+        k = np.nonzero(valid[b])[0]
+        f = S // batch['masks'].shape[-1]
+        masks = batch['masks'][b, k].cpu().numpy().astype(bool).repeat(f, 1).repeat(f, 2)
+        c = cls[b, k].tolist()
+        t, bx, m = fit_tile(img[b], boxes[b, k], masks, size)
+        tiles.append(draw_instances(t, bx, [class_names[i] if class_names else str(i) for i in c], c, m))
+    return image_grid(tiles, size)
+
+def draw_val_batch(dm, results:list|None=None, n:int=8, size:int=320, top:int=30)->np.ndarray:
+    "The first `n` validation images with their ground truth (`results` None) or with their `top` best `results`, as one grid image."
+    gt, tiles = dm.val_coco(), []
+    for rec in dm._val.records[:n]:
+        img = load_rgb(rec.path)
+        if results is None: anns, to_mask = gt.imgToAnns.get(rec.image_id, []), gt.annToMask
+        else: anns, to_mask = [r for r in results if r['image_id'] == rec.image_id], None
+        boxes, labels, cls, masks = instances_of([a for a in anns if not a.get('iscrowd')], dm.class_names, dm.cat_ids, img.shape[:2], to_mask,
+                                                 top=None if results is None else top)
+        t, bx, m = fit_tile(img, boxes, masks, size)
+        tiles.append(draw_instances(t, bx, labels, cls, m))
+    return image_grid(tiles, size)
 
 # %% ../nbs/08_trainer.ipynb #d9baf6c2
 class LucidCLI(LightningCLI):
     "`lucid`: LightningCLI for `LitYolo` + `YoloData`."
     def add_arguments_to_parser(self, parser):
-        parser.link_arguments('data', 'model.num_classes', compute_fn=lambda d: d.num_classes, apply_on='instantiate')
+        parser.link_arguments('data', 'model.num_classes', compute_fn=self.data_classes, apply_on='instantiate')
         parser.add_argument('--tensorboard', type=bool, default=False,
                             help='Also write TensorBoard logs into the run folder (needs the tensorboard package).')
+
+    def data_classes(self, data:YoloData)->int:
+        "The number of classes: the checkpoint's classes when predicting on plain images, else the training JSON's."
+        saved = getattr(self, 'ckpt_extra', None) or {}
+        if data.hparams.predict_images and 'class_names' in saved: data.set_classes(saved['cat_ids'], saved['class_names'])
+        return data.num_classes
+
+    def before_instantiate_classes(self):
+        "Without `--trainer.logger`, a given `--trainer.default_root_dir` is where runs go (Lightning's convention)."
+        cfg = self.config.get(self.subcommand, self.config) if self.subcommand else self.config
+        root, given = cfg.trainer.get('default_root_dir'), getattr(self, 'given_trainer_options', set())
+        if root and 'logger' not in given and isinstance(cfg.trainer.get('logger'), Namespace):
+            cfg.trainer.logger.init_args.save_dir = str(root)
 
     def after_instantiate_classes(self):
         "CSV logs always; TensorBoard logs beside them in the run folder with `--tensorboard true`."
@@ -432,7 +606,7 @@ def add_tensorboard(trainer)->bool:
 
 def default_callbacks()->list:
     return [AtomicCheckpoint(monitor='mAP50-95(M)', mode='max', filename='best', save_last=True, save_top_k=1),
-            RunArtifacts(), PredictionWriter()]
+            RunArtifacts(), PredictionWriter(), EpochSummary()]
 
 @patch
 def configure_callbacks(self:LitYolo):
@@ -444,31 +618,31 @@ def configure_callbacks(self:LitYolo):
     if type(bar) is TQDMProgressBar: extra.append(StepLossBar(bar.refresh_rate))
     return default_callbacks() + ([self.recorder] if self.recorder is not None else []) + extra
 
+HELP = {'description': "lucid: YOLO-style instance segmentation (lucid_nb). Subcommands: fit, validate, test, predict "
+                        "(Lightning's), and export (`lucid export --help`).",
+        'fit': {'description': "Train. With no --config: the nano model (--model.size n) on the embedded coco128 data, "
+                               "640 px, batch 4, for 10 epochs (--trainer.max_epochs); the run folder is runs/lucid/version_N, "
+                               "or under --trainer.default_root_dir."},
+        'predict': {'description': "Predict with --ckpt_path CKPT on --data.predict_images PATH (a folder, a glob or one "
+                                   "image file; no annotations needed) or, without it, on the validation images; writes "
+                                   "predict/<image>.jpg for every image and predict/predictions.json into the run folder."}}
+
 def cli_main(args:list|None=None, run:bool=True)->LucidCLI:
     "Entry point of the `lucid` command."
     warnings.filterwarnings('ignore', message='.*module\\(s\\) in eval mode.*')  # the EMA copy is in eval mode on purpose
     warnings.filterwarnings('ignore', message='.*LeafSpec.*')
     warnings.filterwarnings('ignore', message=".*args parameter is intended to run from within Python.*")  # notebooks, tests
+    quiet_lightning()
     return LucidCLI(LitYolo, YoloData, args=args, run=run, save_config_kwargs={'overwrite': True}, auto_configure_optimizers=False,
-                    trainer_defaults={'logger': {'class_path': 'lightning.pytorch.loggers.CSVLogger',
-                                                 'init_args': {'save_dir': 'runs', 'name': 'lucid'}}})
+                    parser_kwargs=HELP,
+                    trainer_defaults={'max_epochs': 10, 'logger': {'class_path': 'lightning.pytorch.loggers.CSVLogger',
+                                                                  'init_args': {'save_dir': 'runs', 'name': 'lucid'}}})
 
 # %% ../nbs/08_trainer.ipynb #779a416b
 def save_figure(fig, path)->plt.Figure:
     "Save `fig` through a temporary file and a rename; returns it."
     buf = io.BytesIO(); fig.savefig(buf, format=Path(path).suffix[1:], dpi=100, bbox_inches='tight')
     atomic_write(path, buf.getvalue())
-    return fig
-
-def draw_validation(dm, results:list, n:int=6, ncols:int=3)->plt.Figure:
-    "The first `n` validation images with `results` drawn."
-    recs = dm._val.records[:n]
-    fig, axs = plt.subplots(-(-len(recs) // ncols), ncols, figsize=(4 * ncols, 3.4 * -(-len(recs) // ncols)), squeeze=False)
-    for ax in axs.flat: ax.set_axis_off()
-    for ax, rec in zip(axs.flat, recs):
-        draw_detections(ax, load_rgb(rec.path),
-                        [r for r in results if r['image_id'] == rec.image_id], dm.class_names, dm.cat_ids)
-    fig.tight_layout()
     return fig
 
 # %% ../nbs/08_trainer.ipynb #dfda702c
@@ -554,8 +728,12 @@ def parse_arguments(self:LucidCLI, parser, args):
     "Parse as LightningCLI does, and remember which model options the command line and `--config` gave."
     LightningCLI.parse_arguments(self, parser, args)
     given = parser.parse_object(args, defaults=False) if isinstance(args, (dict, Namespace)) else parser.parse_args(args, defaults=False)
-    model = given.get(f"{given.subcommand}.model" if given.get('subcommand') else 'model')
+    pre = f"{given.subcommand}." if given.get('subcommand') else ''
+    model, data = given.get(f"{pre}model"), given.get(f"{pre}data")
     self.given_model_options = set(model.keys()) if model else set()
+    self.given_data_options = set(data.keys()) if isinstance(data, Namespace) else set()
+    trainer = given.get(f"{pre}trainer")
+    self.given_trainer_options = {k.split('.')[0] for k in trainer.keys()} if isinstance(trainer, Namespace) else set()
 
 # %% ../nbs/08_trainer.ipynb #eecc4ead
 def read_checkpoint(path)->dict:
@@ -576,11 +754,14 @@ def read_checkpoint(path)->dict:
 # %% ../nbs/08_trainer.ipynb #4248039a
 @patch
 def _parse_ckpt_path(self:LucidCLI):
-    "Model options from the `--ckpt_path` checkpoint where the command line and `--config` gave none."
-    self.ckpt_hparams, sub = {}, self.config.get('subcommand')
+    "Model options (and, for `predict`, the image size) from the `--ckpt_path` checkpoint where the command line and `--config` gave none."
+    self.ckpt_hparams, self.ckpt_extra, sub = {}, {}, self.config.get('subcommand')
     path = self.config[sub].get('ckpt_path') if sub else None
     if not path or path in ('last', 'best', 'hpc') or '://' in str(path) or str(path).startswith('registry'): return
-    saved = read_checkpoint(path).get('hyper_parameters') or {}
+    ckpt = read_checkpoint(path)
+    saved, self.ckpt_extra = ckpt.get('hyper_parameters') or {}, ckpt.get('lucid') or {}
+    if sub == 'predict' and 'imgsz' in self.ckpt_extra and 'imgsz' not in self.given_data_options:
+        self.config = self.parser.parse_object({sub: {'data': {'imgsz': self.ckpt_extra['imgsz']}}}, self.config)
     model = self.config[sub].model   # num_classes: linked from the data, checked against the checkpoint later
     taken = {k: v for k, v in saved.items() if k in model and k != 'num_classes' and k not in self.given_model_options}
     changed = ', '.join(f"{k}={v!r}" for k, v in taken.items() if v != model[k]) or 'none that differ from the defaults'
@@ -603,7 +784,11 @@ def one_line(e:BaseException)->str: return '; '.join(l.strip() for l in str(e).s
 
 def main():
     "The `lucid` command: exit status 0 on success, 2 after a user error (one line), 143 after SIGTERM, 1 after Ctrl-C."
-    try: cli_main()
+    try:
+        if sys.argv[1:2] == ['export']:   # not a Lightning subcommand: `lucid export --ckpt_path CKPT --format onnx|torchscript`
+            from lucid_nb.predict import export_main
+            return export_main(sys.argv[2:]) and None
+        cli_main()
     except USER_ERRORS as e:
         if os.environ.get('LUCID_DEBUG') == '1': raise
         note(f"error: {one_line(e)} (LUCID_DEBUG=1 shows the traceback)")

@@ -23,7 +23,8 @@ def reference(tmp_path_factory):
 def test_run_folder(reference):
     cli, run, h = reference
     for f in ('config.yaml', 'metrics.csv', 'predictions.json', 'val_metrics.jsonl', 'curves.png',
-              'val_predictions.jpg', 'state_hashes.json', 'timing.json', 'checkpoints/last.ckpt', 'checkpoints/best.ckpt'):
+              'val_batch_labels.jpg', 'val_batch_pred.jpg', 'train_batch.jpg', 'state_hashes.json', 'timing.json',
+              'checkpoints/last.ckpt', 'checkpoints/best.ckpt'):
         assert (run / f).exists(), f
     assert not list(run.rglob('*.tmp')), 'a temporary file was left behind'
     lines = [json.loads(l) for l in (run / 'val_metrics.jsonl').read_text().splitlines()]
@@ -102,7 +103,15 @@ def test_lucid_fit_exits_zero(tmp_path):
     r = subprocess.run([str(Path(sys.executable).parent / 'lucid'), *tiny(tmp_path, epochs=1)], capture_output=True,
                        text=True, cwd=tmp_path, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert 'LucidCLI object' not in r.stdout + r.stderr
+    out = r.stdout + r.stderr
+    assert 'LucidCLI object' not in out
+    assert 'Tip:' not in out and 'will override existing callbacks' not in out   # no adverts, no callback note
+    epochs = [l for l in r.stdout.splitlines() if l.startswith('epoch ')]
+    assert len(epochs) == 1 and epochs[0].startswith('epoch 1/1  loss box ') and 'mAP50-95 box ' in epochs[0] and ' mask ' in epochs[0]
+    assert epochs[0].endswith(' s')
+    table = r.stdout[r.stdout.index('class '):].splitlines()
+    assert table[0].split() == ['class', 'instances', 'box', 'AP50-95', 'mask', 'AP50-95'] and table[1].startswith('all ')
+    assert r.stdout.rstrip().splitlines()[-1] == f"Results saved to {tmp_path / 'runs' / 'tiny' / 'version_0'}"
 
 
 def test_empty_validation_set_is_an_error(tmp_path):

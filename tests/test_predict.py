@@ -1,0 +1,111 @@
+"""A user's first hour after training: `lucid predict` on plain image files, the Python API (`lucid_nb.load`) and
+`lucid export`, from a tiny CPU checkpoint."""
+import importlib.util, json, subprocess, sys
+from pathlib import Path
+
+import numpy as np, pytest, torch
+from PIL import Image
+
+import lucid_nb
+from lucid_nb.core import EMBEDDED_IMAGES
+from lucid_nb.data import load_rgb
+
+from helpers import fit, lucid_main
+
+IMAGES = sorted(EMBEDDED_IMAGES.glob('*.jpg'))[:3]
+
+
+@pytest.fixture(scope='module')
+def ckpt(tmp_path_factory):
+    "The last checkpoint of a 2-epoch tiny run (imgsz 64; it already scores some boxes over the 0.25 of predict)."
+    _, run, _ = fit(tmp_path_factory.mktemp("run"))
+    return run / 'checkpoints' / 'last.ckpt'
+
+
+@pytest.fixture(scope='module')
+def folder(tmp_path_factory):
+    "Three JPEGs and a greyscale PNG, with no annotations."
+    d = tmp_path_factory.mktemp('images')
+    for p in IMAGES: (d / p.name).write_bytes(p.read_bytes())
+    Image.open(IMAGES[0]).convert('L').save(d / 'grey.png')
+    return d
+
+
+def test_checkpoint_carries_classes(ckpt):
+    c = torch.load(ckpt, map_location='cpu', weights_only=True)
+    assert c['lucid']['class_names'][:2] == ['person', 'bicycle'] and c['lucid']['cat_ids'][:2] == [1, 2]
+    assert c['lucid']['imgsz'] == 64
+
+
+def predict(monkeypatch, tmp_path, ckpt, images, *extra):
+    root = tmp_path / 'out'
+    code = lucid_main(monkeypatch, 'predict', '--ckpt_path', str(ckpt), '--data.predict_images', str(images),
+                      '--trainer.accelerator', 'cpu', '--trainer.logger', 'false', '--trainer.default_root_dir', str(root),
+                      '--trainer.enable_progress_bar', 'false', *extra)
+    assert code == 0
+    return root / 'predict'
+
+
+def test_predict_folder_without_json(monkeypatch, tmp_path, ckpt, folder, capsys):
+    out = predict(monkeypatch, tmp_path, ckpt, folder)
+    assert sorted(p.name for p in out.glob('*.jpg')) == sorted(f'{p.stem}.jpg' for p in folder.iterdir())
+    results = json.loads((out / 'predictions.json').read_text())
+    assert {Path(r['file_name']).name for r in results} == {p.name for p in folder.iterdir()}
+    assert {'image_id', 'category_id', 'bbox', 'score', 'segmentation', 'file_name'} <= set(results[0])
+    assert 'imgsz: 64' in (out.parent / 'config.yaml').read_text()      # the checkpoint's size, not the default 640
+    assert f"on {len(list(folder.iterdir()))} images" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize('pattern', ['one', 'glob'])
+def test_predict_one_file_or_glob(monkeypatch, tmp_path, ckpt, folder, pattern):
+    images = folder / IMAGES[0].name if pattern == 'one' else folder / '*.png'
+    out = predict(monkeypatch, tmp_path, ckpt, images)
+    assert [p.name for p in out.glob('*.jpg')] == [f'{IMAGES[0].stem}.jpg' if pattern == 'one' else 'grey.jpg']
+
+
+def test_predict_nothing_there_is_one_line(monkeypatch, tmp_path, ckpt, capsys):
+    code = lucid_main(monkeypatch, 'predict', '--ckpt_path', str(ckpt), '--data.predict_images', str(tmp_path / 'none'),
+                      '--trainer.accelerator', 'cpu', '--trainer.logger', 'false', '--trainer.default_root_dir', str(tmp_path))
+    assert code == 2 and 'no image files' in capsys.readouterr().err
+
+
+def test_inference_api(ckpt):
+    model = lucid_nb.load(ckpt, conf=0.0)
+    arr = load_rgb(IMAGES[1])
+    results = model.predict([str(IMAGES[0]), Image.open(IMAGES[1]), arr])
+    assert len(results) == 3
+    r = results[1]
+    H, W = arr.shape[:2]
+    assert r.boxes.shape == (len(r), 4) and r.scores.shape == (len(r),) and len(r.names) == len(r) > 0
+    assert r.masks.shape == (len(r), H, W) and r.masks.dtype == bool
+    assert set(r.names) <= set(model.class_names) and r.class_ids.max() < len(model.class_names)
+    assert (r.boxes[:, 2] <= W + 1).all() and (r.boxes[:, 3] <= H + 1).all()
+    np.testing.assert_array_equal(r.boxes, results[2].boxes)           # a PIL image and its pixels: the same detections
+    assert r.plot().shape == (H, W, 3) and r.plot(pil=True).size == (W, H)
+
+
+def test_api_matches_lucid_predict(monkeypatch, tmp_path, ckpt, folder):
+    "The Python API and `lucid predict` give the same detections of a file."
+    out = predict(monkeypatch, tmp_path, ckpt, folder / IMAGES[0].name, '--model.conf', '0.25')
+    cli = [r for r in json.loads((out / 'predictions.json').read_text())]
+    api = lucid_nb.load(ckpt).predict(folder / IMAGES[0].name)[0]
+    assert len(api) == len(cli)
+    np.testing.assert_allclose(sorted(api.scores), sorted(r['score'] for r in cli), rtol=1e-6)
+
+
+def test_import_stays_light():
+    code = "import sys, lucid_nb; assert 'torch' not in sys.modules; lucid_nb.load; assert 'lucid_nb.predict' in sys.modules"
+    subprocess.run([sys.executable, '-c', code], check=True)
+
+
+@pytest.mark.parametrize('fmt', ['torchscript', 'onnx'])
+def test_export_round_trip(monkeypatch, tmp_path, ckpt, capsys, fmt):
+    if fmt == 'onnx' and importlib.util.find_spec('onnxscript') is None: pytest.skip('onnxscript is not installed')
+    out = tmp_path / f'model.{fmt}'
+    assert lucid_main(monkeypatch, 'export', '--ckpt_path', str(ckpt), '--format', fmt, '--output', str(out)) == 0
+    said = capsys.readouterr().out
+    assert out.exists()
+    if fmt == 'onnx' and importlib.util.find_spec('onnxruntime') is None:
+        assert 'onnxruntime is not installed' in said; return
+    rel = float(said.split(' of the output')[0].rsplit('(', 1)[1])
+    assert 'max abs difference vs PyTorch' in said and rel < 1e-4
