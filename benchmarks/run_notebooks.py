@@ -6,11 +6,12 @@ own dpi. On the GPU machine (its own torch; missing wheels carried in `.whl/`):
 
     python3 benchmarks/run_notebooks.py nbs/06_recorder.ipynb nbs/07_metrics.ipynb ...
 
-Each notebook is saved only when every cell passed; the exit status is 1 if any failed. With `--keep-cuda`
+Each notebook is saved only when every cell passed (an output that is both a JPEG and a PNG, as PIL images are,
+keeps only the JPEG); the exit status is 1 if any failed. With `--keep-cuda`
 (e.g. on a CPU machine after editing prose or a cell that reads committed results) the `#| cuda` cells are not run
 and keep the outputs they have.
 """
-import sys, time
+import json, sys, time
 from pathlib import Path
 
 import nbdev.test
@@ -22,6 +23,18 @@ class PlainShell(CaptureShell):
     def __init__(self, path=None, mpl_format='png', **kwargs): super().__init__(path, mpl_format=mpl_format, **kwargs)
 
 
+def drop_png_twins(path: Path) -> int:
+    "Remove the PNG of every output that also carries a JPEG (PIL images display as both); returns bytes saved."
+    text = path.read_text(); nb = json.loads(text)
+    for c in nb['cells']:
+        for o in c.get('outputs', []):
+            d = o.get('data', {})
+            if 'image/jpeg' in d and 'image/png' in d: del d['image/png']
+    new = json.dumps(nb, indent=1, ensure_ascii=False) + '\n'
+    path.write_text(new)
+    return len(text) - len(new)
+
+
 def main(paths: list) -> int:
     nbdev.test.CaptureShell = PlainShell
     keep = '--keep-cuda' in paths
@@ -30,6 +43,7 @@ def main(paths: list) -> int:
         t = time.perf_counter()
         ok, _ = nbdev.test.test_nb(p, skip_flags=['cuda'] if keep else [], force_flags=['slow'] if keep else ['cuda', 'slow'],
                                    save=True, cell_timeout=900)
+        if ok: drop_png_twins(p)
         print(f"{'PASSED' if ok else 'FAILED'} {p} ({time.perf_counter() - t:.0f} s)", flush=True)
         if not ok: failed.append(p)
     return 1 if failed else 0
