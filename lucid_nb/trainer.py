@@ -12,7 +12,7 @@ from typing import Literal
 import numpy as np, torch
 import lightning.pytorch as L
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint, BasePredictionWriter, TQDMProgressBar
-from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.cli import LightningCLI, LightningArgumentParser
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 from jsonargparse import Namespace
@@ -34,9 +34,9 @@ __all__ = ['PALETTE', 'HELP', 'LOCK_NAME', 'USER_ERRORS', 'ModelEMA', 'AtomicChe
            'PredictionWriter', 'say', 'fit_state_hashes', 'write_json_atomic', 'data_wait', 'process_age',
            'RunArtifacts', 'epoch_line', 'EpochSummary', 'class_ap', 'class_ap_table', 'QuietLightning',
            'quiet_lightning', 'read_metrics_csv', 'plot_curves', 'draw_instances', 'instances_of', 'draw_results',
-           'fit_tile', 'image_grid', 'save_jpeg', 'draw_train_batch', 'draw_val_batch', 'LucidCLI', 'add_tensorboard',
-           'default_callbacks', 'cli_main', 'save_figure', 'note', 'RunFolderInUse', 'read_lock', 'lock_owner_alive',
-           'acquire_run_lock', 'run_lock', 'resume_hint', 'read_checkpoint', 'one_line', 'main']
+           'fit_tile', 'image_grid', 'save_jpeg', 'draw_train_batch', 'draw_val_batch', 'OneLineParser', 'LucidCLI',
+           'add_tensorboard', 'default_callbacks', 'cli_main', 'save_figure', 'note', 'RunFolderInUse', 'read_lock',
+           'lock_owner_alive', 'acquire_run_lock', 'run_lock', 'resume_hint', 'read_checkpoint', 'one_line', 'main']
 
 # %% ../nbs/08_trainer.ipynb #ea5ecba6
 class ModelEMA(nn.Module):
@@ -568,6 +568,15 @@ def draw_val_batch(dm, results:list|None=None, n:int=8, size:int=320, top:int=30
     return image_grid(tiles, size)
 
 # %% ../nbs/08_trainer.ipynb #d9baf6c2
+class OneLineParser(LightningArgumentParser):
+    "LightningCLI's parser, whose usage errors are one line on stderr and exit status 2."
+    def error(self, message:str, ex:Exception|None=None):
+        if not self.exit_on_error or os.environ.get('LUCID_DEBUG'): return super().error(message, ex)
+        prog = (getattr(ex, 'subcommand_parser', None) or self).prog.replace(' [options]', '')
+        sys.stderr.write(f"lucid: error: {' '.join(str(message).split())} (`{prog} --help` lists every option)\n")
+        sys.exit(2)
+
+# %% ../nbs/08_trainer.ipynb #ec8e719d
 class LucidCLI(LightningCLI):
     "`lucid`: LightningCLI for `LitYolo` + `YoloData`."
     def add_arguments_to_parser(self, parser):
@@ -634,6 +643,7 @@ def cli_main(args:list|None=None, run:bool=True)->LucidCLI:
     warnings.filterwarnings('ignore', message=".*args parameter is intended to run from within Python.*")  # notebooks, tests
     quiet_lightning()
     return LucidCLI(LitYolo, YoloData, args=args, run=run, save_config_kwargs={'overwrite': True}, auto_configure_optimizers=False,
+                    parser_class=OneLineParser,
                     parser_kwargs=HELP,
                     trainer_defaults={'max_epochs': 10, 'logger': {'class_path': 'lightning.pytorch.loggers.CSVLogger',
                                                                   'init_args': {'save_dir': 'runs', 'name': 'lucid'}}})

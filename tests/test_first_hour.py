@@ -6,7 +6,7 @@ import pytest
 
 from lucid_nb.trainer import cli_main
 
-from helpers import TINY
+from helpers import TINY, lucid_main
 
 LUCID = Path(sys.executable).parent / 'lucid'
 
@@ -81,3 +81,18 @@ def test_python_api_keeps_its_messages():
     with pytest.raises(ValueError, match='allowed values: n, s, m'): LitYolo(size='x')
     with pytest.raises(ValueError, match="use one of 'none', 'ram', 'disk'"): YoloData(cache='bogus')
     with pytest.raises(ValueError, match="use 'skip' or 'error'"): YoloData(on_bad_input='maybe')
+
+
+@pytest.mark.parametrize('args, says', [
+    (['--data.cache', 'bogus'], 'data.cache'), (['--model.size', 'x'], 'model.size'), (['--nope', '1'], '--nope'),
+    (['--data.imgsz', '33'], 'imgsz=33'), (['--model.capture_segment_heads', '1'], 'capture_segment_heads'),
+    (['--data.train_images', '/nope', '--data.train_annotations', '/nope.json'], '/nope.json'),
+    (['--ckpt_path', '/nope/last.ckpt'], '/nope/last.ckpt')])
+def test_user_errors_are_one_line(tmp_path, monkeypatch, capsys, args, says):
+    "A bad option value, an unknown option, a missing path: one `lucid: error:` line naming it, exit status 2, no traceback."
+    monkeypatch.chdir(tmp_path)
+    assert lucid_main(monkeypatch, 'fit', '--trainer.max_epochs', '1', *args) == 2
+    err = capsys.readouterr().err
+    lines = [l for l in err.splitlines() if 'error' in l.lower()]
+    assert len(lines) == 1 and lines[0].startswith('lucid: error:') and says in lines[0], err[-2000:]
+    assert 'Traceback' not in err and 'usage:' not in err
