@@ -179,12 +179,18 @@ class LitYolo(L.LightningModule):
         if diff: raise ValueError(f"--ckpt_path: the checkpoint does not match this model: it has {', '.join(diff)}; "
                                   "use the checkpoint's settings (its run folder holds config.yaml) or another checkpoint")
 
-    def build_model(self)->nn.Module: return yolo_seg(self.hparams.size, self.hparams.num_classes)
-    def forward(self, img:Tensor)->dict: return self.ema.module(img)
+    def build_model(self)->nn.Module:
+        "A fresh network of this module's size and class count (the model, and the EMA's copy)."
+        return yolo_seg(self.hparams.size, self.hparams.num_classes)
+
+    def forward(self, img:Tensor)->dict:
+        "Inference: the EMA network's outputs for a (B,3,S,S) float batch in [0,1]."
+        return self.ema.module(img)
 
 # %% ../nbs/08_trainer.ipynb #53fde761
 @patch
 def training_step(self:LitYolo, batch:dict, batch_idx:int)->Tensor:
+    "The loss terms of one padded batch (logged), summed and scaled by the batch size."
     losses = self.loss_fn(model_outputs(self.model, batch['img'], self.recorder), batch)
     self.last_losses = {k: v.detach() for k, v in losses.items()}
     B = batch['img'].shape[0]
@@ -200,6 +206,7 @@ def log_train_terms(self:LitYolo, terms:dict, B:int):
 
 @patch
 def on_train_batch_end(self:LitYolo, outputs, batch, batch_idx):
+    "One EMA update after each optimiser step."
     self.ema.update(self.model)
 
 class StepLossBar(TQDMProgressBar):
@@ -218,6 +225,7 @@ class StepLossBar(TQDMProgressBar):
 
 @patch
 def configure_optimizers(self:LitYolo):
+    "The optimiser over the parameter groups and the per-step warm-up and decay schedule of `max_epochs`."
     h = self.hparams
     opt = build_optimizer(self.model, h.optimizer, lr=h.lr, momentum=h.momentum, weight_decay=h.weight_decay)
     epochs = self.trainer.max_epochs
@@ -239,15 +247,18 @@ def optimizer_step(self:LitYolo, epoch:int, batch_idx:int, optimizer, optimizer_
 # %% ../nbs/08_trainer.ipynb #686375c5
 @patch
 def make_validator(self:LitYolo, conf:float|None=None)->Validator:
+    "A `Validator` with this module's thresholds and the datamodule's category ids."
     h = self.hparams
     return Validator(self.trainer.datamodule.cat_ids, conf=h.conf if conf is None else conf, iou=h.iou, max_det=h.max_det)
 
 @patch
 def on_validation_epoch_start(self:LitYolo):
+    "A fresh validator and zeroed validation timings."
     self.validator, self.val_seconds = self.make_validator(), dict(forward=0., postprocess=0., evaluate=0.)
 
 @patch
 def validation_step(self:LitYolo, batch:dict, batch_idx:int):
+    "The EMA network on one batch; its detections into COCO results (forward and post-processing timed)."
     t0 = _now(self.trainer)
     out = self.ema.module(batch['img'])
     t1 = _now(self.trainer)
@@ -261,10 +272,13 @@ def _run_dir(trainer)->Path:
 LitYolo.on_test_epoch_start, LitYolo.test_step = LitYolo.on_validation_epoch_start, LitYolo.validation_step
 
 @patch
-def on_test_epoch_end(self:LitYolo): self.on_validation_epoch_end()
+def on_test_epoch_end(self:LitYolo):
+    "`lucid test` scores like validation."
+    self.on_validation_epoch_end()
 
 @patch
 def on_validation_epoch_end(self:LitYolo):
+    "COCO mAP of the gathered results (logged), the predictions JSON and a line of `val_metrics.jsonl`."
     t0 = time.perf_counter()
     metrics = self.validator.compute(self.trainer.datamodule.val_coco())
     self.val_seconds['evaluate'] = time.perf_counter() - t0
@@ -285,6 +299,7 @@ def on_save_checkpoint(self:LitYolo, checkpoint:dict):
 # %% ../nbs/08_trainer.ipynb #921548c1
 @patch
 def predict_step(self:LitYolo, batch:dict, batch_idx:int)->list:
+    "COCO results of one batch at a score threshold of at least 0.25."
     v = self.make_validator(conf=max(self.hparams.conf, 0.25))
     v.update(self.ema.module(batch['img']), batch)
     return v.results
