@@ -14,7 +14,8 @@ from torch import Tensor
 # %% auto #0
 __all__ = ['BATCH_KEYS', 'MASK_STRIDE', 'EMBEDDED_DATA', 'CONFIGS', 'EMBEDDED_IMAGES', 'EMBEDDED_ANNOTATIONS', 'TEST_IMG',
            'package_dir', 'repo_root', 'env_info', 'env_card', 'module_pointers', 'tensor_bytes', 'digest',
-           'state_hashes', 'current_umask', 'atomic_write', 'test_bytes_equal', 'test_grads_equal', 'synth_batch']
+           'state_hashes', 'current_umask', 'atomic_write', 'test_bytes_equal', 'test_grads_equal', 'cuda_cell_skipped',
+           'skip_cuda_cells', 'synth_batch']
 
 # %% ../nbs/00_core.ipynb #00d8c748
 BATCH_KEYS = ('img', 'boxes', 'cls', 'valid', 'masks', 'image_id', 'orig_hw', 'letterbox', 'hsv')
@@ -134,6 +135,21 @@ def test_grads_equal(m1:torch.nn.Module, m2:torch.nn.Module):
         g1, g2 = p1[n].grad, p2[n].grad
         assert (g1 is None) == (g2 is None), f"{n}: grad is {'None' if g1 is None else 'set'} vs {'None' if g2 is None else 'set'}"
         if g1 is not None: test_bytes_equal(g1, g2, f"{n}.grad")
+
+# %% ../nbs/00_core.ipynb #ecca7d7d
+def cuda_cell_skipped(lines:list[str])->list[str]:
+    "An IPython input transformer: a cell flagged `#| cuda` becomes a line saying it needs a CUDA GPU."
+    if any(l.replace(' ', '').rstrip() == '#|cuda' for l in lines): return ["print('needs a CUDA GPU — skipped')\n"]
+    return lines
+
+def skip_cuda_cells()->bool:
+    "Without a CUDA GPU, make this IPython session skip `#| cuda` cells (True if it will)."
+    try: from IPython import get_ipython
+    except ImportError: return False
+    shell = get_ipython()
+    if shell is None or torch.cuda.is_available(): return False
+    if cuda_cell_skipped not in shell.input_transformers_cleanup: shell.input_transformers_cleanup.append(cuda_cell_skipped)
+    return True
 
 # %% ../nbs/00_core.ipynb #8c800b22
 def synth_batch(
