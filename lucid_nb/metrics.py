@@ -314,7 +314,9 @@ def _cocoeval(coco_gt:COCO, dets:list[dict], iou_type:str, image_ids:list)->tupl
         E.params.imgIds = image_ids
         if cats: E.params.catIds = cats  # a category without ground truth here only adds -1s: same numbers, less work
         E.evaluate(); E.accumulate(); E.summarize()
-        return E.stats.tolist()
+        p = E.eval['precision'][:, :, :, 0, -1]   # (IoU thresholds, recalls, categories), all areas, most detections
+        per_class = {c: float(p[:, :, k][p[:, :, k] > -1].mean()) for k, c in enumerate(E.params.catIds) if (p[:, :, k] > -1).any()}
+        return E.stats.tolist(), per_class
     return quiet(run)
 
 def coco_evaluate(
@@ -326,11 +328,12 @@ def coco_evaluate(
     ids = sorted({int(i) for i in (coco_gt.getImgIds() if image_ids is None else _floats(image_ids))})
     keep = set(ids)
     stats, logs = CocoStats(), []
+    stats.per_class = {}   # iou type -> {category id: AP50-95} of the categories with ground truth
     for iou_type, drop in (('bbox', 'segmentation'), ('segm', 'bbox')):
         dets = [{k: v for k, v in r.items() if k != drop} for r in results
                 if r['image_id'] in keep and (iou_type == 'bbox' or 'segmentation' in r)]
-        if dets and ids: s, log = _cocoeval(coco_gt, dets, iou_type, ids)
-        else: s, log = [0.] * len(STAT_NAMES), 'no detections: all zeros\n'
+        if dets and ids: (s, stats.per_class[iou_type]), log = _cocoeval(coco_gt, dets, iou_type, ids)
+        else: s, log, stats.per_class[iou_type] = [0.] * len(STAT_NAMES), 'no detections: all zeros\n', {}
         stats.update({f'{iou_type}/{n}': float(v) for n, v in zip(STAT_NAMES, s)})
         logs.append(f'== {iou_type} on {len(ids)} images, {len(dets)} detections\n{log}')
     stats.update({k: stats[v] for k, v in SUMMARY_NAMES.items()})

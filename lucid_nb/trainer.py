@@ -32,9 +32,9 @@ from PIL import Image, ImageDraw
 # %% auto #0
 __all__ = ['PALETTE', 'HELP', 'LOCK_NAME', 'USER_ERRORS', 'ModelEMA', 'AtomicCheckpoint', 'LitYolo', 'StepLossBar',
            'PredictionWriter', 'say', 'fit_state_hashes', 'write_json_atomic', 'data_wait', 'process_age',
-           'RunArtifacts', 'epoch_line', 'EpochSummary', 'class_ap', 'class_ap_table', 'QuietLightning',
-           'quiet_lightning', 'read_metrics_csv', 'plot_curves', 'draw_instances', 'instances_of', 'draw_results',
-           'fit_tile', 'image_grid', 'save_jpeg', 'draw_train_batch', 'draw_val_batch', 'OneLineParser', 'LucidCLI',
+           'RunArtifacts', 'epoch_line', 'EpochSummary', 'class_ap_table', 'QuietLightning', 'quiet_lightning',
+           'read_metrics_csv', 'plot_curves', 'draw_instances', 'instances_of', 'draw_results', 'fit_tile',
+           'image_grid', 'save_jpeg', 'draw_train_batch', 'draw_val_batch', 'OneLineParser', 'LucidCLI',
            'add_tensorboard', 'default_callbacks', 'cli_main', 'save_figure', 'note', 'RunFolderInUse', 'read_lock',
            'lock_owner_alive', 'acquire_run_lock', 'run_lock', 'resume_hint', 'read_checkpoint', 'one_line', 'main']
 
@@ -284,6 +284,7 @@ def on_validation_epoch_end(self:LitYolo):
     self.val_seconds['evaluate'] = time.perf_counter() - t0
     self.log_dict({k: v for k, v in metrics.summary().items()}, prog_bar=True)
     if self.trainer.sanity_checking: return
+    self.last_val_stats = metrics   # its per-class AP makes the table at the end of fit
     run = _run_dir(self.trainer)
     sha = write_results(run/'predictions.json', self.validator.results)
     with open(run/'val_metrics.jsonl', 'a') as f:
@@ -428,30 +429,18 @@ class EpochSummary(Callback):
         say(trainer, f"{epoch_line(trainer, getattr(self, 'validated', True))}  {time.perf_counter() - getattr(self, 't0', time.perf_counter()):.1f} s")
     @rank_zero_only
     def on_fit_end(self, trainer, module):
-        run, preds = _run_dir(trainer), _run_dir(trainer)/'predictions.json'
-        if preds.exists() and trainer.datamodule is not None:
+        run, stats = _run_dir(trainer), getattr(module, 'last_val_stats', None)
+        if stats is not None and trainer.datamodule is not None:   # the last validation's own COCOeval, not another
             dm = trainer.datamodule
-            print(class_ap_table(dm.val_coco(), json.loads(preds.read_text()), dm.class_names, dm.cat_ids))
+            print(class_ap_table(dm.val_coco(), stats.per_class, dm.class_names, dm.cat_ids))
         print(f"Results saved to {run}", flush=True)
 
 # %% ../nbs/08_trainer.ipynb #dd34d68e
-def class_ap(coco_gt, results:list, iou_type:str)->dict:
-    "AP50-95 of each category id with ground truth ({cat_id: AP}), -1 where it has none; pycocotools, quietly."
-    from pycocotools.cocoeval import COCOeval
-    gt = type(coco_gt)()   # COCOeval('segm') rewrites polygons in place: evaluate copies of the annotations
-    gt.dataset = dict(coco_gt.dataset, annotations=[dict(a) for a in coco_gt.dataset['annotations']])
-    with contextlib.redirect_stdout(io.StringIO()):
-        gt.createIndex()
-        if not results: return {c: 0. for c in gt.getCatIds()}
-        E = COCOeval(gt, gt.loadRes(results), iou_type); E.evaluate(); E.accumulate()
-    p = E.eval['precision'][:, :, :, 0, -1]                  # (T iou thresholds, R recalls, K classes), area all, max dets
-    return {c: float(p[:, :, k][p[:, :, k] > -1].mean()) if (p[:, :, k] > -1).any() else -1. for k, c in enumerate(E.params.catIds)}
-
-def class_ap_table(coco_gt, results:list, class_names:list, cat_ids:list)->str:
-    "Per-class box and mask AP50-95 of the classes in the ground truth, and their mean."
-    box, mask = class_ap(coco_gt, results, 'bbox'), class_ap(coco_gt, results, 'segm')
+def class_ap_table(coco_gt, per_class:dict, class_names:list, cat_ids:list)->str:
+    "Per-class box and mask AP50-95 (`CocoStats.per_class` of a validation) of the classes in the ground truth, and their mean."
+    box, mask = per_class.get('bbox', {}), per_class.get('segm', {})   # a class without detections scores 0
     n = {c: len(coco_gt.getAnnIds(catIds=[c], iscrowd=False)) for c in cat_ids}
-    rows = [(name, n[c], box.get(c, -1), mask.get(c, -1)) for name, c in zip(class_names, cat_ids) if n[c]]
+    rows = [(name, n[c], box.get(c, 0.), mask.get(c, 0.)) for name, c in zip(class_names, cat_ids) if n[c]]
     mean = lambda i: np.mean([r[i] for r in rows if r[i] >= 0]) if rows else 0.
     lines = [f"{'class':<16}{'instances':>10}{'box AP50-95':>13}{'mask AP50-95':>14}",
              f"{'all':<16}{sum(r[1] for r in rows):>10}{mean(2):>13.4f}{mean(3):>14.4f}"]
