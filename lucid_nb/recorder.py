@@ -1,4 +1,4 @@
-"""Named regions of the training step — the segment head's prediction calls and their backward (`--model.capture_segment_heads true`), the optimiser update (`--model.capture_optimizer_step true`) — recorded into CUDA graphs and replayed every step, bit for bit as native.
+"""Named regions of the training step — the segment head's prediction calls and their backward (`--model.capture_segment_heads true`), the optimiser update (`--model.capture_optimizer_step true`), the whole forward, loss and backward and the EMA update (`--model.capture_train_step true`) — recorded into CUDA graphs and replayed every step, bit for bit as native.
 
 Docs: https://lucid-nb.github.io/lucid_nb/recorder.html.md"""
 
@@ -18,10 +18,12 @@ from .core import *
 from .optim import CapturedUpdate, captured_update, state_ready, update_blocker
 
 # %% auto #0
-__all__ = ['MIN_TORCH', 'log', 'autocast_state', 'head_autocast', 'CudaGraphs', 'EagerGraphs', 'input_signature', 'alignment',
-           'grad_layout', 'non_overlapping', 'empty_with_layout', 'HeadGraphs', 'HeadReplay', 'head_blocker',
-           'fit_blocker', 'head_fit_blocker', 'call_blocker', 'Region', 'HeadRegion', 'UpdateMismatch', 'UpdateGraphs',
-           'update_fit_blocker', 'UpdateRegion', 'Recorder', 'model_outputs']
+__all__ = ['MIN_TORCH', 'log', 'STEP_INPUTS', 'autocast_state', 'head_autocast', 'CudaGraphs', 'EagerGraphs', 'input_signature',
+           'alignment', 'grad_layout', 'non_overlapping', 'empty_with_layout', 'ModuleGraphs', 'HeadGraphs',
+           'HeadReplay', 'graph_blocker', 'head_blocker', 'fit_blocker', 'precision_blocker', 'head_fit_blocker',
+           'replay_blocker', 'call_blocker', 'Region', 'HeadRegion', 'UpdateMismatch', 'UpdateGraphs',
+           'update_fit_blocker', 'UpdateRegion', 'step_inputs', 'StepGraphs', 'StepReplay', 'step_fit_blocker',
+           'step_call_blocker', 'StepRegion', 'EmaRegion', 'Recorder', 'model_outputs']
 
 # %% ../nbs/06_recorder.ipynb #f7c422cf
 def autocast_state(device_type:str)->dict:
@@ -123,7 +125,48 @@ def empty_with_layout(like:Tensor, layout:tuple|None)->Tensor:
 
 def _describe(sig:tuple)->str: return f"{'×'.join(map(str, sig[0]))} {str(sig[2]).replace('torch.', '')}"
 
-class HeadGraphs:
+class ModuleGraphs:
+    "What recordings of a module's forward and backward share: its trainable parameters (or aliases), buffers, addresses."
+    def __init__(self, module:nn.Module, backend, alias_params:bool=False):
+        self.backend, self.released, self.generation, self.pending = backend, False, 0, False
+        self.modules, self.buffers = tuple(module.modules()), tuple(module.buffers())
+        self.params = tuple(p for p in module.parameters() if p.requires_grad)
+        self.aliases = {n: p.detach().requires_grad_() for n, p in module.named_parameters() if p.requires_grad} \
+            if alias_params else {}
+        self.pointers = self.current_pointers()
+
+    def current_pointers(self)->tuple:
+        "Addresses and trainability of the module's parameters and buffers (a replay is valid while they are unchanged)."
+        return module_pointers(self.modules, with_grad=True)
+
+    def weights(self)->tuple:
+        "What the recorded backward differentiates: the parameters, or their aliases."
+        return tuple(self.aliases.values()) if self.aliases else self.params
+
+    def swapped(self, module:nn.Module):
+        "A context in which `module` computes with the aliases (if any) instead of its parameters."
+        return _reparametrize_module(module, self.aliases) if self.aliases else contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def buffers_kept(self):
+        "Run a block that moves the module's BatchNorm statistics, then copy every buffer back in place."
+        kept = [b.detach().clone() for b in self.buffers]
+        try: yield
+        finally:
+            with torch.no_grad():
+                for b, k in zip(self.buffers, kept): b.copy_(k)
+
+    @contextlib.contextmanager
+    def recording(self):
+        "Around a recording: buffers and RNG state put back after it; its time and reserved memory in `seconds`, `reserved_bytes`."
+        t0, mem0 = time.perf_counter(), self.backend.memory_reserved()
+        rng = self.backend.rng_state()
+        with self.buffers_kept():
+            try: yield
+            finally: self.backend.set_rng_state(rng)
+        self.seconds, self.reserved_bytes = time.perf_counter() - t0, self.backend.memory_reserved() - mem0
+
+class HeadGraphs(ModuleGraphs):
     "The head's prediction calls and their backward, recorded for one input signature; replayed through `HeadReplay`."
     def __init__(self,
                  head:nn.Module,      # a head with `predict(feats) -> {name: output}` in native call order
@@ -131,33 +174,21 @@ class HeadGraphs:
                  backend,             # `CudaGraphs()` or `EagerGraphs()`
                  grad_layouts=None,   # per output, `grad_layout` of the gradient the loss sends back (None: contiguous)
                  alias_params:bool=False): # differentiate fresh aliases of the parameters while recording (see below)
-        self.head, self.backend, self.released = head, backend, False
-        self.grad_layouts = grad_layouts
-        self.params = tuple(p for p in head.parameters() if p.requires_grad)
-        self.buffers = tuple(head.buffers())
+        super().__init__(head, backend, alias_params)
+        self.head, self.grad_layouts = head, grad_layouts
         self.device_type = feats[0].device.type
         self.autocast = autocast_state(self.device_type)
         self.signature = input_signature(feats)
-        self.modules = tuple(head.modules())
-        self.pointers = self.current_pointers()
         self.static_in = tuple(torch.empty_strided(f.shape, f.stride(), dtype=f.dtype, device=f.device) for f in feats)
         with torch.no_grad():
             for s, f in zip(self.static_in, feats): s.copy_(f)
         for s, f in zip(self.static_in, feats): s.requires_grad_(f.requires_grad)
-        self.aliases = {n: p.detach().requires_grad_() for n, p in head.named_parameters() if p.requires_grad} \
-            if alias_params else {}
-        self.grad_inputs = tuple(s for s in self.static_in if s.requires_grad) + \
-            (tuple(self.aliases.values()) if alias_params else self.params)
-        self.generation, self.pending, self._outs, self.native_backwards = 0, False, None, 0
+        self.grad_inputs = tuple(s for s in self.static_in if s.requires_grad) + self.weights()
+        self._outs, self.native_backwards = None, 0
         self.seconds, self.reserved_bytes = self._record()
 
-    def current_pointers(self)->tuple:
-        "Addresses and trainability of the head's parameters and buffers (a replay is valid while they are unchanged)."
-        return module_pointers(self.modules, with_grad=True)
-
     def _forward(self)->tuple:
-        swap = _reparametrize_module(self.head, self.aliases) if self.aliases else contextlib.nullcontext()
-        with torch.enable_grad(), torch.autocast(self.device_type, **self.autocast), swap:
+        with torch.enable_grad(), torch.autocast(self.device_type, **self.autocast), self.swapped(self.head):
             out = self.head.predict(list(self.static_in))
         self.names, self._outs = tuple(out), tuple(out.values())
         return self._outs
@@ -169,19 +200,8 @@ class HeadGraphs:
         outs = self._forward()
         torch.autograd.grad(outs, self.grad_inputs, [torch.zeros_like(o) for o in outs], allow_unused=True)
 
-    @contextlib.contextmanager
-    def buffers_kept(self):
-        "Run a block that moves the head's BatchNorm statistics, then copy every head buffer back in place."
-        kept = [b.detach().clone() for b in self.buffers]
-        try: yield
-        finally:
-            with torch.no_grad():
-                for b, k in zip(self.buffers, kept): b.copy_(k)
-
     def _record(self)->tuple[float,int]:
-        t0, mem0 = time.perf_counter(), self.backend.memory_reserved()
-        rng = self.backend.rng_state()
-        with self.buffers_kept():
+        with self.recording():
             try:
                 self.backend.warm_up(self._warm_up_step)
                 self.fwd_graph, outs = self.backend.capture(self._forward)
@@ -191,10 +211,8 @@ class HeadGraphs:
                 self.grad_layouts = tuple(grad_layout(g) for g in self.static_gout)
                 self.bwd_graph, grads = self.backend.capture(self._backward)
                 self.static_grads = tuple(grads)
-            finally:
-                self._outs = None  # keep only detached static outputs: no capture-time autograd graph stays alive
-                self.backend.set_rng_state(rng)
-        return time.perf_counter() - t0, self.backend.memory_reserved() - mem0
+            finally: self._outs = None  # keep only detached static outputs: no capture-time autograd graph stays alive
+        return self.seconds, self.reserved_bytes
 
     def mismatch(self, feats:list[Tensor])->str|None:
         "Why `feats` cannot be replayed (another shape, stride, dtype or grad requirement), or None."
@@ -273,22 +291,26 @@ def _torch_version()->tuple[int,int]: return tuple(int(v) for v in torch.__versi
 def _hooked(m:nn.Module)->bool:
     return any(getattr(m, a, None) for a in ('_forward_hooks', '_forward_pre_hooks', '_backward_hooks', '_backward_pre_hooks'))
 
-def head_blocker(head:nn.Module)->str|None:
-    "Why this head cannot be recorded, or None."
-    if not callable(getattr(head, 'predict', None)):
-        return f"{type(head).__name__} has no predict(feats) method listing its prediction calls"
+def graph_blocker(module:nn.Module, prefix:str)->str|None:
+    "Why the modules of `module` (named from `prefix`) cannot be recorded into a graph that replays their forward and backward, or None."
     from torch.nn.modules import module as _m
     if _m._global_forward_hooks or _m._global_forward_pre_hooks or _m._global_backward_hooks:
         return "global module hooks are registered; they would run only while recording"
-    for name, m in head.named_modules(prefix='head'):
+    for name, m in module.named_modules(prefix=prefix):
         if isinstance(m, nn.SyncBatchNorm): return f"{name} is a SyncBatchNorm"
         if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.momentum is None:
             return f"{name} has momentum=None (a cumulative average reads num_batches_tracked on the host)"
         if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0:
             return f"{name} is a dropout (p={m.p}); a replayed graph draws a different random stream"
         if _hooked(m): return f"{name} has module hooks; they would run only while recording"
-    if any(b.requires_grad for b in head.buffers()): return "a head buffer requires grad"
+    if any(b.requires_grad for b in module.buffers()): return f"a {prefix} buffer requires grad"
     return None
+
+def head_blocker(head:nn.Module)->str|None:
+    "Why this head cannot be recorded, or None."
+    if not callable(getattr(head, 'predict', None)):
+        return f"{type(head).__name__} has no predict(feats) method listing its prediction calls"
+    return graph_blocker(head, 'head')
 
 def fit_blocker(trainer, module, backend=None)->str|None:
     "Why this fit can record no region (checked once, at fit start), or None."
@@ -303,24 +325,33 @@ def fit_blocker(trainer, module, backend=None)->str|None:
         return f"--trainer.accumulate_grad_batches={trainer.accumulate_grad_batches}; the recorder covers 1"
     return None
 
-def head_fit_blocker(trainer, module, head:nn.Module, backend=None)->str|None:
-    "Why this fit cannot record the head, or None."
+def precision_blocker(trainer, module, backend=None)->str|None:
+    "Why this fit cannot record a region that replays forward and backward (the regions' checks, then the precision), or None."
     if why := fit_blocker(trainer, module, backend): return why
     if trainer.precision != 'bf16-mixed':
         return f"--trainer.precision={trainer.precision}; the recorder covers bf16-mixed"
-    return head_blocker(head)
+    return None
 
-def call_blocker(head:nn.Module, recorded:nn.Module, graphs:HeadGraphs|None)->str|None:
-    "Why this head call must run natively (checked on every call), or None."
-    if head is not recorded: return "the head called is not the model's own head (e.g. a copy)"
-    if not head.training: return "the head is in eval mode"
+def head_fit_blocker(trainer, module, head:nn.Module, backend=None)->str|None:
+    "Why this fit cannot record the head, or None."
+    return precision_blocker(trainer, module, backend) or head_blocker(head)
+
+def replay_blocker(module:nn.Module, recorded:nn.Module, graphs, what:str, other:str, second:str)->str|None:
+    "Why a replay of `recorded`'s graphs cannot stand in for this call of `module`, or None; `what`, `other`, `second` name the cases."
+    if module is not recorded: return f"{other} (e.g. a copy)"
+    if not module.training: return f"{what} is in eval mode"
     if not torch.is_grad_enabled(): return "grad mode is off"
     if torch.is_anomaly_enabled(): return "anomaly detection is on (torch.is_anomaly_enabled(), e.g. --trainer.detect_anomaly)"
     if graphs is None: return None
-    if graphs.pending: return "a second head call before the backward of the first (its saved activations would be overwritten)"
+    if graphs.pending: return second
     if autocast_state(graphs.device_type) != graphs.autocast:
         return f"autocast changed from {graphs.autocast} to {autocast_state(graphs.device_type)}"
     return None
+
+def call_blocker(head:nn.Module, recorded:nn.Module, graphs:HeadGraphs|None)->str|None:
+    "Why this head call must run natively (checked on every call), or None."
+    return replay_blocker(head, recorded, graphs, 'the head', "the head called is not the model's own head",
+                          "a second head call before the backward of the first (its saved activations would be overwritten)")
 
 # %% ../nbs/06_recorder.ipynb #70ba06ed
 log = logging.getLogger('lucid_nb.recorder')
@@ -353,6 +384,25 @@ class Region:
         "Keep a recording error's traceback (for recorder.json); return its first line."
         self.record_error = traceback.format_exc()
         return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+
+    def record_graphs(self, make)->str|None:
+        "Record with `make(alias_params)`: plainly, else differentiating parameter aliases; return why neither worked, or None."
+        errors = []
+        for alias_params in (False, True):
+            try:
+                self.graphs = make(alias_params)
+                break
+            except Exception as e: errors.append(self.failed(e))  # the whole chain is kept: the first error matters
+        else:
+            self.blocked = f"recording failed ({errors[0]})"
+            return self.blocked
+        self.recordings.append(dict(seconds=self.graphs.seconds, reserved_mib=self.graphs.reserved_bytes / 2**20,
+                                    parameter_aliases=alias_params, first_attempt_error=errors[0] if errors else None))
+        return None
+
+    def new_batch(self):
+        "A new training batch: a replayed forward whose backward never ran (e.g. a skipped step) is given up."
+        if self.graphs is not None: self.graphs.pending = False
 
     def report(self)->dict:
         return dict(backend=getattr(self.backend_, 'name', None), blocked=self.blocked, native_reasons=dict(self.reasons),
@@ -417,21 +467,7 @@ class HeadRegion(Region):
         if len(self.recordings) >= self.max_records:
             self.blocked = f"the head's parameters kept moving; stopped after {self.max_records} recordings"
             return self.blocked
-        errors = []
-        for alias_params in (False, True):
-            try:
-                self.graphs = self.graphs_type(head, feats, self.backend_, self.layouts, alias_params)
-                break
-            except Exception as e: errors.append(self.failed(e))  # the whole chain is kept: the first error matters
-        else:
-            self.blocked = f"recording failed ({errors[0]})"
-            return self.blocked
-        self.recordings.append(dict(seconds=self.graphs.seconds, reserved_mib=self.graphs.reserved_bytes / 2**20,
-                                    parameter_aliases=alias_params, first_attempt_error=errors[0] if errors else None))
-        return None
-
-    def new_batch(self):
-        if self.graphs is not None: self.graphs.pending = False  # a forward whose backward never ran (e.g. a skipped step)
+        return self.record_graphs(lambda alias_params: self.graphs_type(head, feats, self.backend_, self.layouts, alias_params))
 
     def report(self)->dict:
         "What the head region did in this fit."
@@ -468,14 +504,16 @@ class UpdateGraphs:
 
     def load(self, grads:list[Tensor]):
         "Copy this step's gradients into the static buffers and write this step's scheduled values."
-        with torch.no_grad(): torch._foreach_copy_(self.static_grads, grads)
+        if grads:
+            with torch.no_grad(): torch._foreach_copy_(self.static_grads, grads)
         self.update.refresh()
 
     def record(self, grads:list[Tensor], native):
         "Apply this step's update natively (`native()`), then record and replay it; raise `UpdateMismatch` if they differ."
         t0, mem0 = time.perf_counter(), self.backend.memory_reserved()
         state, counters = self.update.state(), self.update.counters()
-        with torch.no_grad(): torch._foreach_copy_(self.static_grads, grads)   # before `native`: SGD may edit .grad
+        if grads:   # before `native`: SGD may edit .grad
+            with torch.no_grad(): torch._foreach_copy_(self.static_grads, grads)
         kept = [t.detach().clone() for t in state + counters]
         native(); self.applied = True
         want = [t.detach().clone() for t in state + counters]
@@ -487,7 +525,8 @@ class UpdateGraphs:
             self.graph, _ = self.backend.capture(self._run); _copy_all(state, kept)
             self.backend.replay(self.graph)
             bad = [i for i, (t, w) in enumerate(zip(state + counters, want)) if not _same_bytes(t, w)]
-            if bad: raise UpdateMismatch(f"the recorded update differs from {type(self.update.opt).__name__}.step in "
+            reference = getattr(self.update, 'reference', f"{type(self.update.opt).__name__}.step")
+            if bad: raise UpdateMismatch(f"the recorded update differs from {reference} in "
                                          f"{len(bad)} of {len(want)} parameter and state tensors on this device")
             ok = True
         finally:
@@ -591,22 +630,242 @@ class UpdateRegion(Region):
                 f"step), {self.state_steps} native creating the state, {self.native} native fallbacks")
 
 # %% ../nbs/06_recorder.ipynb #50f5c9fd
+STEP_INPUTS = ('img', 'cls', 'boxes', 'valid', 'masks')   # what the model (img) and `SegLoss` read of a padded batch
+
+def step_inputs(batch:dict)->dict[str,Tensor]:
+    "The tensors of a padded batch that a training step reads."
+    return {k: batch[k] for k in STEP_INPUTS}
+
+def _describe_batch(sig:tuple)->str: return ', '.join(f"{k} {_describe(s)}" for k, s in zip(STEP_INPUTS, sig))
+
+class StepGraphs(ModuleGraphs):
+    "A training step's forward (model, loss, sum) and its backward to every parameter, recorded for one batch signature."
+    def __init__(self,
+                 model:nn.Module,   # the trained network: its parameters get the gradients, its buffers are kept
+                 step_fn,           # step_fn(batch) -> (terms: {name: 0-dim loss}, total: the loss backpropagated)
+                 batch:dict,        # the padded batch being recorded (`step_inputs`)
+                 backend,           # `CudaGraphs()` or `EagerGraphs()`
+                 alias_params:bool=False): # differentiate fresh aliases of the parameters while recording (as the head)
+        super().__init__(model, backend, alias_params)
+        self.model, self.step_fn = model, step_fn
+        inputs = step_inputs(batch)
+        self.signature = input_signature(list(inputs.values()))
+        self.device_type = inputs['img'].device.type
+        self.autocast = autocast_state(self.device_type)
+        self.static_in = {k: torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device=v.device) for k, v in inputs.items()}
+        _copy_all(list(self.static_in.values()), list(inputs.values()))
+        self.grad_inputs, self._total = self.weights(), None
+        self.seconds, self.reserved_bytes = self._record()
+
+    def _forward(self)->tuple:
+        with torch.enable_grad(), torch.autocast(self.device_type, **self.autocast), self.swapped(self.model):
+            terms, total = self.step_fn(dict(self.static_in))
+        self.names, self._total = tuple(terms), total
+        return (*(t.detach() for t in terms.values()), total.detach())
+
+    def _grad(self, seed:Tensor)->tuple:
+        with torch.autocast(self.device_type, enabled=False):   # as Lightning's backward: outside the autocast region
+            return torch.autograd.grad(self._total, self.grad_inputs, seed, allow_unused=True)
+
+    def _warm_up_step(self): self._forward(); self._grad(torch.ones_like(self._total))
+    def _backward(self)->tuple: return self._grad(self.static_seed)
+
+    def _record(self)->tuple[float,int]:
+        with self.recording():
+            try:
+                self.backend.warm_up(self._warm_up_step)
+                self.fwd_graph, outs = self.backend.capture(self._forward)
+                self.static_out = tuple(outs)
+                self.static_seed = torch.zeros_like(self._total)
+                self.bwd_graph, grads = self.backend.capture(self._backward)
+                self.static_grads = tuple(grads)
+            finally: self._total = None   # no capture-time autograd graph stays alive
+        return self.seconds, self.reserved_bytes
+
+    def mismatch(self, batch:dict)->str|None:
+        "Why `batch` cannot be replayed (another shape, stride or dtype of an input), or None."
+        sig = input_signature(list(step_inputs(batch).values()))
+        if sig == self.signature: return None
+        return (f"the batch changed from {_describe_batch(self.signature)} to {_describe_batch(sig)} (a partial last "
+                "batch or another image size); such steps run natively")
+
+    def forward(self, batch:dict)->tuple[Tensor,...]:
+        "Copy the batch into the static inputs, replay the forward graph, return copies of the loss terms and total."
+        with torch.no_grad():
+            for k, s in self.static_in.items():
+                if s.data_ptr() != batch[k].data_ptr(): s.copy_(batch[k])
+        self.backend.replay(self.fwd_graph)
+        self.generation += 1
+        self.pending = True
+        return tuple(o.clone() for o in self.static_out)
+
+    def backward(self, generation:int, seed:Tensor|None)->tuple:
+        "Every parameter's gradient (None where the loss does not reach it) for the forward `generation`."
+        if self.released: raise RuntimeError("capture_train_step: backward through a step recording that was released "
+                                             "(fit ended or failed); its graph cannot be replayed")
+        if generation != self.generation or not self.pending:
+            raise RuntimeError("capture_train_step: the recorded step runs one backward per forward, for the latest "
+                               "forward only (retain_graph or an older graph's backward is not supported); "
+                               "run without --model.capture_train_step for this")
+        self.pending = False
+        if seed is None: return (None,) * len(self.params)
+        with torch.no_grad(): self.static_seed.copy_(seed)
+        self.backend.replay(self.bwd_graph)
+        return self.static_grads     # kept here, so AccumulateGrad copies them into `.grad`
+
+    def release(self):
+        "Drop the graphs and static buffers (their memory returns to PyTorch's allocator)."
+        self.released, self.pending = True, False
+        self.fwd_graph = self.bwd_graph = self.static_in = self.static_out = self.static_seed = self.static_grads = None
+        self.grad_inputs, self.aliases = (), {}
+
+class StepReplay(torch.autograd.Function):
+    "Autograd node of one replayed training step: inputs the model's trainable parameters; outputs the loss terms and total."
+    @staticmethod
+    def forward(ctx, graphs:StepGraphs, batch:dict, *params):
+        ctx.set_materialize_grads(False)
+        ctx.graphs = graphs
+        outs = graphs.forward(batch)
+        ctx.generation = graphs.generation
+        ctx.mark_non_differentiable(*outs[:-1])
+        return outs
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, *grad_outputs):
+        return (None, None, *ctx.graphs.backward(ctx.generation, grad_outputs[-1]))
+
+# %% ../nbs/06_recorder.ipynb #2dfc8f8e
+def step_fit_blocker(trainer, module, model:nn.Module, backend=None)->str|None:
+    "Why this fit cannot record the training step, or None."
+    return precision_blocker(trainer, module, backend) or graph_blocker(model, 'model')
+
+def step_call_blocker(model:nn.Module, recorded:nn.Module, graphs:StepGraphs|None)->str|None:
+    "Why this training step must run natively (checked on every step), or None."
+    return replay_blocker(model, recorded, graphs, 'the model', 'the model trained is not the recorded one',
+                          'a second training forward before the backward of the first')
+
+class StepRegion(Region):
+    "The whole training forward and backward: recorded at the first training batch, replayed every step."
+    option, what = 'capture_train_step', 'the step'
+    def __init__(self, backend=None, model:str='model', max_records:int=3):  # model: attribute path in the module
+        super().__init__(backend, max_records)
+        self.model_path, self.model = model, None
+
+    def start(self, model:nn.Module, blocked:str|None=None):
+        "Record `model`'s step at its next call unless `blocked` says why not."
+        self.begin(blocked); self.model = model
+
+    def fit_start(self, trainer, module):
+        model = operator.attrgetter(self.model_path)(module)
+        self.start(model, step_fit_blocker(trainer, module, model, self.backend))
+
+    def losses(self, model:nn.Module, step_fn, batch:dict, native_fn=None)->tuple[dict,Tensor]:
+        "The step's loss terms and total: replayed when possible, else `native_fn(batch)` (default `step_fn`)."
+        why = self.blocked or step_call_blocker(model, self.model, self.graphs)
+        if why is None and self.graphs is not None:
+            why = self.graphs.mismatch(batch)
+            if why is None and self.graphs.current_pointers() != self.graphs.pointers:
+                log.warning("capture_train_step: the model's parameters or buffers were replaced; recording again")
+                self.release()
+        if why is None and self.graphs is None: why = self.record(model, step_fn, batch)
+        if why is not None:
+            self.note(why); self.native += 1
+            return (native_fn or step_fn)(batch)
+        self.replayed += 1
+        *terms, total = StepReplay.apply(self.graphs, batch, *self.graphs.params)
+        return dict(zip(self.graphs.names, terms)), total
+
+    def record(self, model:nn.Module, step_fn, batch:dict)->str|None:
+        "Record the step on `batch`; return why it could not, or None."
+        if len(self.recordings) >= self.max_records:
+            self.blocked = f"the model's parameters kept moving; stopped after {self.max_records} recordings"
+            return self.blocked
+        return self.record_graphs(lambda alias_params: StepGraphs(model, step_fn, batch, self.backend_, alias_params))
+
+    def report(self)->dict:
+        "What the step region did in this fit."
+        return dict(super().report(), replayed_steps=self.replayed, native_steps=self.native)
+
+    def summary(self)->str: return f"{self.replayed} training steps replayed, {self.native} native"
+
+# %% ../nbs/06_recorder.ipynb #77cd57bd
+class EmaRegion(Region):
+    "The EMA update after each optimiser step: recorded at the first update (checked against it), replayed every step."
+    option, what = 'capture_train_step', 'the EMA update'
+    def start(self, blocked:str|None=None): self.begin(blocked)
+    def fit_start(self, trainer, module): self.start(fit_blocker(trainer, module, self.backend))
+
+    def update(self, ema, model:nn.Module):
+        "One EMA update of `ema` towards `model`: replayed when possible, else `ema.update(model)`."
+        why = self.blocked or (None if callable(getattr(ema, 'recordable', None)) else
+                               f"{type(ema).__name__} has no recordable(model) update")
+        if why is not None:
+            self.note(why); self.native += 1
+            return ema.update(model)
+        if self.graphs is not None and (again := self.graphs.stale(ema)):
+            log.warning(f"capture_train_step: the EMA update: {again}; recording again")
+            self.release()
+        if self.graphs is None: return self.record(ema, model)
+        ema.updates += 1
+        self.graphs.replay([]); self.replayed += 1
+
+    def record(self, ema, model:nn.Module):
+        "Record the update; it is applied either way (natively if recording fails or differs)."
+        if len(self.recordings) >= self.max_records:
+            self.blocked = f"the EMA's tensors kept moving; stopped after {self.max_records} recordings"
+            self.note(self.blocked); self.native += 1
+            return ema.update(model)
+        graphs = UpdateGraphs(ema.recordable(model), [], self.backend_, ())
+        try: graphs.record([], lambda: ema.update(model))
+        except Exception as e:
+            if not graphs.applied: raise
+            self.blocked = f"recording failed ({self.failed(e)})"
+            self.note(self.blocked); self.native += 1
+            return
+        self.graphs = graphs
+        self.recordings.append(dict(seconds=graphs.seconds, reserved_mib=graphs.reserved_bytes / 2**20))
+
+    def report(self)->dict:
+        return dict(super().report(), replayed_updates=self.replayed, native_updates=self.native)
+
+    def summary(self)->str:
+        return f"{self.replayed} EMA updates replayed, {len(self.recordings)} recorded (checked), {self.native} native"
+
+# %% ../nbs/06_recorder.ipynb #c671a6ee
 class Recorder(Callback):
-    "Records named regions of the training step ('head', 'optimizer') at their first use in a fit; replays them."
+    "Records named regions of the training step ('head', 'optimizer', 'step', 'ema') at their first use in a fit; replays them."
     def __init__(self,
                  backend=None,             # None: `CudaGraphs()` per region when training on a CUDA device
                  head:bool=True,           # record the head's prediction calls and backward
                  optimizer:bool=False,     # record the optimiser update
+                 step:bool=False,          # record the whole forward, loss and backward, and the EMA update (implies both above)
                  head_path:str='model.head', # attribute path of the head in the LightningModule
+                 model_path:str='model',   # attribute path of the trained network in the LightningModule
                  max_records:int=3):       # recordings per region and fit before moved tensors make it give up
         self.regions = {}
-        if head: self.regions['head'] = HeadRegion(backend, head_path, max_records)
-        if optimizer: self.regions['optimizer'] = UpdateRegion(backend, max_records)
+        if head or step: self.regions['head'] = HeadRegion(backend, head_path, max_records)
+        if optimizer or step: self.regions['optimizer'] = UpdateRegion(backend, max_records)
+        if step:
+            self.regions['step'] = StepRegion(backend, model_path, max_records)
+            self.regions['ema'] = EmaRegion(backend, max_records)
 
     def predict(self, head:nn.Module, feats:list[Tensor])->dict[str,Tensor]:
         "The head's prediction calls, through the 'head' region if there is one."
         r = self.regions.get('head')
         return head.predict(feats) if r is None else r.predict(head, feats)
+
+    def train_step(self, model:nn.Module, step_fn, batch:dict)->tuple[dict,Tensor]:
+        "`step_fn(batch, recorder)`'s loss terms and total: through the 'step' region if there is one, else natively with this recorder's head region."
+        native = lambda b: step_fn(b, self)
+        r = self.regions.get('step')
+        return native(batch) if r is None else r.losses(model, lambda b: step_fn(b, None), batch, native)
+
+    def ema_update(self, ema, model:nn.Module):
+        "One EMA update towards `model`, through the 'ema' region if there is one."
+        r = self.regions.get('ema')
+        if r is None: ema.update(model)
+        else: r.update(ema, model)
 
     @contextlib.contextmanager
     def stepping(self, opt:torch.optim.Optimizer):
@@ -624,7 +883,8 @@ class Recorder(Callback):
         for r in self.regions.values(): r.fit_start(trainer, module)
 
     def on_train_batch_start(self, trainer, module, batch, batch_idx):
-        if 'head' in self.regions: self.regions['head'].new_batch()
+        for name in ('head', 'step'):
+            if name in self.regions: self.regions[name].new_batch()
 
     def on_load_checkpoint(self, trainer, module, checkpoint): self.release()
 

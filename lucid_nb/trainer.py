@@ -22,7 +22,7 @@ from .core import *
 from .data import YoloData, load_rgb
 from .model import SCALES, yolo_seg
 from .loss import SegLoss
-from .optim import build_optimizer, build_schedule
+from .optim import CapturedUpdate, build_optimizer, build_schedule
 from .metrics import Validator, write_results, SUMMARY_NAMES
 from .recorder import Recorder, model_outputs
 from pycocotools import mask as mask_utils
@@ -30,7 +30,7 @@ import matplotlib.pyplot as plt
 from PIL import Image, ImageDraw
 
 # %% auto #0
-__all__ = ['PALETTE', 'HELP', 'LOCK_NAME', 'USER_ERRORS', 'ModelEMA', 'AtomicCheckpoint', 'LitYolo', 'StepLossBar',
+__all__ = ['PALETTE', 'HELP', 'LOCK_NAME', 'USER_ERRORS', 'ModelEMA', 'EmaUpdate', 'AtomicCheckpoint', 'LitYolo', 'StepLossBar',
            'PredictionWriter', 'say', 'fit_state_hashes', 'write_json_atomic', 'data_wait', 'process_age',
            'RunArtifacts', 'epoch_line', 'EpochSummary', 'class_ap_table', 'QuietLightning', 'quiet_lightning',
            'read_metrics_csv', 'plot_curves', 'draw_instances', 'instances_of', 'draw_results', 'fit_tile',
@@ -52,9 +52,12 @@ class ModelEMA(nn.Module):
         self.module.load_state_dict(model.state_dict())
         self.module.eval().requires_grad_(False)
         self.decay, self.tau, self.updates = decay, tau, 0
+        self.register_buffer('count', torch.zeros((), dtype=torch.float64), persistent=False)  # `updates` on the device
 
     def get_extra_state(self): return {'updates': self.updates}
-    def set_extra_state(self, state): self.updates = int(state['updates'])
+    def set_extra_state(self, state):
+        self.updates = int(state['updates'])
+        self.count.fill_(self.updates)
 
     def current_decay(self)->float: return self.decay * (1 - math.exp(-self.updates / self.tau))
 
@@ -62,11 +65,21 @@ class ModelEMA(nn.Module):
     def update(self, model:nn.Module):
         "Move the average one step towards `model`."
         self.updates += 1
-        d = self.current_decay()
+        self.update_tensors(model)
+
+    @torch.no_grad()
+    def update_tensors(self, model:nn.Module):
+        "The device part of `update`: count, decay and the average, with no host value (recordable)."
+        self.count += 1
+        d = self.decay * (1 - torch.exp(-self.count / self.tau))       # float64, on the device
         ema_float, live_float, ema_other, live_other = self.paired_state(model)
-        torch._foreach_mul_(ema_float, d)
-        torch._foreach_add_(ema_float, live_float, alpha=1 - d)
-        for e, l in zip(ema_other, live_other): e.copy_(l)
+        torch._foreach_mul_(ema_float, d.float())
+        torch._foreach_add_(ema_float, torch._foreach_mul(live_float, (1 - d).float()))
+        if ema_other: torch._foreach_copy_(ema_other, live_other)
+
+    def recordable(self, model:nn.Module)->'EmaUpdate':
+        "This average's update towards `model`, as an update the recorder can record and check (`06_recorder`)."
+        return EmaUpdate(self, model)
 
     def paired_state(self, model:nn.Module)->tuple[list,list,list,list]:
         "The EMA's and `model`'s state tensors paired by name, floating point and not; cached while none of them moves."
@@ -83,6 +96,22 @@ class ModelEMA(nn.Module):
 
     def __getstate__(self):  # copies and pickles leave the cache (and the live model it points to) behind
         return {k: v for k, v in self.__dict__.items() if k not in ('_modules_of', '_pairs', '_pairs_key')}
+
+class EmaUpdate(CapturedUpdate):
+    "`ModelEMA.update_tensors` in the interface of an optimiser's recordable update (`05_optim`): no gradients, no host values."
+    reference = 'ModelEMA.update'
+    def __init__(self, ema:ModelEMA, model:nn.Module):
+        self.opt, self.model = ema, model
+        self.modules = list(ema.module.modules()), list(model.modules())
+    def settings(self)->tuple: return (self.opt.decay, self.opt.tau)
+    def state(self)->list[Tensor]:
+        "The tensors the update writes: the average's, then the device count."
+        ema_float, _, ema_other, _ = self.opt.paired_state(self.model)
+        return [*ema_float, *ema_other, self.opt.count]
+    def counters(self)->list[Tensor]: return []
+    def pointers(self)->tuple:
+        return module_pointers(self.modules[0]) + module_pointers(self.modules[1]) + (self.opt.count.data_ptr(),)
+    def run(self, grads:list[Tensor]): self.opt.update_tensors(self.model)
 
 # %% ../nbs/08_trainer.ipynb #cbbc85fc
 class AtomicCheckpoint(ModelCheckpoint):
@@ -154,13 +183,18 @@ class LitYolo(L.LightningModule):
     capture_optimizer_step : bool
         Record the optimiser update (MuSGD, SGD or AdamW) into a CUDA graph at the first step that has optimiser
         state, checked against the native step, and replay it every step (`06_recorder`). Off by default.
+    capture_train_step : bool
+        Record the whole training step — forward and loss, backward, the optimiser update and the EMA update — into
+        CUDA graphs at the first training batch and replay it every step (`06_recorder`); implies the two options
+        above (they cover the steps the whole-step recording cannot, e.g. a partial last batch). Bit-identical to
+        native training. Off by default.
     """
     def __init__(self, size:Literal['n', 's', 'm']='n', num_classes:int=80, optimizer:Literal['sgd', 'adamw', 'musgd']='sgd', lr:float=0.01, momentum:float=0.937,
                  weight_decay:float=5e-4, warmup_epochs:float=3.0, warmup_bias_lr:float=0.1,
                  warmup_momentum:float=0.8, lrf:float=0.01, cosine:bool=False, box:float=7.5, cls:float=0.5,
                  dfl:float=1.5, seg:float=7.5, ema_decay:float=0.9999, ema_tau:float=2000.0, conf:float=0.001,
                  iou:float=0.7, max_det:int=300, capture_segment_heads:bool=False,
-                 capture_optimizer_step:bool=False):
+                 capture_optimizer_step:bool=False, capture_train_step:bool=False):
         super().__init__()
         if size not in SCALES: raise ValueError(f"--model.size={size!r} is not a model size; allowed values: {', '.join(SCALES)}")
         self.save_hyperparameters()
@@ -189,13 +223,18 @@ class LitYolo(L.LightningModule):
 
 # %% ../nbs/08_trainer.ipynb #53fde761
 @patch
+def step_loss(self:LitYolo, batch:dict, recorder=None)->tuple[dict,Tensor]:
+    "The loss terms of one padded batch, and their sum scaled by the batch size; the head's calls through `recorder`."
+    losses = self.loss_fn(model_outputs(self.model, batch['img'], recorder), batch)
+    return losses, sum(losses.values()) * batch['img'].shape[0]
+
+@patch
 def training_step(self:LitYolo, batch:dict, batch_idx:int)->Tensor:
-    "The loss terms of one padded batch (logged), summed and scaled by the batch size."
-    losses = self.loss_fn(model_outputs(self.model, batch['img'], self.recorder), batch)
+    "The loss terms of one padded batch (logged), summed and scaled by the batch size; through the recorder if there is one."
+    losses, total = self.step_loss(batch) if self.recorder is None else self.recorder.train_step(self.model, self.step_loss, batch)
     self.last_losses = {k: v.detach() for k, v in losses.items()}
-    B = batch['img'].shape[0]
-    self.log_train_terms(self.last_losses, B)
-    return sum(losses.values()) * B
+    self.log_train_terms(self.last_losses, batch['img'].shape[0])
+    return total
 
 @patch
 def log_train_terms(self:LitYolo, terms:dict, B:int):
@@ -206,8 +245,9 @@ def log_train_terms(self:LitYolo, terms:dict, B:int):
 
 @patch
 def on_train_batch_end(self:LitYolo, outputs, batch, batch_idx):
-    "One EMA update after each optimiser step."
-    self.ema.update(self.model)
+    "One EMA update after each optimiser step (replayed with `capture_train_step`)."
+    if self.recorder is None: self.ema.update(self.model)
+    else: self.recorder.ema_update(self.ema, self.model)
 
 class StepLossBar(TQDMProgressBar):
     "Lightning's progress bar, showing the last loss terms read back from the device once every `log_every_n_steps` steps."
@@ -623,10 +663,10 @@ def default_callbacks()->list:
 
 @patch
 def configure_callbacks(self:LitYolo):
-    "Checkpoints, run artifacts, the prediction writer, the step-loss progress bar, and the recorder with `capture_segment_heads` or `capture_optimizer_step`."
+    "Checkpoints, run artifacts, the prediction writer, the step-loss progress bar, and the recorder with a `capture_*` option."
     h, extra = self.hparams, []
-    if self.recorder is None and (h.capture_segment_heads or h.capture_optimizer_step):
-        self.recorder = Recorder(head=h.capture_segment_heads, optimizer=h.capture_optimizer_step)
+    if self.recorder is None and (h.capture_segment_heads or h.capture_optimizer_step or h.capture_train_step):
+        self.recorder = Recorder(head=h.capture_segment_heads, optimizer=h.capture_optimizer_step, step=h.capture_train_step)
     bar = self._trainer.progress_bar_callback if self._trainer is not None else None
     if type(bar) is TQDMProgressBar: extra.append(StepLossBar(bar.refresh_rate))
     return default_callbacks() + ([self.recorder] if self.recorder is not None else []) + extra

@@ -9,7 +9,7 @@ from torch import nn
 
 from lucid_nb.core import digest, state_hashes
 from lucid_nb.loss import SegLoss
-from lucid_nb.recorder import model_outputs
+from lucid_nb.recorder import StepRegion, model_outputs
 from lucid_nb.trainer import cli_main, main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -74,10 +74,10 @@ class WaitForSignal(Callback):
         while not trainer.received_sigterm and time.monotonic() < deadline: time.sleep(0.05)
 
 
-# The recorder's parity harness: a short SGD run, native or with the head replayed (`06_recorder`).
+# The recorder's parity harness: a short SGD run, native or with the head (or the whole step) replayed (`06_recorder`).
 def train_trace(model:nn.Module,                 # trained in place
                 batches:list[dict],              # batches in the padded format (`img` uint8)
-                recorder=None,                   # a `HeadRegion`; None: native
+                recorder=None,                   # a `HeadRegion` or a `StepRegion`; None: native
                 lr:float=0.01,
                 loss_fn=None,                    # default `SegLoss(model.head.num_classes)`
                 set_to_none:bool=True,           # `zero_grad(set_to_none=...)`
@@ -86,17 +86,23 @@ def train_trace(model:nn.Module,                 # trained in place
     dev = next(model.parameters()).device
     loss_fn = loss_fn or SegLoss(model.head.num_classes)
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, nesterov=True)
-    if recorder is not None: recorder.start(model.head)
+    whole = isinstance(recorder, StepRegion)
+    head = None if whole else recorder
+    def step_fn(b):
+        losses = loss_fn(model_outputs(model, b['img'], head), b)
+        return losses, sum(losses.values())
+    if recorder is not None: recorder.start(model if whole else model.head)
     model.train()
     steps = []
     for batch in batches:
         b = {k: v.to(dev) for k, v in batch.items()}
+        b['img'] = b['img'].float() / 255
+        if whole: recorder.new_batch()
         with torch.autocast(dev.type, dtype=torch.bfloat16):
-            losses = loss_fn(model_outputs(model, b['img'].float() / 255, recorder), b)
-        loss = sum(losses.values())
+            losses, loss = recorder.losses(model, step_fn, b) if whole else step_fn(b)
         opt.zero_grad(set_to_none=set_to_none)
         loss.backward()
-        steps.append(dict(loss=digest(loss.detach()),
+        steps.append(dict(loss=digest(loss.detach()), terms=digest({k: v.detach() for k, v in losses.items()}),
                           grads={n: None if p.grad is None else digest(p.grad) for n, p in model.named_parameters()}))
         opt.step()
         del loss, losses  # as Lightning does: the next step's recording must not see this step's autograd graph
@@ -107,6 +113,7 @@ def test_traces_equal(a:dict, b:dict):
     "Fail unless two `train_trace` results are identical; the message names the first step and tensor that differ."
     for i, (sa, sb) in enumerate(zip(a['steps'], b['steps'])):
         assert sa['loss'] == sb['loss'], f"step {i}: loss bytes differ"
+        assert sa['terms'] == sb['terms'], f"step {i}: loss terms differ"
         for n in sa['grads']:
             ga, gb = sa['grads'][n], sb['grads'][n]
             assert (ga is None) == (gb is None), f"step {i}: {n}.grad is {ga and 'set'} vs {gb and 'set'}"

@@ -13,8 +13,8 @@ from lucid_nb.core import digest, synth_batch
 from lucid_nb.model import yolo_seg
 from lucid_nb.loss import SegLoss
 from lucid_nb.optim import SGDUpdate, build_optimizer, build_schedule
-from lucid_nb.recorder import (EagerGraphs, HeadRegion, Recorder, UpdateRegion, head_blocker, head_fit_blocker,
-                               model_outputs, update_fit_blocker)
+from lucid_nb.recorder import (EagerGraphs, HeadRegion, Recorder, StepRegion, UpdateRegion, head_blocker, head_fit_blocker,
+                               model_outputs, step_fit_blocker, update_fit_blocker)
 
 from helpers import StepLosses, StopAfterFirstEpoch, fit, hashes_only, train_trace
 from helpers import test_traces_equal as traces_equal   # (not collected as a test)
@@ -413,3 +413,128 @@ def test_stepping_puts_the_step_back():
     with rec.stepping(plain): assert 'step' in vars(plain)
     assert 'step' not in vars(plain)
     with Recorder(EagerGraphs()).stepping(plain): assert 'step' not in vars(plain)   # no 'optimizer' region: untouched
+
+
+# ---- the whole training step as a region (`--model.capture_train_step`) ----
+STEP_LINE = 'capture_train_step: the step runs natively: '
+
+
+def step_fit(tmp, *extra, ckpt=None, backend=None, callbacks=()):
+    rec = Recorder(backend=EagerGraphs() if backend is None else backend, step=True)
+    losses = StepLosses()
+    _, run, h = fit(tmp, *BF16, *extra, callbacks=[losses, *callbacks], ckpt=ckpt, recorder=rec)
+    return rec, losses.steps, json.loads((run / 'recorder.json').read_text()), h
+
+
+def test_whole_step_replayed_fit_is_bitwise_native(native, tmp_path):
+    "Forward, loss, backward, update and EMA replayed: every step's loss terms and the final hashes equal native."
+    rec, steps, report, h = step_fit(tmp_path)
+    assert steps == native[0] and hashes_only(h) == hashes_only(native[1])
+    assert (report['step']['replayed_steps'], report['step']['native_steps']) == (4, 0), report['step']
+    assert (report['ema']['replayed_updates'], len(report['ema']['recordings'])) == (3, 1), report['ema']
+    assert report['optimizer']['replayed_steps'] == 2 and report['head']['replayed_calls'] == 0
+    assert all(r.graphs is None for r in rec.regions.values())          # released at fit end
+
+
+def test_whole_step_resume_is_bitwise_native(native, tmp_path):
+    _, _, _, _ = step_fit(tmp_path, callbacks=[StopAfterFirstEpoch()])
+    run = next((tmp_path / 'runs' / 'tiny').iterdir())
+    rec, steps, report, h = step_fit(tmp_path, ckpt=str(run / 'checkpoints' / 'last.ckpt'))
+    assert steps == native[0][2:] and hashes_only(h) == hashes_only(native[1])
+    assert report['step']['replayed_steps'] == 2 and report['ema']['replayed_updates'] == 1
+
+
+def test_whole_step_with_clipping_is_bitwise_native(tmp_path):
+    "Clipping edits the replayed gradients natively, between the backward and the update."
+    clip = ('--trainer.gradient_clip_val', '0.5')
+    losses = StepLosses()
+    _, _, h = fit(tmp_path / 'native', *BF16, *clip, callbacks=[losses])
+    rec, steps, report, h2 = step_fit(tmp_path / 'step', *clip)
+    assert steps == losses.steps and hashes_only(h2) == hashes_only(h)
+    assert report['step']['replayed_steps'] == 4
+
+
+def test_whole_step_falls_back_on_cpu_with_one_line_per_region(tmp_path, caplog):
+    caplog.set_level(logging.WARNING, LOGGER)
+    _, run, _ = fit(tmp_path, *BF16, '--model.capture_train_step', 'true')
+    lines = [r.getMessage() for r in caplog.records if r.name == LOGGER]
+    why = 'the run trains on cpu; the recorder needs a CUDA GPU'
+    assert lines == [f'capture_segment_heads: the head runs natively: {why}', f'capture_optimizer_step: the update runs natively: {why}',
+                     STEP_LINE + why, f'capture_train_step: the EMA update runs natively: {why}']
+    report = json.loads((run / 'recorder.json').read_text())
+    assert report['step']['native_steps'] == 4 and report['ema']['native_updates'] == 4
+
+
+def test_whole_step_unsupported_setups(tmp_path, caplog):
+    "32-true and a hooked module: the step runs natively (the head and update regions still replay what they can)."
+    caplog.set_level(logging.WARNING, LOGGER)
+    rec = Recorder(backend=EagerGraphs(), step=True)
+    fit(tmp_path, recorder=rec)
+    lines = [r.getMessage() for r in caplog.records if r.name == LOGGER and r.getMessage().startswith(STEP_LINE)]
+    assert lines == [STEP_LINE + '--trainer.precision=32-true; the recorder covers bf16-mixed']
+    assert rec.regions['step'].native == 4 and rec.regions['ema'].replayed == 3
+    model = yolo_seg('n', 4)
+    model.backbone.layers[0].register_forward_hook(lambda *a: None)
+    assert 'model.backbone.layers.0 has module hooks' in step_fit_blocker(trainer_stub(), SimpleNamespace(automatic_optimization=True), model)
+
+
+def test_whole_step_recording_failure_trains_natively(native, tmp_path, caplog):
+    caplog.set_level(logging.WARNING, LOGGER)
+    rec, steps, report, h = step_fit(tmp_path, backend=FailingBackend())
+    assert steps == native[0] and hashes_only(h) == hashes_only(native[1])    # the warm-up's BN drift was undone
+    lines = [r.getMessage() for r in caplog.records if r.name == LOGGER and r.getMessage().startswith(STEP_LINE)]
+    assert lines == [STEP_LINE + 'recording failed (RuntimeError: operation not permitted when stream is capturing)']
+    assert report['step']['native_steps'] == 4 and report['step']['record_error']
+
+
+def test_whole_step_released_on_exception(tmp_path):
+    whole = Recorder(backend=EagerGraphs(), step=True)
+    seen = []
+    class Spy(Callback):
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx): seen.append(whole.regions['step'].graphs)
+    with pytest.raises(RuntimeError, match='injected failure'):
+        fit(tmp_path, *BF16, callbacks=[Spy(), FailAtStep(2)], recorder=whole)
+    assert all(r.graphs is None for r in whole.regions.values()) and seen[-1].released
+    with pytest.raises(RuntimeError, match='released'): seen[-1].backward(seen[-1].generation, torch.ones(()))
+
+
+def fresh_model(seed=0):
+    torch.manual_seed(seed); return yolo_seg('n', 4)
+
+
+def test_whole_step_traces_partial_batch_and_none_grads(caplog):
+    "Step by step: loss terms and every gradient (None where native is None), an empty image, a partial last batch."
+    caplog.set_level(logging.WARNING, LOGGER)
+    def model():
+        m = fresh_model(); m.head.box[2].requires_grad_(False)   # a frozen branch: None grads, natively and replayed
+        m.register_parameter('unused', nn.Parameter(torch.zeros(3)))   # not reached by the loss: None
+        return m
+    batches = [synth_batch(B=2, S=64, K=4, seed=s, empty=(s == 1)) for s in range(3)] + [synth_batch(B=1, S=64, K=4, seed=3)]
+    a = train_trace(model(), batches)
+    rec = StepRegion(backend=EagerGraphs())
+    b = train_trace(model(), batches, rec)
+    traces_equal(a, b)
+    assert b['steps'][0]['grads']['unused'] is None and b['steps'][0]['grads']['head.box.2.0.conv.weight'] is None
+    assert (rec.replayed, rec.native) == (3, 1)
+    assert [r.getMessage() for r in caplog.records][0].startswith(STEP_LINE + 'the batch changed from img 2×3×64×64 float')
+
+
+def test_whole_step_gradients_are_copied_not_stolen():
+    "`.grad` never aliases the recording's static gradients; zero_grad(set_to_none=False) accumulates as natively."
+    batches = [synth_batch(B=2, S=64, K=4, seed=s) for s in range(3)]
+    a = train_trace(fresh_model(), batches, set_to_none=False)
+    rec = StepRegion(backend=EagerGraphs())
+    traces_equal(a, train_trace(fresh_model(), batches, rec, set_to_none=False))
+    model = fresh_model(); rec = StepRegion(backend=EagerGraphs()); rec.start(model)
+    loss_fn = SegLoss(4)
+    def step_fn(b):
+        losses = loss_fn(model_outputs(model, b['img']), b); return losses, sum(losses.values())
+    b = synth_batch(B=2, S=64, K=4); b['img'] = b['img'].float() / 255
+    with torch.autocast('cpu', dtype=torch.bfloat16): _, total = rec.losses(model, step_fn, b)
+    total.backward()
+    static = {g.data_ptr() for g in rec.graphs.static_grads if g is not None}
+    assert not static & {p.grad.data_ptr() for p in model.parameters() if p.grad is not None}
+    with torch.autocast('cpu', dtype=torch.bfloat16): rec.losses(model, step_fn, b)
+    with torch.autocast('cpu', dtype=torch.bfloat16):   # a second forward before the backward: native, with a reason
+        rec.losses(model, step_fn, b)
+    assert 'a second training forward before the backward of the first' in rec.reasons

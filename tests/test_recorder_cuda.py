@@ -3,7 +3,8 @@
 Trainer-level: a fit with `--model.capture_segment_heads true` equals the native fit step by step (loss bytes) and at
 the end (model, optimiser, scheduler, EMA, loss, predictions JSON), across EMA validation and a save/resume, within
 one process and across processes with deterministic cuDNN settings. Step-level: gradients of every parameter,
-including a batch with an image without instances. Optimiser update: MuSGD, SGD and AdamW recorded vs their own `step`
+including a batch with an image without instances. The whole step (`--model.capture_train_step true`): the same, plus
+a batch with 100 instances in every image and a resume. Optimiser update: MuSGD, SGD and AdamW recorded vs their own `step`
 over warm-up steps, and a fit with both captures on equal to the native fit."""
 import json, os, subprocess, sys
 from pathlib import Path
@@ -14,7 +15,7 @@ from lucid_nb.core import synth_batch
 from lucid_nb.model import yolo_seg
 from lucid_nb.core import digest
 from lucid_nb.optim import build_optimizer, build_schedule
-from lucid_nb.recorder import HeadRegion, UpdateRegion
+from lucid_nb.recorder import HeadRegion, StepRegion, UpdateRegion
 
 from helpers import StepLosses, StopAfterFirstEpoch, fit, hashes_only, tiny, train_trace
 from helpers import test_traces_equal as traces_equal   # (not collected as a test)
@@ -25,6 +26,7 @@ GPU = ('--trainer.accelerator', 'gpu', '--trainer.devices', '1', '--trainer.prec
        '--trainer.limit_train_batches', '6', '--data.imgsz', '320', '--data.batch_size', '4', '--data.val_count', '8')
 CAPTURE = ('--model.capture_segment_heads', 'true')
 BOTH = (*CAPTURE, '--model.capture_optimizer_step', 'true')
+WHOLE = ('--model.capture_train_step', 'true')
 
 
 def gpu_fit(tmp, *extra, ckpt=None, callbacks=()):
@@ -71,14 +73,14 @@ def test_cross_process_hashes(tmp_path):
     "Native and replayed fits in separate processes, cuDNN deterministic (`warn`: the nearest-upsample backward has no deterministic kernel): the same hashes and predictions JSON."
     env = dict(os.environ, CUBLAS_WORKSPACE_CONFIG=':4096:8')
     hashes = {}
-    for arm, extra in (('native', ()), ('replay', CAPTURE)):
+    for arm, extra in (('native', ()), ('replay', CAPTURE), ('whole_step', WHOLE)):
         runs = tmp_path / arm
         args = [sys.executable, '-c', 'import sys; from lucid_nb.trainer import cli_main; cli_main(sys.argv[1:])',
                 *tiny(runs, *GPU, '--trainer.deterministic', 'warn', *extra)]
         r = subprocess.run(args, capture_output=True, text=True, env=env, cwd=Path(__file__).parent.parent)
         assert r.returncode == 0, r.stderr[-3000:]
         hashes[arm] = hashes_only(json.loads(next(runs.rglob('state_hashes.json')).read_text()))
-    assert hashes['native'] == hashes['replay'] and 'predictions' in hashes['native']
+    assert hashes['native'] == hashes['replay'] == hashes['whole_step'] and 'predictions' in hashes['native']
 
 
 @pytest.mark.parametrize('name', ['musgd', 'sgd', 'adamw'])
@@ -108,3 +110,45 @@ def test_fit_with_both_captures_equals_native(native, tmp_path):
     report = json.loads((run / 'recorder.json').read_text())
     assert report['head']['replayed_calls'] == 11 and report['optimizer']['replayed_steps'] == 10, report
     assert report['optimizer']['native_steps'] == 0 and report['optimizer']['recorded_steps'] == 1, report
+
+
+def test_fit_with_the_whole_step_replayed_equals_native(native, tmp_path):
+    "Forward, loss, backward, update and EMA from CUDA graphs: every step's loss terms and the final hashes equal native."
+    steps, run, h = gpu_fit(tmp_path, *WHOLE)
+    assert steps == native[0] and hashes_only(h) == hashes_only(native[2])
+    report = json.loads((run / 'recorder.json').read_text())
+    assert report['step']['backend'] == 'cuda' and report['step']['replayed_steps'] == 12, report['step']
+    assert report['step']['native_steps'] == 0 and not report['step']['recordings'][0]['parameter_aliases'], report['step']
+    assert report['ema']['replayed_updates'] == 11 and report['ema']['native_updates'] == 0, report['ema']
+    assert report['optimizer']['replayed_steps'] == 10 and report['head']['replayed_calls'] == 0, report
+
+
+def test_resumed_whole_step_replay_equals_native(native, tmp_path):
+    _, run, _ = gpu_fit(tmp_path, *WHOLE, callbacks=[StopAfterFirstEpoch()])
+    steps, run2, h = gpu_fit(tmp_path, *WHOLE, ckpt=str(run / 'checkpoints' / 'last.ckpt'))
+    assert steps == native[0][6:] and hashes_only(h) == hashes_only(native[2])
+    assert json.loads((run2 / 'recorder.json').read_text())['step']['replayed_steps'] == 6
+
+
+def every_slot_filled(batch:dict)->dict:
+    "The batch with every padded slot an instance: each image's instances repeated in order."
+    n = batch['valid'].sum(1, keepdim=True)                                # (B,1), at least 1
+    idx = torch.arange(batch['valid'].shape[1])[None] % n                  # (B,M)
+    out = dict(batch, valid=torch.ones_like(batch['valid']))
+    for k in ('boxes', 'cls', 'masks'): out[k] = torch.stack([batch[k][b, i] for b, i in enumerate(idx)])
+    return out
+
+
+@pytest.mark.parametrize('slots, empty', [(16, True), (100, False)])
+def test_whole_step_gradients(slots, empty):
+    "Every step's loss terms and every parameter's gradient, native vs the whole step replayed (an image without instances; 100 instances)."
+    torch.backends.cudnn.benchmark = False
+    batches = [synth_batch(B=4, S=640, M=slots, K=80, seed=s, empty=empty) for s in range(4)]
+    if not empty: batches = [every_slot_filled(b) for b in batches]
+    def fresh(): torch.manual_seed(0); return yolo_seg('n', 80).cuda()
+    native, control = train_trace(fresh(), batches), train_trace(fresh(), batches)
+    rec = StepRegion()
+    replay = train_trace(fresh(), batches, rec)
+    traces_equal(native, control)
+    traces_equal(native, replay)
+    assert (rec.replayed, rec.native) == (4, 0), rec.report()
