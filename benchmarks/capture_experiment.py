@@ -12,7 +12,7 @@ import sys, torch
 from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / 'tests'))
 from lucid_nb.core import synth_batch
-from lucid_nb.model import yolo_seg
+from lucid_nb.heads import yolo_seg
 from lucid_nb.loss import SegLoss
 from lucid_nb.recorder import HeadRegion, model_outputs
 from helpers import train_trace

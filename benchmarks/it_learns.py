@@ -7,14 +7,14 @@ Writes `it_learns_<gpu>.json` (every validation's 24 COCO numbers, wall times, t
 `it_learns_<gpu>.png` (mAP per epoch). Nothing is tuned to a target: the settings are the defaults of
 `configs/coco128-seg-n.yaml` apart from batch 16 and the epoch count.
 """
-import argparse, json, re, shlex, sys, tempfile, time
+import argparse, json, shlex, sys, tempfile, time
 from pathlib import Path
 
 import matplotlib
 matplotlib.use('Agg')
 import matplotlib.pyplot as plt
 
-from lucid_nb.core import EMBEDDED_ANNOTATIONS, EMBEDDED_IMAGES, env_info, repo_root
+from lucid_nb.core import EMBEDDED_ANNOTATIONS, EMBEDDED_IMAGES, device_tag, env_info, repo_root
 from lucid_nb.trainer import cli_main
 
 
@@ -41,7 +41,7 @@ def main(argv=None):
     run = Path(cli.trainer.log_dir)
     vals = [json.loads(l) for l in (run / 'val_metrics.jsonl').read_text().splitlines()]
     env = env_info()
-    tag = re.sub(r'[^A-Za-z0-9]+', '-', env['device']).strip('-').lower()
+    tag = device_tag()
     out = Path(a.out); out.mkdir(parents=True, exist_ok=True)
     result = dict(what='nano seg from scratch, 128 embedded images as train and val, 640 px, bf16-mixed',
                   command='python benchmarks/it_learns.py ' + ' '.join(map(shlex.quote, argv or sys.argv[1:])),

@@ -6,7 +6,7 @@ training peak (from the allocator's memory history) by the line of lucid_nb code
 
     python benchmarks/memory_probe.py --out benchmarks/results [-- extra lucid args]
 """
-import argparse, collections, json, re
+import argparse, collections, json
 from pathlib import Path
 
 import torch
@@ -50,7 +50,8 @@ def main():
     p = argparse.ArgumentParser(); p.add_argument('--out', default='benchmarks/results')
     p.add_argument('extra', nargs='*'); a = p.parse_args()
     from lucid_nb.trainer import cli_main
-    from lucid_nb.core import env_info
+    from lucid_nb.core import device_tag, env_info
+    if not torch.cuda.is_available(): raise SystemExit('memory_probe: reads the CUDA allocator; run it on a CUDA GPU')
     torch.cuda.memory._record_memory_history(max_entries=200000)
     peaks = Peaks()
     cli = cli_main(['--config', str(ROOT / 'configs' / 'coco128-seg-n.yaml'), '--trainer.max_epochs', '1',
@@ -58,7 +59,7 @@ def main():
                     *a.extra], run=False)
     cli.trainer.callbacks.append(peaks)
     cli.trainer.fit(cli.model, cli.datamodule)
-    env = env_info(); dev = re.sub(r'[^a-z0-9]+', '-', env['device'].lower()).strip('-')
+    env, dev = env_info(), device_tag()
     res = dict(env=env, extra_args=a.extra, peaks=peaks.at, training_peak=live_at_peak(peaks.snapshot),
                stats={k: v / MiB for k, v in torch.cuda.memory_stats().items() if k.endswith('bytes.all.peak')})
     out = Path(a.out); out.mkdir(parents=True, exist_ok=True)

@@ -8,7 +8,7 @@ cProfile, and writes the stage times and the 60 most expensive calls (cumulative
 """
 import time
 T0 = time.perf_counter()
-import argparse, cProfile, io, pstats, re, sys
+import argparse, cProfile, io, pstats, sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -22,7 +22,7 @@ def main():
     import torch, lightning
     t['import torch, lightning'] = time.perf_counter() - s; s = time.perf_counter()
     from lucid_nb.trainer import cli_main
-    from lucid_nb.core import env_info
+    from lucid_nb.core import device_tag, env_info
     t['import lucid_nb.trainer'] = time.perf_counter() - s; s = time.perf_counter()
     if torch.cuda.is_available(): torch.cuda.init(); torch.zeros(1, device='cuda')
     t['CUDA context'] = time.perf_counter() - s; s = time.perf_counter()
@@ -34,7 +34,7 @@ def main():
     t['fit: set-up + 1 step + end'] = time.perf_counter() - s
     pr.disable()
     buf = io.StringIO(); pstats.Stats(pr, stream=buf).sort_stats('cumulative').print_stats(60)
-    env = env_info(); dev = re.sub(r'[^a-z0-9]+', '-', env['device'].lower()).strip('-')
+    env, dev = env_info(), device_tag()
     out = Path(a.out); out.mkdir(parents=True, exist_ok=True)
     text = f"{env}\ncommand: {' '.join(sys.argv)}\n" + ''.join(f"{k:<45} {v:7.2f} s\n" for k, v in t.items()) + buf.getvalue()
     (out / f'profile_startup_{dev}.txt').write_text(text)

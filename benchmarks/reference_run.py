@@ -89,7 +89,10 @@ def spread(xs: list) -> dict | None:
     return dict(median=statistics.median(xs), min=min(xs), max=max(xs), n=len(xs)) if xs else None
 
 
-def device_slug(env: dict) -> str: return re.sub(r'[^a-z0-9]+', '-', env.get('device', 'cpu').lower()).strip('-')
+def device_slug() -> str:
+    "The device this machine's runs use, as a file-name part (`nvidia-h200`, `cpu`)."
+    from lucid_nb.core import device_tag
+    return device_tag()
 
 
 def main(argv=None):
@@ -127,7 +130,7 @@ def main(argv=None):
                rounds=a.rounds, arms=arms, extra_args=a.extra, command=' '.join([sys.executable, *sys.argv]),
                date=datetime.now(timezone.utc).isoformat(timespec='seconds'), env=env, summary=summary, runs=runs)
     out = Path(a.out); out.mkdir(parents=True, exist_ok=True)
-    path = out / f'reference_run_b{a.batch_size}_{device_slug(env)}.json'
+    path = out / f'reference_run_b{a.batch_size}_{device_slug()}.json'
     path.write_text(json.dumps(res, indent=1))
     print(json.dumps({k: v for k, v in summary.items()}, indent=1)); print(f'-> {path}')
 

@@ -18,21 +18,20 @@ results; `nms` is NMS alone on the same outputs, part of it), `evaluate` (`Valid
 GPU work is timed between `torch.cuda.synchronize()` calls. The JSON goes to `<out>/validation_speed_<device>.json`,
 named after the device found at run time, with torch version, date and this exact command.
 """
-import argparse, json, os, re, shlex, statistics, sys, time
+import argparse, json, os, shlex, statistics, sys, time
 from pathlib import Path
 
 import torch
 
-from lucid_nb.core import env_info
+from lucid_nb.core import device_tag, env_info
 from lucid_nb.data import YoloData
 from lucid_nb.metrics import Validator, nms
-from lucid_nb.model import yolo_seg
+from lucid_nb.heads import yolo_seg
 
 
 def device_slug(device: torch.device) -> str:
     "`nvidia-h200`, `cpu`...: the device's name as a file-name part."
-    if device.type != 'cuda': return 'cpu'
-    return re.sub(r'[^a-z0-9]+', '-', torch.cuda.get_device_name(device).lower()).strip('-')
+    return device_tag() if device.type == 'cuda' else 'cpu'
 
 
 def sync(device):

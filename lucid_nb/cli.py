@@ -27,7 +27,10 @@ def enable_bytecode_cache()->str|None:
 
 # %% ../nbs/09_cli.ipynb #1ea71d62
 def main():
-    "The `lucid` command."
+    "The `lucid` command: `lucid export` goes to `lucid_nb.predict`, every other subcommand to Lightning's CLI."
     enable_bytecode_cache()
     from lucid_nb.trainer import main as trainer_main
+    if sys.argv[1:2] == ['export']:   # not a Lightning subcommand: `lucid export --ckpt_path CKPT --format onnx|torchscript`
+        from lucid_nb.predict import export_main
+        return trainer_main(lambda: export_main(sys.argv[2:]))
     trainer_main()

@@ -1,4 +1,4 @@
-"""Shape glossary, the batch format, byte-exact hashes, an environment card and the test helpers every notebook uses.
+"""Shape glossary, the batch format, byte-exact hashes, an environment card, the test helpers every notebook uses, the host-sync guard and the box geometry (IoU, CIoU, mask crop) that the loss and the metrics share.
 
 Docs: https://lucid-nb.github.io/lucid_nb/core.html.md"""
 
@@ -6,16 +6,19 @@ Docs: https://lucid-nb.github.io/lucid_nb/core.html.md"""
 
 # %% ../nbs/00_core.ipynb #2f7f7890
 from __future__ import annotations
-import datetime, hashlib, os, platform, subprocess, tempfile
+import contextlib, datetime, hashlib, math, os, platform, re, subprocess, tempfile
 from pathlib import Path
 import numpy as np, torch
 from torch import Tensor
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 # %% auto #0
 __all__ = ['BATCH_KEYS', 'MASK_STRIDE', 'EMBEDDED_DATA', 'CONFIGS', 'EMBEDDED_IMAGES', 'EMBEDDED_ANNOTATIONS', 'TEST_IMG',
-           'package_dir', 'repo_root', 'env_info', 'env_card', 'module_pointers', 'tensor_bytes', 'digest',
-           'state_hashes', 'current_umask', 'atomic_write', 'test_bytes_equal', 'test_grads_equal', 'cuda_cell_skipped',
-           'skip_cuda_cells', 'synth_batch']
+           'package_dir', 'repo_root', 'env_info', 'env_card', 'device_tag', 'module_pointers', 'tensor_bytes',
+           'digest', 'state_hashes', 'current_umask', 'atomic_write', 'test_bytes_equal', 'test_grads_equal',
+           'cuda_cell_skipped', 'skip_cuda_cells', 'HostSyncError', 'assert_no_host_sync', 'bbox_iou', 'box_area',
+           'box_iou', 'crop_mask', 'synth_batch']
 
 # %% ../nbs/00_core.ipynb #00d8c748
 BATCH_KEYS = ('img', 'boxes', 'cls', 'valid', 'masks', 'image_id', 'orig_hw', 'letterbox', 'hsv')
@@ -59,6 +62,11 @@ def env_card()->str:
     i = env_info()
     cuda = f" CUDA {i['cuda']} cuDNN {i['cudnn']}" if i['cuda'] else ''
     return f"{i['device']} | torch {i['torch']}{cuda} | python {i['python']} | commit {i['commit']} | {i['date']}"
+
+def device_tag()->str:
+    "The CUDA device's name as a file-name part (`nvidia-h200`), or `cpu`: benchmark result files are named with it."
+    if not torch.cuda.is_available(): return 'cpu'
+    return re.sub(r'[^a-z0-9]+', '-', torch.cuda.get_device_name(0).lower()).strip('-')
 
 # %% ../nbs/00_core.ipynb #e70e7adc
 def module_pointers(
@@ -150,6 +158,96 @@ def skip_cuda_cells()->bool:
     if shell is None or torch.cuda.is_available(): return False
     if cuda_cell_skipped not in shell.input_transformers_cleanup: shell.input_transformers_cleanup.append(cuda_cell_skipped)
     return True
+
+# %% ../nbs/00_core.ipynb #454b2039
+class HostSyncError(RuntimeError):
+    "An operation that makes the host wait for the device (or gives a data-dependent shape)."
+
+_aten = torch.ops.aten
+_SYNC_OPS = {_aten._local_scalar_dense, _aten.is_nonzero, _aten.equal, _aten.nonzero, _aten.argwhere,
+             _aten.masked_select, _aten.unique_consecutive, _aten._unique, _aten._unique2, _aten.unique_dim,
+             _aten.unique_dim_consecutive, _aten.bincount, _aten.histc}
+_INDEX_OPS = {_aten.index, _aten.index_put, _aten.index_put_, _aten._index_put_impl_}
+
+def _bool_index(args)->bool:
+    idx = args[1] if len(args) > 1 else ()
+    return any(isinstance(i, Tensor) and i.dtype in (torch.bool, torch.uint8) for i in (idx or ()))
+
+def _sync_reason(func, args, kwargs)->str|None:
+    pkt = func.overloadpacket
+    if pkt in _SYNC_OPS: return 'it reads a value back or makes a data-dependent shape'
+    if pkt in _INDEX_OPS and _bool_index(args): return 'boolean-mask indexing calls nonzero'
+    if pkt is _aten.repeat_interleave and kwargs.get('output_size') is None and isinstance(args[0], Tensor) \
+       and len(args) < 2: return 'repeat_interleave without output_size'
+    if pkt is _aten.lift_fresh: return 'a tensor built from Python data is a host-to-device copy on the GPU'
+    if pkt in (_aten._to_copy, _aten.copy_):
+        src = args[0] if pkt is _aten._to_copy else args[1]
+        dst = kwargs.get('device') if pkt is _aten._to_copy else args[0].device
+        if isinstance(src, Tensor) and dst is not None and src.device.type != torch.device(dst).type:
+            return f'it copies between {src.device.type} and {torch.device(dst).type}'
+    return None
+
+# %% ../nbs/00_core.ipynb #eb58e05d
+class _NoSyncDispatch(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if (why := _sync_reason(func, args, kwargs)): raise HostSyncError(f"host sync: {func} ({why})")
+        return func(*args, **kwargs)
+
+class _NoSyncFunction(TorchFunctionMode):
+    _banned = {Tensor.tolist, Tensor.numpy}
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in self._banned: raise HostSyncError(f"host sync: Tensor.{func.__name__}")
+        return func(*args, **(kwargs or {}))
+
+@contextlib.contextmanager
+def assert_no_host_sync():
+    "Raise `HostSyncError` on any operator inside the block that would make the host wait for the device (CPU or GPU)."
+    with _NoSyncFunction(), _NoSyncDispatch(): yield
+
+# %% ../nbs/00_core.ipynb #2a330cd9
+def bbox_iou(
+    b1:Tensor,          # (...,4) xyxy
+    b2:Tensor,          # (...,4) xyxy, broadcastable with b1
+    ciou:bool=False,    # complete IoU instead of plain IoU
+    eps:float=1e-7,     # added to the heights and the union (0: the plain ratio)
+)->Tensor:              # (...) IoU or CIoU
+    "IoU (or CIoU) of boxes `b1` and `b2`, elementwise with broadcasting; 0 for degenerate pairs."
+    (x1, y1, x2, y2), (u1, v1, u2, v2) = b1.unbind(-1), b2.unbind(-1)
+    w1, h1 = (x2 - x1).clamp(min=0), (y2 - y1).clamp(min=0) + eps
+    w2, h2 = (u2 - u1).clamp(min=0), (v2 - v1).clamp(min=0) + eps
+    inter = (torch.minimum(x2, u2) - torch.maximum(x1, u1)).clamp(0) * (torch.minimum(y2, v2) - torch.maximum(y1, v1)).clamp(0)
+    union = w1 * h1 + w2 * h2 - inter + eps
+    iou = inter / union.clamp(min=torch.finfo(union.dtype).tiny)
+    if not ciou: return iou
+    cw, ch = torch.maximum(x2, u2) - torch.minimum(x1, u1), torch.maximum(y2, v2) - torch.minimum(y1, v1)
+    c2 = cw**2 + ch**2 + eps
+    rho2 = ((u1 + u2 - x1 - x2)**2 + (v1 + v2 - y1 - y2)**2) / 4
+    v = (4 / math.pi**2) * (torch.atan(w2 / h2) - torch.atan(w1 / h1))**2
+    with torch.no_grad(): a = v / (v - iou + (1 + eps))
+    return iou - (rho2 / c2 + v * a)
+
+def box_area(b:Tensor)->Tensor: # (...,4) xyxy -> (...)
+    "Area of xyxy boxes, 0 for empty or inverted ones."
+    return (b[..., 2] - b[..., 0]).clamp(min=0) * (b[..., 3] - b[..., 1]).clamp(min=0)
+
+def box_iou(
+    a:Tensor, # (N,4) xyxy
+    b:Tensor, # (M,4) xyxy
+)->Tensor:    # (N,M)
+    "Pairwise intersection over union: `bbox_iou` of every pair."
+    return bbox_iou(a[:, None], b[None], eps=0.)
+
+# %% ../nbs/00_core.ipynb #b185fd29
+def crop_mask(
+    boxes:Tensor,   # (...,4) xyxy in mask pixels
+    h:int, w:int,   # mask size
+)->Tensor:          # (...,h,w) bool: pixel (row, col) with x1 <= col < x2 and y1 <= row < y2
+    "Pixels of an `h`×`w` mask inside each box, by the top-left-corner rule."
+    x1, y1, x2, y2 = boxes[..., None, None].unbind(-3)
+    c = torch.arange(w, device=boxes.device, dtype=boxes.dtype)
+    r = torch.arange(h, device=boxes.device, dtype=boxes.dtype)[:, None]
+    return (c >= x1) & (c < x2) & (r >= y1) & (r < y2)
 
 # %% ../nbs/00_core.ipynb #8c800b22
 def synth_batch(

@@ -10,10 +10,11 @@ import math
 import torch, torch.nn as nn
 from torch import Tensor
 from .core import *
-from .model import Conv, DWConv
+from .model import Backbone, Conv, DWConv, Neck, SegmentationModel, get_scale
 
 # %% auto #0
-__all__ = ['make_anchors', 'dist2bbox', 'bbox2dist', 'DFL', 'flatten_levels', 'DetectHead', 'Proto', 'SegHead']
+__all__ = ['make_anchors', 'dist2bbox', 'bbox2dist', 'dfl_expectation', 'decode_boxes', 'DFL', 'flatten_levels', 'DetectHead',
+           'Proto', 'SegHead', 'yolo_seg']
 
 # %% ../nbs/03_heads.ipynb #d5ac6ec7
 def make_anchors(
@@ -50,14 +51,28 @@ def bbox2dist(
     return torch.cat([anchors - x1y1, x2y2 - anchors], -1).clamp_(0, max_dist)
 
 # %% ../nbs/03_heads.ipynb #e87e8ca0
+def dfl_expectation(
+    x:Tensor,      # (...,4R) logits, R bins per side
+    reg_max:int,   # R
+)->Tensor:         # (...,4) expected distances, float32
+    "The mean of each side's distribution: softmax over its R bins · (0, 1, …, R−1), in float32."
+    p = x.float().unflatten(-1, (4, reg_max)).softmax(-1)                   # (...,4,R)
+    return (p * torch.arange(reg_max, device=x.device, dtype=p.dtype)).sum(-1)  # (...,4)
+
+def decode_boxes(
+    box:Tensor,      # (B,A,4R) DFL logits, flattened levels
+    anchors:Tensor,  # (A,2) anchor points in grid units
+    reg_max:int,     # R
+)->Tensor:           # (B,A,4) xyxy in grid units
+    "The box decode of the head and the loss: expected ltrb distances around each anchor."
+    return dist2bbox(dfl_expectation(box, reg_max), anchors)
+
 class DFL(nn.Module):
-    "Distribution decode: (...,4R) logits → (...,4) expected distances, in float32."
+    "Distribution decode as a module: (...,4R) logits → (...,4) expected distances, in float32."
     def __init__(self, reg_max:int=16):  # R, bins per side
         super().__init__()
         self.reg_max = reg_max
-    def forward(self, x:Tensor)->Tensor:
-        p = x.float().unflatten(-1, (4, self.reg_max)).softmax(-1)                  # (...,4,R)
-        return (p * torch.arange(self.reg_max, device=x.device, dtype=p.dtype)).sum(-1)  # (...,4)
+    def forward(self, x:Tensor)->Tensor: return dfl_expectation(x, self.reg_max)
 
 # %% ../nbs/03_heads.ipynb #890ebb81
 def flatten_levels(xs:list[Tensor])->Tensor:  # [(B,C,h,w)] per level → (B,A,C)
@@ -111,7 +126,7 @@ class DetectHead(nn.Module):
         "Eval output from a training output: `boxes` (B,A,4) xyxy px and `scores` (B,A,K), float32."
         box = flatten_levels(out['box'])                                           # (B,A,4R)
         anchors, strides = make_anchors([t.shape[-2:] for t in out['box']], self.strides, device=box.device)
-        boxes = dist2bbox(self.dfl(box), anchors) * strides                         # (B,A,4) xyxy px
+        boxes = decode_boxes(box, anchors, self.reg_max) * strides                   # (B,A,4) xyxy px
         return dict(boxes=boxes, scores=flatten_levels(out['cls']).float().sigmoid())  # (B,A,4), (B,A,K)
 
     def assemble(self, raw:dict[str,Tensor])->dict:
@@ -160,3 +175,17 @@ class SegHead(DetectHead):
     def decode(self, out:dict)->dict:
         "Eval output: `boxes` (B,A,4), `scores` (B,A,K), `coef` (B,A,P), `proto` (B,P,S/4,S/4), float32."
         return {**super().decode(out), 'coef': flatten_levels(out['coef']).float(), 'proto': out['proto'].float()}
+
+# %% ../nbs/03_heads.ipynb #ca0faa74
+def yolo_seg(
+    scale:str='n',        # model scale: one of `SCALES` ('n', 's', 'm')
+    num_classes:int=80,   # K
+    num_protos:int=32,    # P, prototypes and mask coefficients
+    reg_max:int=16,       # R, bins of the box distribution
+)->SegmentationModel:
+    "A YOLO11-style instance-segmentation model of the given scale."
+    sc = get_scale(scale)
+    if not isinstance(num_classes, int) or num_classes < 1: raise ValueError(f"num_classes={num_classes!r}: need an int >= 1")
+    bb = Backbone(sc); nk = Neck(sc, bb.channels)
+    head = SegHead(nk.channels, num_classes, num_protos=num_protos, proto_channels=sc.ch(256), reg_max=reg_max)
+    return SegmentationModel(bb, nk, head, dict(scale=scale, num_classes=num_classes, num_protos=num_protos, reg_max=reg_max))

@@ -6,86 +6,17 @@ Docs: https://lucid-nb.github.io/lucid_nb/loss.html.md"""
 
 # %% ../nbs/04_loss.ipynb #2511e075
 from __future__ import annotations
-import contextlib, math
 from typing import NamedTuple
 import torch, torch.nn.functional as F
 from torch import nn, Tensor
 from torch.autograd.function import once_differentiable
-from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
 from fastcore.basics import patch
 from .core import *
-from .heads import make_anchors, dist2bbox, bbox2dist
+from .heads import make_anchors, bbox2dist, flatten_levels, decode_boxes
 
 # %% auto #0
-__all__ = ['MASK_CHUNK_ELEMENTS', 'HostSyncError', 'assert_no_host_sync', 'bbox_iou', 'dfl_loss', 'Assignment', 'in_boxes',
-           'assign', 'crop_mask', 'CroppedMaskBCE', 'mask_loss', 'SegLoss', 'synth_head_out']
-
-# %% ../nbs/04_loss.ipynb #454b2039
-class HostSyncError(RuntimeError):
-    "An operation that makes the host wait for the device (or gives a data-dependent shape)."
-
-_aten = torch.ops.aten
-_SYNC_OPS = {_aten._local_scalar_dense, _aten.is_nonzero, _aten.equal, _aten.nonzero, _aten.argwhere,
-             _aten.masked_select, _aten.unique_consecutive, _aten._unique, _aten._unique2, _aten.unique_dim,
-             _aten.unique_dim_consecutive, _aten.bincount, _aten.histc}
-_INDEX_OPS = {_aten.index, _aten.index_put, _aten.index_put_, _aten._index_put_impl_}
-
-def _bool_index(args)->bool:
-    idx = args[1] if len(args) > 1 else ()
-    return any(isinstance(i, Tensor) and i.dtype in (torch.bool, torch.uint8) for i in (idx or ()))
-
-def _sync_reason(func, args, kwargs)->str|None:
-    pkt = func.overloadpacket
-    if pkt in _SYNC_OPS: return 'it reads a value back or makes a data-dependent shape'
-    if pkt in _INDEX_OPS and _bool_index(args): return 'boolean-mask indexing calls nonzero'
-    if pkt is _aten.repeat_interleave and kwargs.get('output_size') is None and isinstance(args[0], Tensor) \
-       and len(args) < 2: return 'repeat_interleave without output_size'
-    if pkt is _aten.lift_fresh: return 'a tensor built from Python data is a host-to-device copy on the GPU'
-    if pkt in (_aten._to_copy, _aten.copy_):
-        src = args[0] if pkt is _aten._to_copy else args[1]
-        dst = kwargs.get('device') if pkt is _aten._to_copy else args[0].device
-        if isinstance(src, Tensor) and dst is not None and src.device.type != torch.device(dst).type:
-            return f'it copies between {src.device.type} and {torch.device(dst).type}'
-    return None
-
-# %% ../nbs/04_loss.ipynb #eb58e05d
-class _NoSyncDispatch(TorchDispatchMode):
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if (why := _sync_reason(func, args, kwargs)): raise HostSyncError(f"host sync: {func} ({why})")
-        return func(*args, **kwargs)
-
-class _NoSyncFunction(TorchFunctionMode):
-    _banned = {Tensor.tolist, Tensor.numpy}
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        if func in self._banned: raise HostSyncError(f"host sync: Tensor.{func.__name__}")
-        return func(*args, **(kwargs or {}))
-
-@contextlib.contextmanager
-def assert_no_host_sync():
-    "Raise `HostSyncError` on any operator inside the block that would make the host wait for the device (CPU or GPU)."
-    with _NoSyncFunction(), _NoSyncDispatch(): yield
-
-# %% ../nbs/04_loss.ipynb #2a330cd9
-def bbox_iou(
-    b1:Tensor,          # (...,4) xyxy
-    b2:Tensor,          # (...,4) xyxy, broadcastable with b1
-    ciou:bool=False,    # complete IoU instead of plain IoU
-    eps:float=1e-7,
-)->Tensor:              # (...) IoU or CIoU
-    "IoU (or CIoU) of boxes `b1` and `b2`, elementwise with broadcasting."
-    (x1, y1, x2, y2), (u1, v1, u2, v2) = b1.unbind(-1), b2.unbind(-1)
-    w1, h1, w2, h2 = x2 - x1, y2 - y1 + eps, u2 - u1, v2 - v1 + eps
-    inter = (torch.minimum(x2, u2) - torch.maximum(x1, u1)).clamp(0) * (torch.minimum(y2, v2) - torch.maximum(y1, v1)).clamp(0)
-    iou = inter / (w1 * h1 + w2 * h2 - inter + eps)
-    if not ciou: return iou
-    cw, ch = torch.maximum(x2, u2) - torch.minimum(x1, u1), torch.maximum(y2, v2) - torch.minimum(y1, v1)
-    c2 = cw**2 + ch**2 + eps
-    rho2 = ((u1 + u2 - x1 - x2)**2 + (v1 + v2 - y1 - y2)**2) / 4
-    v = (4 / math.pi**2) * (torch.atan(w2 / h2) - torch.atan(w1 / h1))**2
-    with torch.no_grad(): a = v / (v - iou + (1 + eps))
-    return iou - (rho2 / c2 + v * a)
+__all__ = ['MASK_CHUNK_ELEMENTS', 'dfl_loss', 'Assignment', 'in_boxes', 'assign', 'CroppedMaskBCE', 'mask_loss', 'SegLoss',
+           'synth_head_out']
 
 # %% ../nbs/04_loss.ipynb #ca19813e
 def dfl_loss(
@@ -147,17 +78,6 @@ def assign(
     onehot = tcls[..., None] == torch.arange(K, device=tcls.device)                      # (B,A,K)
     scores = onehot * (norm * fg)[..., None]
     return Assignment(fg, best, tbox, scores, pos, top)
-
-# %% ../nbs/04_loss.ipynb #b185fd29
-def crop_mask(
-    boxes:Tensor,   # (...,4) xyxy in mask pixels
-    h:int, w:int,   # mask size
-)->Tensor:          # (...,h,w) bool: pixel (row, col) with x1 <= col < x2 and y1 <= row < y2
-    "Pixels of an `h`×`w` mask inside each box, as Ultralytics' `crop_mask` selects them."
-    x1, y1, x2, y2 = boxes[..., None, None].unbind(-3)
-    c = torch.arange(w, device=boxes.device, dtype=boxes.dtype)
-    r = torch.arange(h, device=boxes.device, dtype=boxes.dtype)[:, None]
-    return (c >= x1) & (c < x2) & (r >= y1) & (r < y2)
 
 # %% ../nbs/04_loss.ipynb #7fdc7cfb
 MASK_CHUNK_ELEMENTS = 2**25   # logits per chunk of slots in `CroppedMaskBCE` (128 MB in float32)
@@ -233,7 +153,7 @@ class SegLoss(nn.Module):
 @patch
 def flatten_out(self:SegLoss, out:dict)->tuple:
     "Head output → DFL logits (B,A,4,R), class logits (B,A,K), coefficients (B,A,P), prototypes (B,P,S/4,S/4), float32."
-    cat = lambda xs: torch.cat([x.flatten(2) for x in xs], 2).transpose(1, 2).float()
+    cat = lambda xs: flatten_levels(xs).float()
     box = cat(out['box'])
     return box.view(*box.shape[:2], 4, self.reg_max), cat(out['cls']), cat(out['coef']), out['proto'].float()
 
@@ -253,8 +173,7 @@ def forward(self:SegLoss, out:dict, batch:dict)->dict:
         shapes = [tuple(x.shape[-2:]) for x in out['cls']]
         img_hw = (shapes[0][0] * self.strides[0], shapes[0][1] * self.strides[0])
         anchors, stride = make_anchors(shapes, self.strides, device=pcls.device)       # (A,2) grid units, (A,1)
-        bins = torch.arange(self.reg_max, device=pcls.device, dtype=pdist.dtype)
-        pbox = dist2bbox((pdist.softmax(-1) * bins).sum(-1), anchors)               # (B,A,4) grid units
+        pbox = decode_boxes(pdist.flatten(-2), anchors, self.reg_max)                # (B,A,4) grid units, as the head decodes
         gcls, gbox, valid, gmask = self.targets(batch)
         a = assign(pcls.detach().sigmoid(), pbox.detach() * stride, anchors * stride, gcls, gbox, valid,
                    self.topk, self.alpha, self.beta)

@@ -14,30 +14,11 @@ from pycocotools.coco import COCO
 from ultrafast_pycocotools.coco import COCO as FastCOCO
 from ultrafast_pycocotools.cocoeval import COCOeval as FastCOCOeval
 from .core import *
-from .loss import crop_mask
 
 # %% auto #0
-__all__ = ['COCO80_IDS', 'STAT_NAMES', 'SUMMARY_NAMES', 'box_area', 'box_iou', 'greedy_keep', 'nms', 'nms_reference',
-           'crop_window', 'proto_masks', 'unletterbox_masks', 'unletterbox_boxes', 'rle_runs', 'rle_chars',
-           'rle_encode', 'masks_to_rle', 'quiet', 'load_coco', 'coco_results', 'results_bytes', 'write_results',
-           'CocoStats', 'coco_evaluate', 'Validator']
-
-# %% ../nbs/07_metrics.ipynb #7af0e70d
-def box_area(b:Tensor)->Tensor: # (...,4) xyxy -> (...)
-    "Area of xyxy boxes, 0 for empty or inverted ones."
-    return (b[..., 2] - b[..., 0]).clamp(min=0) * (b[..., 3] - b[..., 1]).clamp(min=0)
-
-def box_iou(
-    a:Tensor, # (N,4) xyxy
-    b:Tensor, # (M,4) xyxy
-)->Tensor:    # (N,M)
-    "Pairwise intersection over union."
-    lt = torch.maximum(a[:, None, :2], b[None, :, :2])
-    rb = torch.minimum(a[:, None, 2:], b[None, :, 2:])
-    wh = (rb - lt).clamp(min=0)
-    inter = wh[..., 0] * wh[..., 1]
-    union = box_area(a)[:, None] + box_area(b)[None] - inter
-    return inter / union.clamp(min=torch.finfo(union.dtype).tiny)
+__all__ = ['COCO80_IDS', 'STAT_NAMES', 'SUMMARY_NAMES', 'greedy_keep', 'nms', 'nms_reference', 'crop_window', 'proto_masks',
+           'unletterbox_masks', 'unletterbox_boxes', 'rle_runs', 'rle_chars', 'rle_encode', 'masks_to_rle', 'quiet',
+           'load_coco', 'coco_results', 'results_bytes', 'write_results', 'CocoStats', 'coco_evaluate', 'Validator']
 
 # %% ../nbs/07_metrics.ipynb #a0b7cb8a
 def _candidates(scores:Tensor, conf:float, multi_label:bool, max_nms:int)->tuple[Tensor,Tensor,Tensor]:

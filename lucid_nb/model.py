@@ -1,4 +1,4 @@
-"""Conv-BN-SiLU, the CSP blocks, SPPF and C2PSA, a backbone and PAN-FPN neck over strides 8/16/32, named scales `n`/`s`/`m`, and the `yolo_seg` builder.
+"""Conv-BN-SiLU, the CSP blocks, SPPF and C2PSA, a backbone and PAN-FPN neck over strides 8/16/32, named scales `n`/`s`/`m`, the `SegmentationModel` chain and the model summary.
 
 Docs: https://lucid-nb.github.io/lucid_nb/model.html.md"""
 
@@ -15,8 +15,7 @@ from .core import *
 
 # %% auto #0
 __all__ = ['SCALES', 'Conv', 'DWConv', 'Bottleneck', 'C2f', 'C3k', 'C3k2', 'SPPF', 'Attention', 'PSABlock', 'C2PSA', 'Scale',
-           'get_scale', 'Backbone', 'Neck', 'SegmentationModel', 'yolo_seg', 'ModelSummary', 'summary_layers',
-           'model_summary']
+           'get_scale', 'Backbone', 'Neck', 'SegmentationModel', 'ModelSummary', 'summary_layers', 'model_summary']
 
 # %% ../nbs/02_model.ipynb #3991d58f
 class Conv(nn.Module):
@@ -218,19 +217,6 @@ class SegmentationModel(nn.Module):
         return self.neck(self.backbone(x))
     def forward(self, x:Tensor)->dict: return self.head(self.features(x))
 
-def yolo_seg(
-    scale:str='n',        # model scale: one of `SCALES` ('n', 's', 'm')
-    num_classes:int=80,   # K
-    num_protos:int=32,    # P, prototypes and mask coefficients
-    reg_max:int=16,       # R, bins of the box distribution
-)->SegmentationModel:
-    "A YOLO11-style instance-segmentation model of the given scale."
-    from lucid_nb.heads import SegHead
-    sc = get_scale(scale)
-    if not isinstance(num_classes, int) or num_classes < 1: raise ValueError(f"num_classes={num_classes!r}: need an int >= 1")
-    bb = Backbone(sc); nk = Neck(sc, bb.channels)
-    head = SegHead(nk.channels, num_classes, num_protos=num_protos, proto_channels=sc.ch(256), reg_max=reg_max)
-    return SegmentationModel(bb, nk, head, dict(scale=scale, num_classes=num_classes, num_protos=num_protos, reg_max=reg_max))
 
 # %% ../nbs/02_model.ipynb #cd37eb6b
 def _params(m:nn.Module)->int: return sum(p.numel() for p in m.parameters())

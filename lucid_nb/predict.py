@@ -15,7 +15,7 @@ from torch import nn, Tensor
 from fastcore.basics import patch
 from .core import *
 from .data import image_batch, load_rgb, pil_rgb
-from .model import yolo_seg
+from .heads import yolo_seg
 from .metrics import Validator
 from .trainer import draw_instances, note, read_checkpoint
 

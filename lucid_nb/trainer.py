@@ -20,7 +20,8 @@ from torch import nn, Tensor
 from fastcore.basics import patch
 from .core import *
 from .data import YoloData, load_rgb
-from .model import SCALES, yolo_seg
+from .model import SCALES
+from .heads import yolo_seg
 from .loss import SegLoss
 from .optim import CapturedUpdate, build_optimizer, build_schedule
 from .metrics import Validator, write_results, SUMMARY_NAMES
@@ -836,13 +837,9 @@ USER_ERRORS = (ValueError, OSError, RunFolderInUse, MisconfigurationException)
 
 def one_line(e:BaseException)->str: return '; '.join(l.strip() for l in str(e).splitlines() if l.strip()) or type(e).__name__
 
-def main():
+def main(run=None):  # what to run (default: `cli_main`, the Lightning subcommands)
     "The `lucid` command: exit status 0 on success, 2 after a user error (one line), 143 after SIGTERM, 1 after Ctrl-C."
-    try:
-        if sys.argv[1:2] == ['export']:   # not a Lightning subcommand: `lucid export --ckpt_path CKPT --format onnx|torchscript`
-            from lucid_nb.predict import export_main
-            return export_main(sys.argv[2:]) and None
-        cli_main()
+    try: (run or cli_main)()
     except USER_ERRORS as e:
         if os.environ.get('LUCID_DEBUG') == '1': raise
         note(f"error: {one_line(e)} (LUCID_DEBUG=1 shows the traceback)")

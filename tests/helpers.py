@@ -10,7 +10,8 @@ from torch import nn
 from lucid_nb.core import digest, state_hashes
 from lucid_nb.loss import SegLoss
 from lucid_nb.recorder import StepRegion, model_outputs
-from lucid_nb.trainer import cli_main, main
+from lucid_nb.trainer import cli_main
+from lucid_nb.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ['--trainer.accelerator', 'cpu', '--trainer.num_sanity_val_steps', '0', '--trainer.limit_train_batches', '2',

@@ -4,7 +4,8 @@ import copy, io, pickle, types
 import pytest, torch, torch.nn as nn
 from lucid_nb.core import digest
 from lucid_nb.heads import DetectHead, SegHead
-from lucid_nb.model import SCALES, Scale, SegmentationModel, get_scale, model_summary, summary_layers, yolo_seg
+from lucid_nb.model import SCALES, Scale, SegmentationModel, get_scale, model_summary, summary_layers
+from lucid_nb.heads import yolo_seg
 
 
 @pytest.fixture(scope='module')

@@ -33,7 +33,7 @@ def set_grads(model, seed, none=()):
 # ---------------------------------------------------------------- parameter groups
 
 def test_param_groups_nano_model():
-    from lucid_nb.model import yolo_seg
+    from lucid_nb.heads import yolo_seg
     m = yolo_seg('n')
     gs = param_groups(m, 1e-3)
     assert [g['name'] for g in gs] == ['weight', 'norm', 'bias']

@@ -10,7 +10,7 @@ from torch import nn
 from lightning.pytorch.callbacks import Callback
 
 from lucid_nb.core import digest, synth_batch
-from lucid_nb.model import yolo_seg
+from lucid_nb.heads import yolo_seg
 from lucid_nb.loss import SegLoss
 from lucid_nb.optim import SGDUpdate, build_optimizer, build_schedule
 from lucid_nb.recorder import (EagerGraphs, HeadRegion, Recorder, StepRegion, UpdateRegion, head_blocker, head_fit_blocker,

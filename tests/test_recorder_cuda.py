@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest, torch
 
 from lucid_nb.core import synth_batch
-from lucid_nb.model import yolo_seg
+from lucid_nb.heads import yolo_seg
 from lucid_nb.core import digest
 from lucid_nb.optim import build_optimizer, build_schedule
 from lucid_nb.recorder import HeadRegion, StepRegion, UpdateRegion

@@ -1,0 +1,19 @@
+"""No import loops: every module imports only from modules below it (core → data | model → heads → loss / metrics /
+optim → recorder → trainer → predict → cli), at the top of the file or inside a function."""
+import re
+from pathlib import Path
+
+LAYER = dict(core=0, data=1, model=1, heads=2, loss=3, metrics=3, optim=3, recorder=4, trainer=5, predict=6, cli=7)
+PKG = Path(__file__).resolve().parent.parent / 'lucid_nb'
+
+
+def imports(path: Path) -> set:
+    text = path.read_text()
+    return set(re.findall(r'^\s*from (?:lucid_nb)?\.?(\w+) import', text, re.M)) & LAYER.keys() - {path.stem}
+
+
+def test_every_import_goes_down():
+    found = {p.stem: imports(p) for p in PKG.glob('*.py') if p.stem in LAYER}
+    assert found.keys() == LAYER.keys()
+    up = [f"{m} imports {d}" for m, deps in found.items() for d in deps if LAYER[d] >= LAYER[m]]
+    assert not up, up
