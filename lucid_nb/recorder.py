@@ -294,8 +294,10 @@ def fit_blocker(trainer, module, backend=None)->str|None:
     "Why this fit can record no region (checked once, at fit start), or None."
     if _torch_version() < MIN_TORCH:
         return f"torch {torch.__version__} is older than {'.'.join(map(str, MIN_TORCH))}"
-    if trainer.world_size > 1 or trainer.num_devices > 1:
-        return f"the run uses {max(trainer.world_size, trainer.num_devices)} devices; the recorder covers one"
+    if trainer.world_size > 1 or trainer.num_devices > 1:   # DDP: each process records its own regions
+        n = max(trainer.world_size, trainer.num_devices)
+        if type(trainer.strategy).__name__ != 'DDPStrategy': return f"the run uses {n} devices with {type(trainer.strategy).__name__}; the recorder covers one device or DDP"
+        if backend is None: return f"the run uses {n} devices (DDP); CUDA-graph replay under DDP is not verified yet"
     device = trainer.strategy.root_device
     if backend is None and device.type != 'cuda': return f"the run trains on {device.type}; the recorder needs a CUDA GPU"
     if not module.automatic_optimization: return "the module uses manual optimisation"
