@@ -639,8 +639,9 @@ class Recorder(Callback):
             rec = r.recordings
             rank_zero_info(f"{r.option}: {r.summary()}" + (f"; recorded in {sum(x['seconds'] for x in rec):.2f} s, "
                            f"{sum(x['reserved_mib'] for x in rec):.0f} MiB more reserved" if rec else ''))
-        if trainer.is_global_zero and (trainer.log_dir or trainer.default_root_dir):
-            atomic_write(Path(trainer.log_dir or trainer.default_root_dir)/'recorder.json',
+        run = trainer.log_dir or trainer.default_root_dir   # asked on every process: under DDP `log_dir` is a collective
+        if trainer.is_global_zero and run:
+            atomic_write(Path(run)/'recorder.json',
                          json.dumps(self.report(), indent=1, sort_keys=True).encode())
         self.release()
 

@@ -758,9 +758,9 @@ def resume_hint(trainer)->str:
 @patch
 def _run_subcommand(self:LucidCLI, subcommand:str):
     "Run `subcommand` holding the run folder's lock; a run stopped by SIGTERM or Ctrl-C says so and how to resume."
-    run = _run_dir(self.trainer)
-    fresh = not any(run.iterdir())
-    with run_lock(run) if rank_zero_only.rank == 0 else contextlib.nullcontext(), warnings.catch_warnings():
+    run = _run_dir(self.trainer) if rank_zero_only.rank == 0 else None   # DDP: the others learn rank 0's folder at setup
+    fresh = run is not None and not any(run.iterdir())
+    with run_lock(run) if run is not None else contextlib.nullcontext(), warnings.catch_warnings():
         if fresh: warnings.filterwarnings('ignore', message='Experiment logs directory .* exists and is not empty')  # our lock
         try: LightningCLI._run_subcommand(self, subcommand)
         except SystemExit as e:  # SIGTERMException after SIGTERM; Lightning's sys.exit(1) after Ctrl-C
