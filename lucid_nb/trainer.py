@@ -306,8 +306,9 @@ def merge_results(parts:list[tuple[list,list]],  # per process: (COCO results, i
                   order:list[int],               # image ids in the loader order of one process
                  )->tuple[list,list]:            # results and image ids in that order
     "Every process's validation results as one process would have made them; an image validated twice is an error."
-    ids = [i for _, part in parts for i in part]
-    if twice := sorted({i for i in ids if ids.count(i) > 1}):
+    ids, seen, twice = [i for _, part in parts for i in part], set(), set()
+    for i in ids: (twice if i in seen else seen).add(i)
+    if twice := sorted(twice):
         raise RuntimeError(f"validation: images {twice[:5]} were validated by more than one process; the score would count them twice")
     pos = {iid: k for k, iid in enumerate(order)}
     return sorted((r for res, _ in parts for r in res), key=lambda r: pos[r['image_id']]), sorted(ids, key=pos.__getitem__)
