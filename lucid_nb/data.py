@@ -660,16 +660,24 @@ YoloDataset.__getitem__ = _getitem
 
 # %% ../nbs/01_data.ipynb #355e76ed
 class EpochBatchSampler:
-    "Batches of `(epoch, index)` keys; the order is a permutation seeded by `(seed, epoch)`."
-    def __init__(self, n:int, batch_size:int, shuffle:bool=True, drop_last:bool=True, seed:int=0):
+    "Batches of `(epoch, index)` keys; the order is a permutation seeded by `(seed, epoch)`; process `rank` of `world` gets every `world`-th batch."
+    def __init__(self, n:int, batch_size:int, shuffle:bool=True, drop_last:bool=True, seed:int=0,
+                 rank:int=0,   # this process among `world` (DDP): it gets the epoch's batches rank, rank + world, ...
+                 world:int=1): # processes sharing each epoch
         self.n, self.batch_size, self.shuffle, self.drop_last, self.seed, self.epoch = n, batch_size, shuffle, drop_last, seed, 0
+        self.rank, self.world = rank, world
     def set_epoch(self, epoch:int): self.epoch = int(epoch)
-    def __len__(self): return self.n // self.batch_size if self.drop_last else -(-self.n // self.batch_size)
+    def batches(self)->int:
+        "Batches of the epoch over all processes; with `drop_last` a multiple of `world`, so every process takes as many steps."
+        if not self.drop_last: return -(-self.n // self.batch_size)
+        b = self.n // self.batch_size
+        return b - b % self.world
+    def __len__(self): return len(range(self.rank, self.batches(), self.world))
     def __iter__(self):
         "The epoch is read when iteration starts (not at the first batch), so a loader can start the next epoch early."
         e, bs = self.epoch, self.batch_size
         order = np.random.default_rng([self.seed, e, 2**32 - 1]).permutation(self.n) if self.shuffle else np.arange(self.n)
-        return iter([[(e, int(i)) for i in order[k * bs:(k + 1) * bs]] for k in range(len(self))])
+        return iter([[(e, int(i)) for i in order[k * bs:(k + 1) * bs]] for k in range(self.rank, self.batches(), self.world)])
 
 def _worker_init(worker_id:int):
     "DataLoader workers: one torch thread each; global RNGs fixed so nothing can depend on them by accident."
@@ -681,10 +689,11 @@ class YoloLoader:
     def __init__(self, dataset:YoloDataset, batch_size:int=4, shuffle:bool=True, drop_last:bool=True, seed:int=0,
                  workers:int=0, prefetch:bool=True, depth:int=4,
                  ahead_until:int|None=None, # with `prefetch`: when an epoch ends, start the next one's batches, up to this epoch
+                 rank:int=0, world:int=1,   # this process among `world` (DDP): see `EpochBatchSampler`
                 ):
         self.dataset, self.prefetch, self.depth, self._live, self.wait_seconds = dataset, prefetch, depth, [], 0.
         self.ahead_until, self._ahead = ahead_until, None
-        self.batch_sampler = self.sampler = EpochBatchSampler(len(dataset), batch_size, shuffle, drop_last, seed)
+        self.batch_sampler = self.sampler = EpochBatchSampler(len(dataset), batch_size, shuffle, drop_last, seed, rank, world)
         self.loader = DataLoader(dataset, batch_sampler=self.batch_sampler, num_workers=workers, worker_init_fn=_worker_init,
                                  collate_fn=partial(collate, max_instances=dataset.max_instances), persistent_workers=workers > 0)
     def set_epoch(self, epoch:int): self.batch_sampler.set_epoch(epoch)
@@ -945,8 +954,13 @@ def _make_loader(self:YoloData, ds:YoloDataset, train:bool)->YoloLoader:
     h, n = self.hparams, self.hparams.max_epochs
     if n is None and self.trainer is not None: n = self.trainer.max_epochs
     ahead = n - 1 if train and n is not None and n > 0 else None
+    rank, world = (self.trainer.global_rank, self.trainer.world_size) if self.trainer is not None else (0, 1)
     ld = YoloLoader(ds, h.batch_size, shuffle=train, drop_last=train, seed=h.seed, workers=h.workers, prefetch=h.prefetch,
-                    ahead_until=ahead)
+                    ahead_until=ahead, rank=rank, world=world)
+    if len(ld) == 0:   # a process without a batch would leave the others waiting for it at the epoch's end
+        raise ValueError(f"{len(ds)} {'training' if train else 'validation'} images make {len(ds) // h.batch_size if train else -(-len(ds) // h.batch_size)} batches of "
+                         f"batch_size={h.batch_size}, fewer than the {world} processes (--trainer.devices): every process needs one; "
+                         f"lower --data.batch_size{'' if train else ' or raise --data.val_count'}")
     self._loaders.append(ld); return ld
 
 def _train_dataloader(self:YoloData)->YoloLoader:

@@ -316,8 +316,10 @@ def fit_blocker(trainer, module, backend=None)->str|None:
     "Why this fit can record no region (checked once, at fit start), or None."
     if _torch_version() < MIN_TORCH:
         return f"torch {torch.__version__} is older than {'.'.join(map(str, MIN_TORCH))}"
-    if trainer.world_size > 1 or trainer.num_devices > 1:
-        return f"the run uses {max(trainer.world_size, trainer.num_devices)} devices; the recorder covers one"
+    if trainer.world_size > 1 or trainer.num_devices > 1:   # DDP: each process records its own regions
+        n = max(trainer.world_size, trainer.num_devices)
+        if type(trainer.strategy).__name__ != 'DDPStrategy': return f"the run uses {n} devices with {type(trainer.strategy).__name__}; the recorder covers one device or DDP"
+        if backend is None: return f"the run uses {n} devices (DDP); CUDA-graph replay under DDP is not verified yet"
     device = trainer.strategy.root_device
     if backend is None and device.type != 'cuda': return f"the run trains on {device.type}; the recorder needs a CUDA GPU"
     if not module.automatic_optimization: return "the module uses manual optimisation"
@@ -897,8 +899,9 @@ class Recorder(Callback):
             rec = r.recordings
             rank_zero_info(f"{r.option}: {r.summary()}" + (f"; recorded in {sum(x['seconds'] for x in rec):.2f} s, "
                            f"{sum(x['reserved_mib'] for x in rec):.0f} MiB more reserved" if rec else ''))
-        if trainer.is_global_zero and (trainer.log_dir or trainer.default_root_dir):
-            atomic_write(Path(trainer.log_dir or trainer.default_root_dir)/'recorder.json',
+        run = trainer.log_dir or trainer.default_root_dir   # asked on every process: under DDP `log_dir` is a collective
+        if trainer.is_global_zero and run:
+            atomic_write(Path(run)/'recorder.json',
                          json.dumps(self.report(), indent=1, sort_keys=True).encode())
         self.release()
 

@@ -12,6 +12,7 @@ from typing import Literal
 import numpy as np, torch
 import lightning.pytorch as L
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint, BasePredictionWriter, TQDMProgressBar
+from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.cli import LightningCLI, LightningArgumentParser
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
@@ -24,7 +25,7 @@ from .model import SCALES
 from .heads import yolo_seg
 from .loss import SegLoss
 from .optim import CapturedUpdate, build_optimizer, build_schedule
-from .metrics import Validator, write_results, SUMMARY_NAMES
+from .metrics import Validator, write_results, SUMMARY_NAMES, CocoStats
 from .recorder import Recorder, model_outputs
 from pycocotools import mask as mask_utils
 import matplotlib.pyplot as plt
@@ -32,12 +33,13 @@ from PIL import Image, ImageDraw
 
 # %% auto #0
 __all__ = ['PALETTE', 'HELP', 'LOCK_NAME', 'USER_ERRORS', 'ModelEMA', 'EmaUpdate', 'AtomicCheckpoint', 'LitYolo', 'StepLossBar',
-           'PredictionWriter', 'say', 'fit_state_hashes', 'write_json_atomic', 'data_wait', 'process_age',
-           'RunArtifacts', 'epoch_line', 'EpochSummary', 'class_ap_table', 'QuietLightning', 'quiet_lightning',
-           'read_metrics_csv', 'plot_curves', 'draw_instances', 'instances_of', 'draw_results', 'fit_tile',
-           'image_grid', 'save_jpeg', 'draw_train_batch', 'draw_val_batch', 'OneLineParser', 'LucidCLI',
+           'gather_objects', 'merge_results', 'PredictionWriter', 'say', 'fit_state_hashes', 'write_json_atomic',
+           'data_wait', 'process_age', 'RunArtifacts', 'epoch_line', 'EpochSummary', 'class_ap_table', 'QuietLightning',
+           'quiet_lightning', 'read_metrics_csv', 'plot_curves', 'draw_instances', 'instances_of', 'draw_results',
+           'fit_tile', 'image_grid', 'save_jpeg', 'draw_train_batch', 'draw_val_batch', 'OneLineParser', 'LucidCLI',
            'add_tensorboard', 'default_callbacks', 'cli_main', 'save_figure', 'note', 'RunFolderInUse', 'read_lock',
-           'lock_owner_alive', 'acquire_run_lock', 'run_lock', 'resume_hint', 'read_checkpoint', 'one_line', 'main']
+           'lock_owner_alive', 'acquire_run_lock', 'run_lock', 'resume_hint', 'read_checkpoint', 'one_line', 'main',
+           'ddp_blocker', 'broadcast_buffers', 'rank_state_hashes', 'DistributedRun']
 
 # %% ../nbs/08_trainer.ipynb #ea5ecba6
 class ModelEMA(nn.Module):
@@ -242,7 +244,7 @@ def log_train_terms(self:LitYolo, terms:dict, B:int):
     "Loss terms to the loggers, step values and epoch means, with no host synchronisation."
     named = {f'train/{k}': v for k, v in terms.items()}
     self.log_dict(named, on_step=True, on_epoch=False, batch_size=B)
-    self.log_dict({f'{k}_epoch': v for k, v in named.items()}, on_step=False, on_epoch=True, batch_size=B)
+    self.log_dict({f'{k}_epoch': v for k, v in named.items()}, on_step=False, on_epoch=True, batch_size=B, sync_dist=True)
 
 @patch
 def on_train_batch_end(self:LitYolo, outputs, batch, batch_idx):
@@ -307,7 +309,8 @@ def validation_step(self:LitYolo, batch:dict, batch_idx:int):
     self.val_seconds['forward'] += t1 - t0; self.val_seconds['postprocess'] += _now(self.trainer) - t1
 
 def _run_dir(trainer)->Path:
-    d = Path(trainer.log_dir or trainer.default_root_dir); d.mkdir(parents=True, exist_ok=True); return d
+    d = getattr(trainer, 'lucid_run_dir', None) or Path(trainer.log_dir or trainer.default_root_dir)   # see `DistributedRun`
+    d.mkdir(parents=True, exist_ok=True); return d
 
 # `lucid test` scores the validation split (or the given validation set) exactly as validation does
 LitYolo.on_test_epoch_start, LitYolo.test_step = LitYolo.on_validation_epoch_start, LitYolo.validation_step
@@ -321,15 +324,45 @@ def on_test_epoch_end(self:LitYolo):
 def on_validation_epoch_end(self:LitYolo):
     "COCO mAP of the gathered results (logged), the predictions JSON and a line of `val_metrics.jsonl`."
     t0 = time.perf_counter()
-    metrics = self.validator.compute(self.trainer.datamodule.val_coco())
+    metrics = self.score_validation()   # the whole validation set, on one process or several
     self.val_seconds['evaluate'] = time.perf_counter() - t0
-    self.log_dict({k: v for k, v in metrics.summary().items()}, prog_bar=True)
+    self.log_dict({k: v for k, v in metrics.summary().items()}, prog_bar=True, sync_dist=True, reduce_fx='max')  # equal on every process
     if self.trainer.sanity_checking: return
     self.last_val_stats = metrics   # its per-class AP makes the table at the end of fit
+    if not self.trainer.is_global_zero: return   # one process writes the run's files
     run = _run_dir(self.trainer)
     sha = write_results(run/'predictions.json', self.validator.results)
     with open(run/'val_metrics.jsonl', 'a') as f:
         f.write(json.dumps(dict(epoch=self.current_epoch, step=self.global_step, predictions_sha256=sha, **metrics)) + '\n')
+
+# %% ../nbs/08_trainer.ipynb #de7b9dbb
+def gather_objects(obj)->list:
+    "`obj` from every process, in rank order; `[obj]` when no process group runs."
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()): return [obj]
+    out = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(out, obj)
+    return out
+
+def merge_results(parts:list[tuple[list,list]],  # per process: (COCO results, image ids) of the images it validated
+                  order:list[int],               # image ids in the loader order of one process
+                 )->tuple[list,list]:            # results and image ids in that order
+    "Every process's validation results as one process would have made them; an image validated twice is an error."
+    ids, seen, twice = [i for _, part in parts for i in part], set(), set()
+    for i in ids: (twice if i in seen else seen).add(i)
+    if twice := sorted(twice):
+        raise RuntimeError(f"validation: images {twice[:5]} were validated by more than one process; the score would count them twice")
+    pos = {iid: k for k, iid in enumerate(order)}
+    return sorted((r for res, _ in parts for r in res), key=lambda r: pos[r['image_id']]), sorted(ids, key=pos.__getitem__)
+
+@patch
+def score_validation(self:LitYolo)->CocoStats:
+    "COCO metrics of every process's validation results together: scored once on rank 0 and sent to every process."
+    v, dm = self.validator, self.trainer.datamodule
+    parts = gather_objects((v.results, v.image_ids))
+    if len(parts) == 1: return v.compute(dm.val_coco())
+    if not self.trainer.is_global_zero: return self.trainer.strategy.broadcast(None)
+    v.results, v.image_ids = merge_results(parts, dm.val_image_ids)
+    return self.trainer.strategy.broadcast(v.compute(dm.val_coco()))
 
 # %% ../nbs/08_trainer.ipynb #8143446b
 @patch
@@ -434,11 +467,12 @@ class RunArtifacts(Callback):
         self.epochs.append(e)
 
     def on_fit_end(self, trainer, module):
+        ranks = rank_state_hashes(trainer, module)   # every process takes part; {} on one
         if not trainer.is_global_zero: return
         t_end, run = _now(trainer), _run_dir(trainer)
         dev = trainer.strategy.root_device
         mem = torch.cuda.max_memory_reserved(dev) / 2**20 if dev.type == 'cuda' else None
-        write_json_atomic(run/'state_hashes.json', dict(**fit_state_hashes(trainer, module), env=env_info()))
+        write_json_atomic(run/'state_hashes.json', dict(**fit_state_hashes(trainer, module), **ranks, env=env_info()))
         csv_path = run/'metrics.csv'
         if csv_path.exists(): plt.close(save_figure(plot_curves(csv_path), run/'curves.png'))
         preds = run/'predictions.json'
@@ -660,7 +694,7 @@ def add_tensorboard(trainer)->bool:
 
 def default_callbacks()->list:
     return [AtomicCheckpoint(monitor='mAP50-95(M)', mode='max', filename='best', save_last=True, save_top_k=1),
-            RunArtifacts(), PredictionWriter(), EpochSummary()]
+            RunArtifacts(), PredictionWriter(), EpochSummary(), DistributedRun()]
 
 @patch
 def configure_callbacks(self:LitYolo):
@@ -766,9 +800,9 @@ def resume_hint(trainer)->str:
 @patch
 def _run_subcommand(self:LucidCLI, subcommand:str):
     "Run `subcommand` holding the run folder's lock; a run stopped by SIGTERM or Ctrl-C says so and how to resume."
-    run = _run_dir(self.trainer)
-    fresh = not any(run.iterdir())
-    with run_lock(run) if rank_zero_only.rank == 0 else contextlib.nullcontext(), warnings.catch_warnings():
+    run = _run_dir(self.trainer) if rank_zero_only.rank == 0 else None   # DDP: the others learn rank 0's folder at setup
+    fresh = run is not None and not any(run.iterdir())
+    with run_lock(run) if run is not None else contextlib.nullcontext(), warnings.catch_warnings():
         if fresh: warnings.filterwarnings('ignore', message='Experiment logs directory .* exists and is not empty')  # our lock
         try: LightningCLI._run_subcommand(self, subcommand)
         except SystemExit as e:  # SIGTERMException after SIGTERM; Lightning's sys.exit(1) after Ctrl-C
@@ -844,3 +878,46 @@ def main(run=None):  # what to run (default: `cli_main`, the Lightning subcomman
         if os.environ.get('LUCID_DEBUG') == '1': raise
         note(f"error: {one_line(e)} (LUCID_DEBUG=1 shows the traceback)")
         sys.exit(2)
+
+# %% ../nbs/08_trainer.ipynb #8acd65ee
+def ddp_blocker(trainer, module, stage:str)->str|None:
+    "Why this run cannot go on several processes, or None (one process always can)."
+    if trainer.world_size == 1: return None
+    s = trainer.strategy
+    if not isinstance(s, DDPStrategy):
+        return f"--trainer.strategy {type(s).__name__}: lucid runs several devices with Lightning's DDP (--trainer.strategy ddp)"
+    if stage == 'predict':
+        return "lucid predict writes one predictions.json and runs on one device: give --trainer.devices 1"
+    if s.root_device.type == 'cpu' and any(isinstance(m, nn.SyncBatchNorm) for m in module.modules()):
+        return "--trainer.sync_batchnorm true: torch's SyncBatchNorm runs on GPUs only; leave it off on the CPU"
+    return None
+
+@torch.no_grad()
+def broadcast_buffers(model:nn.Module, src:int=0):
+    "Copy process `src`'s floating-point buffers (BatchNorm running statistics) into `model` on every process, in place."
+    bufs = [b for b in model.buffers() if b.is_floating_point()]
+    for dtype in sorted({b.dtype for b in bufs}, key=str):
+        group = [b for b in bufs if b.dtype == dtype]
+        flat = torch.cat([b.reshape(-1) for b in group])
+        torch.distributed.broadcast(flat, src)
+        for b, f in zip(group, flat.split([b.numel() for b in group])): b.copy_(f.view_as(b))
+
+def rank_state_hashes(trainer, module)->dict:
+    "Under DDP `{'ranks': [...]}`: every process's model, optimiser, scheduler and EMA hashes (they must agree); {} on one process."
+    if trainer.world_size == 1: return {}
+    mine = {k: v for k, v in fit_state_hashes(trainer, module).items() if k in ('model', 'optimizer', 'scheduler', 'ema')}
+    ranks = gather_objects(mine)
+    if differ := [k for k in mine if len({r[k] for r in ranks}) > 1]:
+        note(f"the {len(ranks)} processes end with different {', '.join(differ)} hashes (state_hashes.json 'ranks'); DDP should keep them equal")
+    return {'ranks': ranks}
+
+class DistributedRun(Callback):
+    "What several processes need: one run folder, a setup lucid supports, and the same BatchNorm statistics (so the same EMA) on each."
+    def setup(self, trainer, module, stage:str):
+        trainer.lucid_run_dir = None     # `trainer.log_dir` asks every process (a collective): ask once, here, where all do
+        trainer.lucid_run_dir = Path(trainer.log_dir or trainer.default_root_dir)
+        if why := ddp_blocker(trainer, module, stage): raise ValueError(why)
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        if trainer.world_size > 1: broadcast_buffers(module.model)   # runs before `LitYolo.on_train_batch_end`'s EMA update
+
