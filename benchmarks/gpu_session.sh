@@ -25,7 +25,9 @@ for stage in "$@"; do
     notebooks) python3 benchmarks/run_notebooks.py "${nbs[@]}" 2>&1 | grep -E "PASSED|FAILED|Error|error" | tail -20 || status=1
                cp "${nbs[@]}" "$OUT/" ;;
     validation) python3 benchmarks/validation_speed.py --device cuda --out "$OUT/results" 2>&1 | tail -8 || status=1 ;;
-    memory) python3 benchmarks/memory_probe.py --out "$OUT/results" 2>&1 | grep -A3 '"peaks"' || status=1 ;;
+    memory) python3 benchmarks/memory_probe.py --out "$OUT/results" 2>&1 | grep -A3 '"peaks"' || status=1
+            python3 benchmarks/memory_probe.py --out "$OUT/results" --tag step -- --model.capture_train_step true 2>&1 \
+              | grep -A3 '"peaks"' || status=1 ;;
     startup) python3 benchmarks/profile_startup.py --out "$OUT/results" 2>&1 | grep " s$" || status=1 ;;
     ref*) b=${stage#ref}; b=${b%x*}; n=${stage#*x}
           python3 benchmarks/reference_run.py --rounds "$n" --batch-size "$b" --arms "${ARMS:-native,head+optim,ul}" \

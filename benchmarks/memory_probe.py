@@ -48,6 +48,7 @@ def live_at_peak(snapshot: dict, n: int = 15) -> dict:
 
 def main():
     p = argparse.ArgumentParser(); p.add_argument('--out', default='benchmarks/results')
+    p.add_argument('--tag', default='', help='result file suffix, e.g. the option probed (memory_probe_<device>_<tag>.json)')
     p.add_argument('extra', nargs='*'); a = p.parse_args()
     from lucid_nb.trainer import cli_main
     from lucid_nb.core import device_tag, env_info
@@ -63,7 +64,7 @@ def main():
     res = dict(env=env, extra_args=a.extra, peaks=peaks.at, training_peak=live_at_peak(peaks.snapshot),
                stats={k: v / MiB for k, v in torch.cuda.memory_stats().items() if k.endswith('bytes.all.peak')})
     out = Path(a.out); out.mkdir(parents=True, exist_ok=True)
-    (out / f'memory_probe_{dev}.json').write_text(json.dumps(res, indent=1))
+    (out / f"memory_probe_{dev}{'_' + a.tag if a.tag else ''}.json").write_text(json.dumps(res, indent=1))
     print(json.dumps(res, indent=1))
 
 

@@ -365,6 +365,7 @@ class Region:
                  backend=None,         # None: `CudaGraphs()` when the fit can record; `EagerGraphs()` for tests
                  max_records:int=3):   # recordings per fit before moved tensors make it give up
         self.backend, self.max_records = backend, max_records
+        self.shared = None             # a `CudaGraphs` the Recorder shares between regions (one memory pool)
         self.graphs, self.blocked = None, None
         self.reset_stats()
 
@@ -379,7 +380,7 @@ class Region:
         "Forget any recording and statistics; record at the next call unless `blocked` says why not."
         self.release(); self.reset_stats()
         self.blocked = blocked
-        self.backend_ = self.backend or (CudaGraphs() if blocked is None else None)
+        self.backend_ = self.backend or ((self.shared or CudaGraphs()) if blocked is None else None)
         if blocked: self.note(blocked); self.reasons[blocked] = 0  # said once now; counted per call later
 
     def failed(self, e:Exception)->str:
@@ -882,6 +883,9 @@ class Recorder(Callback):
             else: opt.step = own
 
     def on_fit_start(self, trainer, module):
+        if 'step' in self.regions:   # one memory pool for the graphs replayed one after the other in every step
+            shared = CudaGraphs()
+            for name in ('step', 'optimizer', 'ema'): self.regions[name].shared = shared
         for r in self.regions.values(): r.fit_start(trainer, module)
 
     def on_train_batch_start(self, trainer, module, batch, batch_idx):

@@ -921,3 +921,4 @@ class DistributedRun(Callback):
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         if trainer.world_size > 1: broadcast_buffers(module.model)   # runs before `LitYolo.on_train_batch_end`'s EMA update
 
+
