@@ -9,7 +9,7 @@ from torch import nn
 
 from lucid_nb.core import digest, state_hashes
 from lucid_nb.loss import SegLoss
-from lucid_nb.recorder import StepRegion, model_outputs
+from lucid_nb.recorder import model_outputs
 from lucid_nb.trainer import cli_main
 from lucid_nb.cli import main
 
@@ -87,7 +87,7 @@ def train_trace(model:nn.Module,                 # trained in place
     dev = next(model.parameters()).device
     loss_fn = loss_fn or SegLoss(model.head.num_classes)
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, nesterov=True)
-    whole = isinstance(recorder, StepRegion)
+    whole = callable(getattr(recorder, 'losses', None))   # a `StepRegion` (duck-typed: notebooks define their own class)
     head = None if whole else recorder
     def step_fn(b):
         losses = loss_fn(model_outputs(model, b['img'], head), b)
