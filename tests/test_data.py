@@ -296,7 +296,7 @@ def test_close_mosaic(coco):
     dm.train_dataloader(); assert dm._train.mosaic_until == 2
     dm2 = dm_for(coco, val_count=1, close_mosaic=2); dm2.setup()
     dm2.train_dataloader(); assert dm2._train.mosaic_until is None          # unknown length: mosaic stays on
-    dm2.trainer = types.SimpleNamespace(max_epochs=5, training=True)
+    dm2.trainer = types.SimpleNamespace(max_epochs=5, training=True, global_rank=0, world_size=1)
     dm2.train_dataloader(); assert dm2._train.mosaic_until == 3
     off = dm_for(coco, val_count=1, mosaic=0.); off.setup()
     ds, ds_off = dm._train, off._train                                      # same draws, so after close_mosaic = no mosaic
