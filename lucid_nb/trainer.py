@@ -384,7 +384,7 @@ class PredictionWriter(BasePredictionWriter):
     def __init__(self): super().__init__(write_interval='epoch')
     def write_on_epoch_end(self, trainer, pl_module, predictions, batch_indices):
         dm = trainer.datamodule
-        files = dict(enumerate(dm._predict.files)) if dm.hparams.predict_images else {r.image_id: r.path for r in dm._val.records}
+        files = dm.predict_paths
         results = [dict(r, file_name=str(files[r['image_id']])) for batch in predictions for r in batch]
         out = _run_dir(trainer)/'predict'; out.mkdir(exist_ok=True)
         sha = write_results(out/'predictions.json', results)
@@ -636,7 +636,7 @@ def draw_train_batch(batch:dict, class_names:list|None=None, n:int=16, size:int=
 def draw_val_batch(dm, results:list|None=None, n:int=8, size:int=320, top:int=30)->np.ndarray:
     "The first `n` validation images with their ground truth (`results` None) or with their `top` best `results`, as one grid image."
     gt, tiles = dm.val_coco(), []
-    for rec in dm._val.records[:n]:
+    for rec in dm.val_records[:n]:
         img = load_rgb(rec.path)
         if results is None: anns, to_mask = gt.imgToAnns.get(rec.image_id, []), gt.annToMask
         else: anns, to_mask = [r for r in results if r['image_id'] == rec.image_id], None

@@ -10,6 +10,7 @@ from PIL import Image
 from pycocotools.cocoeval import COCOeval
 
 import lucid_nb.data as data
+import lucid_nb.loader as loader
 from lucid_nb.core import EMBEDDED_IMAGES, digest
 from test_data import _edit_json, dm_for, make_coco
 
@@ -72,14 +73,14 @@ def test_duplicate_id_in_validation_is_not_scored(coco, caplog, dup_of):
 # ---- 6. a full disk under the prepared cache ----
 
 def fill_disk_after(monkeypatch, n:int):
-    "`atomic_write` in `lucid_nb.data` succeeds `n` times, then fails with ENOSPC (the disk is full)."
-    real, lock, done = data.atomic_write, threading.Lock(), []
+    "`atomic_write` of the disk cache (`lucid_nb.loader`) succeeds `n` times, then fails with ENOSPC (the disk is full)."
+    real, lock, done = loader.atomic_write, threading.Lock(), []
     def write(path, b):
         with lock:
             if len(done) >= n: raise OSError(errno.ENOSPC, 'No space left on device', str(path))
             done.append(path)
         return real(path, b)
-    monkeypatch.setattr(data, 'atomic_write', write)
+    monkeypatch.setattr(loader, 'atomic_write', write)
 
 
 @pytest.mark.parametrize('policy', ['skip', 'error'])
