@@ -15,8 +15,8 @@ from .core import *
 from .heads import make_anchors, bbox2dist, flatten_levels, decode_boxes
 
 # %% auto #0
-__all__ = ['MASK_CHUNK_ELEMENTS', 'dfl_loss', 'Assignment', 'in_boxes', 'assign', 'CroppedMaskBCE', 'mask_loss', 'SegLoss',
-           'synth_head_out']
+__all__ = ['MASK_CHUNK_ELEMENTS', 'dfl_loss', 'Assignment', 'in_boxes', 'assign', 'chunk_grad', 'CroppedMaskBCE', 'mask_loss',
+           'SegLoss', 'synth_head_out']
 
 # %% ../nbs/04_loss.ipynb #ca19813e
 def dfl_loss(
@@ -85,7 +85,13 @@ MASK_CHUNK_ELEMENTS = 2**25   # logits per chunk of slots in `CroppedMaskBCE` (1
 def _cropped_bce_sum(c, proto, t, inside):
     "Σ over (h,w) of inside · BCE(c · proto, t): c (B,m,k,P), proto (B,P,h,w), t and inside (B,m,h,w) → (B,m,k)."
     x = torch.einsum('bmkp,bphw->bmkhw', c, proto)
-    return (F.binary_cross_entropy_with_logits(x, t[:, :, None].expand_as(x), reduction='none') * inside[:, :, None]).sum((-2, -1))
+    bce = F.binary_cross_entropy_with_logits(x, t[:, :, None].expand_as(x), reduction='none')
+    del x                                        # one chunk-sized tensor less at the peak
+    return bce.mul_(inside[:, :, None]).sum((-2, -1))
+
+def chunk_grad(x, t, inside, g):
+    "∂ loss/∂x = (σ(x) − t) · inside · g, computed in `x`'s memory: x (B,m,k,h,w), t and inside (B,m,h,w) 0/1, g (B,m,k)."
+    return torch.sigmoid_(x).sub_(t[:, :, None]).mul_(inside[:, :, None]).mul_(g[..., None, None])
 
 class CroppedMaskBCE(torch.autograd.Function):
     "Per (b, m, k) the BCE of mask logits `c · proto` against slot m's mask, summed inside its box; `chunk` slots at a time."
@@ -103,7 +109,7 @@ class CroppedMaskBCE(torch.autograd.Function):
         for s in range(0, c.shape[1], ctx.chunk):
             cs, sl = c[:, s:s + ctx.chunk], slice(s, s + ctx.chunk)
             x = torch.einsum('bmkp,bphw->bmkhw', cs, proto)
-            gx = (torch.sigmoid(x) - t[:, sl, None]) * (inside[:, sl, None] * g[:, sl, :, None, None])   # ∂/∂x
+            gx = chunk_grad(x, t[:, sl], inside[:, sl], g[:, sl])                                     # ∂/∂x, in x's memory
             gc.append(torch.einsum('bmkhw,bphw->bmkp', gx, proto))
             gp += torch.einsum('bmkhw,bmkp->bphw', gx, cs)
         return torch.cat(gc, 1), gp, None, None, None
