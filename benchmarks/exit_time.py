@@ -4,7 +4,7 @@ Runs `lucid fit ARGS` (default: a tiny CPU fit) `--runs` times as child processe
 process, every line the child prints (stdout and stderr merged, unbuffered) and the child's end. A small wrapper
 (`python -c`) runs `lucid_nb.cli.main` exactly as the `lucid` command does and adds three probe lines:
 
-- `exit-probe: main returned`: `main()` is back: Lightning's teardown after `on_fit_end` (data loaders' threads
+- `exit-probe: main returned`: the trainer's `main()` is back: Lightning's teardown after `on_fit_end` (data loaders' threads
   and workers closed, loggers finalised) is done;
 - `exit-probe: last atexit`: printed by an `atexit` handler registered before anything else, so it runs after every
   other one (multiprocessing's, which reaps worker processes, torch's...) and after the join of non-daemon threads;
@@ -16,7 +16,9 @@ returned), `atexit` (→ last atexit), `finalise` (→ end), `after_last_line` (
 folder's `timing.json` (startup_seconds, fit_end_seconds, ...). Medians over runs go to
 `<out>/exit_time_<device>[tag].json` (device: `torch.cuda.get_device_name()` or `cpu`).
 
-    python benchmarks/exit_time.py --runs 3 [--tag _before] [-- lucid fit args]
+    python benchmarks/exit_time.py --runs 3 [--tag _slow_exit] [-- lucid fit args]
+
+`LUCID_NB_FAST_EXIT=0` in the environment (the child inherits it) measures the ordinary interpreter exit.
 """
 import argparse, json, os, re, shlex, statistics, subprocess, sys, tempfile, time
 from pathlib import Path
@@ -26,10 +28,16 @@ TINY = ['--trainer.accelerator', 'cpu', '--trainer.max_epochs', '1', '--trainer.
         '--model.max_det', '20']
 WRAPPER = """import atexit, sys
 atexit.register(lambda: print('exit-probe: last atexit', flush=True))
+from lucid_nb.cli import enable_bytecode_cache, main
+enable_bytecode_cache()                       # as `main` does, before the heavy imports
+import lucid_nb.trainer as T
+command = T.main
+def traced():
+    try: command()
+    finally: print('exit-probe: main returned', flush=True)
+T.main = traced
 sys.argv = ['lucid', 'fit', *sys.argv[1:]]
-from lucid_nb.cli import main
-try: main()
-finally: print('exit-probe: main returned', flush=True)
+main()
 """
 MARKS = {'results_line': 'Results saved to', 'main_returned': 'exit-probe: main returned', 'last_atexit': 'exit-probe: last atexit'}
 
@@ -81,6 +89,7 @@ def main(argv=None):
     from lucid_nb.core import env_info
     res = dict(what='a lucid fit process: seconds from its start to marks, and the intervals after its last line',
                command=shlex.join([Path(sys.executable).name, *sys.argv]), fit_args=args, env=env_info(),
+               fast_exit=os.environ.get('LUCID_NB_FAST_EXIT', '1'),
                load_average=os.getloadavg(),
                median_s={k: statistics.median(r[k] for r in runs) for k in keys},
                timing_median_s={k: statistics.median(r['timing'][k] for r in runs if r['timing'] and r['timing'].get(k) is not None)

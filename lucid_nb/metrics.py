@@ -263,6 +263,7 @@ def mask_runs(
     max_pixels:int=2**25, # full-resolution mask pixels at a time (memory: ~8 bytes each)
 )->tuple[Tensor,Tensor]: # `rle_runs` of the n masks: counts (k,), runs per mask (n,), on the device
     "Masks of detections on the original image, as run lengths: prototypes × coefficients, cropped, un-letterboxed, > 0.5."
+    if len(coef) == 0: return coef.new_zeros(0, dtype=torch.long), coef.new_zeros(0, dtype=torch.long)
     H, W = map(int, _floats(orig_hw))
     rows, cols = crop_window(unletterbox_boxes(boxes, letterbox, orig_hw), H, W)  # the box again, at full resolution
     grid, step, out = unletterbox_grid(proto.shape[1:], letterbox, orig_hw, device=proto.device), max(1, max_pixels // (H * W)), []
@@ -270,7 +271,6 @@ def mask_runs(
         soft = proto_masks(coef[i:i + step], proto, boxes[i:i + step])
         m = F.grid_sample(soft[None], grid, mode='bilinear', padding_mode='border', align_corners=False)[0] > .5  # unletterbox_masks
         out.append(rle_runs(m.logical_and_(rows[i:i + step]).logical_and_(cols[i:i + step])))  # no bilinear bleed
-    if not out: return coef.new_zeros(0, dtype=torch.long), coef.new_zeros(0, dtype=torch.long)
     return torch.cat([c for c, _ in out]), torch.cat([r for _, r in out])
 
 def masks_to_rle(
