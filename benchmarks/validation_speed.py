@@ -22,11 +22,17 @@ Per run: `forward` (the model on all batches), `postprocess` (`Validator.update`
 results; `nms` is NMS alone on the same outputs, part of it), `evaluate` (`Validator.compute`, both COCOeval runs).
 GPU work is timed between `torch.cuda.synchronize()` calls. Device-independent counts of one post-processing:
 `ops` (ATen operator calls, views included: on a GPU each is a kernel launch or at least a dispatch) and
-`host_looks` (calls that wait for the device: `nonzero`, `equal`, `item`, `tolist` and copies to the host). The
+`host_looks` (calls that wait for the device: `nonzero`, `equal`, `item`, `tolist` and copies to the host; on a CPU
+run every tensor is a host tensor, so `tolist` calls are all counted as `tolist_host`, bookkeeping included). The
 JSON goes to `<out>/validation_speed_<device>.json`, named after the device found at run time, with torch version,
 date and this exact command; `--tag` adds a suffix (e.g. `_before`).
+
+`--baseline REV` (a git revision of this repository, e.g. `7a13c73`, the post-processing before the batched NMS)
+also loads that revision's `lucid_nb/` (from `git archive`, as the package `lucid_nb_baseline`) and, in every run,
+post-processes the same outputs with it right after the current code — alternating, so that both see the same
+machine load — and checks that both give the same results bytes. Its times are under `baseline_*` in each case.
 """
-import argparse, collections, json, os, re, shlex, statistics, sys, time
+import argparse, collections, importlib, io, json, os, re, shlex, statistics, subprocess, sys, tarfile, tempfile, time
 from pathlib import Path
 
 import torch
@@ -84,7 +90,7 @@ class Counts(TorchDispatchMode):
     def __enter__(self):
         self.ops, self.looks = collections.Counter(), collections.Counter()
         self._tolist = torch.Tensor.tolist
-        def tolist(t, _f=self._tolist): self.looks['tolist'] += 1; return _f(t)
+        def tolist(t, _f=self._tolist): self.looks['tolist' if t.device.type != 'cpu' else 'tolist_host'] += 1; return _f(t)
         torch.Tensor.tolist = tolist
         return super().__enter__()
     def __exit__(self, *a):
@@ -99,14 +105,26 @@ class Counts(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def postprocess(outs, batches, cat_ids) -> Validator:
-    v = Validator(cat_ids, conf=0.001, iou=0.7, max_det=300)
+def load_baseline(rev: str):
+    "The `lucid_nb.metrics` module of git revision `rev`, imported as `lucid_nb_baseline.metrics`."
+    root = Path(__file__).resolve().parent.parent
+    tar = subprocess.run(['git', 'archive', rev, 'lucid_nb'], cwd=root, capture_output=True, check=True).stdout
+    d = Path(tempfile.mkdtemp(prefix='lucid_nb_baseline_'))
+    with tarfile.open(fileobj=io.BytesIO(tar)) as t:
+        for m in t.getmembers():
+            if m.name.endswith('.py'): m.name = m.name.replace('lucid_nb/', 'lucid_nb_baseline/', 1); t.extract(m, d)
+    sys.path.insert(0, str(d))
+    return importlib.import_module('lucid_nb_baseline.metrics')
+
+
+def postprocess(outs, batches, cat_ids, validator=Validator) -> Validator:
+    v = validator(cat_ids, conf=0.001, iou=0.7, max_det=300)
     for o, b in zip(outs, batches): v.update(o, b)
     return v
 
 
-def one_run(outs, batches, coco, cat_ids, device) -> dict:
-    "Times of one post-processing and evaluation of `outs`, in seconds, and its detections."
+def one_run(outs, batches, coco, cat_ids, device, base=None) -> dict:
+    "Times of one post-processing and evaluation of `outs`, in seconds, and its detections (and the baseline's)."
     sync(device); t1 = time.perf_counter()
     v = postprocess(outs, batches, cat_ids)
     sync(device); t2 = time.perf_counter()
@@ -114,26 +132,39 @@ def one_run(outs, batches, coco, cat_ids, device) -> dict:
     t3 = time.perf_counter()
     for o in outs: nms(o['boxes'].float(), o['scores'].float(), **v.nms_kw)
     sync(device); t4 = time.perf_counter()
-    return dict(postprocess=t2 - t1, nms=t4 - t3, evaluate=t3 - t2, detections=len(v.results), summary=stats.summary())
+    r = dict(postprocess=t2 - t1, nms=t4 - t3, evaluate=t3 - t2, detections=len(v.results), summary=stats.summary())
+    if base is not None:
+        sync(device); t5 = time.perf_counter()
+        b = postprocess(outs, batches, cat_ids, base.Validator)
+        sync(device); t6 = time.perf_counter()
+        for o in outs: base.nms(o['boxes'].float(), o['scores'].float(), **v.nms_kw)
+        sync(device); t7 = time.perf_counter()
+        if base.results_bytes(b.results) != base.results_bytes(v.results): raise SystemExit('the baseline gives other results bytes')
+        r.update(baseline_postprocess=t6 - t5, baseline_nms=t7 - t6)
+    return r
 
 
-def measure(model, batches, coco, cat_ids, device, runs, warmup, forward_runs, outs=None) -> dict:
+def measure(model, batches, coco, cat_ids, device, runs, warmup, forward_runs, outs=None, base=None) -> dict:
     fw = []
     for _ in range(forward_runs if outs is None else 0):
         sync(device); t0 = time.perf_counter()
         with torch.no_grad(): outs = [model(b['img']) for b in batches]
         sync(device); fw.append(time.perf_counter() - t0)
-    for _ in range(warmup): one_run(outs, batches, coco, cat_ids, device)
-    rs = [one_run(outs, batches, coco, cat_ids, device) for _ in range(runs)]
+    for _ in range(warmup): one_run(outs, batches, coco, cat_ids, device, base)
+    rs = [one_run(outs, batches, coco, cat_ids, device, base) for _ in range(runs)]
     with Counts() as c: postprocess(outs, batches, cat_ids)
-    keys = ('postprocess', 'nms', 'evaluate')
+    keys = ('postprocess', 'nms', 'evaluate') + (('baseline_postprocess', 'baseline_nms') if base is not None else ())
+    extra = {}
+    if base is not None:
+        with Counts() as cb: postprocess(outs, batches, cat_ids, base.Validator)
+        extra = dict(baseline_postprocess_ops=sum(cb.ops.values()), baseline_postprocess_host_looks=dict(cb.looks))
     med = {k: statistics.median(r[k] for r in rs) for k in keys}
     if fw: med['forward'] = statistics.median(fw)
     med['total'] = sum(med.get(k, 0.) for k in ('forward', 'postprocess', 'evaluate'))
     return dict(median_s=med, min_s={k: min(r[k] for r in rs) for k in keys}, max_s={k: max(r[k] for r in rs) for k in keys},
                 forward_s=fw, postprocess_runs_s=[r['postprocess'] for r in rs],
                 postprocess_ops=sum(c.ops.values()), postprocess_host_looks=dict(c.looks),
-                detections=rs[-1]['detections'], summary=rs[-1]['summary'], runs=runs, warmup=warmup)
+                **extra, detections=rs[-1]['detections'], summary=rs[-1]['summary'], runs=runs, warmup=warmup)
 
 
 def main(argv=None):
@@ -145,10 +176,13 @@ def main(argv=None):
     p.add_argument('--seed', type=int, default=0)
     p.add_argument('--cases', default='random_init,many_detections,young_head')
     p.add_argument('--tag', default='')
+    p.add_argument('--batches', type=int, default=None, help='only the first N validation batches (quick CPU runs)')
+    p.add_argument('--baseline', default=None, help='a git revision whose post-processing runs alternately with this one')
     p.add_argument('--out', default='benchmarks/results')
     a = p.parse_args(argv)
     device = torch.device(a.device)
     batches, dm = val_batches(device)
+    batches = batches[:a.batches]
     coco, cat_ids = dm.val_coco(), dm.cat_ids
     torch.manual_seed(a.seed)
     model = yolo_seg('n', num_classes=len(cat_ids)).to(device).eval()
@@ -156,12 +190,14 @@ def main(argv=None):
                     'Validator(conf=0.001, iou=0.7, max_det=300); median of runs after warm-up',
                command=shlex.join([Path(sys.executable).name, *sys.argv]) if argv is None else shlex.join(['validation_speed.py', *argv]),
                device=device_slug(device), device_name=env_info()['device'], images=sum(len(b['img']) for b in batches), batches=len(batches),
-               torch_threads=torch.get_num_threads(), load_average_before=os.getloadavg(), env=env_info(), cases={})
+               torch_threads=torch.get_num_threads(), load_average_before=os.getloadavg(), env=env_info(),
+               baseline=a.baseline, cases={})
+    base = load_baseline(a.baseline) if a.baseline else None
     for case in a.cases.split(','):
         if case == 'many_detections':
             for conv in model.head.cls: conv[-1].bias.data.zero_()   # every pair scores ~0.5: NMS keeps max_det
         outs = young_head(batches, a.seed) if case == 'young_head' else None
-        res['cases'][case] = r = measure(model, batches, coco, cat_ids, device, a.runs, a.warmup, a.forward_runs, outs)
+        res['cases'][case] = r = measure(model, batches, coco, cat_ids, device, a.runs, a.warmup, a.forward_runs, outs, base)
         print(f"{case}: {r['detections']} detections, {r['postprocess_ops']} ops, host looks {r['postprocess_host_looks']} | "
               + ' | '.join(f"{k} {v * 1e3:.0f} ms" for k, v in r['median_s'].items()), flush=True)
     res['load_average_after'] = os.getloadavg()  # other processes on a small machine skew CPU numbers

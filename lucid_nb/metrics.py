@@ -18,9 +18,9 @@ from .loss import crop_mask
 
 # %% auto #0
 __all__ = ['COCO80_IDS', 'STAT_NAMES', 'SUMMARY_NAMES', 'box_area', 'box_iou', 'greedy_keep', 'nms', 'nms_reference',
-           'crop_window', 'proto_masks', 'unletterbox_masks', 'unletterbox_grid', 'unletterbox_boxes', 'rle_runs',
-           'rle_chars', 'rle_strings', 'rle_encode', 'mask_runs', 'masks_to_rle', 'quiet', 'load_coco', 'coco_results',
-           'results_bytes', 'write_results', 'CocoStats', 'coco_evaluate', 'Validator']
+           'crop_window', 'proto_masks', 'proto_window', 'unletterbox_masks', 'unletterbox_grid', 'unletterbox_boxes',
+           'rle_runs', 'rle_chars', 'rle_strings', 'rle_encode', 'mask_runs', 'masks_to_rle', 'quiet', 'load_coco',
+           'coco_results', 'results_bytes', 'write_results', 'CocoStats', 'coco_evaluate', 'Validator']
 
 # %% ../nbs/07_metrics.ipynb #7af0e70d
 def box_area(b:Tensor)->Tensor: # (...,4) xyxy -> (...)
@@ -155,12 +155,17 @@ def proto_masks(
     coef:Tensor,   # (n,P) mask coefficients of the kept detections
     proto:Tensor,  # (P,S/4,S/4) the image's prototypes
     boxes:Tensor,  # (n,4) xyxy in pixels of the letterboxed input
+    window=None,   # `proto_window(boxes, proto)` if already at hand (a slice of an image's windows)
 )->Tensor:         # (n,S/4,S/4) in [0,1]
     "Soft masks on the prototype grid, cropped to their boxes by the loss's rule (`crop_mask`)."
     P, h, w = proto.shape
     m = (coef.float() @ proto.float().reshape(P, -1)).sigmoid().reshape(-1, h, w)
-    rows, cols = crop_window(boxes.float() / MASK_STRIDE, h, w)  # = crop_mask(boxes / 4, h, w), row × column
+    rows, cols = proto_window(boxes, proto) if window is None else window
     return m.mul_(rows).mul_(cols)
+
+def proto_window(boxes:Tensor, proto:Tensor)->tuple[Tensor,Tensor]: # (n,h,1) rows, (n,1,w) columns
+    "The prototype-grid crop of `proto_masks`: `crop_mask(boxes / 4, h, w)` as row and column windows."
+    return crop_window(boxes.float() / MASK_STRIDE, *proto.shape[1:])
 
 # %% ../nbs/07_metrics.ipynb #25681a75
 def _floats(x)->list: return x.tolist() if isinstance(x, Tensor) else [float(v) for v in x]
@@ -267,8 +272,9 @@ def mask_runs(
     H, W = map(int, _floats(orig_hw))
     rows, cols = crop_window(unletterbox_boxes(boxes, letterbox, orig_hw), H, W)  # the box again, at full resolution
     grid, step, out = unletterbox_grid(proto.shape[1:], letterbox, orig_hw, device=proto.device), max(1, max_pixels // (H * W)), []
+    pr, pc = proto_window(boxes, proto)                          # elementwise: slices of it = each chunk's own
     for i in range(0, len(coef), step):
-        soft = proto_masks(coef[i:i + step], proto, boxes[i:i + step])
+        soft = proto_masks(coef[i:i + step], proto, boxes[i:i + step], (pr[i:i + step], pc[i:i + step]))
         m = F.grid_sample(soft[None], grid, mode='bilinear', padding_mode='border', align_corners=False)[0] > .5  # unletterbox_masks
         out.append(rle_runs(m.logical_and_(rows[i:i + step]).logical_and_(cols[i:i + step])))  # no bilinear bleed
     return torch.cat([c for c, _ in out]), torch.cat([r for _, r in out])
