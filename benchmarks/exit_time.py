@@ -45,7 +45,8 @@ MARKS = {'results_line': 'Results saved to', 'main_returned': 'exit-probe: main 
 def one_run(args: list, root: Path) -> dict:
     env = dict(os.environ, PYTHONUNBUFFERED='1')
     t0 = time.perf_counter()
-    p = subprocess.Popen([sys.executable, '-c', WRAPPER, *args, '--trainer.default_root_dir', str(root)],
+    logger = json.dumps({'class_path': 'lightning.pytorch.loggers.CSVLogger', 'init_args': {'save_dir': str(root), 'name': 'exit'}})
+    p = subprocess.Popen([sys.executable, '-c', WRAPPER, *args, '--trainer.logger', logger],
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     marks, tail = {}, []
     for line in p.stdout:

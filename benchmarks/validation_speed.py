@@ -108,7 +108,9 @@ class Counts(TorchDispatchMode):
 def load_baseline(rev: str):
     "The `lucid_nb.metrics` module of git revision `rev`, imported as `lucid_nb_baseline.metrics`."
     root = Path(__file__).resolve().parent.parent
-    tar = subprocess.run(['git', 'archive', rev, 'lucid_nb'], cwd=root, capture_output=True, check=True).stdout
+    r = subprocess.run(['git', 'archive', rev, 'lucid_nb'], cwd=root, capture_output=True)
+    if r.returncode: raise SystemExit(f"--baseline {rev}: git archive failed: {r.stderr.decode().strip()}")
+    tar = r.stdout
     d = Path(tempfile.mkdtemp(prefix='lucid_nb_baseline_'))
     with tarfile.open(fileobj=io.BytesIO(tar)) as t:
         for m in t.getmembers():

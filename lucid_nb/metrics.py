@@ -66,7 +66,7 @@ def greedy_keep(
     iou:float,        # suppress above this IoU
     max_det:int,      # stop once this many are kept
     chunk:int=512,    # candidates resolved per step (memory ~ B·chunk²)
-    rounds:int=4,     # fixed-point rounds between two looks from the host
+    rounds:int|None=None, # fixed-point rounds between two looks from the host (None: 4 on a GPU, 1 on the CPU)
 )->tuple[Tensor,Tensor]: # (B,max_det) indices kept per image, in order (valid up to its count), (B,) counts
     "Exact greedy NMS of a batch, vectorised: chunk by chunk, each resolved as a fixed point of the suppression matrix."
     B, n = cls.shape
@@ -76,22 +76,23 @@ def greedy_keep(
     before = i[:, None] < i[None]                      # (C,C) strictly upper triangular (cheaper than `triu` on CPU)
     kb = boxes.new_zeros(B, max_det + C, 4)            # kept boxes, classes, indices; slot max_det + j: chunk box j's bin
     kc, ki = cls.new_full((B, max_det + C), -1), cls.new_zeros(B, max_det + C)
-    count = cls.new_zeros(B)
+    count, most = cls.new_zeros(B), 0                    # `most`: the largest count, as last read on the host
+    rounds = rounds or (4 if boxes.is_cuda else 1)      # a look costs a device synchronisation only on a GPU
     for s in range(0, n, C):
         b, c = boxes[:, s:s + C], cls[:, s:s + C]
         m = len(b[0])
-        alive = (c >= 0) & ~_suppresses(kb[:, :max_det], kc[:, :max_det], b, c, iou).any(1)  # earlier chunks' kept
+        alive = (c >= 0) & ~_suppresses(kb[:, :most], kc[:, :most], b, c, iou).any(1)  # earlier chunks' kept
         sup = _suppresses(b, c, b, c, iou) & before[:m, :m]  # inside the chunk: earlier suppresses later
         keep, changed = alive, True
         while changed:                                  # `rounds` rounds queued, then one look: settled? all full?
             for _ in range(rounds): last, keep = keep, alive & ~(sup & keep[:, :, None]).any(1)
             total = count + keep.sum(1)
-            changed, full = torch.stack([(keep != last).any(), (total >= max_det).all()]).tolist()
+            changed, *totals = torch.cat([(keep != last).any()[None], total]).tolist()
         pos = count[:, None] + keep.cumsum(1) - 1      # slot of each kept box; every other box to its own bin
         pos = torch.where(keep & (pos < max_det), pos, i[:m] + max_det)
         kb.scatter_(1, pos[:, :, None].expand(-1, -1, 4), b); kc.scatter_(1, pos, c); ki.scatter_(1, pos, (i[:m] + s).expand(B, -1))
-        count = total.clamp(max=max_det)
-        if full: break
+        count, most = total.clamp(max=max_det), min(max(totals), max_det)
+        if min(totals) >= max_det: break
     return ki[:, :max_det], count
 
 # %% ../nbs/07_metrics.ipynb #1eb151a4
@@ -105,6 +106,7 @@ def nms(
     multi_label:bool=True,   # a candidate per (anchor, class) above `conf`; else one per anchor, its best class
     agnostic:bool=False,     # suppress across classes
     chunk:int=512,           # candidates resolved per vectorised step
+    rounds:int|None=None,    # fixed-point rounds per look from the host (`greedy_keep`)
 )->list[dict]:               # per image: `boxes` (n,4), `scores` (n,), `classes` (n,), `anchors` (n,), best first
     "Batched, class-aware greedy non-maximum suppression: the images of the batch at once."
     boxes, scores = boxes.float(), scores.float()
@@ -112,7 +114,7 @@ def nms(
     pad = lambda t, v: torch.nn.utils.rnn.pad_sequence(t, batch_first=True, padding_value=v)  # (B,n), images' counts differ
     a, k, s = pad(a, 0), pad(k, -1), pad(s, 0.)
     bx = torch.gather(boxes, 1, a[:, :, None].expand(-1, -1, 4))
-    keep, count = greedy_keep(bx, k.clamp(max=0) if agnostic else k, iou, max_det, chunk)
+    keep, count = greedy_keep(bx, k.clamp(max=0) if agnostic else k, iou, max_det, chunk, rounds)
     out = []
     for i, c in enumerate(count.tolist()):
         j = keep[i, :c]

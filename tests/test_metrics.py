@@ -581,8 +581,9 @@ def test_batched_nms_equals_old_on_deep_suppression(kw):
     h = _young_head(1, B=4, A=4000)
     a, k, _ = _candidates(h['scores'][0], .001, True, 30000)
     assert _old_greedy_keep(h['boxes'][0][a], k, .7, 300).max() > 8 * 512   # the 300th kept box is deep in the list
-    for chunk in (512, 97):
-        _assert_same(nms(h['boxes'], h['scores'], chunk=chunk, **kw), _old_nms(h['boxes'], h['scores'], chunk=chunk, **kw))
+    want = _old_nms(h['boxes'], h['scores'], **kw)
+    for chunk, rounds in ((512, None), (97, None), (512, 4), (97, 3)):   # rounds 4: the GPU's default
+        _assert_same(nms(h['boxes'], h['scores'], chunk=chunk, rounds=rounds, **kw), want)
 
 
 def test_validator_results_equal_old_path():
