@@ -22,7 +22,7 @@ Per run: `forward` (the model on all batches), `postprocess` (`Validator.update`
 results; `nms` is NMS alone on the same outputs, part of it), `evaluate` (`Validator.compute`, both COCOeval runs).
 GPU work is timed between `torch.cuda.synchronize()` calls. Device-independent counts of one post-processing:
 `ops` (ATen operator calls, views included: on a GPU each is a kernel launch or at least a dispatch) and
-`host_looks` (calls that wait for the device: `nonzero`, `equal`, `item`, `tolist` and copies to the host; on a CPU
+`host_looks` (counted as on a GPU: on a CPU run `greedy_keep` is given the GPU's 4 rounds per look; calls that wait for the device: `nonzero`, `equal`, `item`, `tolist` and copies to the host; on a CPU
 run every tensor is a host tensor, so `tolist` calls are all counted as `tolist_host`, bookkeeping included). The
 JSON goes to `<out>/validation_speed_<device>.json`, named after the device found at run time, with torch version,
 date and this exact command; `--tag` adds a suffix (e.g. `_before`).
@@ -32,7 +32,7 @@ also loads that revision's `lucid_nb/` (from `git archive`, as the package `luci
 post-processes the same outputs with it right after the current code — alternating, so that both see the same
 machine load — and checks that both give the same results bytes. Its times are under `baseline_*` in each case.
 """
-import argparse, collections, importlib, io, json, os, re, shlex, statistics, subprocess, sys, tarfile, tempfile, time
+import argparse, collections, contextlib, importlib, io, json, os, re, shlex, statistics, subprocess, sys, tarfile, tempfile, time
 from pathlib import Path
 
 import torch
@@ -119,6 +119,16 @@ def load_baseline(rev: str):
     return importlib.import_module('lucid_nb_baseline.metrics')
 
 
+@contextlib.contextmanager
+def gpu_rounds(device):
+    "On the CPU, count the path a GPU takes: `greedy_keep` with its GPU default of 4 rounds per look (CPU default: 1)."
+    from lucid_nb import metrics
+    keep = metrics.greedy_keep
+    if device.type == 'cpu': metrics.greedy_keep = lambda *a, **kw: keep(*a[:5], rounds=4)
+    try: yield
+    finally: metrics.greedy_keep = keep
+
+
 def postprocess(outs, batches, cat_ids, validator=Validator) -> Validator:
     v = validator(cat_ids, conf=0.001, iou=0.7, max_det=300)
     for o, b in zip(outs, batches): v.update(o, b)
@@ -154,7 +164,7 @@ def measure(model, batches, coco, cat_ids, device, runs, warmup, forward_runs, o
         sync(device); fw.append(time.perf_counter() - t0)
     for _ in range(warmup): one_run(outs, batches, coco, cat_ids, device, base)
     rs = [one_run(outs, batches, coco, cat_ids, device, base) for _ in range(runs)]
-    with Counts() as c: postprocess(outs, batches, cat_ids)
+    with Counts() as c, gpu_rounds(device): postprocess(outs, batches, cat_ids)
     keys = ('postprocess', 'nms', 'evaluate') + (('baseline_postprocess', 'baseline_nms') if base is not None else ())
     extra = {}
     if base is not None:

@@ -552,18 +552,13 @@ def _old_validator_results(outs, batches, cat_ids, **nms_kw):
     return results
 
 
-def _young_head(seed, B=3, A=2100, K=80, P=32, S=320, objects=5, jitter=.03):
-    "Outputs shaped like a young model's head: every pair above conf 0.001, near-copies of a few boxes on 4 classes."
-    g = torch.Generator().manual_seed(seed)
-    obj = torch.rand(B, objects, 4, generator=g) * torch.tensor([.7 * S, .7 * S, .3 * S, .3 * S]) + 8
-    o = torch.gather(obj, 1, torch.randint(0, objects, (B, A, 1), generator=g).expand(-1, -1, 4))
-    xy = o[..., :2] + torch.randn(B, A, 2, generator=g) * o[..., 2:] * jitter
-    wh = o[..., 2:] * (1 + torch.randn(B, A, 2, generator=g) * jitter)
-    sc = torch.rand(B, A, K, generator=g) * .01 + .0011
-    cls = torch.tensor([0, 2, 56, 60])[torch.randint(0, 4, (B, A, 1), generator=g)]
-    sc.scatter_(2, cls, torch.rand(B, A, 1, generator=g) * .5 + .1)
-    return dict(boxes=torch.cat([xy, xy + wh], -1), scores=sc, coef=torch.randn(B, A, P, generator=g),
-                proto=torch.randn(B, P, S // 4, S // 4, generator=g) * 2)
+def _young_head(seed, B=3, S=320):
+    "Outputs shaped like a young model's head (`benchmarks/validation_speed.py`'s case): every pair above conf 0.001, near-copies of a few boxes on 4 classes."
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / 'benchmarks'))
+    from validation_speed import young_head
+    return young_head([dict(img=torch.zeros(B, 3, S, S))], seed)[0]
 
 
 def _batch_of(B, S, seed=0):
@@ -578,7 +573,7 @@ def _batch_of(B, S, seed=0):
 def test_batched_nms_equals_old_on_deep_suppression(kw):
     "Near-copies of a few boxes: most candidates are suppressed, so NMS goes through many chunks before max_det."
     from lucid_nb.metrics import _candidates
-    h = _young_head(1, B=4, A=4000)
+    h = _young_head(1, B=4, S=448)   # 4116 anchors
     a, k, _ = _candidates(h['scores'][0], .001, True, 30000)
     assert _old_greedy_keep(h['boxes'][0][a], k, .7, 300).max() > 8 * 512   # the 300th kept box is deep in the list
     want = _old_nms(h['boxes'], h['scores'], **kw)
@@ -593,7 +588,7 @@ def test_validator_results_equal_old_path():
     net = yolo_seg('n', num_classes=80).eval()
     for conv in net.head.cls: conv[-1].bias.data.zero_()
     with torch.no_grad(): outs = [net(torch.rand(2, 3, 160, 160, generator=torch.Generator().manual_seed(i))) for i in range(2)]
-    outs = [{k: o[k] for k in ('boxes', 'scores', 'coef', 'proto')} for o in outs] + [_young_head(2, B=3, A=2100)]
+    outs = [{k: o[k] for k in ('boxes', 'scores', 'coef', 'proto')} for o in outs] + [_young_head(2, B=3, S=320)]
     batches = [_batch_of(2, 160, 0), _batch_of(2, 160, 1), _batch_of(3, 320, 2)]
     kw = dict(conf=0.001, iou=0.7, max_det=300)
     v = Validator(COCO80_IDS, **kw)
