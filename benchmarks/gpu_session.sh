@@ -3,7 +3,8 @@
 # .whl/, Ultralytics' comparator in .ulcmp/ — see benchmarks/README.md):
 #   bash benchmarks/gpu_session.sh tests                 # pytest -m cuda: recorder, optimiser replay, metrics, no-sync step
 #   bash benchmarks/gpu_session.sh notebooks NB...       # every cell of the notebooks, outputs saved at 1x, copied to $OUT
-#   bash benchmarks/gpu_session.sh validation            # benchmarks/validation_speed.py on the GPU
+#   bash benchmarks/gpu_session.sh validation            # benchmarks/validation_speed.py on the GPU (A/B vs $BASELINE)
+#   bash benchmarks/gpu_session.sh exit                  # exit_time.py: a 1-epoch reference fit, quick and ordinary exit
 #   bash benchmarks/gpu_session.sh memory startup        # memory_probe.py, profile_startup.py
 #   bash benchmarks/gpu_session.sh ref4x3                # reference_run.py: 3 rounds of native, head+optim, ul at batch 4
 # Results go to $OUT/results (copy them into benchmarks/results/). Export LUCID_NB_COMMIT=<commit> first: the copied
@@ -24,7 +25,11 @@ for stage in "$@"; do
            grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/results/pytest_cuda.log" | tail -12 ;;
     notebooks) python3 benchmarks/run_notebooks.py "${nbs[@]}" 2>&1 | grep -E "PASSED|FAILED|Error|error" | tail -20 || status=1
                cp "${nbs[@]}" "$OUT/" ;;
-    validation) python3 benchmarks/validation_speed.py --device cuda --out "$OUT/results" 2>&1 | tail -8 || status=1 ;;
+    validation) python3 benchmarks/validation_speed.py --device cuda --baseline "${BASELINE:-7a13c73}" --out "$OUT/results" 2>&1 | tail -8 || status=1 ;;
+    exit) for fast in 1 0; do
+            LUCID_NB_FAST_EXIT=$fast python3 benchmarks/exit_time.py --runs 3 --tag "$([ $fast = 0 ] && echo _ordinary_exit)" \
+              --out "$OUT/results" -- --config configs/coco128-seg-n.yaml --trainer.max_epochs 1 2>&1 | tail -3 || status=1
+          done ;;
     memory) python3 benchmarks/memory_probe.py --out "$OUT/results" 2>&1 | grep -A3 '"peaks"' || status=1
             python3 benchmarks/memory_probe.py --out "$OUT/results" --tag step -- --model.capture_train_step true 2>&1 \
               | grep -A3 '"peaks"' || status=1 ;;

@@ -8,7 +8,7 @@ cProfile, and writes the stage times and the 60 most expensive calls (cumulative
 """
 import time
 T0 = time.perf_counter()
-import argparse, cProfile, io, pstats, sys
+import argparse, cProfile, io, pstats, re, sys, tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -26,7 +26,9 @@ def main():
     t['import lucid_nb.trainer'] = time.perf_counter() - s; s = time.perf_counter()
     if torch.cuda.is_available(): torch.cuda.init(); torch.zeros(1, device='cuda')
     t['CUDA context'] = time.perf_counter() - s; s = time.perf_counter()
+    root = tempfile.mkdtemp(prefix='profile_startup_')   # the run's files (hashes, timing, drawings) go here, not into the cwd
     cli = cli_main(['--config', str(ROOT / 'configs' / 'coco128-seg-n.yaml'), '--trainer.max_steps', '1',
+                    '--trainer.default_root_dir', root,
                     '--trainer.limit_val_batches', '0', '--trainer.enable_progress_bar', 'false', '--trainer.logger', 'false',
                     '--trainer.enable_checkpointing', 'false', *a.extra], run=False)
     t['CLI: parse and build model, data, trainer'] = time.perf_counter() - s; s = time.perf_counter()

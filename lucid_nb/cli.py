@@ -6,11 +6,11 @@ Docs: https://lucid-nb.github.io/lucid_nb/cli.html.md"""
 
 # %% ../nbs/09_cli.ipynb #a6e44897
 from __future__ import annotations
-import os, sys
+import atexit, os, sys, threading
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['bytecode_cache', 'enable_bytecode_cache', 'main']
+__all__ = ['bytecode_cache', 'enable_bytecode_cache', 'exit_status', 'exit_now', 'run', 'main']
 
 # %% ../nbs/09_cli.ipynb #47b87641
 def bytecode_cache()->str|None:
@@ -26,11 +26,37 @@ def enable_bytecode_cache()->str|None:
     return sys.pycache_prefix
 
 # %% ../nbs/09_cli.ipynb #1ea71d62
-def main():
-    "The `lucid` command: `lucid export` goes to `lucid_nb.predict`, every other subcommand to Lightning's CLI."
+def exit_status(code)->int:
+    "The status Python gives `SystemExit(code)`: 0 for None, the int itself, else 1 (after printing the message to stderr)."
+    if code is None: return 0
+    if isinstance(code, int): return code
+    print(code, file=sys.stderr)
+    return 1
+
+def exit_now(status:int):
+    "End the process now: non-daemon threads joined, `atexit` handlers run, stdio flushed; no interpreter teardown."
+    for t in threading.enumerate():
+        if t is not threading.main_thread() and not t.daemon: t.join()
+    atexit._run_exitfuncs()   # what `sys.exit` would run next; `os._exit` runs none
+    for f in (sys.stdout, sys.stderr):
+        try: f.flush()
+        except (OSError, ValueError): pass   # a closed pipe or stream: nothing more to write
+    os._exit(status)
+
+# %% ../nbs/09_cli.ipynb #a7a29ed0
+def run()->int:
+    "Run the `lucid` command of `sys.argv` in this process and return its exit status: `lucid export` goes to `lucid_nb.predict`, every other subcommand to Lightning's CLI."
     enable_bytecode_cache()
     from lucid_nb.trainer import main as trainer_main
+    job = None
     if sys.argv[1:2] == ['export']:   # not a Lightning subcommand: `lucid export --ckpt_path CKPT --format onnx|torchscript`
         from lucid_nb.predict import export_main
-        return trainer_main(lambda: export_main(sys.argv[2:]))
-    trainer_main()
+        job = lambda: export_main(sys.argv[2:])
+    try: trainer_main(job); return 0
+    except SystemExit as e: return exit_status(e.code)
+
+def main():
+    "The `lucid` console script: `run`, then the process ends at once (`exit_now`); `LUCID_NB_FAST_EXIT=0` exits the ordinary way."
+    status = run()
+    if os.environ.get('LUCID_NB_FAST_EXIT', '1') == '0': sys.exit(status)
+    exit_now(status)

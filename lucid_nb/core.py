@@ -232,11 +232,11 @@ def box_area(b:Tensor)->Tensor: # (...,4) xyxy -> (...)
     return (b[..., 2] - b[..., 0]).clamp(min=0) * (b[..., 3] - b[..., 1]).clamp(min=0)
 
 def box_iou(
-    a:Tensor, # (N,4) xyxy
-    b:Tensor, # (M,4) xyxy
-)->Tensor:    # (N,M)
-    "Pairwise intersection over union: `bbox_iou` of every pair."
-    return bbox_iou(a[:, None], b[None], eps=0.)
+    a:Tensor, # (...,N,4) xyxy
+    b:Tensor, # (...,M,4) xyxy
+)->Tensor:    # (...,N,M)
+    "Pairwise intersection over union: `bbox_iou` of every pair (of each pair of leading indices, e.g. image by image)."
+    return bbox_iou(a[..., :, None, :], b[..., None, :, :], eps=0.)
 
 # %% ../nbs/00_core.ipynb #b185fd29
 def crop_mask(

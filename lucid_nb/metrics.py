@@ -17,8 +17,9 @@ from .core import *
 
 # %% auto #0
 __all__ = ['COCO80_IDS', 'STAT_NAMES', 'SUMMARY_NAMES', 'greedy_keep', 'nms', 'nms_reference', 'crop_window', 'proto_masks',
-           'unletterbox_masks', 'unletterbox_boxes', 'rle_runs', 'rle_chars', 'rle_encode', 'masks_to_rle', 'quiet',
-           'load_coco', 'coco_results', 'results_bytes', 'write_results', 'CocoStats', 'coco_evaluate', 'Validator']
+           'proto_window', 'unletterbox_masks', 'unletterbox_grid', 'unletterbox_boxes', 'rle_runs', 'rle_chars',
+           'rle_strings', 'rle_encode', 'mask_runs', 'masks_to_rle', 'quiet', 'load_coco', 'coco_results',
+           'results_bytes', 'write_results', 'CocoStats', 'coco_evaluate', 'Validator']
 
 # %% ../nbs/07_metrics.ipynb #a0b7cb8a
 def _candidates(scores:Tensor, conf:float, multi_label:bool, max_nms:int)->tuple[Tensor,Tensor,Tensor]:
@@ -37,30 +38,44 @@ def _candidates(scores:Tensor, conf:float, multi_label:bool, max_nms:int)->tuple
     return a[o], k[o], s[o]
 
 # %% ../nbs/07_metrics.ipynb #1938b8ab
+def _suppresses(a:Tensor, ac:Tensor, b:Tensor, bc:Tensor, iou:float)->Tensor:
+    "(B,m,n): box `a[:,i]` would suppress box `b[:,j]` (IoU above `iou`, same class)."
+    return (box_iou(a, b) > iou) & (ac[:, :, None] == bc[:, None, :])
+
 def greedy_keep(
-    boxes:Tensor,     # (n,4) xyxy, sorted best first
-    cls:Tensor,       # (n,) class of each box (all equal: class-agnostic)
+    boxes:Tensor,     # (B,n,4) xyxy, each image's candidates sorted best first
+    cls:Tensor,       # (B,n) class of each candidate (all equal: class-agnostic), -1 past an image's last candidate
     iou:float,        # suppress above this IoU
     max_det:int,      # stop once this many are kept
-    chunk:int=512,    # boxes resolved per step (memory ~ chunk²)
-)->Tensor:            # (≤max_det,) indices kept, ascending
-    "Exact greedy NMS, vectorised: chunk by chunk, each resolved as a fixed point of the suppression matrix."
-    kept = torch.zeros(0, dtype=torch.long, device=boxes.device)
-    i = torch.arange(min(chunk, len(boxes)), device=boxes.device)
+    chunk:int=512,    # candidates resolved per step (memory ~ B·chunk²)
+    rounds:int|None=None, # fixed-point rounds between two looks from the host (None: 4 on a GPU, 1 on the CPU)
+)->tuple[Tensor,Tensor]: # (B,max_det) indices kept per image, in order (valid up to its count), (B,) counts
+    "Exact greedy NMS of a batch, vectorised: chunk by chunk, each resolved as a fixed point of the suppression matrix."
+    B, n = cls.shape
+    if n == 0 or max_det <= 0: return cls.new_zeros(B, 0), cls.new_zeros(B)
+    C = min(chunk, n)
+    i = torch.arange(C, device=cls.device)
     before = i[:, None] < i[None]                      # (C,C) strictly upper triangular (cheaper than `triu` on CPU)
-    for s in range(0, len(boxes), chunk):
-        b, c = boxes[s:s + chunk], cls[s:s + chunk]
-        over = lambda kb, kc: (box_iou(kb, b) > iou) & (kc[:, None] == c[None])  # (n,C): row would suppress column
-        alive = ~over(boxes[kept], cls[kept]).any(0)   # not suppressed by an earlier chunk's kept box
-        sup = over(b, c) & before[:len(b), :len(b)]    # inside the chunk: earlier suppresses later
-        keep = alive
-        while True:
-            new = alive & ~(sup & keep[:, None]).any(0)
-            if torch.equal(new, keep): break
-            keep = new
-        kept = torch.cat([kept, keep.nonzero()[:, 0] + s])
-        if len(kept) >= max_det: break
-    return kept[:max_det]
+    kb = boxes.new_zeros(B, max_det + C, 4)            # kept boxes, classes, indices; slot max_det + j: chunk box j's bin
+    kc, ki = cls.new_full((B, max_det + C), -1), cls.new_zeros(B, max_det + C)
+    count, most = cls.new_zeros(B), 0                    # `most`: the largest count, as last read on the host
+    rounds = rounds or (4 if boxes.is_cuda else 1)      # a look costs a device synchronisation only on a GPU
+    for s in range(0, n, C):
+        b, c = boxes[:, s:s + C], cls[:, s:s + C]
+        m = len(b[0])
+        alive = (c >= 0) & ~_suppresses(kb[:, :most], kc[:, :most], b, c, iou).any(1)  # earlier chunks' kept
+        sup = _suppresses(b, c, b, c, iou) & before[:m, :m]  # inside the chunk: earlier suppresses later
+        keep, changed = alive, True
+        while changed:                                  # `rounds` rounds queued, then one look: settled? all full?
+            for _ in range(rounds): last, keep = keep, alive & ~(sup & keep[:, :, None]).any(1)
+            total = count + keep.sum(1)
+            changed, *totals = torch.cat([(keep != last).any()[None], total]).tolist()
+        pos = count[:, None] + keep.cumsum(1) - 1      # slot of each kept box; every other box to its own bin
+        pos = torch.where(keep & (pos < max_det), pos, i[:m] + max_det)
+        kb.scatter_(1, pos[:, :, None].expand(-1, -1, 4), b); kc.scatter_(1, pos, c); ki.scatter_(1, pos, (i[:m] + s).expand(B, -1))
+        count, most = total.clamp(max=max_det), min(max(totals), max_det)
+        if min(totals) >= max_det: break
+    return ki[:, :max_det], count
 
 # %% ../nbs/07_metrics.ipynb #1eb151a4
 def nms(
@@ -73,14 +88,19 @@ def nms(
     multi_label:bool=True,   # a candidate per (anchor, class) above `conf`; else one per anchor, its best class
     agnostic:bool=False,     # suppress across classes
     chunk:int=512,           # candidates resolved per vectorised step
+    rounds:int|None=None,    # fixed-point rounds per look from the host (`greedy_keep`)
 )->list[dict]:               # per image: `boxes` (n,4), `scores` (n,), `classes` (n,), `anchors` (n,), best first
-    "Batched, class-aware greedy non-maximum suppression."
+    "Batched, class-aware greedy non-maximum suppression: the images of the batch at once."
+    boxes, scores = boxes.float(), scores.float()
+    a, k, s = zip(*(_candidates(sc, conf, multi_label, max_nms) for sc in scores))
+    pad = lambda t, v: torch.nn.utils.rnn.pad_sequence(t, batch_first=True, padding_value=v)  # (B,n), images' counts differ
+    a, k, s = pad(a, 0), pad(k, -1), pad(s, 0.)
+    bx = torch.gather(boxes, 1, a[:, :, None].expand(-1, -1, 4))
+    keep, count = greedy_keep(bx, k.clamp(max=0) if agnostic else k, iou, max_det, chunk, rounds)
     out = []
-    for bx, sc in zip(boxes.float(), scores.float()):
-        a, k, s = _candidates(sc, conf, multi_label, max_nms)
-        keep = greedy_keep(bx[a], torch.zeros_like(k) if agnostic else k, iou, max_det, chunk)
-        a, k = a[keep], k[keep]
-        out.append(dict(boxes=bx[a], scores=s[keep], classes=k, anchors=a))
+    for i, c in enumerate(count.tolist()):
+        j = keep[i, :c]
+        out.append(dict(boxes=bx[i, j], scores=s[i, j], classes=k[i, j], anchors=a[i, j]))
     return out
 
 # %% ../nbs/07_metrics.ipynb #e6a989ef
@@ -119,12 +139,17 @@ def proto_masks(
     coef:Tensor,   # (n,P) mask coefficients of the kept detections
     proto:Tensor,  # (P,S/4,S/4) the image's prototypes
     boxes:Tensor,  # (n,4) xyxy in pixels of the letterboxed input
+    window=None,   # `proto_window(boxes, proto)` if already at hand (a slice of an image's windows)
 )->Tensor:         # (n,S/4,S/4) in [0,1]
     "Soft masks on the prototype grid, cropped to their boxes by the loss's rule (`crop_mask`)."
     P, h, w = proto.shape
     m = (coef.float() @ proto.float().reshape(P, -1)).sigmoid().reshape(-1, h, w)
-    rows, cols = crop_window(boxes.float() / MASK_STRIDE, h, w)  # = crop_mask(boxes / 4, h, w), row × column
+    rows, cols = proto_window(boxes, proto) if window is None else window
     return m.mul_(rows).mul_(cols)
+
+def proto_window(boxes:Tensor, proto:Tensor)->tuple[Tensor,Tensor]: # (n,h,1) rows, (n,1,w) columns
+    "The prototype-grid crop of `proto_masks`: `crop_mask(boxes / 4, h, w)` as row and column windows."
+    return crop_window(boxes.float() / MASK_STRIDE, *proto.shape[1:])
 
 # %% ../nbs/07_metrics.ipynb #25681a75
 def _floats(x)->list: return x.tolist() if isinstance(x, Tensor) else [float(v) for v in x]
@@ -141,12 +166,16 @@ def unletterbox_masks(
     stride:float=MASK_STRIDE,
 )->Tensor:                  # (n,H,W)
     "Resample masks bilinearly onto the original image's pixels (the pad falls away), in one `grid_sample`."
-    scale, px, py = _floats(letterbox); H, W = map(int, _floats(orig_hw))
     n, h, w = masks.shape
-    if n == 0: return masks.new_zeros(0, H, W)
-    gx, gy = _grid_coords(W, w, scale, px, stride, masks.device), _grid_coords(H, h, scale, py, stride, masks.device)
-    grid = torch.stack(torch.broadcast_tensors(gx[None, :], gy[:, None]), -1)[None]  # (1,H,W,2): x, y of each pixel
+    grid = unletterbox_grid((h, w), letterbox, orig_hw, stride, masks.device)
+    if n == 0: return masks.new_zeros(0, *grid.shape[1:3])
     return F.grid_sample(masks[None], grid, mode='bilinear', padding_mode='border', align_corners=False)[0]  # masks as channels
+
+def unletterbox_grid(hw, letterbox, orig_hw, stride:float=MASK_STRIDE, device=None)->Tensor: # (1,H,W,2)
+    "`grid_sample`'s grid of `unletterbox_masks`: where each original pixel centre falls on the (h,w) letterboxed grid."
+    scale, px, py = _floats(letterbox); H, W = map(int, _floats(orig_hw))
+    gx, gy = _grid_coords(W, hw[1], scale, px, stride, device), _grid_coords(H, hw[0], scale, py, stride, device)
+    return torch.stack(torch.broadcast_tensors(gx[None, :], gy[:, None]), -1)[None]  # x, y of each pixel
 
 # %% ../nbs/07_metrics.ipynb #97910d7b
 def unletterbox_boxes(
@@ -194,18 +223,46 @@ def rle_chars(
     return torch.stack(chars, 1).to(torch.uint8)
 
 # %% ../nbs/07_metrics.ipynb #0f9d04cb
+def rle_strings(
+    counts:Tensor,  # (k,) int64 run lengths of masks one after the other (`rle_runs`, possibly of several images)
+    runs:Tensor,    # (n,) int64 counts per mask
+    hw:int,         # the largest pixel count of these masks, H·W
+)->list[str]:       # n compressed RLE strings
+    "The strings of COCO's compressed RLE of masks given by their runs: characters on the device, one host copy."
+    if len(runs) == 0: return []
+    chars, runs = rle_chars(counts, runs, hw).cpu().numpy(), runs.cpu().numpy()
+    live = chars != 0
+    text = chars[live].tobytes().decode('ascii')                       # row-major: count by count, groups in order
+    ends = np.add.reduceat(live.sum(1), runs.cumsum() - runs).cumsum().tolist()
+    return [text[a:b] for a, b in zip([0] + ends[:-1], ends)]
+
 def rle_encode(masks:Tensor)->list[dict]: # (n,H,W) bool -> n RLE dicts {'size': [H,W], 'counts': str}
     "COCO compressed RLE of each mask: runs and characters on the masks' device, one string per mask on the host."
     n, H, W = masks.shape
     if n == 0: return []
-    counts, runs = rle_runs(masks)
-    chars, runs = rle_chars(counts, runs, H * W).cpu().numpy(), runs.cpu().numpy()
-    live = chars != 0
-    text = chars[live].tobytes().decode('ascii')                       # row-major: count by count, groups in order
-    ends = np.add.reduceat(live.sum(1), runs.cumsum() - runs).cumsum().tolist()
-    return [{'size': [H, W], 'counts': text[a:b]} for a, b in zip([0] + ends[:-1], ends)]
+    return [{'size': [H, W], 'counts': t} for t in rle_strings(*rle_runs(masks), H * W)]
 
 # %% ../nbs/07_metrics.ipynb #fbac8d39
+def mask_runs(
+    coef:Tensor,    # (n,P) coefficients of the kept detections
+    proto:Tensor,   # (P,S/4,S/4) prototypes of their image
+    boxes:Tensor,   # (n,4) xyxy in pixels of the letterboxed input
+    letterbox,      # (scale, pad_x, pad_y)
+    orig_hw,        # (H, W)
+    max_pixels:int=2**25, # full-resolution mask pixels at a time (memory: ~8 bytes each)
+)->tuple[Tensor,Tensor]: # `rle_runs` of the n masks: counts (k,), runs per mask (n,), on the device
+    "Masks of detections on the original image, as run lengths: prototypes × coefficients, cropped, un-letterboxed, > 0.5."
+    if len(coef) == 0: return coef.new_zeros(0, dtype=torch.long), coef.new_zeros(0, dtype=torch.long)
+    H, W = map(int, _floats(orig_hw))
+    rows, cols = crop_window(unletterbox_boxes(boxes, letterbox, orig_hw), H, W)  # the box again, at full resolution
+    grid, step, out = unletterbox_grid(proto.shape[1:], letterbox, orig_hw, device=proto.device), max(1, max_pixels // (H * W)), []
+    pr, pc = proto_window(boxes, proto)                          # elementwise: slices of it = each chunk's own
+    for i in range(0, len(coef), step):
+        soft = proto_masks(coef[i:i + step], proto, boxes[i:i + step], (pr[i:i + step], pc[i:i + step]))
+        m = F.grid_sample(soft[None], grid, mode='bilinear', padding_mode='border', align_corners=False)[0] > .5  # unletterbox_masks
+        out.append(rle_runs(m.logical_and_(rows[i:i + step]).logical_and_(cols[i:i + step])))  # no bilinear bleed
+    return torch.cat([c for c, _ in out]), torch.cat([r for _, r in out])
+
 def masks_to_rle(
     coef:Tensor,    # (n,P) coefficients of the kept detections
     proto:Tensor,   # (P,S/4,S/4) prototypes of their image
@@ -215,14 +272,8 @@ def masks_to_rle(
     max_pixels:int=2**25, # full-resolution mask pixels at a time (memory: ~8 bytes each)
 )->list[dict]:      # n RLE dicts on the original image
     "Masks of detections on the original image: prototypes × coefficients, cropped, un-letterboxed, > 0.5, RLE."
-    ob, out = unletterbox_boxes(boxes, letterbox, orig_hw), []
     H, W = map(int, _floats(orig_hw))
-    step = max(1, max_pixels // (H * W))
-    for i in range(0, len(coef), step):
-        m = unletterbox_masks(proto_masks(coef[i:i + step], proto, boxes[i:i + step]), letterbox, orig_hw) > .5
-        rows, cols = crop_window(ob[i:i + step], H, W)          # the box again, at full resolution: no bilinear bleed
-        out += rle_encode(m.logical_and_(rows).logical_and_(cols))
-    return out
+    return [{'size': [H, W], 'counts': t} for t in rle_strings(*mask_runs(coef, proto, boxes, letterbox, orig_hw, max_pixels), H * W)]
 
 # %% ../nbs/07_metrics.ipynb #0ce9d803
 COCO80_IDS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 27, 28, 31, 32,
@@ -355,12 +406,15 @@ class Validator:
         rows = [torch.cat([unletterbox_boxes(d['boxes'], lbs[i], hws[i]), d['scores'][:, None], d['classes'][:, None].float()], 1)
                 for i, d in enumerate(dets)]                                   # (n,6) per image: box, score, class
         rows = torch.cat(rows).cpu().split([len(d['scores']) for d in dets])  # one copy to the host for the batch
-        for i, (d, r) in enumerate(zip(dets, rows)):
-            p = dict(boxes=r[:, :4], scores=r[:, 4], classes=r[:, 5].long())
-            if self.masks:
-                p['masks'] = masks_to_rle(eval_out['coef'][i][d['anchors']], eval_out['proto'][i], d['boxes'], lbs[i], hws[i])
-            self.results += coco_results([p], [ids[i]], self.cat_ids)
-            self.image_ids.append(int(ids[i]))
+        preds = [dict(boxes=r[:, :4], scores=r[:, 4], classes=r[:, 5].long()) for r in rows]
+        if self.masks:   # every image's runs, then the batch's characters and strings at once
+            runs = [mask_runs(eval_out['coef'][i][d['anchors']], eval_out['proto'][i], d['boxes'], lbs[i], hws[i])
+                    for i, d in enumerate(dets)]
+            sizes = hws.long().tolist()
+            texts = iter(rle_strings(torch.cat([c for c, _ in runs]), torch.cat([r for _, r in runs]), max(h * w for h, w in sizes)))
+            for p, (h, w) in zip(preds, sizes): p['masks'] = [{'size': [h, w], 'counts': next(texts)} for _ in range(len(p['scores']))]
+        self.results += coco_results(preds, ids, self.cat_ids)
+        self.image_ids += [int(i) for i in ids]
 
     def compute(self, coco_gt:COCO)->CocoStats:
         "COCO metrics of everything added since the last `reset`."

@@ -11,7 +11,7 @@ from lucid_nb.core import digest, state_hashes
 from lucid_nb.loss import SegLoss
 from lucid_nb.recorder import model_outputs
 from lucid_nb.trainer import cli_main
-from lucid_nb.cli import main
+from lucid_nb.cli import run
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ['--trainer.accelerator', 'cpu', '--trainer.num_sanity_val_steps', '0', '--trainer.limit_train_batches', '2',
@@ -58,11 +58,9 @@ LUCID = Path(sys.executable).parent / 'lucid'   # the console script of this env
 
 
 def lucid_main(monkeypatch, *args) -> int:
-    "Run the `lucid` command in this process (`main()`, as the console script does); returns its exit status."
+    "Run the `lucid` command in this process (`lucid_nb.cli.run`, as the console script does before it exits); returns its exit status."
     monkeypatch.setattr(sys, 'argv', ['lucid', *args])
-    try: main()
-    except SystemExit as e: return e.code
-    return 0
+    return run()
 
 
 class WaitForSignal(Callback):

@@ -481,3 +481,119 @@ def test_ultrafast_pycocotools_equals_pycocotools():
     ids = [im['id'] for im in sorted(coco.dataset['images'], key=lambda im: im['file_name'])[-32:]]
     res = _perturbed_gt_results(coco, ids, seed=1)
     assert _pycocotools_stats(coco, res, ids, uc.COCO, ue.COCOeval) == _pycocotools_stats(coco, res, ids)
+
+
+# ------------------------------------------------------------------- the batched, sync-light post-processing = the old
+def _old_greedy_keep(boxes, cls, iou, max_det, chunk=512):
+    "`greedy_keep` as it was, one image at a time: a host look per fixed-point round and per chunk."
+    kept = torch.zeros(0, dtype=torch.long)
+    i = torch.arange(min(chunk, len(boxes)))
+    before = i[:, None] < i[None]
+    for s in range(0, len(boxes), chunk):
+        b, c = boxes[s:s + chunk], cls[s:s + chunk]
+        over = lambda kb, kc: (box_iou(kb, b) > iou) & (kc[:, None] == c[None])
+        alive = ~over(boxes[kept], cls[kept]).any(0)
+        sup = over(b, c) & before[:len(b), :len(b)]
+        keep = alive
+        while True:
+            new = alive & ~(sup & keep[:, None]).any(0)
+            if torch.equal(new, keep): break
+            keep = new
+        kept = torch.cat([kept, keep.nonzero()[:, 0] + s])
+        if len(kept) >= max_det: break
+    return kept[:max_det]
+
+
+def _old_nms(boxes, scores, conf=0.001, iou=0.7, max_det=300, max_nms=30000, multi_label=True, agnostic=False, chunk=512):
+    from lucid_nb.metrics import _candidates
+    out = []
+    for bx, sc in zip(boxes.float(), scores.float()):
+        a, k, s = _candidates(sc, conf, multi_label, max_nms)
+        keep = _old_greedy_keep(bx[a], torch.zeros_like(k) if agnostic else k, iou, max_det, chunk)
+        out.append(dict(boxes=bx[a[keep]], scores=s[keep], classes=k[keep], anchors=a[keep]))
+    return out
+
+
+def _old_rle_encode(masks):
+    from lucid_nb.metrics import rle_chars, rle_runs
+    n, H, W = masks.shape
+    if n == 0: return []
+    counts, runs = rle_runs(masks)
+    chars, runs = rle_chars(counts, runs, H * W).cpu().numpy(), runs.cpu().numpy()
+    live = chars != 0
+    text = chars[live].tobytes().decode('ascii')
+    ends = np.add.reduceat(live.sum(1), runs.cumsum() - runs).cumsum().tolist()
+    return [{'size': [H, W], 'counts': text[a:b]} for a, b in zip([0] + ends[:-1], ends)]
+
+
+def _old_masks_to_rle(coef, proto, boxes, letterbox, orig_hw, max_pixels=2**25):
+    from lucid_nb.metrics import crop_window
+    ob, out = unletterbox_boxes(boxes, letterbox, orig_hw), []
+    H, W = (int(v) for v in torch.as_tensor(orig_hw).tolist())
+    step = max(1, max_pixels // (H * W))
+    for i in range(0, len(coef), step):
+        m = unletterbox_masks(proto_masks(coef[i:i + step], proto, boxes[i:i + step]), letterbox, orig_hw) > .5
+        rows, cols = crop_window(ob[i:i + step], H, W)
+        out += _old_rle_encode(m.logical_and_(rows).logical_and_(cols))
+    return out
+
+
+def _old_validator_results(outs, batches, cat_ids, **nms_kw):
+    "`Validator.update` as it was: image by image, NMS, masks and strings (the JSON it wrote, as results)."
+    results = []
+    for eval_out, batch in zip(outs, batches):
+        eval_out = {k: v.float() for k, v in eval_out.items()}
+        dets = _old_nms(eval_out['boxes'], eval_out['scores'], **nms_kw)
+        ids, hws, lbs = (batch[k].cpu() for k in ('image_id', 'orig_hw', 'letterbox'))
+        for i, d in enumerate(dets):
+            p = dict(boxes=unletterbox_boxes(d['boxes'], lbs[i], hws[i]), scores=d['scores'], classes=d['classes'],
+                     masks=_old_masks_to_rle(eval_out['coef'][i][d['anchors']], eval_out['proto'][i], d['boxes'], lbs[i], hws[i]))
+            results += coco_results([p], [ids[i]], cat_ids)
+    return results
+
+
+def _young_head(seed, B=3, S=320):
+    "Outputs shaped like a young model's head (`benchmarks/validation_speed.py`'s case): every pair above conf 0.001, near-copies of a few boxes on 4 classes."
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / 'benchmarks'))
+    from validation_speed import young_head
+    return young_head([dict(img=torch.zeros(B, 3, S, S))], seed)[0]
+
+
+def _batch_of(B, S, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    hw = torch.stack([torch.randint(S // 2, S * 2, (B,), generator=g), torch.randint(S // 2, S * 2, (B,), generator=g)], 1)
+    r = S / hw.max(1).values.float()
+    lb = torch.stack([r, (S - hw[:, 1] * r) / 2, (S - hw[:, 0] * r) / 2], 1)
+    return dict(image_id=torch.arange(B) + 100 * seed, orig_hw=hw, letterbox=lb)
+
+
+@pytest.mark.parametrize('kw', [dict(), dict(max_det=40, iou=.5), dict(multi_label=False), dict(agnostic=True, max_nms=3000)])
+def test_batched_nms_equals_old_on_deep_suppression(kw):
+    "Near-copies of a few boxes: most candidates are suppressed, so NMS goes through many chunks before max_det."
+    from lucid_nb.metrics import _candidates
+    h = _young_head(1, B=4, S=448)   # 4116 anchors
+    a, k, _ = _candidates(h['scores'][0], .001, True, 30000)
+    assert _old_greedy_keep(h['boxes'][0][a], k, .7, 300).max() > 8 * 512   # the 300th kept box is deep in the list
+    want = _old_nms(h['boxes'], h['scores'], **kw)
+    for chunk, rounds in ((512, None), (97, None), (512, 4), (97, 3)):   # rounds 4: the GPU's default
+        _assert_same(nms(h['boxes'], h['scores'], chunk=chunk, rounds=rounds, **kw), want)
+
+
+def test_validator_results_equal_old_path():
+    "The whole post-processing, new vs old, to the byte: a seeded nano model's outputs (class biases 0: max_det boxes) and a young-model-like head."
+    from lucid_nb.heads import yolo_seg
+    torch.manual_seed(0)
+    net = yolo_seg('n', num_classes=80).eval()
+    for conv in net.head.cls: conv[-1].bias.data.zero_()
+    with torch.no_grad(): outs = [net(torch.rand(2, 3, 160, 160, generator=torch.Generator().manual_seed(i))) for i in range(2)]
+    outs = [{k: o[k] for k in ('boxes', 'scores', 'coef', 'proto')} for o in outs] + [_young_head(2, B=3, S=320)]
+    batches = [_batch_of(2, 160, 0), _batch_of(2, 160, 1), _batch_of(3, 320, 2)]
+    kw = dict(conf=0.001, iou=0.7, max_det=300)
+    v = Validator(COCO80_IDS, **kw)
+    for o, b in zip(outs, batches): v.update(o, b)
+    old = _old_validator_results(outs, batches, COCO80_IDS, **kw)
+    assert len(v.results) == len(old) > 1200
+    assert results_bytes(v.results) == results_bytes(old)
+    assert v.image_ids == [int(i) for b in batches for i in b['image_id']]
