@@ -213,14 +213,15 @@ def rle_chars(
     of = torch.repeat_interleave(torch.arange(len(runs), device=runs.device), runs, output_size=len(counts))
     i = torch.arange(len(counts), device=counts.device) - first[of]   # index of each count within its mask
     x = torch.where(i > 2, counts - counts.roll(2), counts)           # from the 4th count on: difference to 2 before
+    if hw < 2**31: x = x.int()                                        # |x| <= hw: 4 bytes suffice (less memory)
     chars, alive = [], torch.ones_like(x, dtype=torch.bool)
     for _ in range(-(-(hw.bit_length() + 1) // 5)):                   # 5-bit groups for any |x| <= hw, sign included
         c = x & 0x1f
         x = x >> 5                                                    # arithmetic shift, as C's on a long
         more = torch.where((c & 0x10) != 0, x != -1, x != 0)
-        chars.append(torch.where(alive, c + 48 + 32 * more, 0))
+        chars.append(torch.where(alive, c + 48 + 32 * more, 0).to(torch.uint8))   # a character: one byte
         alive = alive & more
-    return torch.stack(chars, 1).to(torch.uint8)
+    return torch.stack(chars, 1)
 
 # %% ../nbs/07_metrics.ipynb #0f9d04cb
 def rle_strings(
