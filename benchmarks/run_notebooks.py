@@ -7,9 +7,9 @@ own dpi. On the GPU machine (its own torch; missing wheels carried in `.whl/`):
     python3 benchmarks/run_notebooks.py nbs/06_recorder.ipynb nbs/07_metrics.ipynb ...
 
 Each notebook is saved only when every cell passed (an output that is both a JPEG and a PNG, as PIL images are,
-keeps only the JPEG); the exit status is 1 if any failed. With `--keep-cuda`
-(e.g. on a CPU machine after editing prose or a cell that reads committed results) the `#| cuda` cells are not run
-and keep the outputs they have.
+keeps only the JPEG); the exit status is 1 if any failed. With `--keep-cuda` (and `--keep-slow`)
+(e.g. on a CPU machine after editing prose or a cell that reads committed results) the `#| cuda` (`#| slow`) cells
+are not run and keep the outputs they have.
 """
 import json, sys, time
 from pathlib import Path
@@ -37,11 +37,11 @@ def drop_png_twins(path: Path) -> int:
 
 def main(paths: list) -> int:
     nbdev.test.CaptureShell = PlainShell
-    keep = '--keep-cuda' in paths
+    kept = [f for f in ('cuda', 'slow') if f'--keep-{f}' in paths]     # flags whose cells keep the outputs they have
     failed = []
-    for p in (Path(x).resolve() for x in paths if x != '--keep-cuda'):   # test_nb runs in the notebook's folder
+    for p in (Path(x).resolve() for x in paths if not x.startswith('--keep-')):   # test_nb runs in the notebook's folder
         t = time.perf_counter()
-        ok, _ = nbdev.test.test_nb(p, skip_flags=['cuda'] if keep else [], force_flags=['slow'] if keep else ['cuda', 'slow'],
+        ok, _ = nbdev.test.test_nb(p, skip_flags=kept, force_flags=[f for f in ('cuda', 'slow') if f not in kept],
                                    save=True, cell_timeout=900)
         if ok: drop_png_twins(p)
         print(f"{'PASSED' if ok else 'FAILED'} {p} ({time.perf_counter() - t:.0f} s)", flush=True)
