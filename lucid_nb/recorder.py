@@ -21,7 +21,7 @@ from .optim import CapturedUpdate, captured_update, state_ready, update_blocker
 __all__ = ['MIN_TORCH', 'log', 'STEP_INPUTS', 'autocast_state', 'head_autocast', 'CudaGraphs', 'EagerGraphs', 'input_signature',
            'alignment', 'grad_layout', 'non_overlapping', 'empty_with_layout', 'ModuleGraphs', 'HeadGraphs',
            'HeadReplay', 'graph_blocker', 'head_blocker', 'fit_blocker', 'precision_blocker', 'head_fit_blocker',
-           'replay_blocker', 'call_blocker', 'Region', 'HeadRegion', 'UpdateMismatch', 'UpdateGraphs',
+           'replay_blocker', 'call_blocker', 'Region', 'HeadRegion', 'UpdateMismatch', 'UpdateGraphs', 'record_checked',
            'update_fit_blocker', 'UpdateRegion', 'step_inputs', 'StepGraphs', 'StepReplay', 'step_fit_blocker',
            'step_call_blocker', 'StepRegion', 'EmaRegion', 'Recorder', 'model_outputs']
 
@@ -556,6 +556,24 @@ class UpdateGraphs:
     def release(self): self.released, self.graph, self.static_grads = True, None, []
 
 # %% ../nbs/06_recorder.ipynb #24ee6ef2
+def record_checked(region:Region, update:CapturedUpdate, grads:list[Tensor], pattern:tuple, native,
+                   moving:str)->bool:  # moving: what keeps moving when recordings run out ("the optimiser's tensors")
+    "Record `update` in `region`, checked against `native()`, which is applied either way; whether it replays from now on."
+    if len(region.recordings) >= region.max_records:
+        region.blocked = f"{moving} kept moving; stopped after {region.max_records} recordings"
+        region.note(region.blocked); region.native += 1
+        native(); return False
+    graphs = UpdateGraphs(update, grads, region.backend_, pattern)
+    try: graphs.record(grads, native)
+    except Exception as e:
+        if not graphs.applied: raise
+        region.blocked = f"recording failed ({region.failed(e)})"
+        region.note(region.blocked); region.native += 1
+        return False
+    region.graphs = graphs
+    region.recordings.append(dict(seconds=graphs.seconds, reserved_mib=graphs.reserved_bytes / 2**20))
+    return True
+
 def _grad_pattern(opt)->tuple: return tuple(p.grad is not None for g in opt.param_groups for p in g['params'])
 
 def update_fit_blocker(trainer, module, backend=None)->str|None:
@@ -608,20 +626,8 @@ class UpdateRegion(Region):
 
     def record(self, opt, params, grads, pattern, native):
         "Record the update on this step's gradients; the step is applied either way (natively if recording fails)."
-        if len(self.recordings) >= self.max_records:
-            self.blocked = f"the optimiser's tensors kept moving; stopped after {self.max_records} recordings"
-            self.note(self.blocked); self.native += 1
-            return native()
-        graphs = UpdateGraphs(captured_update(opt, params), grads, self.backend_, pattern)
-        try: graphs.record(grads, lambda: native())
-        except Exception as e:
-            if not graphs.applied: raise
-            self.blocked = f"recording failed ({self.failed(e)})"
-            self.note(self.blocked); self.native += 1
-            return None
-        self.graphs, self.recorded = graphs, self.recorded + 1
-        self.recordings.append(dict(seconds=graphs.seconds, reserved_mib=graphs.reserved_bytes / 2**20))
-        return None
+        if record_checked(self, captured_update(opt, params), grads, pattern, native, "the optimiser's tensors"):
+            self.recorded += 1
 
     def report(self)->dict:
         "What the update region did in this fit."
@@ -815,19 +821,7 @@ class EmaRegion(Region):
 
     def record(self, ema, model:nn.Module):
         "Record the update; it is applied either way (natively if recording fails or differs)."
-        if len(self.recordings) >= self.max_records:
-            self.blocked = f"the EMA's tensors kept moving; stopped after {self.max_records} recordings"
-            self.note(self.blocked); self.native += 1
-            return ema.update(model)
-        graphs = UpdateGraphs(ema.recordable(model), [], self.backend_, ())
-        try: graphs.record([], lambda: ema.update(model))
-        except Exception as e:
-            if not graphs.applied: raise
-            self.blocked = f"recording failed ({self.failed(e)})"
-            self.note(self.blocked); self.native += 1
-            return
-        self.graphs = graphs
-        self.recordings.append(dict(seconds=graphs.seconds, reserved_mib=graphs.reserved_bytes / 2**20))
+        record_checked(self, ema.recordable(model), [], (), lambda: ema.update(model), "the EMA's tensors")
 
     def report(self)->dict:
         return dict(super().report(), replayed_updates=self.replayed, native_updates=self.native)
