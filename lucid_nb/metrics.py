@@ -47,13 +47,13 @@ def greedy_keep(
     cls:Tensor,       # (B,n) class of each candidate (all equal: class-agnostic), -1 past an image's last candidate
     iou:float,        # suppress above this IoU
     max_det:int,      # stop once this many are kept
-    chunk:int=512,    # candidates resolved per step (memory ~ B·chunk²)
+    chunk:int|None=None, # candidates resolved per step (memory ~ B·chunk²; None: 1024 on a GPU, 512 on the CPU)
     rounds:int|None=None, # fixed-point rounds between two looks from the host (None: 4 on a GPU, 1 on the CPU)
 )->tuple[Tensor,Tensor]: # (B,max_det) indices kept per image, in order (valid up to its count), (B,) counts
     "Exact greedy NMS of a batch, vectorised: chunk by chunk, each resolved as a fixed point of the suppression matrix."
     B, n = cls.shape
     if n == 0 or max_det <= 0: return cls.new_zeros(B, 0), cls.new_zeros(B)
-    C = min(chunk, n)
+    C = min(chunk or (1024 if boxes.is_cuda else 512), n)   # a GPU: fewer, larger chunks (each costs a look)
     i = torch.arange(C, device=cls.device)
     before = i[:, None] < i[None]                      # (C,C) strictly upper triangular (cheaper than `triu` on CPU)
     kb = boxes.new_zeros(B, max_det + C, 4)            # kept boxes, classes, indices; slot max_det + j: chunk box j's bin
@@ -65,9 +65,10 @@ def greedy_keep(
         m = len(b[0])
         alive = (c >= 0) & ~_suppresses(kb[:, :most], kc[:, :most], b, c, iou).any(1)  # earlier chunks' kept
         sup = _suppresses(b, c, b, c, iou) & before[:m, :m]  # inside the chunk: earlier suppresses later
-        keep, changed = alive, True
-        while changed:                                  # `rounds` rounds queued, then one look: settled? all full?
-            for _ in range(rounds): last, keep = keep, alive & ~(sup & keep[:, :, None]).any(1)
+        keep, changed, r = alive, True, rounds
+        while changed:                                  # `r` rounds queued, then one look: settled? all full?
+            for _ in range(r): last, keep = keep, alive & ~(sup & keep[:, :, None]).any(1)
+            r *= 2                                      # not settled yet: a long chain, twice the rounds before the next look
             total = count + keep.sum(1)
             changed, *totals = torch.cat([(keep != last).any()[None], total]).tolist()
         pos = count[:, None] + keep.cumsum(1) - 1      # slot of each kept box; every other box to its own bin
@@ -87,7 +88,7 @@ def nms(
     max_nms:int=30000,       # best candidates per image that enter NMS
     multi_label:bool=True,   # a candidate per (anchor, class) above `conf`; else one per anchor, its best class
     agnostic:bool=False,     # suppress across classes
-    chunk:int=512,           # candidates resolved per vectorised step
+    chunk:int|None=None,     # candidates resolved per vectorised step (`greedy_keep`)
     rounds:int|None=None,    # fixed-point rounds per look from the host (`greedy_keep`)
 )->list[dict]:               # per image: `boxes` (n,4), `scores` (n,), `classes` (n,), `anchors` (n,), best first
     "Batched, class-aware greedy non-maximum suppression: the images of the batch at once."
@@ -224,18 +225,32 @@ def rle_chars(
     return torch.stack(chars, 1)
 
 # %% ../nbs/07_metrics.ipynb #0f9d04cb
+def _whole_mask_slices(runs:list[int], max_counts:int)->list[tuple[int,int]]:
+    "Masks `[a, b)` in order, each slice of whole masks with about `max_counts` counts (at least one mask)."
+    out, a, total = [], 0, 0
+    for j, r in enumerate(runs):
+        if total and total + r > max_counts: out.append((a, j)); a, total = j, 0
+        total += r
+    return out + [(a, len(runs))] if runs else out
+
 def rle_strings(
-    counts:Tensor,  # (k,) int64 run lengths of masks one after the other (`rle_runs`, possibly of several images)
+    counts:Tensor,  # (k,) integer run lengths of masks one after the other (`rle_runs`, possibly of several images)
     runs:Tensor,    # (n,) int64 counts per mask
     hw:int,         # the largest pixel count of these masks, H·W
+    max_counts:int=2**22, # counts turned into characters at a time (device memory: ~40 bytes each)
 )->list[str]:       # n compressed RLE strings
-    "The strings of COCO's compressed RLE of masks given by their runs: characters on the device, one host copy."
-    if len(runs) == 0: return []
-    chars, runs = rle_chars(counts, runs, hw).cpu().numpy(), runs.cpu().numpy()
-    live = chars != 0
-    text = chars[live].tobytes().decode('ascii')                       # row-major: count by count, groups in order
-    ends = np.add.reduceat(live.sum(1), runs.cumsum() - runs).cumsum().tolist()
-    return [text[a:b] for a, b in zip([0] + ends[:-1], ends)]
+    "The strings of COCO's compressed RLE of masks given by their runs: characters made and packed on the device."
+    per_mask, texts, first = runs.tolist(), [], 0
+    for a, b in _whole_mask_slices(per_mask, max_counts):
+        k = sum(per_mask[a:b])
+        chars = rle_chars(counts[first:first + k], runs[a:b], hw)
+        live = chars != 0
+        ends = live.sum(1).cumsum(0)[runs[a:b].cumsum(0) - 1]        # where each mask's string ends in the packed text
+        text = chars[live].cpu().numpy().tobytes().decode('ascii')   # row-major: count by count, groups in order
+        ends = ends.tolist()
+        texts += [text[i:j] for i, j in zip([0] + ends[:-1], ends)]
+        first += k
+    return texts
 
 def rle_encode(masks:Tensor)->list[dict]: # (n,H,W) bool -> n RLE dicts {'size': [H,W], 'counts': str}
     "COCO compressed RLE of each mask: runs and characters on the masks' device, one string per mask on the host."
@@ -251,7 +266,7 @@ def mask_runs(
     letterbox,      # (scale, pad_x, pad_y)
     orig_hw,        # (H, W)
     max_pixels:int=2**25, # full-resolution mask pixels at a time (memory: ~8 bytes each)
-)->tuple[Tensor,Tensor]: # `rle_runs` of the n masks: counts (k,), runs per mask (n,), on the device
+)->tuple[Tensor,Tensor]: # `rle_runs` of the n masks, on the device: counts (k,) int32 (int64 past 2³¹ pixels), runs per mask (n,)
     "Masks of detections on the original image, as run lengths: prototypes × coefficients, cropped, un-letterboxed, > 0.5."
     if len(coef) == 0: return coef.new_zeros(0, dtype=torch.long), coef.new_zeros(0, dtype=torch.long)
     H, W = map(int, _floats(orig_hw))
@@ -261,18 +276,12 @@ def mask_runs(
     for i in range(0, len(coef), step):
         soft = proto_masks(coef[i:i + step], proto, boxes[i:i + step], (pr[i:i + step], pc[i:i + step]))
         m = F.grid_sample(soft[None], grid, mode='bilinear', padding_mode='border', align_corners=False)[0] > .5  # unletterbox_masks
-        out.append(rle_runs(m.logical_and_(rows[i:i + step]).logical_and_(cols[i:i + step])))  # no bilinear bleed
+        c, r = rle_runs(m.logical_and_(rows[i:i + step]).logical_and_(cols[i:i + step]))  # no bilinear bleed
+        out.append((c.int() if H * W < 2**31 else c, r))           # a batch's counts can run to tens of millions
     return torch.cat([c for c, _ in out]), torch.cat([r for _, r in out])
 
-def masks_to_rle(
-    coef:Tensor,    # (n,P) coefficients of the kept detections
-    proto:Tensor,   # (P,S/4,S/4) prototypes of their image
-    boxes:Tensor,   # (n,4) xyxy in pixels of the letterboxed input
-    letterbox,      # (scale, pad_x, pad_y)
-    orig_hw,        # (H, W)
-    max_pixels:int=2**25, # full-resolution mask pixels at a time (memory: ~8 bytes each)
-)->list[dict]:      # n RLE dicts on the original image
-    "Masks of detections on the original image: prototypes × coefficients, cropped, un-letterboxed, > 0.5, RLE."
+def masks_to_rle(coef, proto, boxes, letterbox, orig_hw, max_pixels:int=2**25)->list[dict]: # n RLE dicts on the original image
+    "`mask_runs`'s masks (the same arguments) as COCO RLE dicts: prototypes × coefficients, cropped, un-letterboxed, > 0.5."
     H, W = map(int, _floats(orig_hw))
     return [{'size': [H, W], 'counts': t} for t in rle_strings(*mask_runs(coef, proto, boxes, letterbox, orig_hw, max_pixels), H * W)]
 

@@ -49,7 +49,7 @@ class CudaGraphs:
         with torch.cuda.stream(self.stream):
             for _ in range(self.warmup_iters): fn()
         torch.cuda.current_stream().wait_stream(self.stream)
-        torch.cuda.synchronize()
+        torch.cuda.synchronize(); torch.cuda.empty_cache()   # the warm-up's freed blocks: not held beside the graph's pool
 
     def capture(self, fn)->tuple:
         "Record `fn`; return the graph and what `fn` returned (the graph's static outputs)."

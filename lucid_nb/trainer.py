@@ -6,7 +6,7 @@ Docs: https://lucid-nb.github.io/lucid_nb/trainer.html.md"""
 
 # %% ../nbs/08_trainer.ipynb #44dd294e
 from __future__ import annotations
-import contextlib, csv, datetime, hashlib, importlib.util, io, json, logging, math, os, signal, socket, sys, time, warnings, zipfile
+import contextlib, csv, datetime, gc, hashlib, importlib.util, io, json, logging, math, os, signal, socket, sys, time, warnings, zipfile
 from pathlib import Path
 from typing import Literal
 import numpy as np, torch
@@ -34,12 +34,12 @@ from PIL import Image, ImageDraw
 # %% auto #0
 __all__ = ['PALETTE', 'HELP', 'LOCK_NAME', 'USER_ERRORS', 'ModelEMA', 'EmaUpdate', 'AtomicCheckpoint', 'LitYolo', 'StepLossBar',
            'gather_objects', 'merge_results', 'PredictionWriter', 'say', 'fit_state_hashes', 'write_json_atomic',
-           'data_wait', 'process_age', 'RunArtifacts', 'epoch_line', 'EpochSummary', 'class_ap_table', 'QuietLightning',
-           'quiet_lightning', 'read_metrics_csv', 'plot_curves', 'draw_instances', 'instances_of', 'draw_results',
-           'fit_tile', 'image_grid', 'save_jpeg', 'draw_train_batch', 'draw_val_batch', 'OneLineParser', 'LucidCLI',
-           'add_tensorboard', 'default_callbacks', 'cli_main', 'save_figure', 'note', 'RunFolderInUse', 'read_lock',
-           'lock_owner_alive', 'acquire_run_lock', 'run_lock', 'resume_hint', 'read_checkpoint', 'one_line', 'main',
-           'ddp_blocker', 'broadcast_buffers', 'rank_state_hashes', 'DistributedRun']
+           'data_wait', 'process_age', 'RunArtifacts', 'FrozenHeap', 'epoch_line', 'EpochSummary', 'class_ap_table',
+           'QuietLightning', 'quiet_lightning', 'read_metrics_csv', 'plot_curves', 'draw_instances', 'instances_of',
+           'draw_results', 'fit_tile', 'image_grid', 'save_jpeg', 'draw_train_batch', 'draw_val_batch', 'OneLineParser',
+           'LucidCLI', 'add_tensorboard', 'default_callbacks', 'cli_main', 'save_figure', 'note', 'RunFolderInUse',
+           'read_lock', 'lock_owner_alive', 'acquire_run_lock', 'run_lock', 'resume_hint', 'read_checkpoint',
+           'one_line', 'main', 'ddp_blocker', 'broadcast_buffers', 'rank_state_hashes', 'DistributedRun']
 
 # %% ../nbs/08_trainer.ipynb #ea5ecba6
 class ModelEMA(nn.Module):
@@ -487,6 +487,13 @@ class RunArtifacts(Callback):
             fit_seconds=t_end - self.t_fit, fit_end_seconds=time.perf_counter() - t_end, epochs=self.epochs,
             peak_reserved_mib=mem))
 
+# %% ../nbs/08_trainer.ipynb #4973c3fa
+class FrozenHeap(Callback):
+    "The objects alive at fit start out of the cyclic collector's walks (`gc.freeze`) until fit ends or fails."
+    def on_fit_start(self, trainer, module): gc.freeze()
+    def on_fit_end(self, trainer, module): gc.unfreeze()
+    def on_exception(self, trainer, module, exception): gc.unfreeze()
+
 # %% ../nbs/08_trainer.ipynb #52ce82d3
 def epoch_line(trainer, validated:bool=True)->str:
     "The epoch's mean loss terms and, if it `validated`, its validation mAP50-95 (box, mask), from `callback_metrics`."
@@ -694,7 +701,7 @@ def add_tensorboard(trainer)->bool:
 
 def default_callbacks()->list:
     return [AtomicCheckpoint(monitor='mAP50-95(M)', mode='max', filename='best', save_last=True, save_top_k=1),
-            RunArtifacts(), PredictionWriter(), EpochSummary(), DistributedRun()]
+            RunArtifacts(), PredictionWriter(), EpochSummary(), DistributedRun(), FrozenHeap()]
 
 @patch
 def configure_callbacks(self:LitYolo):
