@@ -41,7 +41,7 @@ def measure(imgsz, batch_size, epochs, cache, prefetch, workers=0, mosaic=0., st
         rates.append(n / (time.perf_counter() - t))
     dm.teardown()
     return dict(cache=cache, prefetch=prefetch, workers=workers, mosaic=mosaic, step_ms=step_ms, setup_s=round(setup_s, 2),
-                images_per_s=round(max(rates), 1), images_per_s_each_epoch=[round(r, 1) for r in rates], images=len(dm._train))
+                images_per_s=round(max(rates), 1), images_per_s_each_epoch=[round(r, 1) for r in rates], images=len(ld.dataset))
 
 
 def main(argv=None):

@@ -1,67 +1,67 @@
-"""How long one validation of the 32 embedded validation images takes: forward, post-processing, evaluation.
+"""How long one validation of the 32 embedded validation images takes in the trainer: forward, post-processing, evaluation.
 
 Usage (from the repository root):
-    .venv/bin/python benchmarks/validation_speed.py [--device cuda] [--runs 5] [--warmup 1] [--out benchmarks/results]
+    .venv/bin/python benchmarks/validation_speed.py [--device cuda] [--precision 32-true] [--runs 5] [--warmup 1] [--out benchmarks/results]
 
-Data: `YoloData()` with its defaults (imgsz 640, batch 4, the last 32 images of the embedded coco128 by file name),
-batches loaded onto the device once, before any timing. Model: the nano `yolo_seg('n')`, random init, in eval mode.
-Three cases; for each, the forward pass over all batches runs once (`--forward-runs` times, timed), and the
-post-processing and the evaluation of those outputs are warmed up, then timed `--runs` times (median, min, max):
+Data: `YoloData(prefetch=False)`, otherwise its defaults (imgsz 640, batch 4, RAM cache, the last 32 images of the
+embedded coco128 by file name), set up (decoded and cached) before any timing. Model: `LitYolo(num_classes=...)`,
+nano, random init (`--seed`); validation runs its EMA copy, as in training. Cases:
 
-- `random_init`: the model as built, the trainer's `Validator(cat_ids, conf=0.001, iou=0.7, max_det=300)`. YOLO's
-  class prior (`bias_init`, p ≈ 1e-5) puts nearly every score under `conf`: few detections.
-- `many_detections`: the same model with its class-logit biases set to 0, so that every (anchor, class) pair scores
-  ≈ 0.5, and the same Validator: NMS keeps `max_det` = 300 per image (9,600 in all), as a young model does at
-  conf 0.001.
-- `young_head`: head outputs drawn from a seeded generator, shaped like the nano head's at 640 px (8400 anchors,
-  80 classes, 32 prototypes of 160 × 160), with every pair above conf 0.001 and the boxes near-copies of a few
-  objects on 4 classes, as a model a few epochs old gives: most candidates are suppressed, so NMS goes through many
-  chunks before it has 300 per image (the case that made in-run validation slow and variable).
+- `random_init` (trainer): the module as built, its `Validator` (conf 0.001, iou 0.7, max_det 300, the `LitYolo`
+  defaults). YOLO's class prior (`bias_init`, p ~ 1e-5) puts nearly every score under `conf`: few detections.
+- `many_detections` (trainer): the same module with the class-logit biases of its EMA network set to 0, so that
+  every (anchor, class) pair scores ~0.5: NMS keeps `max_det` = 300 per image (9,600 in all), as a young model does
+  at conf 0.001.
+- `young_head` (direct `Validator`, not the trainer): head outputs drawn from a seeded generator, shaped like the
+  nano head's at 640 px (8400 anchors, 80 classes, 32 prototypes of 160 x 160), with every pair above conf 0.001
+  and the boxes near-copies of a few objects on 4 classes, as a model a few epochs old gives: most candidates are
+  suppressed, so NMS goes through many chunks before it has 300 per image (the case that made in-run validation
+  slow and variable). These outputs replace the network's, which the trainer's `validation_step` cannot be given,
+  so this case feeds them to the module's own `make_validator()` on the batches the trainer's validation loop
+  received, one `update` per batch between device synchronisations as `validation_step` does, then `compute`. It
+  has no forward and no `validate_wall`.
 
-Per run: `forward` (the model on all batches), `postprocess` (`Validator.update` on all batches: NMS, masks, RLE, COCO
-results; `nms` is NMS alone on the same outputs, part of it), `evaluate` (`Validator.compute`, both COCOeval runs).
-GPU work is timed between `torch.cuda.synchronize()` calls. Device-independent counts of one post-processing:
-`ops` (ATen operator calls, views included: on a GPU each is a kernel launch or at least a dispatch) and
-`host_looks` (counted as on a GPU: on a CPU run `greedy_keep` is given the GPU's 4 rounds per look; calls that wait for the device: `nonzero`, `equal`, `item`, `tolist` and copies to the host; on a CPU
-run every tensor is a host tensor, so `tolist` calls are all counted as `tolist_host`, bookkeeping included). The
-JSON goes to `<out>/validation_speed_<device>.json`, named after the device found at run time, with torch version,
-date and this exact command; `--tag` adds a suffix (e.g. `_before`).
+A trainer case's run is one `Trainer(...).validate(module, datamodule)` on `--device` (one device, `--precision`;
+no logger, checkpoints or progress bar; the run files go to a temporary folder). Its times are the ones `LitYolo`
+records itself in `val_seconds`: `forward` (the EMA network, batch by batch), `postprocess` (`Validator.update`,
+batch by batch: NMS, masks, RLE, COCO results), each between device synchronisations, and `evaluate` (the scoring
+of the gathered results: both COCOeval runs); `validate_wall` is the whole `validate` call (data loading,
+Lightning's loop, the hooks, the run files). `--warmup` validations run first, then `--runs` timed ones (median, min,
+max). A callback keeps the last validation's batches as `validation_step` got them and a forward hook the EMA
+network's outputs; on those: `nms` (NMS alone, part of `postprocess`, timed here) and the device-independent counts
+of one post-processing (the module's `Validator` fed batch by batch, on ordinary copies of them and outside
+inference mode, where composite operators such as `item` decompose into the ones counted): `ops` (ATen operator
+calls, views included: on a GPU each is a kernel launch or at least a dispatch) and `host_looks` (counted as on a
+GPU: on a CPU run `greedy_keep` is given the GPU's 4 rounds per look; calls that wait for the device: `nonzero`,
+`equal`, `item`, `tolist` and copies to the host; on a CPU run every tensor is a host tensor, so `tolist` calls are
+all counted as `tolist_host`, bookkeeping included). The JSON goes to `<out>/validation_speed_<device>.json`, named after the device
+found at run time (`device_tag()`), with torch version, date and this exact command; `--tag` adds a suffix (e.g.
+`_before`).
 
 `--baseline REV` (a git revision of this repository, e.g. `7a13c73`, the post-processing before the batched NMS)
-also loads that revision's `lucid_nb/` (from `git archive`, as the package `lucid_nb_baseline`) and, in every run,
-post-processes the same outputs with it right after the current code — alternating, so that both see the same
-machine load — and checks that both give the same results bytes. Its times are under `baseline_*` in each case.
+also loads that revision's `lucid_nb/` (from `git archive`, as the package `lucid_nb_baseline`) and, after every run,
+post-processes the same outputs with it — alternating, so that both see the same machine load — and checks that it
+gives the same results bytes as the run. Its times are under `baseline_*` in each case (timed the way
+`validation_step` times `update`).
 """
-import argparse, collections, contextlib, importlib, io, json, os, re, shlex, statistics, subprocess, sys, tarfile, tempfile, time
+import argparse, collections, contextlib, importlib, io, json, os, shlex, statistics, subprocess, sys, tarfile, tempfile, time
 from pathlib import Path
 
+import lightning.pytorch as L
 import torch
+from lightning.pytorch.callbacks import Callback
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from lucid_nb.core import device_tag, env_info
 from lucid_nb.data import YoloData
-from lucid_nb.metrics import Validator, nms
-from lucid_nb.heads import yolo_seg
+from lucid_nb.metrics import nms
+from lucid_nb.trainer import LitYolo, quiet_lightning
 
-
-def device_slug(device: torch.device) -> str:
-    "`nvidia-h200`, `cpu`...: the device's name as a file-name part."
-    return device_tag() if device.type == 'cuda' else 'cpu'
+TIMES = ('forward', 'postprocess', 'evaluate')   # the parts of `LitYolo.val_seconds`
 
 
 def sync(device):
     if device.type == 'cuda': torch.cuda.synchronize(device)
-
-
-def val_batches(device) -> tuple[list, YoloData]:
-    "The validation batches of `YoloData()`, on `device`, as `validation_step` gets them."
-    dm = YoloData(prefetch=False)
-    dm.setup('fit')
-    out = []
-    for b in dm.val_dataloader():
-        b = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in b.items()}
-        out.append(dm.on_after_batch_transfer(b))
-    return out, dm
 
 
 def young_head(batches, seed=0, K=80, P=32, objects=6, jitter=.03) -> list[dict]:
@@ -128,62 +128,99 @@ def gpu_rounds(device):
     finally: metrics.greedy_keep = keep
 
 
-def postprocess(outs, batches, cat_ids, validator=Validator) -> Validator:
-    v = validator(cat_ids, conf=0.001, iou=0.7, max_det=300)
-    for o, b in zip(outs, batches): v.update(o, b)
-    return v
+class Capture(Callback):
+    "The batches of the last validation as `validation_step` got them, and the EMA network's outputs on them."
+    def on_validation_epoch_start(self, trainer, module):
+        self.batches, self.outs = [], []
+        self.hook = module.ema.module.register_forward_hook(lambda net, args, out: self.outs.append(out))
+    def on_validation_batch_start(self, trainer, module, batch, batch_idx, dataloader_idx=0): self.batches.append(batch)
+    def on_validation_epoch_end(self, trainer, module): self.hook.remove()
 
 
-def one_run(outs, batches, coco, cat_ids, device, base=None) -> dict:
-    "Times of one post-processing and evaluation of `outs`, in seconds, and its detections (and the baseline's)."
-    sync(device); t1 = time.perf_counter()
-    v = postprocess(outs, batches, cat_ids)
-    sync(device); t2 = time.perf_counter()
-    stats = v.compute(coco)
-    t3 = time.perf_counter()
-    for o in outs: nms(o['boxes'].float(), o['scores'].float(), **v.nms_kw)
-    sync(device); t4 = time.perf_counter()
-    r = dict(postprocess=t2 - t1, nms=t4 - t3, evaluate=t3 - t2, detections=len(v.results), summary=stats.summary())
-    if base is not None:
-        sync(device); t5 = time.perf_counter()
-        b = postprocess(outs, batches, cat_ids, base.Validator)
-        sync(device); t6 = time.perf_counter()
-        for o in outs: base.nms(o['boxes'].float(), o['scores'].float(), **v.nms_kw)
-        sync(device); t7 = time.perf_counter()
-        if base.results_bytes(b.results) != base.results_bytes(v.results): raise SystemExit('the baseline gives other results bytes')
-        r.update(baseline_postprocess=t6 - t5, baseline_nms=t7 - t6)
+def postprocess(make, outs, batches, device, inference=True) -> tuple:
+    "A fresh `make()` validator fed `outs` batch by batch, each `update` between device synchronisations (as `validation_step` times it): (validator, seconds)."
+    v, t = make(), 0.
+    with torch.inference_mode(inference):   # as under `Trainer.validate`
+        for o, b in zip(outs, batches):
+            sync(device); t0 = time.perf_counter()
+            v.update(o, b)
+            sync(device); t += time.perf_counter() - t0
+    return v, t
+
+
+def nms_seconds(nms_fn, outs, nms_kw, device) -> float:
+    "NMS alone on `outs`, as `Validator.update` calls it."
+    sync(device); t0 = time.perf_counter()
+    with torch.inference_mode():
+        for o in outs: nms_fn(o['boxes'].float(), o['scores'].float(), **nms_kw)
+    sync(device); return time.perf_counter() - t0
+
+
+def baseline_validator(base, module):
+    "The baseline's `Validator` with the module's thresholds and the datamodule's categories (`LitYolo.make_validator`)."
+    h = module.hparams
+    return base.Validator(module.trainer.datamodule.cat_ids, conf=h.conf, iou=h.iou, max_det=h.max_det)
+
+
+def baseline_run(base, module, outs, batches, device, results) -> dict:
+    "The baseline's post-processing of the same outputs, timed; its results bytes must equal `results`'."
+    v, t = postprocess(lambda: baseline_validator(base, module), outs, batches, device)
+    if base.results_bytes(v.results) != base.results_bytes(results): raise SystemExit('the baseline gives other results bytes')
+    return dict(baseline_postprocess=t, baseline_nms=nms_seconds(base.nms, outs, v.nms_kw, device))
+
+
+def trainer_run(trainer, module, dm, capture, device, base=None) -> dict:
+    "One `trainer.validate`: the module's own `val_seconds`, the call's wall time, NMS alone on its outputs (and the baseline's)."
+    sync(device); t0 = time.perf_counter()
+    trainer.validate(module, datamodule=dm, verbose=False)
+    sync(device); wall = time.perf_counter() - t0
+    v = module.validator
+    r = dict(module.val_seconds, validate_wall=wall, nms=nms_seconds(nms, capture.outs, v.nms_kw, device),
+             detections=len(v.results), summary=module.last_val_stats.summary())
+    if base is not None: r.update(baseline_run(base, module, capture.outs, capture.batches, device, v.results))
     return r
 
 
-def measure(model, batches, coco, cat_ids, device, runs, warmup, forward_runs, outs=None, base=None) -> dict:
-    fw = []
-    for _ in range(forward_runs if outs is None else 0):
-        sync(device); t0 = time.perf_counter()
-        with torch.no_grad(): outs = [model(b['img']) for b in batches]
-        sync(device); fw.append(time.perf_counter() - t0)
-    for _ in range(warmup): one_run(outs, batches, coco, cat_ids, device, base)
-    rs = [one_run(outs, batches, coco, cat_ids, device, base) for _ in range(runs)]
-    with Counts() as c, gpu_rounds(device): postprocess(outs, batches, cat_ids)
-    keys = ('postprocess', 'nms', 'evaluate') + (('baseline_postprocess', 'baseline_nms') if base is not None else ())
-    extra = {}
-    if base is not None:
-        with Counts() as cb: postprocess(outs, batches, cat_ids, base.Validator)
-        extra = dict(baseline_postprocess_ops=sum(cb.ops.values()), baseline_postprocess_host_looks=dict(cb.looks))
+def direct_run(module, outs, batches, device, base=None) -> dict:
+    "The module's `Validator` on given head outputs, batch by batch, then `compute` (no trainer, no forward)."
+    v, t = postprocess(module.make_validator, outs, batches, device)
+    t0 = time.perf_counter()
+    stats = v.compute(module.trainer.datamodule.val_coco())
+    r = dict(postprocess=t, evaluate=time.perf_counter() - t0, nms=nms_seconds(nms, outs, v.nms_kw, device),
+             detections=len(v.results), summary=stats.summary())
+    if base is not None: r.update(baseline_run(base, module, outs, batches, device, v.results))
+    return r
+
+
+def plain(d: dict) -> dict:
+    "A copy of `d` whose tensors are ordinary ones (the trainer's loop makes inference tensors)."
+    return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in d.items()}
+
+
+def counts(module, outs, batches, device, validator=None) -> dict:
+    "ATen operator calls and host looks of one post-processing of `outs` (the module's `Validator`, or `validator()`)."
+    outs, batches = [plain(o) for o in outs], [plain(b) for b in batches]
+    with Counts() as c, gpu_rounds(device):   # outside inference mode, where composite operators (`item`, ...) decompose as counted
+        postprocess(validator or module.make_validator, outs, batches, device, inference=False)
+    return dict(ops=sum(c.ops.values()), host_looks=dict(c.looks))
+
+
+def summarise(rs: list, warmup: int) -> dict:
+    "Median, min and max of each time over the runs, and the last run's detections and summary."
+    keys = [k for k in rs[0] if k not in ('detections', 'summary')]
     med = {k: statistics.median(r[k] for r in rs) for k in keys}
-    if fw: med['forward'] = statistics.median(fw)
-    med['total'] = sum(med.get(k, 0.) for k in ('forward', 'postprocess', 'evaluate'))
+    med['total'] = sum(med.get(k, 0.) for k in TIMES)
     return dict(median_s=med, min_s={k: min(r[k] for r in rs) for k in keys}, max_s={k: max(r[k] for r in rs) for k in keys},
-                forward_s=fw, postprocess_runs_s=[r['postprocess'] for r in rs],
-                postprocess_ops=sum(c.ops.values()), postprocess_host_looks=dict(c.looks),
-                **extra, detections=rs[-1]['detections'], summary=rs[-1]['summary'], runs=runs, warmup=warmup)
+                postprocess_runs_s=[r['postprocess'] for r in rs], detections=rs[-1]['detections'], summary=rs[-1]['summary'],
+                runs=len(rs), warmup=warmup)
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
+    p.add_argument('--precision', default='32-true', help="the Trainer's precision (the reference run trains and validates in bf16-mixed)")
     p.add_argument('--runs', type=int, default=5)
     p.add_argument('--warmup', type=int, default=1)
-    p.add_argument('--forward-runs', type=int, default=2)
     p.add_argument('--seed', type=int, default=0)
     p.add_argument('--cases', default='random_init,many_detections,young_head')
     p.add_argument('--tag', default='')
@@ -191,27 +228,50 @@ def main(argv=None):
     p.add_argument('--baseline', default=None, help='a git revision whose post-processing runs alternately with this one')
     p.add_argument('--out', default='benchmarks/results')
     a = p.parse_args(argv)
+    cases = a.cases.split(',')
+    if bad := [c for c in cases if c not in ('random_init', 'many_detections', 'young_head')]:
+        raise SystemExit(f"--cases: {', '.join(bad)} is not a case; allowed: random_init, many_detections, young_head")
     device = torch.device(a.device)
-    batches, dm = val_batches(device)
-    batches = batches[:a.batches]
-    coco, cat_ids = dm.val_coco(), dm.cat_ids
+    quiet_lightning()
+    dm = YoloData(prefetch=False)
+    dm.setup('fit')
     torch.manual_seed(a.seed)
-    model = yolo_seg('n', num_classes=len(cat_ids)).to(device).eval()
-    res = dict(what='one validation of the 32 embedded validation images (YoloData defaults), nano model, '
-                    'Validator(conf=0.001, iou=0.7, max_det=300); median of runs after warm-up',
+    module = LitYolo(num_classes=len(dm.cat_ids))
+    capture, tmp = Capture(), tempfile.TemporaryDirectory(prefix='validation_speed_')
+    trainer = L.Trainer(accelerator=device.type, devices=[device.index] if device.index is not None else 1, precision=a.precision,
+                        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        limit_val_batches=a.batches or 1.0, default_root_dir=tmp.name, callbacks=[capture])
+    h = module.hparams
+    res = dict(what=f'one validation of the 32 embedded validation images (YoloData defaults), nano LitYolo, Trainer.validate '
+                    f'({a.precision}), Validator(conf={h.conf}, iou={h.iou}, max_det={h.max_det}); median of runs after warm-up',
                command=shlex.join([Path(sys.executable).name, *sys.argv]) if argv is None else shlex.join(['validation_speed.py', *argv]),
-               device=device_slug(device), device_name=env_info()['device'], images=sum(len(b['img']) for b in batches), batches=len(batches),
+               device=device_tag() if device.type == 'cuda' else 'cpu', device_name=env_info()['device'], precision=a.precision,
                torch_threads=torch.get_num_threads(), load_average_before=os.getloadavg(), env=env_info(),
                baseline=a.baseline, cases={})
     base = load_baseline(a.baseline) if a.baseline else None
-    for case in a.cases.split(','):
+    for case in cases:
         if case == 'many_detections':
-            for conv in model.head.cls: conv[-1].bias.data.zero_()   # every pair scores ~0.5: NMS keeps max_det
-        outs = young_head(batches, a.seed) if case == 'young_head' else None
-        res['cases'][case] = r = measure(model, batches, coco, cat_ids, device, a.runs, a.warmup, a.forward_runs, outs, base)
-        print(f"{case}: {r['detections']} detections, {r['postprocess_ops']} ops, host looks {r['postprocess_host_looks']} | "
+            for conv in module.ema.module.head.cls: conv[-1].bias.data.zero_()   # every pair scores ~0.5: NMS keeps max_det
+        if case == 'young_head':
+            if not hasattr(capture, 'batches'): trainer.validate(module, datamodule=dm, verbose=False)   # the loop's batches
+            outs = young_head(capture.batches, a.seed)
+            run = lambda: direct_run(module, outs, capture.batches, device, base)
+        else:
+            run = lambda: trainer_run(trainer, module, dm, capture, device, base)
+        for _ in range(a.warmup): run()
+        r = summarise([run() for _ in range(a.runs)], a.warmup)
+        if case != 'young_head': outs = capture.outs   # the last validation's
+        c = counts(module, outs, capture.batches, device)
+        r.update(how='Validator' if case == 'young_head' else 'Trainer.validate', postprocess_ops=c['ops'], postprocess_host_looks=c['host_looks'])
+        if base is not None:
+            cb = counts(module, outs, capture.batches, device, lambda: baseline_validator(base, module))
+            r.update(baseline_postprocess_ops=cb['ops'], baseline_postprocess_host_looks=cb['host_looks'])
+        res['cases'][case] = r
+        res.update(images=sum(len(b['img']) for b in capture.batches), batches=len(capture.batches))
+        print(f"{case} ({r['how']}): {r['detections']} detections, {r['postprocess_ops']} ops, host looks {r['postprocess_host_looks']} | "
               + ' | '.join(f"{k} {v * 1e3:.0f} ms" for k, v in r['median_s'].items()), flush=True)
     res['load_average_after'] = os.getloadavg()  # other processes on a small machine skew CPU numbers
+    tmp.cleanup()
     out = Path(a.out); out.mkdir(parents=True, exist_ok=True)
     path = out / f"validation_speed_{res['device']}{a.tag}.json"
     path.write_text(json.dumps(res, indent=1) + '\n')
