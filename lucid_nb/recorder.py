@@ -166,8 +166,16 @@ class ModuleGraphs:
             finally: self.backend.set_rng_state(rng)
         self.seconds, self.reserved_bytes = time.perf_counter() - t0, self.backend.memory_reserved() - mem0
 
+    statics = ('fwd_graph', 'bwd_graph', 'static_in', 'static_out', 'static_grads')  # what `release` drops
+    def release(self):
+        "Drop the graphs and static buffers (their memory returns to PyTorch's allocator)."
+        self.released, self.pending = True, False
+        for name in self.statics: setattr(self, name, None)
+        self.grad_inputs, self.aliases = (), {}
+
 class HeadGraphs(ModuleGraphs):
     "The head's prediction calls and their backward, recorded for one input signature; replayed through `HeadReplay`."
+    statics = ModuleGraphs.statics + ('static_gout',)
     def __init__(self,
                  head:nn.Module,      # a head with `predict(feats) -> {name: output}` in native call order
                  feats:list[Tensor],  # the feature maps of the batch that is being recorded
@@ -262,11 +270,6 @@ class HeadGraphs(ModuleGraphs):
             return torch.autograd.grad([o for o, _ in used], [xi for xi in x if xi.requires_grad] + list(self.params),
                                        [g for _, g in used], allow_unused=True)
 
-    def release(self):
-        "Drop the graphs and static buffers (their memory returns to PyTorch's allocator)."
-        self.released, self.pending = True, False
-        self.fwd_graph = self.bwd_graph = self.static_in = self.static_out = self.static_gout = self.static_grads = None
-        self.grad_inputs, self.aliases = (), {}
 
 class HeadReplay(torch.autograd.Function):
     "Autograd node of one replayed head call; its inputs are the feature maps and the head's trainable parameters."
@@ -649,6 +652,7 @@ def _describe_batch(sig:tuple)->str: return ', '.join(f"{k} {_describe(s)}" for 
 
 class StepGraphs(ModuleGraphs):
     "A training step's forward (model, loss, sum) and its backward to every parameter, recorded for one batch signature."
+    statics = ModuleGraphs.statics + ('static_seed',)
     def __init__(self,
                  model:nn.Module,   # the trained network: its parameters get the gradients, its buffers are kept
                  step_fn,           # step_fn(batch) -> (terms: {name: 0-dim loss}, total: the loss backpropagated)
@@ -722,11 +726,6 @@ class StepGraphs(ModuleGraphs):
         self.backend.replay(self.bwd_graph)
         return self.static_grads     # kept here, so AccumulateGrad copies them into `.grad`
 
-    def release(self):
-        "Drop the graphs and static buffers (their memory returns to PyTorch's allocator)."
-        self.released, self.pending = True, False
-        self.fwd_graph = self.bwd_graph = self.static_in = self.static_out = self.static_seed = self.static_grads = None
-        self.grad_inputs, self.aliases = (), {}
 
 class StepReplay(torch.autograd.Function):
     "Autograd node of one replayed training step: inputs the model's trainable parameters; outputs the loss terms and total."
