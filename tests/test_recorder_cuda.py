@@ -29,6 +29,18 @@ BOTH = (*CAPTURE, '--model.capture_optimizer_step', 'true')
 WHOLE = ('--model.capture_train_step', 'true')
 
 
+def fresh_nano():
+    torch.manual_seed(0); return yolo_seg('n', 80).cuda()
+
+
+def replay_equals_native(batches, region):
+    "Train fresh nano models on `batches` twice natively (the control) and once through `region`: every trace equal."
+    native, control = train_trace(fresh_nano(), batches), train_trace(fresh_nano(), batches)
+    replay = train_trace(fresh_nano(), batches, region)
+    traces_equal(native, control)
+    traces_equal(native, replay)
+
+
 def gpu_fit(tmp, *extra, ckpt=None, callbacks=()):
     losses = StepLosses()
     cli, run, h = fit(tmp, *GPU, *extra, callbacks=[losses, *callbacks], ckpt=ckpt)
@@ -60,12 +72,8 @@ def test_resumed_replay_equals_native(native, tmp_path):
 def test_step_gradients_with_an_empty_image():
     torch.backends.cudnn.benchmark = False
     batches = [synth_batch(B=4, S=640, M=16, K=80, seed=s, empty=True) for s in range(4)]
-    def fresh(): torch.manual_seed(0); return yolo_seg('n', 80).cuda()
-    native, control = train_trace(fresh(), batches), train_trace(fresh(), batches)
     rec = HeadRegion()
-    replay = train_trace(fresh(), batches, rec)
-    traces_equal(native, control)
-    traces_equal(native, replay)
+    replay_equals_native(batches, rec)
     assert (rec.probes, rec.replayed, rec.native, rec.native_backwards) == (1, 3, 0, 0), rec.report()
 
 
@@ -86,8 +94,7 @@ def test_cross_process_hashes(tmp_path):
 @pytest.mark.parametrize('name', ['musgd', 'sgd', 'adamw'])
 def test_update_replay_equals_native(name):
     "The recorded update of each optimiser vs its own `step`, 8 warm-up steps (lr, momentum change): every tensor equal."
-    def fresh(): torch.manual_seed(0); return yolo_seg('n', 80).cuda()
-    nets = [fresh(), fresh()]
+    nets = [fresh_nano(), fresh_nano()]
     opts = [build_optimizer(n, name) for n in nets]
     scheds = [build_schedule(o, epochs=2, steps_per_epoch=8, warmup_epochs=1, min_warmup_iters=8) for o in opts]
     region = UpdateRegion(); region.start()
@@ -145,10 +152,6 @@ def test_whole_step_gradients(slots, empty):
     torch.backends.cudnn.benchmark = False
     batches = [synth_batch(B=4, S=640, M=slots, K=80, seed=s, empty=empty) for s in range(4)]
     if not empty: batches = [every_slot_filled(b) for b in batches]
-    def fresh(): torch.manual_seed(0); return yolo_seg('n', 80).cuda()
-    native, control = train_trace(fresh(), batches), train_trace(fresh(), batches)
     rec = StepRegion()
-    replay = train_trace(fresh(), batches, rec)
-    traces_equal(native, control)
-    traces_equal(native, replay)
+    replay_equals_native(batches, rec)
     assert (rec.replayed, rec.native) == (4, 0), rec.report()
