@@ -8,7 +8,7 @@ Docs: https://lucid-nb.github.io/lucid_nb/metrics.html.md"""
 from __future__ import annotations
 import contextlib, hashlib, io, json
 from pathlib import Path
-import numpy as np, torch, torch.nn.functional as F
+import torch, torch.nn.functional as F
 from torch import Tensor
 from pycocotools.coco import COCO
 from ultrafast_pycocotools.coco import COCO as FastCOCO
