@@ -2,7 +2,8 @@
 
 Runs one epoch of the reference configuration (`configs/coco128-seg-n.yaml`) through the real trainer and reads the
 CUDA allocator's peaks after the training batches and after the validation, then lists the live blocks at the
-training peak (from the allocator's memory history) by the line of lucid_nb code that made them:
+training peak and at the validation peak (from the allocator's memory history) by the line of lucid_nb code that made
+them, and the reserved memory by pool (the default pool, and the private pool of the recorded CUDA graphs):
 
     python benchmarks/memory_probe.py --out benchmarks/results [-- extra lucid args]
 """
@@ -14,6 +15,7 @@ from lightning.pytorch.callbacks import Callback
 
 ROOT = Path(__file__).resolve().parent.parent
 MiB = 2 ** 20
+MAX_EVENTS = 2_000_000   # the allocator's trace; more than one epoch makes (checked below)
 
 
 class Peaks(Callback):
@@ -25,7 +27,8 @@ class Peaks(Callback):
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         if batch_idx == trainer.num_training_batches - 1:
             self._read('training'); self.snapshot = torch.cuda.memory._snapshot()
-    def on_validation_end(self, trainer, module): self._read('validation')
+    def on_validation_end(self, trainer, module):
+        self._read('validation'); self.val_snapshot = torch.cuda.memory._snapshot()
 
 
 def _where(frames: list) -> str:
@@ -33,17 +36,31 @@ def _where(frames: list) -> str:
     return f"{Path(f['filename']).name}:{f['line']} {f['name']}" if f else '?'
 
 
-def live_at_peak(snapshot: dict, n: int = 15) -> dict:
-    "Replay the allocator's trace; at the moment the most memory was allocated, group the live blocks by the code that made them."
+def live_at_peak(snapshot: dict, n: int = 15, after: int = 0) -> dict:
+    """Replay the allocator's trace; at the moment the most memory was allocated (among the events from index `after`
+    on), group the live blocks by the code that made them."""
     live, total, best, best_live = {}, 0, -1, {}
-    for e in snapshot['device_traces'][0]:
-        if e['action'] == 'alloc': live[e['addr']] = (e['size'], _where(e.get('frames') or [])); total += e['size']
+    for i, e in enumerate(snapshot['device_traces'][0]):
+        if e['action'] == 'alloc': live[e['addr']] = (e['size'], _where(e.get('frames') or []), i >= after); total += e['size']
         elif e['action'] in ('free_completed',) and e['addr'] in live: total -= live.pop(e['addr'])[0]
         else: continue
-        if total > best: best, best_live = total, dict(live)
+        if i >= after and total > best: best, best_live = total, dict(live)
+    by, new = collections.Counter(), collections.Counter()
+    for size, where, made_after in best_live.values():
+        by[where] += size
+        if made_after: new[where] += size
+    top = lambda c: [(k, round(v / MiB, 1)) for k, v in c.most_common(n)]
+    return dict(peak_traced_mib=round(best / MiB, 1), by_code=top(by), made_in_phase_mib=round(sum(new.values()) / MiB, 1),
+                made_in_phase_by_code=top(new))
+
+
+def reserved_by_pool(snapshot: dict) -> dict:
+    "Reserved MiB per allocator pool: `default`, or the id of a private pool (the recorded CUDA graphs share one)."
     by = collections.Counter()
-    for size, where in best_live.values(): by[where] += size
-    return dict(peak_traced_mib=round(best / MiB, 1), by_code=[(k, round(v / MiB, 1)) for k, v in by.most_common(n)])
+    for seg in snapshot['segments']:
+        pool = tuple(seg.get('segment_pool_id') or (0, 0))
+        by['default' if pool == (0, 0) else str(pool)] += seg['total_size']
+    return {k: round(v / MiB, 1) for k, v in by.items()}
 
 
 def main():
@@ -53,7 +70,7 @@ def main():
     from lucid_nb.trainer import cli_main
     from lucid_nb.core import device_tag, env_info
     if not torch.cuda.is_available(): raise SystemExit('memory_probe: reads the CUDA allocator; run it on a CUDA GPU')
-    torch.cuda.memory._record_memory_history(max_entries=200000)
+    torch.cuda.memory._record_memory_history(max_entries=MAX_EVENTS)
     peaks = Peaks()
     cli = cli_main(['--config', str(ROOT / 'configs' / 'coco128-seg-n.yaml'), '--trainer.max_epochs', '1',
                     '--trainer.enable_progress_bar', 'false', '--trainer.logger', 'false', '--trainer.enable_checkpointing', 'false',
@@ -61,7 +78,11 @@ def main():
     cli.trainer.callbacks.append(peaks)
     cli.trainer.fit(cli.model, cli.datamodule)
     env, dev = env_info(), device_tag()
+    n_train, n_all = (len(s['device_traces'][0]) for s in (peaks.snapshot, peaks.val_snapshot))
+    if n_all >= MAX_EVENTS: raise SystemExit(f'memory_probe: the trace wrapped ({n_all} events); raise MAX_EVENTS')
     res = dict(env=env, extra_args=a.extra, peaks=peaks.at, training_peak=live_at_peak(peaks.snapshot),
+               validation_peak=live_at_peak(peaks.val_snapshot, after=n_train),
+               reserved_by_pool=dict(training=reserved_by_pool(peaks.snapshot), validation=reserved_by_pool(peaks.val_snapshot)),
                stats={k: v / MiB for k, v in torch.cuda.memory_stats().items() if k.endswith('bytes.all.peak')})
     out = Path(a.out); out.mkdir(parents=True, exist_ok=True)
     (out / f"memory_probe_{dev}{'_' + a.tag if a.tag else ''}.json").write_text(json.dumps(res, indent=1))
