@@ -265,7 +265,7 @@ def mask_runs(
     boxes:Tensor,   # (n,4) xyxy in pixels of the letterboxed input
     letterbox,      # (scale, pad_x, pad_y)
     orig_hw,        # (H, W)
-    max_pixels:int=2**25, # full-resolution mask pixels at a time (memory: ~8 bytes each)
+    max_pixels:int=2**24, # full-resolution mask pixels at a time (memory: ~8 bytes each)
 )->tuple[Tensor,Tensor]: # `rle_runs` of the n masks, on the device: counts (k,) int32 (int64 past 2³¹ pixels), runs per mask (n,)
     "Masks of detections on the original image, as run lengths: prototypes × coefficients, cropped, un-letterboxed, > 0.5."
     if len(coef) == 0: return coef.new_zeros(0, dtype=torch.long), coef.new_zeros(0, dtype=torch.long)
@@ -280,7 +280,7 @@ def mask_runs(
         out.append((c.int() if H * W < 2**31 else c, r))           # a batch's counts can run to tens of millions
     return torch.cat([c for c, _ in out]), torch.cat([r for _, r in out])
 
-def masks_to_rle(coef, proto, boxes, letterbox, orig_hw, max_pixels:int=2**25)->list[dict]: # n RLE dicts on the original image
+def masks_to_rle(coef, proto, boxes, letterbox, orig_hw, max_pixels:int=2**24)->list[dict]: # n RLE dicts on the original image
     "`mask_runs`'s masks (the same arguments) as COCO RLE dicts: prototypes × coefficients, cropped, un-letterboxed, > 0.5."
     H, W = map(int, _floats(orig_hw))
     return [{'size': [H, W], 'counts': t} for t in rle_strings(*mask_runs(coef, proto, boxes, letterbox, orig_hw, max_pixels), H * W)]

@@ -819,8 +819,12 @@ class EmaRegion(Region):
         self.graphs.replay([]); self.replayed += 1
 
     def record(self, ema, model:nn.Module):
-        "Record the update; it is applied either way (natively if recording fails or differs)."
-        record_checked(self, ema.recordable(model), [], (), lambda: ema.update(model), "the EMA's tensors")
+        "Record the update; it is applied either way (natively if it cannot be recorded, or the recording differs)."
+        update = ema.recordable(model)
+        if why := getattr(update, 'blocker', lambda: None)():
+            self.blocked = why; self.note(why); self.native += 1
+            return ema.update(model)
+        record_checked(self, update, [], (), lambda: ema.update(model), "the EMA's tensors")
 
     def report(self)->dict:
         return dict(super().report(), replayed_updates=self.replayed, native_updates=self.native)
@@ -886,6 +890,12 @@ class Recorder(Callback):
             if name in self.regions: self.regions[name].new_batch()
 
     def on_load_checkpoint(self, trainer, module, checkpoint): self.release()
+
+    def on_validation_start(self, trainer, module):
+        # The recorded step keeps its memory in the graphs' pool; what the default pool still caches from the steps
+        # before recording is handed back, so validation's blocks are cut to its own sizes beside that pool.
+        r = self.regions.get('step')
+        if r is not None and r.graphs is not None and r.backend_.name == 'cuda': torch.cuda.empty_cache()
 
     def report(self)->dict:
         "What each region did in this fit."

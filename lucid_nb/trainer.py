@@ -55,7 +55,8 @@ class ModelEMA(nn.Module):
         self.module.load_state_dict(model.state_dict())
         self.module.eval().requires_grad_(False)
         self.decay, self.tau, self.updates = decay, tau, 0
-        self.register_buffer('count', torch.zeros((), dtype=torch.float64), persistent=False)  # `updates` on the device
+        device = next(self.module.parameters(), torch.empty(0)).device   # the average's: a graph must advance the count
+        self.register_buffer('count', torch.zeros((), dtype=torch.float64, device=device), persistent=False)  # `updates` on the device
 
     def get_extra_state(self): return {'updates': self.updates}
     def set_extra_state(self, state):
@@ -115,6 +116,12 @@ class EmaUpdate(CapturedUpdate):
     def pointers(self)->tuple:
         return module_pointers(self.modules[0]) + module_pointers(self.modules[1]) + (self.opt.count.data_ptr(),)
     def run(self, grads:list[Tensor]): self.opt.update_tensors(self.model)
+    def blocker(self)->str|None:
+        "Why no graph can replay this update: its tensors on several devices (a count on the CPU would be baked in)."
+        ema_float, live_float, _, _ = self.opt.paired_state(self.model)
+        devices = sorted({str(t.device) for t in (*ema_float, *live_float, self.opt.count)})
+        if len(devices) == 1: return None
+        return f"the EMA's tensors are on {' and '.join(devices)}: move the ModelEMA and the model to one device"
 
 # %% ../nbs/08_trainer.ipynb #cbbc85fc
 class AtomicCheckpoint(ModelCheckpoint):

@@ -15,7 +15,8 @@ from lucid_nb.core import synth_batch
 from lucid_nb.heads import yolo_seg
 from lucid_nb.core import digest
 from lucid_nb.optim import build_optimizer, build_schedule
-from lucid_nb.recorder import HeadRegion, StepRegion, UpdateRegion
+from lucid_nb.recorder import EmaRegion, HeadRegion, StepRegion, UpdateRegion
+from lucid_nb.trainer import ModelEMA
 
 from helpers import StepLosses, StopAfterFirstEpoch, fit, hashes_only, tiny, train_trace
 from helpers import test_traces_equal as traces_equal   # (not collected as a test)
@@ -109,6 +110,21 @@ def test_update_replay_equals_native(name):
         assert digest(opts[0].state_dict()) == digest(opts[1].state_dict()), f"step {i}: optimiser state differs"
     r = region.report()
     assert r['backend'] == 'cuda' and r['replayed_steps'] >= 5 and r['native_steps'] == 0, r
+
+
+def test_ema_replay_equals_native():
+    "A ModelEMA built beside a GPU model (its factory on the GPU) replays its update from a graph, every byte as native."
+    live = fresh_nano()
+    emas = [ModelEMA(live, fresh_nano, tau=5.) for _ in range(2)]
+    assert all(e.count.device == live.head.cls[0][-1].bias.device for e in emas)
+    region = EmaRegion(); region.start()
+    for i in range(6):
+        with torch.no_grad(): torch._foreach_add_(list(live.parameters()), 1e-3 * (i + 1))
+        emas[0].update(live); region.update(emas[1], live)
+        assert digest(emas[0].state_dict()) == digest(emas[1].state_dict()), f"update {i}: the averages differ"
+        assert torch.equal(emas[0].count, emas[1].count) and emas[0].updates == emas[1].updates
+    r = region.report()
+    assert r['backend'] == 'cuda' and r['replayed_updates'] == 5 and r['native_updates'] == 0, r
 
 
 def test_fit_with_both_captures_equals_native(native, tmp_path):
