@@ -7,6 +7,7 @@
 #   bash benchmarks/gpu_session.sh exit                  # exit_time.py: a 1-epoch reference fit, quick and ordinary exit
 #   bash benchmarks/gpu_session.sh memory startup        # memory_probe.py, profile_startup.py
 #   bash benchmarks/gpu_session.sh ref4x3                # reference_run.py: 3 rounds of native, head+optim, ul at batch 4
+#   bash benchmarks/gpu_session.sh warm ref4x2@3         # rounds 3 and 4 of a split series (part file _r3; join with --merge)
 # Results go to $OUT/results (copy them into benchmarks/results/). Export LUCID_NB_COMMIT=<commit> first: the copied
 # tree's .git may be stale on that machine, and env_info() records this value.
 set -uo pipefail
@@ -34,9 +35,11 @@ for stage in "$@"; do
             python3 benchmarks/memory_probe.py --out "$OUT/results" --tag step -- --model.capture_train_step true 2>&1 \
               | grep -A3 '"peaks"' || status=1 ;;
     startup) python3 benchmarks/profile_startup.py --out "$OUT/results" 2>&1 | grep " s$" || status=1 ;;
-    ref*) b=${stage#ref}; b=${b%x*}; n=${stage#*x}
+    warm) python3 -c "import torch, lucid_nb.trainer; torch.zeros(1).cuda()" ;;   # a fresh machine's first process reads torch from disk
+    ref*) b=${stage#ref}; b=${b%%x*}; n=${stage#*x}; first=0; part=()
+          case $n in *@*) first=${n#*@}; n=${n%@*}; part=(--first-round "$first" --part "r$first") ;; esac
           python3 benchmarks/reference_run.py --rounds "$n" --batch-size "$b" --arms "${ARMS:-native,head+optim,ul}" \
-            --out "$OUT/results" 2>&1 | grep -E "^round|->|Error|error" || status=1 ;;
+            "${part[@]}" --out "$OUT/results" 2>&1 | grep -E "^round|->|Error|error" || status=1 ;;
     *) echo "unknown stage $stage"; status=1 ;;
   esac
   echo "== $stage: $((SECONDS - t)) s"

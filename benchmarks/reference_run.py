@@ -19,7 +19,12 @@ first arm and to Ultralytics, and whether the hashes of all lucid runs matched.
 
     python benchmarks/reference_run.py --batch-size 4 --rounds 5 --arms native,head+optim,ul [--out benchmarks/results] [-- extra lucid args]
 
-The result file is named after the device the runs used: `reference_run_b<batch>_<device>.json`.
+The result file is named after the device the runs used: `reference_run_b<batch>_<device>.json`. A series split
+over several calls of the GPU machine (each call at most 10 minutes) numbers its rounds on and writes parts, then
+joins them into that file:
+
+    python benchmarks/reference_run.py --rounds 3 --part p1 ...; python benchmarks/reference_run.py --rounds 2 --first-round 3 --part p2 ...
+    python benchmarks/reference_run.py --merge benchmarks/results/reference_run_b4_<device>_p{1,2}.json
 """
 import argparse, json, re, statistics, subprocess, sys, time
 from datetime import datetime, timezone
@@ -95,24 +100,8 @@ def device_slug() -> str:
     return device_tag()
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser()
-    p.add_argument('--rounds', type=int, default=5); p.add_argument('--batch-size', type=int, default=4)
-    p.add_argument('--arms', default='native,head+optim,ul'); p.add_argument('--out', default='benchmarks/results')
-    p.add_argument('--work', default='/tmp/reference_run')
-    p.add_argument('extra', nargs='*', help='extra `lucid fit` arguments, after --')
-    a = p.parse_args(argv)
-    arms = a.arms.split(',')
-    if 'ul' in arms and not (ROOT / '.ulcmp' / 'run.py').exists(): arms.remove('ul'); print('no .ulcmp/run.py: Ultralytics arm left out')
-    runs = []
-    for i in range(a.rounds):
-        for arm in arms:
-            r = run_ul(a.batch_size) if arm == 'ul' else run_lucid(arm, a.batch_size, Path(a.work) / f'b{a.batch_size}' / f'round{i}', a.extra)
-            r['round'] = i; runs.append(r)
-            print(f"round {i} {arm:>10}: process {r['process_seconds']:.1f} s, train {r['train_seconds']:.1f} s, "
-                  f"val/epoch {r['validation_epoch_seconds'] or float('nan'):.2f} s, step {r['step_ms'] or float('nan'):.1f} ms, "
-                  f"startup {r.get('startup_seconds') or float('nan'):.1f} s, peak {r['peak_reserved_mib']} MiB"
-                  + (f", all {r['hashes']['all'][:12]}" if 'hashes' in r else ''), flush=True)
+def summarize(runs: list, arms: list) -> dict:
+    "Median and range per arm and key, ratios per round against the first arm (and Ultralytics), and hash equality."
     keys = ('process_seconds', 'fit_seconds', 'startup_seconds', 'data_setup_seconds', 'fit_end_seconds', 'train_seconds',
             'data_wait_seconds', 'validation_seconds', 'validation_epoch_seconds', 'step_ms', 'peak_reserved_mib')
     by_arm = {arm: [r for r in runs if r['arm'] == arm] for arm in arms}
@@ -125,12 +114,53 @@ def main(argv=None):
     lucid_runs = [r for r in runs if 'hashes' in r]
     summary['all_hashes_equal'] = len({json.dumps(r['hashes'], sort_keys=True) for r in lucid_runs}) == 1
     summary['predictions_equal'] = len({r['hashes'].get('predictions') for r in lucid_runs}) == 1
+    return summary
+
+
+def merge(paths: list, out: Path) -> Path:
+    "One result of several calls' results (the same batch size and arms; rounds numbered on): runs joined, summary redone."
+    parts = [json.loads(Path(q).read_text()) for q in paths]
+    first = parts[0]
+    if any((q['batch_size'], q['arms']) != (first['batch_size'], first['arms']) for q in parts):
+        raise SystemExit('reference_run --merge: the parts differ in batch size or arms')
+    runs = [r for q in parts for r in q['runs']]
+    if len({r['round'] for r in runs}) * len(first['arms']) != len(runs): raise SystemExit('reference_run --merge: round numbers repeat')
+    res = dict(first, rounds=len({r['round'] for r in runs}), command=[q['command'] for q in parts],
+               date=[q['date'] for q in parts], summary=summarize(runs, first['arms']), runs=runs)
+    path = out / f"reference_run_b{first['batch_size']}_{device_slug()}.json"
+    path.write_text(json.dumps(res, indent=1)); return path
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser()
+    p.add_argument('--rounds', type=int, default=5); p.add_argument('--batch-size', type=int, default=4)
+    p.add_argument('--first-round', type=int, default=0, help='number of the first round (rounds split over calls)')
+    p.add_argument('--part', default='', help='result file suffix for one call of a split series (merged by --merge)')
+    p.add_argument('--merge', nargs='+', help='join these result files of one series into one (no runs)')
+    p.add_argument('--arms', default='native,head+optim,ul'); p.add_argument('--out', default='benchmarks/results')
+    p.add_argument('--work', default='/tmp/reference_run')
+    p.add_argument('extra', nargs='*', help='extra `lucid fit` arguments, after --')
+    a = p.parse_args(argv)
+    if a.merge: print('->', merge(a.merge, Path(a.out))); return
+    arms = a.arms.split(',')
+    if 'ul' in arms and not (ROOT / '.ulcmp' / 'run.py').exists(): arms.remove('ul'); print('no .ulcmp/run.py: Ultralytics arm left out')
+    runs = []
+    for i in range(a.first_round, a.first_round + a.rounds):
+        for arm in arms:
+            r = run_ul(a.batch_size) if arm == 'ul' else run_lucid(arm, a.batch_size, Path(a.work) / f'b{a.batch_size}' / f'round{i}', a.extra)
+            r['round'] = i; runs.append(r)
+            print(f"round {i} {arm:>10}: process {r['process_seconds']:.1f} s, train {r['train_seconds']:.1f} s, "
+                  f"val/epoch {r['validation_epoch_seconds'] or float('nan'):.2f} s, step {r['step_ms'] or float('nan'):.1f} ms, "
+                  f"startup {r.get('startup_seconds') or float('nan'):.1f} s, peak {r['peak_reserved_mib']} MiB"
+                  + (f", all {r['hashes']['all'][:12]}" if 'hashes' in r else ''), flush=True)
+    summary = summarize(runs, arms)
+    lucid_runs = [r for r in runs if 'hashes' in r]
     env = lucid_runs[0]['env'] if lucid_runs else {}
     res = dict(what='the reference run, phase by phase, alternating processes per arm', batch_size=a.batch_size,
                rounds=a.rounds, arms=arms, extra_args=a.extra, command=' '.join([sys.executable, *sys.argv]),
                date=datetime.now(timezone.utc).isoformat(timespec='seconds'), env=env, summary=summary, runs=runs)
     out = Path(a.out); out.mkdir(parents=True, exist_ok=True)
-    path = out / f'reference_run_b{a.batch_size}_{device_slug()}.json'
+    path = out / f"reference_run_b{a.batch_size}_{device_slug()}{'_' + a.part if a.part else ''}.json"
     path.write_text(json.dumps(res, indent=1))
     print(json.dumps({k: v for k, v in summary.items()}, indent=1)); print(f'-> {path}')
 
