@@ -144,6 +144,8 @@ def main(argv=None):
     if a.merge: print('->', merge(a.merge, Path(a.out))); return
     arms = a.arms.split(',')
     if 'ul' in arms and not (ROOT / '.ulcmp' / 'run.py').exists(): arms.remove('ul'); print('no .ulcmp/run.py: Ultralytics arm left out')
+    out = Path(a.out); out.mkdir(parents=True, exist_ok=True)
+    path = out / f"reference_run_b{a.batch_size}_{device_slug()}{'_' + a.part if a.part else ''}.json"
     runs = []
     for i in range(a.first_round, a.first_round + a.rounds):
         for arm in arms:
@@ -153,16 +155,14 @@ def main(argv=None):
                   f"val/epoch {r['validation_epoch_seconds'] or float('nan'):.2f} s, step {r['step_ms'] or float('nan'):.1f} ms, "
                   f"startup {r.get('startup_seconds') or float('nan'):.1f} s, peak {r['peak_reserved_mib']} MiB"
                   + (f", all {r['hashes']['all'][:12]}" if 'hashes' in r else ''), flush=True)
-    summary = summarize(runs, arms)
-    lucid_runs = [r for r in runs if 'hashes' in r]
-    env = lucid_runs[0]['env'] if lucid_runs else {}
-    res = dict(what='the reference run, phase by phase, alternating processes per arm', batch_size=a.batch_size,
-               rounds=a.rounds, arms=arms, extra_args=a.extra, command=' '.join([sys.executable, *sys.argv]),
-               date=datetime.now(timezone.utc).isoformat(timespec='seconds'), env=env, summary=summary, runs=runs)
-    out = Path(a.out); out.mkdir(parents=True, exist_ok=True)
-    path = out / f"reference_run_b{a.batch_size}_{device_slug()}{'_' + a.part if a.part else ''}.json"
-    path.write_text(json.dumps(res, indent=1))
-    print(json.dumps({k: v for k, v in summary.items()}, indent=1)); print(f'-> {path}')
+        summary = summarize(runs, arms)   # written after every round: a call cut short keeps its whole rounds
+        lucid_runs = [r for r in runs if 'hashes' in r]
+        res = dict(what='the reference run, phase by phase, alternating processes per arm', batch_size=a.batch_size,
+                   rounds=i + 1 - a.first_round, arms=arms, extra_args=a.extra, command=' '.join([sys.executable, *sys.argv]),
+                   date=datetime.now(timezone.utc).isoformat(timespec='seconds'),
+                   env=lucid_runs[0]['env'] if lucid_runs else {}, summary=summary, runs=runs)
+        path.write_text(json.dumps(res, indent=1))
+    print(json.dumps(summary, indent=1)); print(f'-> {path}')
 
 
 if __name__ == '__main__':
