@@ -127,7 +127,8 @@ def merge(paths: list, out: Path) -> Path:
     if len({r['round'] for r in runs}) * len(first['arms']) != len(runs): raise SystemExit('reference_run --merge: round numbers repeat')
     res = dict(first, rounds=len({r['round'] for r in runs}), command=[q['command'] for q in parts],
                date=[q['date'] for q in parts], summary=summarize(runs, first['arms']), runs=runs)
-    path = out / f"reference_run_b{first['batch_size']}_{device_slug()}.json"
+    device = Path(paths[0]).stem.removeprefix(f"reference_run_b{first['batch_size']}_").rsplit('_', 1)[0]  # the parts' device
+    path = out / f"reference_run_b{first['batch_size']}_{device}.json"
     path.write_text(json.dumps(res, indent=1)); return path
 
 
