@@ -892,8 +892,7 @@ class Recorder(Callback):
     def on_load_checkpoint(self, trainer, module, checkpoint): self.release()
 
     def on_validation_start(self, trainer, module):
-        # The recorded step keeps its memory in the graphs' pool; what the default pool still caches from the steps
-        # before recording is handed back, so validation's blocks are cut to its own sizes beside that pool.
+        "While the whole step replays (its memory in the graphs' pool), hand the default pool's cache back first."
         r = self.regions.get('step')
         if r is not None and r.graphs is not None and r.backend_.name == 'cuda': torch.cuda.empty_cache()
 
