@@ -33,13 +33,14 @@ from PIL import Image, ImageDraw
 
 # %% auto #0
 __all__ = ['PALETTE', 'HELP', 'LOCK_NAME', 'USER_ERRORS', 'ModelEMA', 'EmaUpdate', 'AtomicCheckpoint', 'LitYolo', 'StepLossBar',
-           'gather_objects', 'merge_results', 'PredictionWriter', 'say', 'fit_state_hashes', 'write_json_atomic',
-           'data_wait', 'process_age', 'RunArtifacts', 'FrozenHeap', 'epoch_line', 'EpochSummary', 'class_ap_table',
-           'QuietLightning', 'quiet_lightning', 'read_metrics_csv', 'plot_curves', 'draw_instances', 'instances_of',
-           'draw_results', 'fit_tile', 'image_grid', 'save_jpeg', 'draw_train_batch', 'draw_val_batch', 'OneLineParser',
-           'LucidCLI', 'add_tensorboard', 'default_callbacks', 'cli_main', 'save_figure', 'note', 'RunFolderInUse',
-           'read_lock', 'lock_owner_alive', 'acquire_run_lock', 'run_lock', 'resume_hint', 'read_checkpoint',
-           'one_line', 'main', 'ddp_blocker', 'broadcast_buffers', 'rank_state_hashes', 'DistributedRun']
+           'write_predictions', 'gather_objects', 'merge_results', 'PredictionWriter', 'say', 'fit_state_hashes',
+           'write_json_atomic', 'data_wait', 'process_age', 'RunArtifacts', 'FrozenHeap', 'epoch_line', 'EpochSummary',
+           'class_ap_table', 'QuietLightning', 'quiet_lightning', 'read_metrics_csv', 'plot_curves', 'draw_instances',
+           'instances_of', 'draw_results', 'fit_tile', 'image_grid', 'save_jpeg', 'draw_train_batch', 'draw_val_batch',
+           'OneLineParser', 'LucidCLI', 'add_tensorboard', 'default_callbacks', 'cli_main', 'save_figure', 'note',
+           'RunFolderInUse', 'read_lock', 'lock_owner_alive', 'acquire_run_lock', 'run_lock', 'resume_hint',
+           'read_checkpoint', 'one_line', 'main', 'ddp_blocker', 'broadcast_buffers', 'rank_state_hashes',
+           'DistributedRun']
 
 # %% ../nbs/08_trainer.ipynb #ea5ecba6
 class ModelEMA(nn.Module):
@@ -329,7 +330,7 @@ def on_test_epoch_end(self:LitYolo):
 
 @patch
 def on_validation_epoch_end(self:LitYolo):
-    "COCO mAP of the gathered results (logged), the predictions JSON and a line of `val_metrics.jsonl`."
+    "COCO mAP of the gathered results (logged), a line of `val_metrics.jsonl`, and the predictions JSON (in a fit: at its end)."
     t0 = time.perf_counter()
     metrics = self.score_validation()   # the whole validation set, on one process or several
     self.val_seconds['evaluate'] = time.perf_counter() - t0
@@ -337,10 +338,17 @@ def on_validation_epoch_end(self:LitYolo):
     if self.trainer.sanity_checking: return
     self.last_val_stats = metrics   # its per-class AP makes the table at the end of fit
     if not self.trainer.is_global_zero: return   # one process writes the run's files
-    run = _run_dir(self.trainer)
-    sha = write_results(run/'predictions.json', self.validator.results)
-    with open(run/'val_metrics.jsonl', 'a') as f:
-        f.write(json.dumps(dict(epoch=self.current_epoch, step=self.global_step, predictions_sha256=sha, **metrics)) + '\n')
+    line = dict(epoch=self.current_epoch, step=self.global_step)
+    if self.trainer.state.fn == 'fit': self.pending_predictions = self.validator.results   # `write_predictions`, once
+    else: line['predictions_sha256'] = write_results(_run_dir(self.trainer)/'predictions.json', self.validator.results)
+    with open(_run_dir(self.trainer)/'val_metrics.jsonl', 'a') as f: f.write(json.dumps(dict(**line, **metrics)) + '\n')
+
+def write_predictions(trainer, module)->list|None:
+    "The COCO results of the fit's last validation into the run folder's `predictions.json` (once); them, or None."
+    results = getattr(module, 'pending_predictions', None)
+    if results is None: return None
+    write_results(_run_dir(trainer)/'predictions.json', results); module.pending_predictions = None
+    return results
 
 # %% ../nbs/08_trainer.ipynb #de7b9dbb
 def gather_objects(obj)->list:
@@ -473,18 +481,25 @@ class RunArtifacts(Callback):
             self.validations[-1]['epoch'] = trainer.current_epoch; e['validation'] = self.validations[-1]
         self.epochs.append(e)
 
+    def on_exception(self, trainer, module, exception):
+        "A fit that fails or is stopped keeps its last validation's predictions."
+        if not trainer.is_global_zero: return
+        try: write_predictions(trainer, module)
+        except OSError as e: note(f"predictions.json of the last validation not written: {e}")
+
     def on_fit_end(self, trainer, module):
         ranks = rank_state_hashes(trainer, module)   # every process takes part; {} on one
         if not trainer.is_global_zero: return
         t_end, run = _now(trainer), _run_dir(trainer)
         dev = trainer.strategy.root_device
         mem = torch.cuda.max_memory_reserved(dev) / 2**20 if dev.type == 'cuda' else None
+        results = write_predictions(trainer, module)   # before the hashes, which include its bytes
         write_json_atomic(run/'state_hashes.json', dict(**fit_state_hashes(trainer, module), **ranks, env=env_info()))
         csv_path = run/'metrics.csv'
         if csv_path.exists(): plt.close(save_figure(plot_curves(csv_path), run/'curves.png'))
         preds = run/'predictions.json'
-        if preds.exists():
-            results = json.loads(preds.read_text())
+        if results is None and preds.exists(): results = json.loads(preds.read_text())   # a fit that did not validate
+        if results is not None:
             save_jpeg(draw_val_batch(trainer.datamodule), run/'val_batch_labels.jpg')
             save_jpeg(draw_val_batch(trainer.datamodule, results), run/'val_batch_pred.jpg')
         dm = trainer.datamodule

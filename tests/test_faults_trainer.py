@@ -103,6 +103,7 @@ def test_signal_stops_with_a_resume_hint(reference, tmp_path, sig, status):
     assert proc.returncode == status, err[-3000:]
     assert 'stopped by' in last_line and f"--ckpt_path {ckpts(run) / 'last.ckpt'}" in last_line, last_line
     assert not (run / 'state_hashes.json').exists() and not (run / LOCK_NAME).exists()
+    assert isinstance(json.loads((run / 'predictions.json').read_text()), list)   # epoch 0's validation, kept on the way out
     assert load(ckpts(run) / 'last.ckpt')['epoch'] == 0      # the finished epoch, not half of epoch 1
     assert hashes_only(resume(tmp_path, ckpts(run) / 'last.ckpt')) == hashes_only(reference[2])
 
