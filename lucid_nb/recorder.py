@@ -561,10 +561,12 @@ class UpdateGraphs:
 # %% ../nbs/06_recorder.ipynb #24ee6ef2
 def record_checked(region:Region, update:CapturedUpdate, grads:list[Tensor], pattern:tuple, native,
                    moving:str)->bool:  # moving: what keeps moving when recordings run out ("the optimiser's tensors")
-    "Record `update` in `region`, checked against `native()`, which is applied either way; whether it replays from now on."
-    if len(region.recordings) >= region.max_records:
-        region.blocked = f"{moving} kept moving; stopped after {region.max_records} recordings"
-        region.note(region.blocked); region.native += 1
+    "Record `update` in `region` (unless its `blocker()` says why not), checked against `native()`, which is applied either way; whether it replays from now on."
+    why = update.blocker()
+    if why is None and len(region.recordings) >= region.max_records:
+        why = f"{moving} kept moving; stopped after {region.max_records} recordings"
+    if why is not None:
+        region.blocked = why; region.note(why); region.native += 1
         native(); return False
     graphs = UpdateGraphs(update, grads, region.backend_, pattern)
     try: graphs.record(grads, native)
@@ -820,11 +822,7 @@ class EmaRegion(Region):
 
     def record(self, ema, model:nn.Module):
         "Record the update; it is applied either way (natively if it cannot be recorded, or the recording differs)."
-        update = ema.recordable(model)
-        if why := getattr(update, 'blocker', lambda: None)():
-            self.blocked = why; self.note(why); self.native += 1
-            return ema.update(model)
-        record_checked(self, update, [], (), lambda: ema.update(model), "the EMA's tensors")
+        record_checked(self, ema.recordable(model), [], (), lambda: ema.update(model), "the EMA's tensors")
 
     def report(self)->dict:
         return dict(super().report(), replayed_updates=self.replayed, native_updates=self.native)

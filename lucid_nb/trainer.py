@@ -338,10 +338,10 @@ def on_validation_epoch_end(self:LitYolo):
     if self.trainer.sanity_checking: return
     self.last_val_stats = metrics   # its per-class AP makes the table at the end of fit
     if not self.trainer.is_global_zero: return   # one process writes the run's files
-    line = dict(epoch=self.current_epoch, step=self.global_step)
+    run, line = _run_dir(self.trainer), dict(epoch=self.current_epoch, step=self.global_step)
     if self.trainer.state.fn == 'fit': self.pending_predictions = self.validator.results   # `write_predictions`, once
-    else: line['predictions_sha256'] = write_results(_run_dir(self.trainer)/'predictions.json', self.validator.results)
-    with open(_run_dir(self.trainer)/'val_metrics.jsonl', 'a') as f: f.write(json.dumps(dict(**line, **metrics)) + '\n')
+    else: line['predictions_sha256'] = write_results(run/'predictions.json', self.validator.results)
+    with open(run/'val_metrics.jsonl', 'a') as f: f.write(json.dumps(dict(**line, **metrics)) + '\n')
 
 def write_predictions(trainer, module)->list|None:
     "The COCO results of the fit's last validation into the run folder's `predictions.json` (once); them, or None."
