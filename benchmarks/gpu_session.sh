@@ -7,7 +7,9 @@
 #   bash benchmarks/gpu_session.sh exit                  # exit_time.py: a 1-epoch reference fit, quick and ordinary exit
 #   bash benchmarks/gpu_session.sh memory startup        # memory_probe.py, profile_startup.py
 #   bash benchmarks/gpu_session.sh ref4x3                # reference_run.py: 3 rounds of native, head+optim, ul at batch 4
-#   bash benchmarks/gpu_session.sh warm ref4x2@3         # rounds 3 and 4 of a split series (part file _r3; join with --merge)
+#   bash benchmarks/gpu_session.sh warm ref4x2@3         # a tiny fit first (loads every library), then rounds 3 and 4 of a split
+#                                                        # series (part file _r3; join with --merge)
+#   bash benchmarks/gpu_session.sh lean hooks            # startup_lean.py; a 4-epoch fit under Lightning's SimpleProfiler
 # Results go to $OUT/results (copy them into benchmarks/results/). Export LUCID_NB_COMMIT=<commit> first: the copied
 # tree's .git may be stale on that machine, and env_info() records this value.
 set -uo pipefail
@@ -35,7 +37,15 @@ for stage in "$@"; do
             python3 benchmarks/memory_probe.py --out "$OUT/results" --tag step -- --model.capture_train_step true 2>&1 \
               | grep -A3 '"peaks"' || status=1 ;;
     startup) python3 benchmarks/profile_startup.py --out "$OUT/results" 2>&1 | grep " s$" || status=1 ;;
-    warm) python3 -c "import torch, lucid_nb.trainer; torch.zeros(1).cuda()" ;;   # a fresh machine's first process reads torch from disk
+    warm) python3 -c 'import sys; from lucid_nb.cli import main; sys.argv[0] = "lucid"; main()' fit --config configs/coco128-seg-n.yaml \
+            --trainer.max_steps 2 --trainer.limit_val_batches 1 --trainer.logger false --trainer.enable_progress_bar false \
+            --trainer.default_root_dir /tmp/warm > /dev/null 2>&1 || status=1 ;;   # a fresh machine's first process reads every library from disk
+    lean) python3 benchmarks/startup_lean.py --rounds "${LEAN_ROUNDS:-3}" --out "$OUT/results" 2>&1 | grep -E "^round|median|Error|error" || status=1 ;;
+    hooks) python3 -c 'import sys; from lucid_nb.cli import main; sys.argv[0] = "lucid"; main()' fit --config configs/coco128-seg-n.yaml \
+             --trainer.max_epochs 4 --trainer.enable_progress_bar false --trainer.default_root_dir /tmp/hooks \
+             --trainer.profiler '{"class_path": "lightning.pytorch.profilers.SimpleProfiler", "init_args": {"dirpath": "'"$OUT/results"'", "filename": "simple_profiler"}}' \
+             > "$OUT/results/hooks.log" 2>&1 || status=1
+           ls "$OUT/results" | grep simple_profiler ;;
     ref*) b=${stage#ref}; b=${b%%x*}; n=${stage#*x}; first=0; part=()
           case $n in *@*) first=${n#*@}; n=${n%@*}; part=(--first-round "$first" --part "r$first") ;; esac
           python3 benchmarks/reference_run.py --rounds "$n" --batch-size "$b" --arms "${ARMS:-native,head+optim,ul}" \

@@ -33,6 +33,8 @@ def _check_options(o:dict):
     if o['imgsz'] < 32 or o['imgsz'] % 32: raise ValueError(f"imgsz={o['imgsz']} must be a positive multiple of 32 (the model's largest stride)")
     for k in ('batch_size', 'max_instances', 'val_count'):
         if o[k] < 1: raise ValueError(f"{k}={o[k]} must be at least 1")
+    if o['val_batch_size'] is not None and o['val_batch_size'] < 1:
+        raise ValueError(f"val_batch_size={o['val_batch_size']} must be at least 1 (or None: twice batch_size)")
     for k in ('workers', 'close_mosaic', 'degrees', 'shear', 'hsv_h', 'hsv_s', 'hsv_v'):
         if o[k] < 0: raise ValueError(f"{k}={o[k]} must not be negative")
     for k, hi in (('fliplr', 1), ('mosaic', 1), ('translate', .5)):
@@ -60,7 +62,10 @@ class YoloData(L.LightningDataModule):
     imgsz : int
         Side of the square letterboxed input, a multiple of 32.
     batch_size : int
-        Images per batch.
+        Images per training batch.
+    val_batch_size : int | None
+        Images per validation batch. None: twice `batch_size` (validation keeps no activations for a backward, and
+        fewer, larger batches mean fewer forward and NMS calls from the host).
     workers : int
         DataLoader worker processes (0: build batches in this process).
     cache : str
@@ -103,7 +108,8 @@ class YoloData(L.LightningDataModule):
         validation images.
     """
     def __init__(self, train_images:str|None=None, train_annotations:str|None=None, val_images:str|None=None,
-                 val_annotations:str|None=None, val_count:int=32, imgsz:int=640, batch_size:int=4, workers:int=0,
+                 val_annotations:str|None=None, val_count:int=32, imgsz:int=640, batch_size:int=4, val_batch_size:int|None=None,
+                 workers:int=0,
                  cache:Literal['none', 'ram', 'disk']='ram', cache_dir:str|None=None, prefetch:bool=True, max_instances:int=100,
                  on_bad_input:Literal['skip', 'error']='skip', fliplr:float=.5, degrees:float=0., translate:float=.1, scale:float=.5,
                  shear:float=0., mosaic:float=1., close_mosaic:int=10, hsv_h:float=.015, hsv_s:float=.7, hsv_v:float=.4,
@@ -132,6 +138,11 @@ def _train_json(self:YoloData)->dict:
 def _categories(self:YoloData)->tuple:
     "`(cat_ids, class_names)`: those given to `set_classes`, else the training JSON's."
     return self._classes or coco_categories(self._train_json())
+
+@patch(as_prop=True)
+def val_batch_size(self:YoloData)->int:
+    "Images per validation batch: `val_batch_size`, or twice `batch_size` when it is None."
+    return self.hparams.val_batch_size or 2 * self.hparams.batch_size
 
 @patch(as_prop=True)
 def cat_ids(self:YoloData)->list[int]:
@@ -240,12 +251,13 @@ def _make_loader(self:YoloData, ds:YoloDataset, train:bool)->YoloLoader:
     if n is None and self.trainer is not None: n = self.trainer.max_epochs
     ahead = n - 1 if train and n is not None and n > 0 else None
     rank, world = (self.trainer.global_rank, self.trainer.world_size) if self.trainer is not None else (0, 1)
-    ld = YoloLoader(ds, h.batch_size, shuffle=train, drop_last=train, seed=h.seed, workers=h.workers, prefetch=h.prefetch,
+    bs, name = (h.batch_size, 'batch_size') if train else (self.val_batch_size, 'val_batch_size')
+    ld = YoloLoader(ds, bs, shuffle=train, drop_last=train, seed=h.seed, workers=h.workers, prefetch=h.prefetch,
                     ahead_until=ahead, rank=rank, world=world)
     if len(ld) == 0:   # a process without a batch would leave the others waiting for it at the epoch's end
-        raise ValueError(f"{len(ds)} {'training' if train else 'validation'} images make {len(ds) // h.batch_size if train else -(-len(ds) // h.batch_size)} batches of "
-                         f"batch_size={h.batch_size}, fewer than the {world} processes (--trainer.devices): every process needs one; "
-                         f"lower --data.batch_size{'' if train else ' or raise --data.val_count'}")
+        raise ValueError(f"{len(ds)} {'training' if train else 'validation'} images make {len(ds) // bs if train else -(-len(ds) // bs)} batches of "
+                         f"{name}={bs}, fewer than the {world} processes (--trainer.devices): every process needs one; "
+                         f"lower --data.{name}{'' if train else ' or raise --data.val_count'}")
     self._loaders.append(ld); return ld
 
 @patch

@@ -344,17 +344,16 @@ class CocoStats(dict):
         return f"| | bbox | segm |\n|---|---|---|\n{rows}"
 
 # %% ../nbs/07_metrics.ipynb #40e844a2
-def _cocoeval(coco_gt:COCO, dets:list[dict], iou_type:str, image_ids:list)->tuple[list, str]:
+def _cocoeval(coco_gt:COCO, dets:list[dict], iou_type:str, image_ids:list, cats:list)->tuple[list, str]:
     def run():
         keep, d = set(image_ids), coco_gt.dataset
         gt = FastCOCO()  # COCOeval('segm') rewrites the GT's polygons into RLE in place: give it copies of the annotation dicts
         gt.dataset = dict(d, images=[im for im in d['images'] if im['id'] in keep],
                           annotations=[dict(a) for a in d['annotations'] if a['image_id'] in keep])
         gt.createIndex()
-        cats = sorted({a['category_id'] for a in gt.dataset['annotations']})
-        E = FastCOCOeval(gt, gt.loadRes([r for r in dets if r['category_id'] in cats] or dets), iou_type)
+        E = FastCOCOeval(gt, gt.loadRes(dets), iou_type)
         E.params.imgIds = image_ids
-        if cats: E.params.catIds = cats  # a category without ground truth here only adds -1s: same numbers, less work
+        if cats: E.params.catIds = cats
         E.evaluate(); E.accumulate(); E.summarize()
         p = E.eval['precision'][:, :, :, 0, -1]   # (IoU thresholds, recalls, categories), all areas, most detections
         per_class = {c: float(p[:, :, k][p[:, :, k] > -1].mean()) for k, c in enumerate(E.params.catIds) if (p[:, :, k] > -1).any()}
@@ -369,15 +368,20 @@ def coco_evaluate(
     "COCO mAP and mAR of boxes and masks, by COCOeval (ultrafast-pycocotools: pycocotools' numbers to the bit, faster)."
     ids = sorted({int(i) for i in (coco_gt.getImgIds() if image_ids is None else _floats(image_ids))})
     keep = set(ids)
+    cats = sorted({a['category_id'] for a in coco_gt.dataset['annotations'] if a['image_id'] in keep})
+    in_gt, scored = set(cats), [r for r in results if r['image_id'] in keep]
     stats, logs = CocoStats(), []
     stats.per_class = {}   # iou type -> {category id: AP50-95} of the categories with ground truth
-    for iou_type, drop in (('bbox', 'segmentation'), ('segm', 'bbox')):
-        dets = [{k: v for k, v in r.items() if k != drop} for r in results
-                if r['image_id'] in keep and (iou_type == 'bbox' or 'segmentation' in r)]
-        if dets and ids: (s, stats.per_class[iou_type]), log = _cocoeval(coco_gt, dets, iou_type, ids)
+    for iou_type, key in (('bbox', 'bbox'), ('segm', 'segmentation')):
+        mine = [r for r in scored if key in r]
+        # a category without ground truth here only adds -1s: the same numbers with less work; each type sees only its
+        # own field (as from a results file of its own), in fresh dicts: `loadRes` writes into what it is given
+        dets = [{'image_id': r['image_id'], 'category_id': r['category_id'], key: r[key], 'score': r['score']}
+                for r in ([r for r in mine if r['category_id'] in in_gt] or mine)]
+        if dets and ids: (s, stats.per_class[iou_type]), log = _cocoeval(coco_gt, dets, iou_type, ids, cats)
         else: s, log, stats.per_class[iou_type] = [0.] * len(STAT_NAMES), 'no detections: all zeros\n', {}
         stats.update({f'{iou_type}/{n}': float(v) for n, v in zip(STAT_NAMES, s)})
-        logs.append(f'== {iou_type} on {len(ids)} images, {len(dets)} detections\n{log}')
+        logs.append(f'== {iou_type} on {len(ids)} images, {len(mine)} detections\n{log}')
     stats.update({k: stats[v] for k, v in SUMMARY_NAMES.items()})
     stats.log = ''.join(logs)
     return stats

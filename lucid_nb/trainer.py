@@ -6,8 +6,9 @@ Docs: https://lucid-nb.github.io/lucid_nb/trainer.html.md"""
 
 # %% ../nbs/08_trainer.ipynb #44dd294e
 from __future__ import annotations
-import contextlib, csv, datetime, gc, hashlib, importlib.util, io, json, logging, math, os, signal, socket, sys, time, warnings, zipfile
+import contextlib, csv, datetime, gc, hashlib, importlib.util, io, json, logging, math, os, shutil, signal, socket, sys, time, warnings, zipfile
 from pathlib import Path
+from weakref import proxy
 from typing import Literal
 import numpy as np, torch
 import lightning.pytorch as L
@@ -32,15 +33,15 @@ import matplotlib.pyplot as plt
 from PIL import Image, ImageDraw
 
 # %% auto #0
-__all__ = ['PALETTE', 'HELP', 'LOCK_NAME', 'USER_ERRORS', 'ModelEMA', 'EmaUpdate', 'AtomicCheckpoint', 'LitYolo', 'StepLossBar',
-           'write_predictions', 'gather_objects', 'merge_results', 'PredictionWriter', 'say', 'fit_state_hashes',
-           'write_json_atomic', 'data_wait', 'process_age', 'RunArtifacts', 'FrozenHeap', 'epoch_line', 'EpochSummary',
-           'class_ap_table', 'QuietLightning', 'quiet_lightning', 'read_metrics_csv', 'plot_curves', 'draw_instances',
-           'instances_of', 'draw_results', 'fit_tile', 'image_grid', 'save_jpeg', 'draw_train_batch', 'draw_val_batch',
-           'OneLineParser', 'LucidCLI', 'add_tensorboard', 'default_callbacks', 'cli_main', 'save_figure', 'note',
-           'RunFolderInUse', 'read_lock', 'lock_owner_alive', 'acquire_run_lock', 'run_lock', 'resume_hint',
-           'read_checkpoint', 'one_line', 'main', 'ddp_blocker', 'broadcast_buffers', 'rank_state_hashes',
-           'DistributedRun']
+__all__ = ['PALETTE', 'HELP', 'LOCK_NAME', 'USER_ERRORS', 'ModelEMA', 'EmaUpdate', 'AtomicCheckpoint', 'link_or_copy', 'LitYolo',
+           'StepLossBar', 'write_predictions', 'gather_objects', 'merge_results', 'PredictionWriter', 'say',
+           'fit_state_hashes', 'write_json_atomic', 'data_wait', 'val_data_wait', 'checkpoint_seconds', 'process_age',
+           'RunArtifacts', 'FrozenHeap', 'epoch_line', 'EpochSummary', 'class_ap_table', 'QuietLightning',
+           'quiet_lightning', 'read_metrics_csv', 'plot_curves', 'draw_instances', 'instances_of', 'draw_results',
+           'fit_tile', 'image_grid', 'save_jpeg', 'draw_train_batch', 'draw_val_batch', 'OneLineParser', 'LucidCLI',
+           'add_tensorboard', 'default_callbacks', 'cli_main', 'save_figure', 'note', 'RunFolderInUse', 'read_lock',
+           'lock_owner_alive', 'acquire_run_lock', 'run_lock', 'resume_hint', 'read_checkpoint', 'one_line', 'main',
+           'ddp_blocker', 'broadcast_buffers', 'rank_state_hashes', 'DistributedRun']
 
 # %% ../nbs/08_trainer.ipynb #ea5ecba6
 class ModelEMA(nn.Module):
@@ -127,13 +128,26 @@ class EmaUpdate(CapturedUpdate):
 # %% ../nbs/08_trainer.ipynb #cbbc85fc
 class AtomicCheckpoint(ModelCheckpoint):
     "`ModelCheckpoint` that writes to a temporary file and renames it into place, and writes `last.ckpt` every epoch."
+    save_seconds = 0.   # host seconds spent writing checkpoints so far (`timing.json` reports them per epoch)
     def _save_checkpoint(self, trainer, filepath):
-        tmp = f"{filepath}.tmp"
+        t0, tmp = time.perf_counter(), f"{filepath}.tmp"
         if trainer.is_global_zero:
             for old in Path(filepath).parent.glob('*.ckpt.tmp'): old.unlink(missing_ok=True)
-        super()._save_checkpoint(trainer, tmp)
+        twin = self._last_checkpoint_saved if self._last_global_step_saved == trainer.global_step else ''
+        if twin and twin != filepath:   # the state of this step is written already (`best`, then `last`): link it
+            if trainer.is_global_zero: link_or_copy(twin, tmp)
+            self._last_global_step_saved = trainer.global_step
+            if trainer.is_global_zero:
+                for logger in trainer.loggers: logger.after_save_checkpoint(proxy(self))
+        else: super()._save_checkpoint(trainer, tmp)
         if trainer.is_global_zero: os.replace(tmp, filepath)
         self._last_checkpoint_saved = filepath
+        self.save_seconds += time.perf_counter() - t0
+
+def link_or_copy(src, dst):
+    "A hard link `dst` of file `src`; a copy where the filesystem cannot link."
+    try: os.link(src, dst)
+    except OSError: shutil.copyfile(src, dst)
 
 # %% ../nbs/08_trainer.ipynb #15ce8912
 @patch
@@ -213,7 +227,7 @@ class LitYolo(L.LightningModule):
         self.ema = ModelEMA(self.model, self.build_model, ema_decay, ema_tau)
         self.loss_fn = SegLoss(num_classes, box=box, cls=cls, dfl=dfl, seg=seg)
         self.validator = None   # built at the first validation, when the datamodule's categories are known
-        self.last_losses = {}
+        self.last_losses, self.term_sums, self.term_count = {}, None, 0   # last step's terms; the epoch's sums (`log_train_terms`)
         self.recorder = None    # a `Recorder` with a capture option on (`configure_callbacks`)
 
     def on_load_checkpoint(self, checkpoint:dict):
@@ -244,15 +258,22 @@ def training_step(self:LitYolo, batch:dict, batch_idx:int)->Tensor:
     "The loss terms of one padded batch (logged), summed and scaled by the batch size; through the recorder if there is one."
     losses, total = self.step_loss(batch) if self.recorder is None else self.recorder.train_step(self.model, self.step_loss, batch)
     self.last_losses = {k: v.detach() for k, v in losses.items()}
-    self.log_train_terms(self.last_losses, batch['img'].shape[0])
+    self.log_train_terms(self.last_losses, batch['img'].shape[0], batch_idx)
     return total
 
 @patch
-def log_train_terms(self:LitYolo, terms:dict, B:int):
-    "Loss terms to the loggers, step values and epoch means, with no host synchronisation."
-    named = {f'train/{k}': v for k, v in terms.items()}
-    self.log_dict(named, on_step=True, on_epoch=False, batch_size=B)
-    self.log_dict({f'{k}_epoch': v for k, v in named.items()}, on_step=False, on_epoch=True, batch_size=B, sync_dist=True)
+def log_train_terms(self:LitYolo, terms:dict, B:int, batch_idx:int):
+    "Loss terms to the loggers with no host synchronisation: step values at Lightning's logging steps, epoch means at the epoch's last batch."
+    t, named = self._trainer, {f'train/{k}': v for k, v in terms.items()}
+    if t is None: return   # a step run by hand, outside a fit
+    if getattr(t._logger_connector, 'should_update_logs', True) or t.fast_dev_run:   # the steps Lightning writes to its loggers
+        self.log_dict(named, on_step=True, on_epoch=False, batch_size=B)
+    sums = torch.stack([v.float() for v in terms.values()]).mul_(B)   # on the device
+    if batch_idx == 0 or self.term_sums is None: self.term_sums, self.term_count = sums, B
+    else: self.term_sums.add_(sums); self.term_count += B
+    if batch_idx == t.num_training_batches - 1:   # one logged value: the epoch's mean over its images
+        means = self.term_sums / self.term_count
+        self.log_dict({f'{k}_epoch': m for k, m in zip(named, means)}, on_step=False, on_epoch=True, batch_size=self.term_count, sync_dist=True)
 
 @patch
 def on_train_batch_end(self:LitYolo, outputs, batch, batch_idx):
@@ -440,6 +461,15 @@ def data_wait(trainer)->float|None:
     "Seconds the training loop has waited for batches so far (from `YoloLoader.wait_seconds`), None if unknown."
     return getattr(trainer.train_dataloader, 'wait_seconds', None)
 
+def val_data_wait(trainer)->float:
+    "Seconds validation has waited for batches so far (its loaders' `wait_seconds`)."
+    loaders = trainer.val_dataloaders
+    return sum(getattr(ld, 'wait_seconds', 0.) for ld in (loaders if isinstance(loaders, (list, tuple)) else [loaders]) if ld is not None)
+
+def checkpoint_seconds(trainer)->float:
+    "Seconds the run's `AtomicCheckpoint`s have spent writing checkpoints so far."
+    return sum(cb.save_seconds for cb in trainer.callbacks if isinstance(cb, AtomicCheckpoint))
+
 def process_age()->float|None:
     "Seconds since this process started (Linux, 10 ms resolution), None where `/proc` cannot tell."
     try:
@@ -456,6 +486,14 @@ class RunArtifacts(Callback):
 
     def on_train_epoch_start(self, trainer, module):
         self.t_epoch, self.t_train, self.wait0 = _now(trainer), None, data_wait(trainer)
+        self._close_epoch(trainer, self.t_epoch)
+        self.ckpt0, self.vwait0 = checkpoint_seconds(trainer), val_data_wait(trainer)
+
+    def _close_epoch(self, trainer, t:float):
+        "The last epoch's checkpoint writes (at its validation's end and its own end) and its end to `t` (the next start or fit end)."
+        if self.epochs and 't_end' in self.epochs[-1]:
+            e = self.epochs[-1]
+            e.update(boundary_seconds=t - e.pop('t_end'), checkpoint_seconds=checkpoint_seconds(trainer) - e.pop('ckpt0'))
 
     def on_train_batch_start(self, trainer, module, batch, batch_idx):
         if self.startup is None:   # once per fit
@@ -476,9 +514,11 @@ class RunArtifacts(Callback):
         t, wait = _now(trainer), data_wait(trainer)
         e = dict(epoch=trainer.current_epoch, seconds=t - self.t_epoch, steps=trainer.num_training_batches,
                  train_seconds=(self.t_train or t) - self.t_epoch,
-                 data_wait_seconds=None if wait is None or self.wait0 is None else wait - self.wait0)
+                 data_wait_seconds=None if wait is None or self.wait0 is None else wait - self.wait0,
+                 t_end=t, ckpt0=self.ckpt0)   # `_close_epoch` turns these into `boundary_seconds`, `checkpoint_seconds`
         if self.validations and self.validations[-1].get('epoch') is None:
-            self.validations[-1]['epoch'] = trainer.current_epoch; e['validation'] = self.validations[-1]
+            self.validations[-1].update(epoch=trainer.current_epoch, data_wait=val_data_wait(trainer) - self.vwait0)
+            e['validation'] = self.validations[-1]
         self.epochs.append(e)
 
     def on_exception(self, trainer, module, exception):
@@ -491,6 +531,7 @@ class RunArtifacts(Callback):
         ranks = rank_state_hashes(trainer, module)   # every process takes part; {} on one
         if not trainer.is_global_zero: return
         t_end, run = _now(trainer), _run_dir(trainer)
+        self._close_epoch(trainer, t_end)
         dev = trainer.strategy.root_device
         mem = torch.cuda.max_memory_reserved(dev) / 2**20 if dev.type == 'cuda' else None
         results = write_predictions(trainer, module)   # before the hashes, which include its bytes

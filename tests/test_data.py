@@ -57,7 +57,7 @@ def coco(tmp_path): return make_coco(tmp_path / 'coco')
 
 def dm_for(coco, **kw):
     imgs, ann = coco
-    kw = dict(train_images=str(imgs), train_annotations=str(ann), val_count=3, imgsz=64, batch_size=2, prefetch=False) | kw
+    kw = dict(train_images=str(imgs), train_annotations=str(ann), val_count=3, imgsz=64, batch_size=2, val_batch_size=2, prefetch=False) | kw
     return YoloData(**kw)
 
 
@@ -346,6 +346,17 @@ def test_lightning_fit_uses_the_datamodule(coco):
 ])
 def test_bad_options(kw, msg):
     with pytest.raises(ValueError, match=msg): YoloData(**kw)
+
+
+def test_validation_batches(coco):
+    "Validation batches hold `val_batch_size` images (default twice `batch_size`); a process left without one is named."
+    dm = dm_for(coco, val_batch_size=None); dm.setup()
+    assert dm.val_batch_size == 4 and [len(b['img']) for b in dm.val_dataloader()] == [3]
+    dm = dm_for(coco, val_batch_size=2); dm.setup()
+    assert [len(b['img']) for b in dm.val_dataloader()] == [2, 1]
+    dm.trainer = types.SimpleNamespace(global_rank=3, world_size=4, max_epochs=1)   # 3 images for 4 processes
+    with pytest.raises(ValueError, match=r'3 validation images make 2 batches of val_batch_size=2, fewer than the 4 processes.*--data.val_batch_size or raise --data.val_count'):
+        dm.val_dataloader()
 
 
 def test_bad_sizes_at_setup(coco):

@@ -31,12 +31,14 @@ def reference(tmp_path_factory):
 # ---- last.ckpt after every epoch; leftover temporary files ----
 
 class LastCkptEpochs(Callback):
-    "The epoch stored in last.ckpt, read after each epoch's checkpoints are written."
-    def __init__(self): self.epochs = []
+    "The epoch stored in last.ckpt, and whether it is best.ckpt's file, read after each epoch's checkpoints are written."
+    def __init__(self): self.epochs, self.linked = [], []
+    def look(self, trainer):
+        d = ckpts(Path(trainer.log_dir))
+        self.epochs.append(load(d / 'last.ckpt')['epoch']); self.linked.append(os.path.samefile(d / 'last.ckpt', d / 'best.ckpt'))
     def on_train_epoch_start(self, trainer, module):
-        if trainer.current_epoch: self.epochs.append(load(ckpts(Path(trainer.log_dir)) / 'last.ckpt')['epoch'])
-    def on_train_end(self, trainer, module):
-        self.epochs.append(load(ckpts(Path(trainer.log_dir)) / 'last.ckpt')['epoch'])
+        if trainer.current_epoch: self.look(trainer)
+    def on_train_end(self, trainer, module): self.look(trainer)
 
 
 @pytest.fixture(scope='module')
@@ -56,6 +58,7 @@ def test_last_ckpt_is_the_last_epoch(three_epochs):
     maps = [json.loads(l)['mAP50-95(M)'] for l in (run / 'val_metrics.jsonl').read_text().splitlines()]
     assert len(maps) == 3 and max(maps[1:]) <= maps[0]       # mAP did not improve after epoch 0
     assert seen.epochs == [0, 1, 2]                           # last.ckpt after every epoch
+    assert seen.linked == [True, False, False]                # at the step best.ckpt is written, last.ckpt is its link
     last = load(ckpts(run) / 'last.ckpt')
     assert (last['epoch'], last['global_step']) == (2, cli.trainer.global_step) == (2, 6)
     assert load(ckpts(run) / 'best.ckpt')['epoch'] == 0      # best stays the best by mAP50-95(M)
