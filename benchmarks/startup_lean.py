@@ -45,8 +45,10 @@ def left_out_paths(names: list) -> set:
     for n in names:
         try: dist = md.distribution(n)
         except md.PackageNotFoundError: continue
-        out |= {Path(str(dist.locate_file(f))).resolve().relative_to(Path(str(dist.locate_file(''))).resolve()).parts[0]
-                for f in dist.files or []}
+        base = Path(str(dist.locate_file(''))).resolve()
+        for f in dist.files or []:
+            path = Path(str(dist.locate_file(f))).resolve()
+            if path.is_relative_to(base): out.add(path.relative_to(base).parts[0])   # not its scripts in bin/
     return out
 
 

@@ -246,10 +246,11 @@ def _mosaic_until(self:YoloData)->int|None:
 
 @patch
 def _make_loader(self:YoloData, ds:YoloDataset, train:bool)->YoloLoader:
-    "A loader of `ds`; the training one starts each next epoch's batches as soon as an epoch ends."
+    "A loader of `ds`; in a fit each next epoch's batches (training and validation) start as soon as an epoch's end."
     h, n = self.hparams, self.hparams.max_epochs
     if n is None and self.trainer is not None: n = self.trainer.max_epochs
-    ahead = n - 1 if train and n is not None and n > 0 else None
+    fitting = train or (self.trainer is not None and self.trainer.state.fn == 'fit')   # validation inside a fit
+    ahead = n - 1 if fitting and n is not None and n > 0 else None
     rank, world = (self.trainer.global_rank, self.trainer.world_size) if self.trainer is not None else (0, 1)
     bs, name = (h.batch_size, 'batch_size') if train else (self.val_batch_size, 'val_batch_size')
     ld = YoloLoader(ds, bs, shuffle=train, drop_last=train, seed=h.seed, workers=h.workers, prefetch=h.prefetch,

@@ -302,20 +302,25 @@ def _prefetched(self:YoloLoader):
     for live in list(self._live):                  # one epoch at a time: an abandoned iteration shares the workers
         if ahead is None or live[0] is not ahead[2]: self._stop(*live)
     _, q, t, stop = ahead or self._produce(epoch)
-    finished = False
+    finished, left = False, len(self)
+    def finish():   # every batch of the epoch is handed over: the thread has put, or is putting, its last item
+        self._stop(t, stop)   # so the join is immediate
+        if self.ahead_until is not None and epoch < self.ahead_until: self._ahead = self._produce(epoch + 1)
     try:
         while True:
             t0 = time.perf_counter()
             kind, v = q.get()
             self.wait_seconds += time.perf_counter() - t0   # the consumer's stall: no batch was ready
             if kind == 'error': raise v
-            if kind == 'end': finished = True; return
+            if kind == 'end':
+                if not finished: finished = True; finish()
+                return
+            left -= 1
+            if left == 0: finished = True; finish()   # the last batch: a consumer that knows the length stops here
             yield v
-    finally:
-        if not finished: stop.set()      # left early (an error, Ctrl-C, a batch limit): the thread ends by itself and
-        else:                            # is joined by the next epoch or `close()`; a join here could swallow a Ctrl-C
-            self._stop(t, stop)         # it has put its last item: the join is immediate
-            if self.ahead_until is not None and epoch < self.ahead_until: self._ahead = self._produce(epoch + 1)
+            if finished: return
+    finally:   # left early (an error, Ctrl-C, a batch limit): the thread ends by itself and is joined by the next
+        if not finished: stop.set()   # epoch or `close()`; a join here could swallow a Ctrl-C
 
 @patch
 def _stop(self:YoloLoader, t:threading.Thread, stop:threading.Event):

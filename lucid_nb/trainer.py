@@ -6,14 +6,15 @@ Docs: https://lucid-nb.github.io/lucid_nb/trainer.html.md"""
 
 # %% ../nbs/08_trainer.ipynb #44dd294e
 from __future__ import annotations
-import contextlib, csv, datetime, gc, hashlib, importlib.util, io, json, logging, math, os, shutil, signal, socket, sys, time, warnings, zipfile
+import concurrent.futures, contextlib, csv, datetime, gc, hashlib, importlib.util, io, json, logging, math, os, shutil, signal, socket, sys, time, warnings, zipfile
 from pathlib import Path
 from weakref import proxy
 from typing import Literal
 import numpy as np, torch
 import lightning.pytorch as L
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint, BasePredictionWriter, TQDMProgressBar
-from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.strategies import DDPStrategy, Strategy
+from lightning_utilities.core.apply_func import apply_to_collection
 from lightning.pytorch.cli import LightningCLI, LightningArgumentParser
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
@@ -127,22 +128,61 @@ class EmaUpdate(CapturedUpdate):
 
 # %% ../nbs/08_trainer.ipynb #cbbc85fc
 class AtomicCheckpoint(ModelCheckpoint):
-    "`ModelCheckpoint` that writes to a temporary file and renames it into place, and writes `last.ckpt` every epoch."
-    save_seconds = 0.   # host seconds spent writing checkpoints so far (`timing.json` reports them per epoch)
+    """`ModelCheckpoint` that writes `last.ckpt` every epoch, each checkpoint to a temporary file renamed into place,
+    in a background thread: the state is copied to the host at once, the file written while training goes on."""
+    save_seconds = 0.   # host seconds the training loop spent on checkpoints so far (`timing.json` reports them per epoch)
+    _writer, _error = None, None
+
     def _save_checkpoint(self, trainer, filepath):
         t0, tmp = time.perf_counter(), f"{filepath}.tmp"
-        if trainer.is_global_zero:
-            for old in Path(filepath).parent.glob('*.ckpt.tmp'): old.unlink(missing_ok=True)
+        self._raise_error()
         twin = self._last_checkpoint_saved if self._last_global_step_saved == trainer.global_step else ''
         if twin and twin != filepath:   # the state of this step is written already (`best`, then `last`): link it
-            if trainer.is_global_zero: link_or_copy(twin, tmp)
-            self._last_global_step_saved = trainer.global_step
+            if trainer.is_global_zero: self._submit(trainer, lambda: link_or_copy(twin, tmp), tmp, filepath)
+        elif type(trainer.strategy).save_checkpoint is not Strategy.save_checkpoint:   # a strategy with its own saving
+            trainer.save_checkpoint(tmp, self.save_weights_only)
+            if trainer.is_global_zero: os.replace(tmp, filepath)
+        else:   # as `Trainer.save_checkpoint`, the file written in the background
+            state = trainer._checkpoint_connector.dump_checkpoint(self.save_weights_only)   # every process: its hooks
             if trainer.is_global_zero:
-                for logger in trainer.loggers: logger.after_save_checkpoint(proxy(self))
-        else: super()._save_checkpoint(trainer, tmp)
-        if trainer.is_global_zero: os.replace(tmp, filepath)
-        self._last_checkpoint_saved = filepath
+                state = apply_to_collection(state, Tensor, lambda t: t.detach().to('cpu', copy=True))   # this step's values
+                self._submit(trainer, lambda: trainer.strategy.checkpoint_io.save_checkpoint(state, tmp), tmp, filepath)
+            trainer.strategy.barrier("AtomicCheckpoint")
+        self._last_global_step_saved, self._last_checkpoint_saved = trainer.global_step, filepath
+        if trainer.is_global_zero:
+            for logger in trainer.loggers: logger.after_save_checkpoint(proxy(self))
         self.save_seconds += time.perf_counter() - t0
+
+    def _submit(self, trainer, write, tmp:str, filepath:str):
+        "Queue `write` (which makes `tmp`) and the rename onto `filepath`; one at a time, in order."
+        def job():
+            try:
+                for old in Path(filepath).parent.glob('*.ckpt.tmp'):   # a killed run's leftovers; no write of ours is open
+                    if str(old) != tmp: old.unlink(missing_ok=True)
+                write(); os.replace(tmp, filepath)
+            except BaseException as e:
+                self._error = self._error or e; Path(tmp).unlink(missing_ok=True)   # the first failure is the one to tell
+        if self._writer is None: self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix='lucid_nb-checkpoint')
+        self._writer.submit(job)
+
+    def wait(self):
+        "Block until every queued checkpoint is on disk; raise the error of one that failed."
+        if self._writer is not None: self._writer.shutdown(wait=True); self._writer = None
+        self._raise_error()
+
+    def _raise_error(self):
+        if self._error is not None:
+            e, self._error = self._error, None
+            raise RuntimeError(f"writing a checkpoint into {self.dirpath} failed: {e}") from e
+
+    def _remove_checkpoint(self, trainer, filepath):
+        self.wait(); super()._remove_checkpoint(trainer, filepath)   # never under a write in flight
+
+    def on_fit_end(self, trainer, module): self.wait()
+    def teardown(self, trainer, module, stage): self.wait()
+    def on_exception(self, trainer, module, exception):
+        try: self.wait()   # the finished epochs' checkpoints land before the run ends
+        except RuntimeError as e: note(str(e))
 
 def link_or_copy(src, dst):
     "A hard link `dst` of file `src`; a copy where the filesystem cannot link."

@@ -68,6 +68,7 @@ class WaitForSignal(Callback):
     SIGINT raises), after touching `$WAIT_MARKER`: a signal sent then lands here, not in some library's cleanup."""
     def on_train_batch_start(self, trainer, module, batch, batch_idx):
         if (trainer.current_epoch, batch_idx) != (1, 0): return
+        trainer.checkpoint_callback.wait()   # epoch 0's checkpoints, written in the background, are on disk
         Path(os.environ['WAIT_MARKER']).touch()
         deadline = time.monotonic() + 300
         while not trainer.received_sigterm and time.monotonic() < deadline: time.sleep(0.05)

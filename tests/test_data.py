@@ -354,7 +354,7 @@ def test_validation_batches(coco):
     assert dm.val_batch_size == 4 and [len(b['img']) for b in dm.val_dataloader()] == [3]
     dm = dm_for(coco, val_batch_size=2); dm.setup()
     assert [len(b['img']) for b in dm.val_dataloader()] == [2, 1]
-    dm.trainer = types.SimpleNamespace(global_rank=3, world_size=4, max_epochs=1)   # 3 images for 4 processes
+    dm.trainer = types.SimpleNamespace(global_rank=3, world_size=4, max_epochs=1, state=types.SimpleNamespace(fn='validate'))   # 3 images for 4 processes
     with pytest.raises(ValueError, match=r'3 validation images make 2 batches of val_batch_size=2, fewer than the 4 processes.*--data.val_batch_size or raise --data.val_count'):
         dm.val_dataloader()
 

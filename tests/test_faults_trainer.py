@@ -34,7 +34,7 @@ class LastCkptEpochs(Callback):
     "The epoch stored in last.ckpt, and whether it is best.ckpt's file, read after each epoch's checkpoints are written."
     def __init__(self): self.epochs, self.linked = [], []
     def look(self, trainer):
-        d = ckpts(Path(trainer.log_dir))
+        trainer.checkpoint_callback.wait(); d = ckpts(Path(trainer.log_dir))   # the background writes of the epoch
         self.epochs.append(load(d / 'last.ckpt')['epoch']); self.linked.append(os.path.samefile(d / 'last.ckpt', d / 'best.ckpt'))
     def on_train_epoch_start(self, trainer, module):
         if trainer.current_epoch: self.look(trainer)
@@ -62,6 +62,21 @@ def test_last_ckpt_is_the_last_epoch(three_epochs):
     last = load(ckpts(run) / 'last.ckpt')
     assert (last['epoch'], last['global_step']) == (2, cli.trainer.global_step) == (2, 6)
     assert load(ckpts(run) / 'best.ckpt')['epoch'] == 0      # best stays the best by mAP50-95(M)
+
+
+class FullDisk(Callback):
+    "Every checkpoint write fails, as on a full disk."
+    def setup(self, trainer, module, stage):
+        def fail(*a, **k): raise OSError(28, 'No space left on device')
+        trainer.strategy.checkpoint_io.save_checkpoint = fail
+
+
+def test_a_failed_background_write_fails_the_fit(tmp_path):
+    "The checkpoint writer's error reaches the fit (at the next save or its end), naming the folder; the old file stays."
+    d = tmp_path / 'runs' / 'tiny' / 'v' / 'checkpoints'; d.mkdir(parents=True); (d / 'last.ckpt').write_bytes(b'previous')
+    with pytest.raises(RuntimeError, match=r'writing a checkpoint into .*checkpoints failed: \[Errno 28\] No space left'):
+        fit(tmp_path, callbacks=[FullDisk()], epochs=1, version='v')
+    assert (d / 'last.ckpt').read_bytes() == b'previous' and not (d / 'best.ckpt').exists() and not list(d.glob('*.tmp'))
 
 
 def test_leftover_tmp_files_are_removed(three_epochs):

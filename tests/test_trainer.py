@@ -9,6 +9,8 @@ from pycocotools.coco import COCO
 from lucid_nb.core import EMBEDDED_ANNOTATIONS
 import lightning.pytorch as L
 from lucid_nb.data import YoloData
+from lucid_nb.loader import YoloLoader
+from lightning.pytorch.callbacks import Callback
 from lucid_nb.trainer import AtomicCheckpoint, LitYolo, cli_main
 
 from helpers import tiny, StopAfterFirstEpoch, fit, hashes_only
@@ -82,14 +84,23 @@ def test_missing_dataset_paths(tmp_path):
     assert 'nope' in str(e.value)
 
 
-def test_atomic_checkpoint_keeps_the_old_file(tmp_path):
-    last = tmp_path / 'last.ckpt'; last.write_bytes(b'previous')
-    class Trainer:
-        is_global_zero, global_step, loggers = True, 0, []
-        def save_checkpoint(self, path, weights_only=False):
-            Path(path).write_bytes(b'half'); raise OSError('disk full')
-    with pytest.raises(OSError): AtomicCheckpoint(dirpath=tmp_path)._save_checkpoint(Trainer(), str(last))
-    assert last.read_bytes() == b'previous'
+class KeepTrainer(Callback):
+    def setup(self, trainer, module, stage): self.trainer = trainer
+
+
+def test_validation_batches_are_made_ahead(tmp_path, monkeypatch):
+    "In a fit, the next validation's batches start as soon as a validation ends (at the training epoch before)."
+    keep, seen, produce = KeepTrainer(), [], YoloLoader._produce
+    def record(loader, epoch):   # the validation loader's: (training epoch now, validation epoch produced)
+        if not loader.batch_sampler.shuffle: seen.append((keep.trainer.current_epoch, epoch))
+        return produce(loader, epoch)
+    monkeypatch.setattr(YoloLoader, '_produce', record)
+    cli, run, _ = fit(tmp_path, callbacks=[keep], epochs=3)
+    assert seen == [(0, 0), (0, 1), (1, 2)]
+    timing = json.loads((run / 'timing.json').read_text())
+    assert all(e['validation']['data_wait'] >= 0 and e['checkpoint_seconds'] > 0 and e['boundary_seconds'] > 0 for e in timing['epochs'])
+    ld = cli.datamodule._make_loader(cli.datamodule._val, False)
+    assert ld.ahead_until == 2 and cli.datamodule._make_loader(cli.datamodule._train, True).ahead_until == 2
 
 
 def test_lucid_command(tmp_path):
