@@ -312,9 +312,7 @@ def _prefetched(self:YoloLoader):
             kind, v = q.get()
             self.wait_seconds += time.perf_counter() - t0   # the consumer's stall: no batch was ready
             if kind == 'error': raise v
-            if kind == 'end':
-                if not finished: finished = True; finish()
-                return
+            if kind == 'end': finished = True; finish(); return   # an epoch without batches, or shorter than its length
             left -= 1
             if left == 0: finished = True; finish()   # the last batch: a consumer that knows the length stops here
             yield v

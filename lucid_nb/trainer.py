@@ -138,22 +138,22 @@ class AtomicCheckpoint(ModelCheckpoint):
         self._raise_error()
         twin = self._last_checkpoint_saved if self._last_global_step_saved == trainer.global_step else ''
         if twin and twin != filepath:   # the state of this step is written already (`best`, then `last`): link it
-            if trainer.is_global_zero: self._submit(trainer, lambda: link_or_copy(twin, tmp), tmp, filepath)
+            if trainer.is_global_zero: self._submit(lambda: link_or_copy(twin, tmp), tmp, filepath)
         elif type(trainer.strategy).save_checkpoint is not Strategy.save_checkpoint:   # a strategy with its own saving
-            trainer.save_checkpoint(tmp, self.save_weights_only)
-            if trainer.is_global_zero: os.replace(tmp, filepath)
+            trainer.save_checkpoint(tmp, self.save_weights_only)   # written here; only the rename is queued
+            if trainer.is_global_zero: self._submit(lambda: None, tmp, filepath)
         else:   # as `Trainer.save_checkpoint`, the file written in the background
             state = trainer._checkpoint_connector.dump_checkpoint(self.save_weights_only)   # every process: its hooks
             if trainer.is_global_zero:
                 state = apply_to_collection(state, Tensor, lambda t: t.detach().to('cpu', copy=True))   # this step's values
-                self._submit(trainer, lambda: trainer.strategy.checkpoint_io.save_checkpoint(state, tmp), tmp, filepath)
+                self._submit(lambda: trainer.strategy.checkpoint_io.save_checkpoint(state, tmp), tmp, filepath)
             trainer.strategy.barrier("AtomicCheckpoint")
         self._last_global_step_saved, self._last_checkpoint_saved = trainer.global_step, filepath
         if trainer.is_global_zero:
             for logger in trainer.loggers: logger.after_save_checkpoint(proxy(self))
         self.save_seconds += time.perf_counter() - t0
 
-    def _submit(self, trainer, write, tmp:str, filepath:str):
+    def _submit(self, write, tmp:str, filepath:str):
         "Queue `write` (which makes `tmp`) and the rename onto `filepath`; one at a time, in order."
         def job():
             try:
@@ -520,7 +520,7 @@ def process_age()->float|None:
 class RunArtifacts(Callback):
     "State hashes, a phase-by-phase timing, curves and sample predictions written to the run folder at the end of fit."
     def on_fit_start(self, trainer, module):
-        self.t_fit, self.epochs, self.validations, self.startup = _now(trainer), [], [], None
+        self.t_fit, self.epochs, self.validations, self.startup, self.ended = _now(trainer), [], [], None, None
         age = process_age()
         self.t_process = None if age is None else time.perf_counter() - age
 
@@ -531,9 +531,9 @@ class RunArtifacts(Callback):
 
     def _close_epoch(self, trainer, t:float):
         "The last epoch's checkpoint writes (at its validation's end and its own end) and its end to `t` (the next start or fit end)."
-        if self.epochs and 't_end' in self.epochs[-1]:
-            e = self.epochs[-1]
-            e.update(boundary_seconds=t - e.pop('t_end'), checkpoint_seconds=checkpoint_seconds(trainer) - e.pop('ckpt0'))
+        if self.ended is None: return
+        t_end, ckpt0 = self.ended; self.ended = None
+        self.epochs[-1].update(boundary_seconds=t - t_end, checkpoint_seconds=checkpoint_seconds(trainer) - ckpt0)
 
     def on_train_batch_start(self, trainer, module, batch, batch_idx):
         if self.startup is None:   # once per fit
@@ -554,12 +554,11 @@ class RunArtifacts(Callback):
         t, wait = _now(trainer), data_wait(trainer)
         e = dict(epoch=trainer.current_epoch, seconds=t - self.t_epoch, steps=trainer.num_training_batches,
                  train_seconds=(self.t_train or t) - self.t_epoch,
-                 data_wait_seconds=None if wait is None or self.wait0 is None else wait - self.wait0,
-                 t_end=t, ckpt0=self.ckpt0)   # `_close_epoch` turns these into `boundary_seconds`, `checkpoint_seconds`
+                 data_wait_seconds=None if wait is None or self.wait0 is None else wait - self.wait0)
         if self.validations and self.validations[-1].get('epoch') is None:
             self.validations[-1].update(epoch=trainer.current_epoch, data_wait=val_data_wait(trainer) - self.vwait0)
             e['validation'] = self.validations[-1]
-        self.epochs.append(e)
+        self.epochs.append(e); self.ended = (t, self.ckpt0)   # `_close_epoch` adds `boundary_seconds`, `checkpoint_seconds`
 
     def on_exception(self, trainer, module, exception):
         "A fit that fails or is stopped keeps its last validation's predictions."
