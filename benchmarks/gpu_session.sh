@@ -10,6 +10,8 @@
 #   bash benchmarks/gpu_session.sh warm ref4x2@3         # a tiny fit first (loads every library), then rounds 3 and 4 of a split
 #                                                        # series (part file _r3; join with --merge)
 #   bash benchmarks/gpu_session.sh lean hooks            # startup_lean.py; a 4-epoch fit under Lightning's SimpleProfiler
+#   bash benchmarks/gpu_session.sh vparts                # validation_parts.py: a 6-epoch fit, its validation split by part,
+#                                                        # one validation under torch.profiler (host vs kernel time)
 # Results go to $OUT/results (copy them into benchmarks/results/). Export LUCID_NB_COMMIT=<commit> first: the copied
 # tree's .git may be stale on that machine, and env_info() records this value.
 set -uo pipefail
@@ -41,6 +43,9 @@ for stage in "$@"; do
             --trainer.max_steps 2 --trainer.limit_val_batches 1 --trainer.logger false --trainer.enable_progress_bar false \
             --trainer.default_root_dir /tmp/warm > /dev/null 2>&1 || status=1 ;;   # a fresh machine's first process reads every library from disk
     lean) python3 benchmarks/startup_lean.py --rounds "${LEAN_ROUNDS:-3}" --out "$OUT/results" 2>&1 | grep -E "^round|median|Error|error" || status=1 ;;
+    vparts) python3 benchmarks/validation_parts.py --trainer.max_epochs "${VPARTS_EPOCHS:-6}" --trainer.enable_progress_bar false \
+              --trainer.default_root_dir /tmp/vparts > "$OUT/results/validation_parts.log" 2>&1 || status=1
+            cp "$OUT/validation_parts.json" "$OUT/results/" 2>/dev/null; grep -A3 "under torch.profiler" "$OUT/results/validation_parts.log" | head -4 ;;
     hooks) python3 -c 'import sys; from lucid_nb.cli import main; sys.argv[0] = "lucid"; main()' fit --config configs/coco128-seg-n.yaml \
              --trainer.max_epochs 4 --trainer.enable_progress_bar false --trainer.default_root_dir /tmp/hooks \
              --trainer.profiler '{"class_path": "lightning.pytorch.profilers.SimpleProfiler", "init_args": {"dirpath": "'"$OUT/results"'", "filename": "simple_profiler"}}' \

@@ -5,7 +5,8 @@ Runs `lucid fit --config configs/coco128-seg-n.yaml` in this process with `lucid
 strings, COCO results, `Validator.update` and `Validator.compute` wrapped in `torch.cuda.synchronize()` timers, and
 counts per validation epoch: NMS candidates and host looks (`tolist` of a CUDA tensor), RLE counts, the training and
 validation memory peaks. It prints a cProfile of all `Validator.update` calls (by internal time) and the run's
-hashes, and writes `$OUT/validation_parts.json` (epoch -> numbers). The timers add device synchronisations, so the parts
+hashes, and writes `$OUT/validation_parts.json` (epoch -> numbers). Validation epoch `$KERNEL_EPOCH` (default 5) runs under
+torch.profiler: per part, host and GPU kernel milliseconds (`kernel_profile`) and the top kernels. The timers add device synchronisations, so the parts
 add up to more than an unsynchronised validation takes; the split, not the sum, is the point.
 """
 import cProfile, collections, glob, io, json, os, pstats, sys, time
@@ -46,22 +47,42 @@ def profiled(f):
         finally: profile.disable()
     return w
 
+KERNEL_EPOCH = int(os.environ.get('KERNEL_EPOCH', 5))   # the validation epoch that runs under torch.profiler
+kernels = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA])
+
+def ranged(name, f):
+    "`f` as a named range of the profiler's trace (its kernels attributed to it)."
+    def w(*a, **k):
+        with torch.profiler.record_function(name): return f(*a, **k)
+    return w
+
 def val_start(self, *a, _hook=T.LitYolo.on_validation_epoch_start):
     epoch[0] = self.current_epoch
     EP[epoch[0]]['train_peak_alloc_mib'] = torch.cuda.max_memory_allocated() / 2**20
     EP[epoch[0]]['reserved_before_val_mib'] = torch.cuda.memory_reserved() / 2**20
     torch.cuda.reset_peak_memory_stats()
+    if epoch[0] == KERNEL_EPOCH: torch.cuda.synchronize(); kernels.start()
     return _hook(self, *a)
 
 def val_end(self, *a, _hook=T.LitYolo.on_validation_epoch_end):
     EP[epoch[0]]['val_peak_alloc_mib'] = torch.cuda.max_memory_allocated() / 2**20
     EP[epoch[0]]['val_peak_reserved_mib'] = torch.cuda.max_memory_reserved() / 2**20
+    if epoch[0] == KERNEL_EPOCH:   # kernel time against wall time of each range, before the evaluation (the hook)
+        torch.cuda.synchronize(); kernels.stop()
+        table = kernels.key_averages().table(sort_by='self_device_time_total', row_limit=25)
+        ranges = {e.key: dict(host_ms=e.cpu_time_total / 1e3, device_ms=e.device_time_total / 1e3)
+                  for e in kernels.key_averages() if e.key in RANGES}
+        EP[epoch[0]]['kernel_profile'] = ranges
+        print(f"== validation epoch {KERNEL_EPOCH} under torch.profiler (host and kernel ms per range)", ranges, table[:8000], sep='\n')
     r = _hook(self, *a); torch.cuda.reset_peak_memory_stats(); return r
 
 torch.Tensor.tolist = counted_tolist
 M.greedy_keep, M.rle_runs = greedy, runs_counted
-for name in ('nms', 'mask_runs', 'rle_strings', 'coco_results'): setattr(M, name, timed(name, getattr(M, name)))
-M.Validator.update = profiled(timed('update', M.Validator.update))
+for name in ('nms', 'mask_runs', 'rle_strings', 'coco_results'): setattr(M, name, ranged(name, timed(name, getattr(M, name))))
+M.Validator.update = profiled(ranged('update', timed('update', M.Validator.update)))
+RANGES = ('nms', 'mask_runs', 'rle_strings', 'coco_results', 'update', 'batch')
+_forward = T.LitYolo._validate_batch
+T.LitYolo._validate_batch = lambda self, batch: ranged('batch', _forward)(self, batch)
 M.Validator.compute = timed('compute', M.Validator.compute)
 T.LitYolo.on_validation_epoch_start, T.LitYolo.on_validation_epoch_end = val_start, val_end
 
@@ -72,5 +93,5 @@ text = io.StringIO(); pstats.Stats(profile, stream=text).sort_stats('tottime').p
 for f in sorted(glob.glob('runs/*/*/state_hashes.json')): h = json.load(open(f)); print(f, h['all'][:12], h.get('predictions', '-')[:12])
 for f in sorted(glob.glob('runs/*/*/timing.json')): print(f, json.load(open(f))['peak_reserved_mib'])
 out = {e: dict(v) for e, v in EP.items()}
-for e, v in out.items(): print(e, {k: round(x, 3) for k, x in v.items()})
+for e, v in out.items(): print(e, {k: round(x, 3) if isinstance(x, float) else x for k, x in v.items()})
 json.dump(out, open(os.path.join(os.environ.get('OUT', '/tmp'), 'validation_parts.json'), 'w'), indent=1)

@@ -18,12 +18,13 @@ from .core import *
 from .optim import CapturedUpdate, captured_update, state_ready, update_blocker
 
 # %% auto #0
-__all__ = ['MIN_TORCH', 'log', 'STEP_INPUTS', 'autocast_state', 'head_autocast', 'CudaGraphs', 'EagerGraphs', 'input_signature',
-           'alignment', 'grad_layout', 'non_overlapping', 'empty_with_layout', 'ModuleGraphs', 'HeadGraphs',
-           'HeadReplay', 'graph_blocker', 'head_blocker', 'fit_blocker', 'precision_blocker', 'head_fit_blocker',
-           'replay_blocker', 'call_blocker', 'Region', 'HeadRegion', 'UpdateMismatch', 'UpdateGraphs', 'record_checked',
-           'update_fit_blocker', 'UpdateRegion', 'step_inputs', 'StepGraphs', 'StepReplay', 'step_fit_blocker',
-           'step_call_blocker', 'StepRegion', 'EmaRegion', 'Recorder', 'model_outputs']
+__all__ = ['MIN_TORCH', 'log', 'STEP_INPUTS', 'autocast_state', 'head_autocast', 'CudaGraphs', 'pool_allocated', 'nothing_kept',
+           'spent', 'spent_since', 'EagerGraphs', 'input_signature', 'alignment', 'grad_layout', 'non_overlapping',
+           'empty_with_layout', 'ModuleGraphs', 'HeadGraphs', 'HeadReplay', 'graph_blocker', 'head_blocker',
+           'fit_blocker', 'precision_blocker', 'head_fit_blocker', 'replay_blocker', 'call_blocker', 'Region',
+           'HeadRegion', 'UpdateMismatch', 'UpdateGraphs', 'record_checked', 'update_fit_blocker', 'UpdateRegion',
+           'step_inputs', 'StepGraphs', 'StepReplay', 'step_fit_blocker', 'step_call_blocker', 'StepRegion',
+           'EmaRegion', 'Recorder', 'model_outputs']
 
 # %% ../nbs/06_recorder.ipynb #f7c422cf
 def autocast_state(device_type:str)->dict:
@@ -40,24 +41,41 @@ class CudaGraphs:
     "Recorder backend of the GPU: CUDA graphs captured on one side stream, sharing one memory pool."
     name = 'cuda'
     def __init__(self, warmup_iters:int=3):  # warm-up runs before capture (as `make_graphed_callables`)
-        self.warmup_iters, self.stream, self.pool = warmup_iters, None, None
+        self.warmup_iters, self.stream, self.pool = warmup_iters, None, None   # pool: a `torch.cuda.MemPool`
+        self.spent = dict(warm_up=0., capture=0.)   # seconds so far, by phase
 
     def warm_up(self, fn):
         "Run `fn` `warmup_iters` times on the capture stream."
+        t0 = time.perf_counter()
         self.stream = self.stream or torch.cuda.Stream()
         self.stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(self.stream):
             for _ in range(self.warmup_iters): fn()
         torch.cuda.current_stream().wait_stream(self.stream)
         torch.cuda.synchronize(); torch.cuda.empty_cache()   # the warm-up's freed blocks: not held beside the graph's pool
+        self.spent['warm_up'] += time.perf_counter() - t0
 
     def capture(self, fn)->tuple:
         "Record `fn`; return the graph and what `fn` returned (the graph's static outputs)."
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool, stream=self.stream, capture_error_mode='thread_local'):
+        t0 = time.perf_counter()
+        graph, self.pool = torch.cuda.CUDAGraph(), self.pool or torch.cuda.MemPool()
+        with torch.cuda.graph(graph, pool=self.pool.id, stream=self.stream, capture_error_mode='thread_local'):
             out = fn()
-        self.pool = self.pool or graph.pool()
+        self.spent['capture'] += time.perf_counter() - t0   # instantiation included: it ends the `with`
         return graph, out
+
+    @contextlib.contextmanager
+    def lending(self):
+        "Run the block on the capture stream, its memory from the graphs' pool; it must free all it allocates (checked)."
+        if self.pool is None: yield; return   # nothing recorded yet
+        self.stream.wait_stream(torch.cuda.current_stream())   # the last replay is done with the pool's memory
+        try:
+            with torch.cuda.stream(self.stream), torch.cuda.use_mem_pool(self.pool), \
+                 nothing_kept(lambda: pool_allocated(self.pool), "the block lent the recorded graphs' memory pool"):
+                yield
+        finally: torch.cuda.current_stream().wait_stream(self.stream)  # the next replay waits for the block
+
+    def forget_pool(self): self.pool = None
 
     def replay(self, graph): graph.replay()
     def rng_state(self)->Tensor: return torch.cuda.get_rng_state()
@@ -66,6 +84,27 @@ class CudaGraphs:
         "Reserved CUDA memory after returning the allocator's unused cache (so a difference is the recording's own)."
         torch.cuda.synchronize(); torch.cuda.empty_cache()
         return torch.cuda.memory_reserved()
+
+def pool_allocated(pool)->int:
+    "Bytes allocated (in use) in a CUDA memory pool."
+    return sum(seg['allocated_size'] for seg in torch.cuda.memory_snapshot(pool.id))
+
+@contextlib.contextmanager
+def nothing_kept(allocated, what:str):
+    "Raise if `allocated()` is larger after the block than before it (not checked when the block raises)."
+    before = allocated()
+    yield
+    if (kept := allocated() - before) > 0:
+        raise RuntimeError(f"{what} kept {kept} bytes allocated there after it ended; the next replay would overwrite "
+                           "them. Please report this; run without --model.capture_train_step meanwhile")
+
+def spent(backend)->dict:
+    "A backend's seconds so far by phase (warm-up, capture), if it counts them."
+    return dict(getattr(backend, 'spent', {}))
+
+def spent_since(backend, before:dict)->dict:
+    "`{phase}_seconds` of a backend since `spent` gave `before`."
+    return {f'{k}_seconds': v - before.get(k, 0.) for k, v in spent(backend).items()}
 
 class _EagerGraph:
     "A recorded function and the tensors of its first run, which every replay overwrites."
@@ -79,11 +118,15 @@ class _EagerGraph:
 class EagerGraphs:
     "CPU stand-in for `CudaGraphs`: replay re-runs the function and copies its results into the first run's tensors."
     name = 'eager'
-    def __init__(self, warmup_iters:int=1): self.warmup_iters = warmup_iters
+    def __init__(self, warmup_iters:int=1): self.warmup_iters, self.spent = warmup_iters, dict(warm_up=0., capture=0.)
     def warm_up(self, fn):
+        t0 = time.perf_counter()
         for _ in range(self.warmup_iters): fn()
+        self.spent['warm_up'] += time.perf_counter() - t0
     def capture(self, fn)->tuple:
+        t0 = time.perf_counter()
         out = fn()
+        self.spent['capture'] += time.perf_counter() - t0
         return _EagerGraph(fn, out), out
     def replay(self, graph:_EagerGraph): graph.replay()
     def rng_state(self)->Tensor: return torch.get_rng_state()
@@ -393,7 +436,7 @@ class Region:
 
     def record_graphs(self, make)->str|None:
         "Record with `make(alias_params)`: plainly, else differentiating parameter aliases; return why neither worked, or None."
-        errors = []
+        errors, before = [], spent(self.backend_)
         for alias_params in (False, True):
             try:
                 self.graphs = make(alias_params)
@@ -403,7 +446,8 @@ class Region:
             self.blocked = f"recording failed ({errors[0]})"
             return self.blocked
         self.recordings.append(dict(seconds=self.graphs.seconds, reserved_mib=self.graphs.reserved_bytes / 2**20,
-                                    parameter_aliases=alias_params, first_attempt_error=errors[0] if errors else None))
+                                    parameter_aliases=alias_params, first_attempt_error=errors[0] if errors else None,
+                                    **spent_since(self.backend_, before)))
         return None
 
     def new_batch(self):
@@ -568,7 +612,7 @@ def record_checked(region:Region, update:CapturedUpdate, grads:list[Tensor], pat
     if why is not None:
         region.blocked = why; region.note(why); region.native += 1
         native(); return False
-    graphs = UpdateGraphs(update, grads, region.backend_, pattern)
+    graphs, before = UpdateGraphs(update, grads, region.backend_, pattern), spent(region.backend_)
     try: graphs.record(grads, native)
     except Exception as e:
         if not graphs.applied: raise
@@ -576,7 +620,8 @@ def record_checked(region:Region, update:CapturedUpdate, grads:list[Tensor], pat
         region.note(region.blocked); region.native += 1
         return False
     region.graphs = graphs
-    region.recordings.append(dict(seconds=graphs.seconds, reserved_mib=graphs.reserved_bytes / 2**20))
+    region.recordings.append(dict(seconds=graphs.seconds, reserved_mib=graphs.reserved_bytes / 2**20,
+                                  **spent_since(region.backend_, before)))
     return True
 
 def _grad_pattern(opt)->tuple: return tuple(p.grad is not None for g in opt.param_groups for p in g['params'])
@@ -889,6 +934,12 @@ class Recorder(Callback):
 
     def on_load_checkpoint(self, trainer, module, checkpoint): self.release()
 
+    def lending(self):
+        "Where validation runs: while the whole step replays from CUDA graphs, in their pool (`CudaGraphs.lending`)."
+        r = self.regions.get('step')
+        lend = getattr(r.backend_, 'lending', None) if r is not None and r.graphs is not None else None
+        return contextlib.nullcontext() if lend is None else lend()
+
     def on_validation_start(self, trainer, module):
         "While the whole step replays (its memory in the graphs' pool), hand the default pool's cache back first."
         r = self.regions.get('step')
@@ -912,8 +963,10 @@ class Recorder(Callback):
     def teardown(self, trainer, module, stage): self.release()
     def on_exception(self, trainer, module, exception): self.release()
     def release(self):
-        "Drop every region's recording (idempotent)."
-        for r in self.regions.values(): r.release()
+        "Drop every region's recording and the graphs' memory pools (idempotent)."
+        for r in self.regions.values():
+            r.release()
+            if isinstance(getattr(r, 'backend_', None), CudaGraphs): r.backend_.forget_pool()
 
 # %% ../nbs/06_recorder.ipynb #cf30554a
 def model_outputs(model:nn.Module, img:Tensor, recorder=None)->dict: # recorder: a `Recorder` or `HeadRegion`

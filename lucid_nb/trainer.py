@@ -370,7 +370,11 @@ def on_validation_epoch_start(self:LitYolo):
 
 @patch
 def validation_step(self:LitYolo, batch:dict, batch_idx:int):
-    "The EMA network on one batch; its detections into COCO results (forward and post-processing timed)."
+    "The EMA network on one batch; its detections into COCO results (forward and post-processing timed), in the memory the recorder lends."
+    with contextlib.nullcontext() if self.recorder is None else self.recorder.lending(): self._validate_batch(batch)
+
+@patch
+def _validate_batch(self:LitYolo, batch:dict):
     t0 = _now(self.trainer)
     out = self.ema.module(batch['img'])
     t1 = _now(self.trainer)
@@ -573,21 +577,28 @@ class RunArtifacts(Callback):
         self._close_epoch(trainer, t_end)
         dev = trainer.strategy.root_device
         mem = torch.cuda.max_memory_reserved(dev) / 2**20 if dev.type == 'cuda' else None
-        results = write_predictions(trainer, module)   # before the hashes, which include its bytes
+        parts, t = {}, time.perf_counter()
+        def part(name):   # the seconds since the last part ended
+            nonlocal t
+            now = time.perf_counter(); parts[name], t = now - t, now
+        results = write_predictions(trainer, module); part('predictions')   # before the hashes, which include its bytes
         write_json_atomic(run/'state_hashes.json', dict(**fit_state_hashes(trainer, module), **ranks, env=env_info()))
+        part('state_hashes')
         csv_path = run/'metrics.csv'
-        if csv_path.exists(): plt.close(save_figure(plot_curves(csv_path), run/'curves.png'))
+        if csv_path.exists(): plt.close(save_figure(plot_curves(csv_path), run/'curves.png', tight=False))
+        part('curves')
         preds = run/'predictions.json'
         if results is None and preds.exists(): results = json.loads(preds.read_text())   # a fit that did not validate
         if results is not None:
             save_jpeg(draw_val_batch(trainer.datamodule), run/'val_batch_labels.jpg')
             save_jpeg(draw_val_batch(trainer.datamodule, results), run/'val_batch_pred.jpg')
+        part('val_drawings')
         dm = trainer.datamodule
         write_json_atomic(run/'timing.json', dict(
             process_start_to_fit_start=None if self.t_process is None else self.t_fit - self.t_process,
             data_setup_seconds=getattr(dm, 'setup_seconds', None), startup_seconds=self.startup,
-            fit_seconds=t_end - self.t_fit, fit_end_seconds=time.perf_counter() - t_end, epochs=self.epochs,
-            peak_reserved_mib=mem))
+            fit_seconds=t_end - self.t_fit, fit_end_seconds=time.perf_counter() - t_end, fit_end_parts=parts,
+            epochs=self.epochs, peak_reserved_mib=mem))
 
 # %% ../nbs/08_trainer.ipynb #4973c3fa
 class FrozenHeap(Callback):
@@ -656,13 +667,13 @@ def plot_curves(path)->plt.Figure:
     "Loss terms per epoch and validation mAP per epoch from a run's `metrics.csv`."
     cols = read_metrics_csv(path)
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 3.8))
+    fig.subplots_adjust(left=.085, right=.99, bottom=.13, top=.92, wspace=.22)   # fixed margins: no layout pass at fit end
     for k in sorted(c for c in cols if c.startswith('train/') and c.endswith('_epoch')):
         e, v = zip(*cols[k]); a1.plot(e, v, marker='.', label=k[6:-6])
     a1.set(xlabel='epoch', ylabel='loss term (gain-weighted)', title='training loss', yscale='log'); a1.legend()
     for k in SUMMARY_NAMES:
         if k in cols: e, v = zip(*cols[k]); a2.plot(e, v, marker='.', label=k)
     a2.set(xlabel='epoch', ylabel='COCO mAP', title='validation (EMA weights)'); a2.legend()
-    fig.tight_layout()
     return fig
 
 # %% ../nbs/08_trainer.ipynb #ea40e0a1
@@ -837,9 +848,9 @@ def cli_main(args:list|None=None, run:bool=True)->LucidCLI:
                                                                   'init_args': {'save_dir': 'runs', 'name': 'lucid'}}})
 
 # %% ../nbs/08_trainer.ipynb #779a416b
-def save_figure(fig, path)->plt.Figure:
-    "Save `fig` through a temporary file and a rename; returns it."
-    buf = io.BytesIO(); fig.savefig(buf, format=Path(path).suffix[1:], dpi=100, bbox_inches='tight')
+def save_figure(fig, path, tight:bool=True)->plt.Figure:
+    "Save `fig` through a temporary file and a rename, cropped to what is drawn if `tight` (one more drawing pass); returns it."
+    buf = io.BytesIO(); fig.savefig(buf, format=Path(path).suffix[1:], dpi=100, bbox_inches='tight' if tight else None)
     atomic_write(path, buf.getvalue())
     return fig
 

@@ -2,7 +2,7 @@
 update, both) is bit-identical to native (across EMA validation, warm-up, clipping and a resume), every fallback is one
 clear line, recordings are released on every exit path, moved parameters and optimiser state are re-recorded.
 The `EagerGraphs` backend stands in for CUDA graphs (see `06_recorder`)."""
-import copy, json, logging
+import contextlib, copy, json, logging
 from types import SimpleNamespace
 
 import pytest, torch
@@ -14,7 +14,7 @@ from lucid_nb.heads import yolo_seg
 from lucid_nb.loss import SegLoss
 from lucid_nb.optim import SGDUpdate, build_optimizer, build_schedule
 from lucid_nb.recorder import (EagerGraphs, HeadRegion, Recorder, StepRegion, UpdateRegion, head_blocker, head_fit_blocker,
-                               model_outputs, step_fit_blocker, update_fit_blocker)
+                               model_outputs, nothing_kept, step_fit_blocker, update_fit_blocker)
 
 from helpers import StepLosses, StopAfterFirstEpoch, fit, hashes_only, train_trace
 from helpers import test_traces_equal as traces_equal   # (not collected as a test)
@@ -433,6 +433,9 @@ def test_whole_step_replayed_fit_is_bitwise_native(native, tmp_path):
     assert (report['step']['replayed_steps'], report['step']['native_steps']) == (4, 0), report['step']
     assert (report['ema']['replayed_updates'], len(report['ema']['recordings'])) == (3, 1), report['ema']
     assert report['optimizer']['replayed_steps'] == 2 and report['head']['replayed_calls'] == 0
+    for name in ('step', 'optimizer', 'ema'):   # the recording time split by phase
+        r = report[name]['recordings'][0]
+        assert 0 < r['warm_up_seconds'] + r['capture_seconds'] <= r['seconds'], (name, r)
     assert all(r.graphs is None for r in rec.regions.values())          # released at fit end
 
 
@@ -538,3 +541,35 @@ def test_whole_step_gradients_are_copied_not_stolen():
     with torch.autocast('cpu', dtype=torch.bfloat16):   # a second forward before the backward: native, with a reason
         rec.losses(model, step_fn, b)
     assert 'a second training forward before the backward of the first' in rec.reasons
+
+
+def test_nothing_kept_fails_only_a_block_that_keeps_memory():
+    held = [0]
+    with nothing_kept(lambda: held[0], 'the block'): held[0] += 0
+    with pytest.raises(RuntimeError, match='the block kept 512 bytes allocated there after it ended'):
+        with nothing_kept(lambda: held[0], 'the block'): held[0] += 512
+    with pytest.raises(ValueError):   # the block's own error, not a check on its half-done state
+        with nothing_kept(lambda: held[0], 'the block'): held[0] += 512; raise ValueError
+
+
+class LendingEager(EagerGraphs):
+    "`EagerGraphs` that counts the blocks run in what it lends."
+    def __init__(self): super().__init__(); self.lent = 0
+    @contextlib.contextmanager
+    def lending(self):
+        self.lent += 1; yield
+
+
+class ValidationBatches(Callback):
+    "Counts validation batches, and those of the sanity check."
+    def __init__(self): self.seen = self.sanity = 0
+    def on_validation_batch_end(self, trainer, module, *args): self.seen += 1; self.sanity += trainer.sanity_checking
+
+
+def test_validation_batches_run_in_the_memory_the_whole_step_lends(tmp_path):
+    "Every validation batch after the recording (not the sanity check's, before it) runs in `Recorder.lending()`."
+    backend, batches = LendingEager(), ValidationBatches()
+    rec, _, report, _ = step_fit(tmp_path, backend=backend, callbacks=[batches])
+    assert report['step']['replayed_steps'] == 4
+    assert backend.lent == batches.seen - batches.sanity > 0, (backend.lent, batches.seen, batches.sanity)
+    assert isinstance(Recorder(backend=LendingEager(), step=True).lending(), contextlib.nullcontext)   # nothing recorded

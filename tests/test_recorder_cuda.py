@@ -15,7 +15,7 @@ from lucid_nb.core import synth_batch
 from lucid_nb.heads import yolo_seg
 from lucid_nb.core import digest
 from lucid_nb.optim import build_optimizer, build_schedule
-from lucid_nb.recorder import EmaRegion, HeadRegion, StepRegion, UpdateRegion
+from lucid_nb.recorder import CudaGraphs, EmaRegion, HeadRegion, StepRegion, UpdateRegion, pool_allocated
 from lucid_nb.trainer import ModelEMA
 
 from helpers import StepLosses, StopAfterFirstEpoch, fit, hashes_only, tiny, train_trace
@@ -171,3 +171,23 @@ def test_whole_step_gradients(slots, empty):
     rec = StepRegion()
     replay_equals_native(batches, rec)
     assert (rec.replayed, rec.native) == (4, 0), rec.report()
+
+
+def test_lending_the_graphs_pool():
+    "A block run in `CudaGraphs.lending` takes the graphs' scratch memory, reserves nothing new, and may keep nothing."
+    graphs, x = CudaGraphs(warmup_iters=1), torch.randn(1 << 20, device='cuda')
+    f = lambda: ((x * 2).sin() + 1,)   # two 4 MiB temporaries freed inside the capture: scratch in the pool
+    graphs.warm_up(f)
+    graph, (out,) = graphs.capture(f)
+    graphs.replay(graph); expected = out.clone()
+    segments = lambda: [(s['address'], s['address'] + s['total_size']) for s in torch.cuda.memory_snapshot(graphs.pool.id)]
+    reserved, allocated = sum(b - a for a, b in segments()), pool_allocated(graphs.pool)
+    with graphs.lending():
+        y = torch.full((1 << 20,), 7., device='cuda')
+        assert any(a <= y.data_ptr() < b for a, b in segments())   # in the graphs' pool
+        del y
+    assert sum(b - a for a, b in segments()) == reserved and pool_allocated(graphs.pool) == allocated
+    graphs.replay(graph); torch.cuda.synchronize()
+    assert torch.equal(out, expected)   # the replay rewrote its scratch before reading it
+    with pytest.raises(RuntimeError, match="lent the recorded graphs' memory pool kept"):
+        with graphs.lending(): kept = torch.empty(1 << 20, device='cuda')
