@@ -6,7 +6,7 @@ Docs: https://lucid-nb.github.io/lucid_nb/metrics.html.md"""
 
 # %% ../nbs/07_metrics.ipynb #1817e8cd
 from __future__ import annotations
-import contextlib, hashlib, io, json
+import contextlib, hashlib, io, json, math
 from pathlib import Path
 import torch, torch.nn.functional as F
 from torch import Tensor
@@ -17,25 +17,37 @@ from .core import *
 
 # %% auto #0
 __all__ = ['COCO80_IDS', 'STAT_NAMES', 'SUMMARY_NAMES', 'greedy_keep', 'nms', 'nms_reference', 'crop_window', 'proto_masks',
-           'proto_window', 'unletterbox_masks', 'unletterbox_grid', 'unletterbox_boxes', 'rle_runs', 'rle_chars',
-           'rle_strings', 'rle_encode', 'mask_runs', 'masks_to_rle', 'quiet', 'load_coco', 'coco_results',
-           'results_bytes', 'write_results', 'CocoStats', 'coco_evaluate', 'Validator']
+           'proto_window', 'unletterbox_masks', 'unletterbox_grid', 'unletterbox_boxes', 'rle_runs', 'runs_from_starts',
+           'rle_chars', 'rle_strings', 'rle_encode', 'mask_runs_full', 'box_spans', 'crop_chunks', 'crop_starts',
+           'mask_runs', 'masks_to_rle', 'quiet', 'load_coco', 'coco_results', 'results_bytes', 'write_results',
+           'CocoStats', 'coco_evaluate', 'Validator']
 
 # %% ../nbs/07_metrics.ipynb #a0b7cb8a
-def _candidates(scores:Tensor, conf:float, multi_label:bool, max_nms:int)->tuple[Tensor,Tensor,Tensor]:
-    "Anchor, class and score of the (anchor, class) pairs above `conf`, best first (stable), at most `max_nms`."
-    if multi_label:
-        a, k = (scores > conf).nonzero(as_tuple=True)  # row-major: ties stay in (anchor, class) order
-        s = scores[a, k]
-    else:
-        s, k = scores.max(-1)
-        a = (s > conf).nonzero()[:, 0]
-        s, k = s[a], k[a]
-    if len(s) > max_nms:  # the max_nms best without sorting everything; >= keeps every tie at the cut
-        i = (s >= s.topk(max_nms).values[-1]).nonzero()[:, 0]
-        a, k, s = a[i], k[i], s[i]
-    o = torch.sort(s, descending=True, stable=True).indices[:max_nms]
-    return a[o], k[o], s[o]
+def _candidates(scores:Tensor, conf:float, multi_label:bool, max_nms:int)->tuple[Tensor,Tensor,Tensor]: # (B,n) each
+    "Anchor, class and score of each image's (anchor, class) pairs above `conf`, best first (stable), at most `max_nms`; padded with anchor 0, class -1, score 0."
+    B = len(scores)
+    if multi_label: val, cls = scores.reshape(B, -1), None   # index: anchor × K + class
+    else: val, cls = scores.max(-1)                           # index: anchor
+    cand = val > conf
+    count = cand.sum(1)
+    if int(count.max()) > max_nms:   # the max_nms best without sorting everything; >= keeps every tie at the cut
+        cut = val.masked_fill(~cand, -math.inf).topk(min(max_nms, val.shape[1]), 1).values[:, -1:]
+        cand &= (val >= cut) | (count <= max_nms)[:, None]
+    b, i = cand.nonzero(as_tuple=True)                        # image by image, then (anchor, class) order
+    s = val[b, i]
+    o = torch.sort(s, descending=True, stable=True).indices
+    o = o[torch.sort(b[o], stable=True).indices]              # image by image, each best first, ties in (anchor, class) order
+    b, i, s = b[o], i[o], s[o]
+    per_image = torch.bincount(b, minlength=B)
+    rank = torch.arange(len(b), device=b.device) - (per_image.cumsum(0) - per_image)[b]
+    n = min(max_nms, int(per_image.max())) if len(b) else 0
+    first = rank < max_nms
+    b, i, s, rank = b[first], i[first], s[first], rank[first]
+    a, k = (i // scores.shape[2], i % scores.shape[2]) if multi_label else (i, cls[b, i])
+    out = [torch.zeros(B, n, dtype=torch.long, device=b.device), torch.full((B, n), -1, dtype=torch.long, device=b.device),
+           scores.new_zeros(B, n)]
+    for t, v in zip(out, (a, k, s)): t[b, rank] = v
+    return tuple(out)
 
 # %% ../nbs/07_metrics.ipynb #1938b8ab
 def _suppresses(a:Tensor, ac:Tensor, b:Tensor, bc:Tensor, iou:float)->Tensor:
@@ -93,9 +105,7 @@ def nms(
 )->list[dict]:               # per image: `boxes` (n,4), `scores` (n,), `classes` (n,), `anchors` (n,), best first
     "Batched, class-aware greedy non-maximum suppression: the images of the batch at once."
     boxes, scores = boxes.float(), scores.float()
-    a, k, s = zip(*(_candidates(sc, conf, multi_label, max_nms) for sc in scores))
-    pad = lambda t, v: torch.nn.utils.rnn.pad_sequence(t, batch_first=True, padding_value=v)  # (B,n), images' counts differ
-    a, k, s = pad(a, 0), pad(k, -1), pad(s, 0.)
+    a, k, s = _candidates(scores, conf, multi_label, max_nms)   # (B,n): images' counts differ, padded with class -1
     bx = torch.gather(boxes, 1, a[:, :, None].expand(-1, -1, 4))
     keep, count = greedy_keep(bx, k.clamp(max=0) if agnostic else k, iou, max_det, chunk, rounds)
     out = []
@@ -195,10 +205,18 @@ def rle_runs(masks:Tensor)->tuple[Tensor,Tensor]: # (n,H,W) bool -> counts (k,) 
     n, H, W = masks.shape
     flat = masks.transpose(1, 2).reshape(n, H * W)                    # column-major, as COCO counts
     start = torch.cat([flat[:, :1], flat[:, 1:] != flat[:, :-1]], 1)  # a run of 1s or 0s (after the first) starts here
-    m, q = start.nonzero(as_tuple=True)                               # every start, mask by mask, in order
+    return runs_from_starts(*start.nonzero(as_tuple=True), n, H * W)  # every start, mask by mask, in order
+
+def runs_from_starts(
+    m:Tensor,   # (s,) int64 mask of each start, ascending
+    q:Tensor,   # (s,) int64 pixel (column-major index) where a run of 1s or 0s starts, ascending within each mask
+    n:int,      # masks
+    hw:int,     # pixels per mask
+)->tuple[Tensor,Tensor]: # counts (k,) int64, runs per mask (n,) int64
+    "`rle_runs` from where runs start: each run ends where the next starts, the last at H·W; a virtual 0 before pixel 0."
     runs = torch.bincount(m, minlength=n) + 1                         # the first run of 0s, then one per start
-    ends = torch.full((len(q) + n,), H * W, dtype=torch.long, device=masks.device)
-    ends[torch.arange(len(q), device=q.device) + m] = q               # a run ends where the next starts, the last at H·W
+    ends = torch.full((len(q) + n,), hw, dtype=torch.long, device=q.device)
+    ends[torch.arange(len(q), device=q.device) + m] = q               # start t is slot t + m of the concatenated runs
     begins = ends.roll(1)
     begins[runs.cumsum(0) - runs] = 0                                 # each mask's first run begins at pixel 0
     return ends - begins, runs
@@ -259,7 +277,7 @@ def rle_encode(masks:Tensor)->list[dict]: # (n,H,W) bool -> n RLE dicts {'size':
     return [{'size': [H, W], 'counts': t} for t in rle_strings(*rle_runs(masks), H * W)]
 
 # %% ../nbs/07_metrics.ipynb #fbac8d39
-def mask_runs(
+def mask_runs_full(
     coef:Tensor,    # (n,P) coefficients of the kept detections
     proto:Tensor,   # (P,S/4,S/4) prototypes of their image
     boxes:Tensor,   # (n,4) xyxy in pixels of the letterboxed input
@@ -267,7 +285,7 @@ def mask_runs(
     orig_hw,        # (H, W)
     max_pixels:int=2**24, # full-resolution mask pixels at a time (memory: ~8 bytes each)
 )->tuple[Tensor,Tensor]: # `rle_runs` of the n masks, on the device: counts (k,) int32 (int64 past 2³¹ pixels), runs per mask (n,)
-    "Masks of detections on the original image, as run lengths: prototypes × coefficients, cropped, un-letterboxed, > 0.5."
+    "`mask_runs` by its definition, every mask at full resolution: prototypes × coefficients, cropped, un-letterboxed, > 0.5."
     if len(coef) == 0: return coef.new_zeros(0, dtype=torch.long), coef.new_zeros(0, dtype=torch.long)
     H, W = map(int, _floats(orig_hw))
     rows, cols = crop_window(unletterbox_boxes(boxes, letterbox, orig_hw), H, W)  # the box again, at full resolution
@@ -277,10 +295,89 @@ def mask_runs(
         soft = proto_masks(coef[i:i + step], proto, boxes[i:i + step], (pr[i:i + step], pc[i:i + step]))
         m = F.grid_sample(soft[None], grid, mode='bilinear', padding_mode='border', align_corners=False)[0] > .5  # unletterbox_masks
         c, r = rle_runs(m.logical_and_(rows[i:i + step]).logical_and_(cols[i:i + step]))  # no bilinear bleed
-        out.append((c.int() if H * W < 2**31 else c, r))           # a batch's counts can run to tens of millions
+        out.append((c.int() if H * W < 2**31 else c, r))
     return torch.cat([c for c, _ in out]), torch.cat([r for _, r in out])
 
-def masks_to_rle(coef, proto, boxes, letterbox, orig_hw, max_pixels:int=2**24)->list[dict]: # n RLE dicts on the original image
+def box_spans(
+    boxes:Tensor,   # (n,4) xyxy in pixels of an H×W image (`unletterbox_boxes`: clipped to it)
+    H:int, W:int,
+)->Tensor:          # (n,4) int64: rows [r0, r1), columns [c0, c1)
+    "The pixels `crop_mask` keeps of each box, as row and column ranges: x1 <= col < x2 is ceil(x1) <= col < ceil(x2)."
+    x1, y1, x2, y2 = boxes.float().ceil().unbind(1)
+    r0, c0 = y1.clamp(0, H).long(), x1.clamp(0, W).long()
+    return torch.stack([r0, torch.maximum(y2.clamp(0, H).long(), r0), c0, torch.maximum(x2.clamp(0, W).long(), c0)], 1)
+
+def crop_chunks(
+    sizes:list,      # (rows, columns) of each detection's crop
+    max_pixels:int,  # pixels per chunk, each crop padded to the chunk's largest rows + 1 and columns
+)->tuple[int,list]:  # empty crops (first in the order), chunks (first, end, rows, columns) of the rest
+    "Chunks of the detections in a stable sort by crop area, so that a chunk pads its crops little."
+    by_area = sorted(sizes, key=lambda hw: hw[0] * hw[1])   # stable, as `torch.sort(..., stable=True)`
+    empty = sum(h * w == 0 for h, w in by_area)
+    chunks, first, rows, cols = [], empty, 0, 0
+    for k in range(empty, len(by_area)):
+        h, w = by_area[k]
+        if k > first and (k - first + 1) * (max(rows, h) + 1) * max(cols, w) > max_pixels:
+            chunks.append((first, k, rows, cols)); first, rows, cols = k, 0, 0
+        rows, cols = max(rows, h), max(cols, w)
+    return empty, chunks + ([(first, len(by_area), rows, cols)] if len(by_area) > empty else [])
+
+def crop_starts(
+    soft:Tensor,           # (n,S/4,S/4) soft masks on the prototype grid (`proto_masks`)
+    spans:Tensor,          # (n,4) `box_spans` on the original image
+    gx:Tensor, gy:Tensor,  # `grid_sample` coordinates of the original image's columns and rows (`_grid_coords`)
+    rows:int, cols:int,    # the largest crop of these detections
+)->tuple[Tensor,Tensor]:   # mask and pixel (column-major index on the H×W image) of every start, in order
+    "Where runs of the masks `mask_runs_full` makes start, found inside each box's crop (outside it every mask is 0)."
+    H, W, dev = len(gy), len(gx), soft.device
+    r0, r1, c0, c1 = spans.unbind(1)
+    h, w = (r1 - r0)[:, None, None], (c1 - c0)[:, None]
+    i, j = torch.arange(rows + 1, device=dev), torch.arange(cols, device=dev)   # row `h`: the pixel after a column's crop
+    ys, xs = gy[(r0[:, None] + i).clamp_(max=H - 1)], gx[(c0[:, None] + j).clamp_(max=W - 1)]
+    grid = torch.stack(torch.broadcast_tensors(xs[:, None, :], ys[:, :, None]), -1)   # the full grid's cells of each crop
+    v = F.grid_sample(soft[:, None], grid, mode='bilinear', padding_mode='border', align_corners=False)[:, 0] > .5
+    v = (v & (i[:, None] < h) & (j < w)[:, None, :]).transpose(1, 2)   # (n, cols, rows+1): 0 outside the crop
+    whole = (r0 == 0) & (r1 == H)                                      # crops of whole columns follow one another
+    last = v.gather(2, (h - 1).clamp(min=0).expand(-1, cols, 1))[..., 0]   # each column's last crop pixel
+    before = torch.cat([torch.zeros_like(last[:, :1]), last[:, :-1] & whole[:, None]], 1)   # the pixel before its first
+    starts = (v != torch.cat([before[..., None], v[..., :-1]], 2)) & (j < w)[..., None]
+    # the start after a column's crop (row h) is dropped where that pixel is the next column's first crop pixel, which
+    # has its own comparison (whole columns), or lies past the image's last pixel
+    later = whole[:, None] & (j < w - 1) | (c0[:, None] + j == W - 1)
+    starts &= ~((i == h) & ((r1 == H)[:, None] & later)[..., None])
+    d, jj, ii = starts.nonzero(as_tuple=True)
+    return d, (c0[d] + jj) * H + r0[d] + ii
+
+def mask_runs(
+    coef:Tensor,    # (n,P) coefficients of the kept detections
+    proto:Tensor,   # (P,S/4,S/4) prototypes of their image
+    boxes:Tensor,   # (n,4) xyxy in pixels of the letterboxed input
+    letterbox,      # (scale, pad_x, pad_y)
+    orig_hw,        # (H, W)
+    max_pixels:int=2**23, # crop pixels at a time, padded (`crop_chunks`; memory: ~20 bytes each)
+    spans:Tensor|None=None, # `box_spans` of the boxes on the original image, if at hand (on the device)
+    sizes:list|None=None,   # their (rows, columns) on the host, if at hand (else one look at the host)
+)->tuple[Tensor,Tensor]: # `rle_runs` of the n masks, on the device: counts (k,) int32 (int64 past 2³¹ pixels), runs per mask (n,)
+    "Masks of detections on the original image, as run lengths: `mask_runs_full`'s, with pixels made only inside each box."
+    n, dev = len(coef), proto.device
+    if n == 0: return coef.new_zeros(0, dtype=torch.long), coef.new_zeros(0, dtype=torch.long)
+    (scale, px, py), (H, W) = _floats(letterbox), map(int, _floats(orig_hw))
+    if spans is None: spans = box_spans(unletterbox_boxes(boxes, letterbox, orig_hw), H, W)
+    if sizes is None: sizes = (spans[:, 1::2] - spans[:, ::2]).tolist()
+    _, chunks = crop_chunks(sizes, max_pixels)
+    order = torch.sort((spans[:, 1] - spans[:, 0]) * (spans[:, 3] - spans[:, 2]), stable=True).indices   # `crop_chunks`' order
+    soft = proto_masks(coef, proto, boxes)
+    gx = _grid_coords(W, proto.shape[2], scale, px, MASK_STRIDE, dev)
+    gy = _grid_coords(H, proto.shape[1], scale, py, MASK_STRIDE, dev)
+    found = [crop_starts(soft[sel], spans[sel], gx, gy, rows, cols) + (sel,)
+             for a, b, rows, cols in chunks for sel in [order[a:b]]]
+    m = torch.cat([sel[d] for d, _, sel in found]) if found else order[:0]
+    q = torch.cat([q for _, q, _ in found]) if found else order[:0]
+    o = torch.sort(m, stable=True).indices   # mask by mask; each mask's starts come from one chunk, in order
+    c, r = runs_from_starts(m[o], q[o], n, H * W)
+    return c.int() if H * W < 2**31 else c, r
+
+def masks_to_rle(coef, proto, boxes, letterbox, orig_hw, max_pixels:int=2**23)->list[dict]: # n RLE dicts on the original image
     "`mask_runs`'s masks (the same arguments) as COCO RLE dicts: prototypes × coefficients, cropped, un-letterboxed, > 0.5."
     H, W = map(int, _floats(orig_hw))
     return [{'size': [H, W], 'counts': t} for t in rle_strings(*mask_runs(coef, proto, boxes, letterbox, orig_hw, max_pixels), H * W)]
@@ -417,13 +514,16 @@ class Validator:
         eval_out = {k: v.float() for k, v in eval_out.items()}             # the branches' outputs may be bf16
         dets = nms(eval_out['boxes'], eval_out['scores'], **self.nms_kw)
         ids, hws, lbs = (batch[k].cpu() for k in ('image_id', 'orig_hw', 'letterbox'))
-        rows = [torch.cat([unletterbox_boxes(d['boxes'], lbs[i], hws[i]), d['scores'][:, None], d['classes'][:, None].float()], 1)
-                for i, d in enumerate(dets)]                                   # (n,6) per image: box, score, class
+        boxes = [unletterbox_boxes(d['boxes'], lbs[i], hws[i]) for i, d in enumerate(dets)]
+        spans = [box_spans(b, *map(int, hw)) for b, hw in zip(boxes, hws.tolist())] if self.masks else []
+        rows = [torch.cat([b, d['scores'][:, None], d['classes'][:, None].float()]
+                          + ([(spans[i][:, 1::2] - spans[i][:, ::2]).float()] if self.masks else []), 1)
+                for i, (b, d) in enumerate(zip(boxes, dets))]                   # per image: box, score, class, crop size
         rows = torch.cat(rows).cpu().split([len(d['scores']) for d in dets])  # one copy to the host for the batch
         preds = [dict(boxes=r[:, :4], scores=r[:, 4], classes=r[:, 5].long()) for r in rows]
         if self.masks:   # every image's runs, then the batch's characters and strings at once
-            runs = [mask_runs(eval_out['coef'][i][d['anchors']], eval_out['proto'][i], d['boxes'], lbs[i], hws[i])
-                    for i, d in enumerate(dets)]
+            runs = [mask_runs(eval_out['coef'][i][d['anchors']], eval_out['proto'][i], d['boxes'], lbs[i], hws[i],
+                              spans=spans[i], sizes=rows[i][:, 6:].long().tolist()) for i, d in enumerate(dets)]
             sizes = hws.long().tolist()
             texts = iter(rle_strings(torch.cat([c for c, _ in runs]), torch.cat([r for _, r in runs]), max(h * w for h, w in sizes)))
             for p, (h, w) in zip(preds, sizes): p['masks'] = [{'size': [h, w], 'counts': next(texts)} for _ in range(len(p['scores']))]

@@ -590,8 +590,9 @@ class RunArtifacts(Callback):
         preds = run/'predictions.json'
         if results is None and preds.exists(): results = json.loads(preds.read_text())   # a fit that did not validate
         if results is not None:
-            save_jpeg(draw_val_batch(trainer.datamodule), run/'val_batch_labels.jpg')
-            save_jpeg(draw_val_batch(trainer.datamodule, results), run/'val_batch_pred.jpg')
+            images = [load_rgb(r.path) for r in trainer.datamodule.val_records[:8]]   # drawn twice, read once
+            save_jpeg(draw_val_batch(trainer.datamodule, images=images), run/'val_batch_labels.jpg')
+            save_jpeg(draw_val_batch(trainer.datamodule, results, images=images), run/'val_batch_pred.jpg')
         part('val_drawings')
         dm = trainer.datamodule
         write_json_atomic(run/'timing.json', dict(
@@ -688,9 +689,10 @@ def draw_instances(img:np.ndarray,          # (H,W,3) uint8 RGB
                   )->np.ndarray:            # (H,W,3) uint8, a drawn copy
     "Masks (blended), boxes and labels drawn on a copy of `img` with PIL."
     out = img.copy()
+    flat = out.reshape(-1, 3)
     for k, m in enumerate(masks if masks is not None else []):
-        c = np.array(PALETTE[colours[k] % len(PALETTE)], np.float32)
-        out[m] = (out[m] * (1 - alpha) + c * alpha).astype(np.uint8)
+        c, i = np.array(PALETTE[colours[k] % len(PALETTE)], np.float32), np.flatnonzero(m)   # one pass over the mask
+        flat[i] = (flat[i] * (1 - alpha) + c * alpha).astype(np.uint8)
     im = Image.fromarray(out); d = ImageDraw.Draw(im)
     lw = max(1, round(sum(img.shape[:2]) / 600))
     for (x1, y1, x2, y2), label, k in zip(np.asarray(boxes, np.float32).reshape(-1, 4).tolist(), labels, colours):
@@ -753,17 +755,25 @@ def draw_train_batch(batch:dict, class_names:list|None=None, n:int=16, size:int=
         tiles.append(draw_instances(t, bx, [class_names[i] if class_names else str(i) for i in c], c, m))
     return image_grid(tiles, size)
 
-def draw_val_batch(dm, results:list|None=None, n:int=8, size:int=320, top:int=30)->np.ndarray:
+def draw_val_batch(dm, results:list|None=None, n:int=8, size:int=320, top:int=30,
+                   images:list|None=None,  # the first `n` validation images, if already loaded (`load_rgb`)
+                   )->np.ndarray:
     "The first `n` validation images with their ground truth (`results` None) or with their `top` best `results`, as one grid image."
     gt, tiles = dm.val_coco(), []
-    for rec in dm.val_records[:n]:
-        img = load_rgb(rec.path)
-        if results is None: anns, to_mask = gt.imgToAnns.get(rec.image_id, []), gt.annToMask
-        else: anns, to_mask = [r for r in results if r['image_id'] == rec.image_id], None
-        boxes, labels, cls, masks = instances_of([a for a in anns if not a.get('iscrowd')], dm.class_names, dm.cat_ids, img.shape[:2], to_mask,
+    by_image = {}
+    for r in results or []: by_image.setdefault(r['image_id'], []).append(r)
+    for k, rec in enumerate(dm.val_records[:n]):
+        img = load_rgb(rec.path) if images is None else images[k]
+        (H, W), r = img.shape[:2], size / max(img.shape[:2])
+        rows = np.minimum(((np.arange(max(1, round(H * r))) + .5) / r).astype(int), H - 1)   # nearest pixel of each tile row
+        cols = np.minimum(((np.arange(max(1, round(W * r))) + .5) / r).astype(int), W - 1)
+        decode = gt.annToMask if results is None else (lambda a: mask_utils.decode(a['segmentation']))
+        anns = gt.imgToAnns.get(rec.image_id, []) if results is None else by_image.get(rec.image_id, [])
+        boxes, labels, cls, masks = instances_of([a for a in anns if not a.get('iscrowd')], dm.class_names, dm.cat_ids,
+                                                 (len(rows), len(cols)), lambda a: decode(a)[rows][:, cols],  # at tile size
                                                  top=None if results is None else top)
-        t, bx, m = fit_tile(img, boxes, masks, size)
-        tiles.append(draw_instances(t, bx, labels, cls, m))
+        t, bx, _ = fit_tile(img, boxes, None, size)
+        tiles.append(draw_instances(t, bx, labels, cls, masks))
     return image_grid(tiles, size)
 
 # %% ../nbs/08_trainer.ipynb #d9baf6c2

@@ -18,7 +18,7 @@ from lucid_nb.core import EMBEDDED_ANNOTATIONS, MASK_STRIDE
 from lucid_nb.core import test_bytes_equal as assert_bytes_equal
 from lucid_nb.loss import crop_mask
 from lucid_nb.metrics import (COCO80_IDS, STAT_NAMES, Validator, box_iou, coco_evaluate, coco_results, load_coco,
-                              masks_to_rle, nms, nms_reference, proto_masks, quiet, results_bytes, rle_encode,
+                              mask_runs, mask_runs_full, masks_to_rle, nms, nms_reference, proto_masks, quiet, results_bytes, rle_encode,
                               unletterbox_boxes, unletterbox_masks, write_results)
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA GPU')
@@ -443,11 +443,42 @@ def _old_greedy_keep(boxes, cls, iou, max_det, chunk=512):
     return kept[:max_det]
 
 
-def _old_nms(boxes, scores, conf=0.001, iou=0.7, max_det=300, max_nms=30000, multi_label=True, agnostic=False, chunk=512):
+def _old_candidates(scores, conf, multi_label, max_nms):
+    "One image's candidates, as before the batch went through at once: anchors, classes, scores, best first (stable)."
+    if multi_label:
+        a, k = (scores > conf).nonzero(as_tuple=True)
+        s = scores[a, k]
+    else:
+        s, k = scores.max(-1)
+        a = (s > conf).nonzero()[:, 0]
+        s, k = s[a], k[a]
+    if len(s) > max_nms:
+        i = (s >= s.topk(max_nms).values[-1]).nonzero()[:, 0]
+        a, k, s = a[i], k[i], s[i]
+    o = torch.sort(s, descending=True, stable=True).indices[:max_nms]
+    return a[o], k[o], s[o]
+
+
+def test_batched_candidates_equal_the_per_image_ones():
+    "Every image's candidates, its max_nms cut (ties kept at the cut) and the padding, as image by image."
     from lucid_nb.metrics import _candidates
+    g = torch.Generator().manual_seed(0)
+    sc = (torch.rand(5, 300, 6, generator=g) * 20).floor() / 20   # many ties
+    sc[1] = 0; sc[3, :, 2:] = 0                                    # an image without candidates, one with few
+    for multi_label, max_nms in ((True, 30000), (True, 50), (False, 30000), (False, 7)):
+        a, k, s = _candidates(sc, .001, multi_label, max_nms)
+        for i in range(len(sc)):
+            want = _old_candidates(sc[i], .001, multi_label, max_nms)
+            n = len(want[0])
+            assert all(torch.equal(t[i, :n], w) for t, w in zip((a, k, s), want)), (multi_label, max_nms, i)
+            assert (k[i, n:] == -1).all() and (a[i, n:] == 0).all() and (s[i, n:] == 0).all()
+        assert a.shape[1] == max(len(_old_candidates(x, .001, multi_label, max_nms)[0]) for x in sc)
+
+
+def _old_nms(boxes, scores, conf=0.001, iou=0.7, max_det=300, max_nms=30000, multi_label=True, agnostic=False, chunk=512):
     out = []
     for bx, sc in zip(boxes.float(), scores.float()):
-        a, k, s = _candidates(sc, conf, multi_label, max_nms)
+        a, k, s = _old_candidates(sc, conf, multi_label, max_nms)
         keep = _old_greedy_keep(bx[a], torch.zeros_like(k) if agnostic else k, iou, max_det, chunk)
         out.append(dict(boxes=bx[a[keep]], scores=s[keep], classes=k[keep], anchors=a[keep]))
     return out
@@ -511,9 +542,8 @@ def _batch_of(B, S, seed=0):
 @pytest.mark.parametrize('kw', [dict(), dict(max_det=40, iou=.5), dict(multi_label=False), dict(agnostic=True, max_nms=3000)])
 def test_batched_nms_equals_old_on_deep_suppression(kw):
     "Near-copies of a few boxes: most candidates are suppressed, so NMS goes through many chunks before max_det."
-    from lucid_nb.metrics import _candidates
     h = _young_head(1, B=4, S=448)   # 4116 anchors
-    a, k, _ = _candidates(h['scores'][0], .001, True, 30000)
+    a, k, _ = _old_candidates(h['scores'][0], .001, True, 30000)
     assert _old_greedy_keep(h['boxes'][0][a], k, .7, 300).max() > 8 * 512   # the 300th kept box is deep in the list
     want = _old_nms(h['boxes'], h['scores'], **kw)
     for chunk, rounds in ((512, None), (97, None), (512, 4), (97, 3)):   # rounds 4: the GPU's default
@@ -536,3 +566,44 @@ def test_validator_results_equal_old_path():
     assert len(v.results) == len(old) > 1200
     assert results_bytes(v.results) == results_bytes(old)
     assert v.image_ids == [int(i) for b in batches for i in b['image_id']]
+
+
+# ------------------------------------------------------------------------------- masks made inside their boxes only
+def _box_local_case(g, n, H, W, S=64, P=8, device='cpu'):
+    "Random detections on an H×W image: boxes fractional or on pixel edges, cut by the border, whole columns, the whole image, empty."
+    scale = S / max(H, W); lb = (scale, (S - W * scale) / 2, (S - H * scale) / 2)
+    ob = torch.randint(-3, max(H, W) + 4, (n, 2, 2), generator=g).float().sort(1).values.reshape(n, 4)[:, [0, 2, 1, 3]]
+    ob = torch.where(torch.rand(n, 4, generator=g) < .4, ob + torch.rand(n, 4, generator=g), ob)   # x1 y1 x2 y2
+    kind = torch.randint(0, 6, (n,), generator=g)
+    ob[kind == 0, 1], ob[kind == 0, 3] = -1., H + 1.                  # whole columns
+    ob[kind == 1] = torch.tensor([-1., -1., W + 1., H + 1.])          # the whole image
+    ob[kind == 2, 2] = ob[kind == 2, 0]                               # empty
+    boxes = ob * scale + torch.tensor([lb[1], lb[2]] * 2)
+    coef, proto = torch.randn(n, P, generator=g), torch.randn(P, S // 4, S // 4, generator=g) * 4
+    full = torch.rand(P, 1, 1, generator=g) < .3
+    proto = torch.where(full, proto.abs() + 6, proto)                 # some masks full inside their crops
+    return coef.to(device), proto.to(device), boxes.to(device), lb, (H, W)
+
+
+@pytest.mark.parametrize('seed', range(6))
+def test_mask_runs_equal_the_full_resolution_definition(seed):
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(40):
+        H, W = (int(v) for v in torch.randint(1, 70, (2,), generator=g))
+        n = int(torch.randint(0, 20, (1,), generator=g))
+        coef, proto, boxes, lb, hw = _box_local_case(g, n, H, W)
+        want = mask_runs_full(coef, proto, boxes, lb, hw)
+        for max_pixels in (1, int(torch.randint(2, 2000, (1,), generator=g)), 2**23):
+            got = mask_runs(coef, proto, boxes, lb, hw, max_pixels)
+            assert all(torch.equal(a, b) for a, b in zip(got, want)), (seed, H, W, n, max_pixels)
+
+
+@cuda
+def test_mask_runs_equal_the_full_resolution_definition_on_the_gpu():
+    "300 detections of a 427×640 image (and odd sizes): the same counts on the GPU, where chunks and kernels differ."
+    g = torch.Generator().manual_seed(0)
+    for H, W, n in ((427, 640, 300), (640, 427, 300), (333, 501, 120), (1, 640, 40)):
+        coef, proto, boxes, lb, hw = _box_local_case(g, n, H, W, S=640, P=32, device='cuda')
+        want = mask_runs_full(coef, proto, boxes, lb, hw, max_pixels=2**30)   # one matmul, as `mask_runs`
+        got = mask_runs(coef, proto, boxes, lb, hw)
+        assert all(torch.equal(a, b) for a, b in zip(got, want)), (H, W)
