@@ -599,6 +599,7 @@ def test_mask_runs_equal_the_full_resolution_definition(seed):
 
 
 @cuda
+@pytest.mark.cuda
 def test_mask_runs_equal_the_full_resolution_definition_on_the_gpu():
     "300 detections of a 427×640 image (and odd sizes): the same counts on the GPU, where chunks and kernels differ."
     g = torch.Generator().manual_seed(0)
