@@ -748,6 +748,7 @@ d = { 'settings': { 'branch': 'main',
                                   'lucid_nb.trainer.save_figure': ('trainer.html#save_figure', 'lucid_nb/trainer.py'),
                                   'lucid_nb.trainer.save_jpeg': ('trainer.html#save_jpeg', 'lucid_nb/trainer.py'),
                                   'lucid_nb.trainer.say': ('trainer.html#say', 'lucid_nb/trainer.py'),
+                                  'lucid_nb.trainer.tile_size': ('trainer.html#tile_size', 'lucid_nb/trainer.py'),
                                   'lucid_nb.trainer.val_data_wait': ('trainer.html#val_data_wait', 'lucid_nb/trainer.py'),
                                   'lucid_nb.trainer.write_json_atomic': ('trainer.html#write_json_atomic', 'lucid_nb/trainer.py'),
                                   'lucid_nb.trainer.write_predictions': ('trainer.html#write_predictions', 'lucid_nb/trainer.py')}}}

@@ -310,7 +310,7 @@ def box_spans(
 def crop_chunks(
     sizes:list,      # (rows, columns) of each detection's crop
     max_pixels:int,  # pixels per chunk, each crop padded to the chunk's largest rows + 1 and columns
-)->tuple[int,list]:  # empty crops (first in the order), chunks (first, end, rows, columns) of the rest
+)->list:             # chunks (first, end, rows, columns) into that order; empty crops (first in it) are in none
     "Chunks of the detections in a stable sort by crop area, so that a chunk pads its crops little."
     by_area = sorted(sizes, key=lambda hw: hw[0] * hw[1])   # stable, as `torch.sort(..., stable=True)`
     empty = sum(h * w == 0 for h, w in by_area)
@@ -320,7 +320,7 @@ def crop_chunks(
         if k > first and (k - first + 1) * (max(rows, h) + 1) * max(cols, w) > max_pixels:
             chunks.append((first, k, rows, cols)); first, rows, cols = k, 0, 0
         rows, cols = max(rows, h), max(cols, w)
-    return empty, chunks + ([(first, len(by_area), rows, cols)] if len(by_area) > empty else [])
+    return chunks + ([(first, len(by_area), rows, cols)] if len(by_area) > empty else [])
 
 def crop_starts(
     soft:Tensor,           # (n,S/4,S/4) soft masks on the prototype grid (`proto_masks`)
@@ -364,15 +364,14 @@ def mask_runs(
     (scale, px, py), (H, W) = _floats(letterbox), map(int, _floats(orig_hw))
     if spans is None: spans = box_spans(unletterbox_boxes(boxes, letterbox, orig_hw), H, W)
     if sizes is None: sizes = (spans[:, 1::2] - spans[:, ::2]).tolist()
-    _, chunks = crop_chunks(sizes, max_pixels)
+    chunks = crop_chunks(sizes, max_pixels)
     order = torch.sort((spans[:, 1] - spans[:, 0]) * (spans[:, 3] - spans[:, 2]), stable=True).indices   # `crop_chunks`' order
     soft = proto_masks(coef, proto, boxes)
     gx = _grid_coords(W, proto.shape[2], scale, px, MASK_STRIDE, dev)
     gy = _grid_coords(H, proto.shape[1], scale, py, MASK_STRIDE, dev)
     found = [crop_starts(soft[sel], spans[sel], gx, gy, rows, cols) + (sel,)
              for a, b, rows, cols in chunks for sel in [order[a:b]]]
-    m = torch.cat([sel[d] for d, _, sel in found]) if found else order[:0]
-    q = torch.cat([q for _, q, _ in found]) if found else order[:0]
+    m, q = (torch.cat([sel[d] for d, _, sel in found]), torch.cat([q for _, q, _ in found])) if found else (order[:0],) * 2
     o = torch.sort(m, stable=True).indices   # mask by mask; each mask's starts come from one chunk, in order
     c, r = runs_from_starts(m[o], q[o], n, H * W)
     return c.int() if H * W < 2**31 else c, r

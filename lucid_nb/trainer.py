@@ -39,10 +39,10 @@ __all__ = ['PALETTE', 'HELP', 'LOCK_NAME', 'USER_ERRORS', 'ModelEMA', 'EmaUpdate
            'fit_state_hashes', 'write_json_atomic', 'data_wait', 'val_data_wait', 'checkpoint_seconds', 'process_age',
            'RunArtifacts', 'FrozenHeap', 'epoch_line', 'EpochSummary', 'class_ap_table', 'QuietLightning',
            'quiet_lightning', 'read_metrics_csv', 'plot_curves', 'draw_instances', 'instances_of', 'draw_results',
-           'fit_tile', 'image_grid', 'save_jpeg', 'draw_train_batch', 'draw_val_batch', 'OneLineParser', 'LucidCLI',
-           'add_tensorboard', 'default_callbacks', 'cli_main', 'save_figure', 'note', 'RunFolderInUse', 'read_lock',
-           'lock_owner_alive', 'acquire_run_lock', 'run_lock', 'resume_hint', 'read_checkpoint', 'one_line', 'main',
-           'ddp_blocker', 'broadcast_buffers', 'rank_state_hashes', 'DistributedRun']
+           'tile_size', 'fit_tile', 'image_grid', 'save_jpeg', 'draw_train_batch', 'draw_val_batch', 'OneLineParser',
+           'LucidCLI', 'add_tensorboard', 'default_callbacks', 'cli_main', 'save_figure', 'note', 'RunFolderInUse',
+           'read_lock', 'lock_owner_alive', 'acquire_run_lock', 'run_lock', 'resume_hint', 'read_checkpoint',
+           'one_line', 'main', 'ddp_blocker', 'broadcast_buffers', 'rank_state_hashes', 'DistributedRun']
 
 # %% ../nbs/08_trainer.ipynb #ea5ecba6
 class ModelEMA(nn.Module):
@@ -375,6 +375,7 @@ def validation_step(self:LitYolo, batch:dict, batch_idx:int):
 
 @patch
 def _validate_batch(self:LitYolo, batch:dict):
+    "`validation_step`'s work; its tensors are freed when it returns, before `lending` checks what stayed allocated."
     t0 = _now(self.trainer)
     out = self.ema.module(batch['img'])
     t1 = _now(self.trainer)
@@ -590,9 +591,10 @@ class RunArtifacts(Callback):
         preds = run/'predictions.json'
         if results is None and preds.exists(): results = json.loads(preds.read_text())   # a fit that did not validate
         if results is not None:
-            images = [load_rgb(r.path) for r in trainer.datamodule.val_records[:8]]   # drawn twice, read once
-            save_jpeg(draw_val_batch(trainer.datamodule, images=images), run/'val_batch_labels.jpg')
-            save_jpeg(draw_val_batch(trainer.datamodule, results, images=images), run/'val_batch_pred.jpg')
+            n = 8   # images drawn twice, read once
+            images = [load_rgb(r.path) for r in trainer.datamodule.val_records[:n]]
+            save_jpeg(draw_val_batch(trainer.datamodule, n=n, images=images), run/'val_batch_labels.jpg')
+            save_jpeg(draw_val_batch(trainer.datamodule, results, n=n, images=images), run/'val_batch_pred.jpg')
         part('val_drawings')
         dm = trainer.datamodule
         write_json_atomic(run/'timing.json', dict(
@@ -719,9 +721,14 @@ def draw_results(img:np.ndarray, results:list, class_names:list|None=None, cat_i
     boxes, labels, cls, masks = instances_of(results, class_names, cat_ids, img.shape[:2], min_score=min_score)
     return draw_instances(img, boxes, labels, cls, masks)
 
+def tile_size(H:int, W:int, size:int)->tuple[float,int,int]:
+    "The scale and (h, w) of an H×W image whose long side becomes `size`."
+    r = size / max(H, W)
+    return r, max(1, round(H * r)), max(1, round(W * r))
+
 def fit_tile(img:np.ndarray, boxes:np.ndarray, masks, size:int)->tuple:
     "An image (long side to `size`) with its xyxy boxes and (n,H,W) bool masks resized alike."
-    H, W = img.shape[:2]; r = size / max(H, W); h, w = max(1, round(H * r)), max(1, round(W * r))
+    r, h, w = tile_size(*img.shape[:2], size)
     img = np.asarray(Image.fromarray(img).resize((w, h), Image.BILINEAR))
     if masks is not None: masks = np.array([np.asarray(Image.fromarray(m).resize((w, h), Image.NEAREST)) for m in masks], bool).reshape(-1, h, w)
     return img, np.asarray(boxes, np.float32).reshape(-1, 4) * r, masks
@@ -762,15 +769,15 @@ def draw_val_batch(dm, results:list|None=None, n:int=8, size:int=320, top:int=30
     gt, tiles = dm.val_coco(), []
     by_image = {}
     for r in results or []: by_image.setdefault(r['image_id'], []).append(r)
+    decode = gt.annToMask if results is None else (lambda a: mask_utils.decode(a['segmentation']))
     for k, rec in enumerate(dm.val_records[:n]):
         img = load_rgb(rec.path) if images is None else images[k]
-        (H, W), r = img.shape[:2], size / max(img.shape[:2])
-        rows = np.minimum(((np.arange(max(1, round(H * r))) + .5) / r).astype(int), H - 1)   # nearest pixel of each tile row
-        cols = np.minimum(((np.arange(max(1, round(W * r))) + .5) / r).astype(int), W - 1)
-        decode = gt.annToMask if results is None else (lambda a: mask_utils.decode(a['segmentation']))
+        (H, W), (r, h, w) = img.shape[:2], tile_size(*img.shape[:2], size)
+        rows = np.minimum(((np.arange(h) + .5) / r).astype(int), H - 1)   # nearest pixel of each tile row
+        cols = np.minimum(((np.arange(w) + .5) / r).astype(int), W - 1)
         anns = gt.imgToAnns.get(rec.image_id, []) if results is None else by_image.get(rec.image_id, [])
         boxes, labels, cls, masks = instances_of([a for a in anns if not a.get('iscrowd')], dm.class_names, dm.cat_ids,
-                                                 (len(rows), len(cols)), lambda a: decode(a)[rows][:, cols],  # at tile size
+                                                 (h, w), lambda a: decode(a)[rows][:, cols],  # at tile size
                                                  top=None if results is None else top)
         t, bx, _ = fit_tile(img, boxes, None, size)
         tiles.append(draw_instances(t, bx, labels, cls, masks))
