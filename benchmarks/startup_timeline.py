@@ -11,11 +11,12 @@ import functools, os, sys, time
 T0 = float(os.environ['T0'])
 def mark(what): print(f'[{time.time()-T0:6.2f}] {what}', flush=True)
 mark('python main')
-from lucid_nb.cli import enable_bytecode_cache; enable_bytecode_cache()
-import torch; mark('torch')
-import torchmetrics; mark('torchmetrics')
-import lightning.pytorch; mark('lightning')
-import lucid_nb.trainer as T; mark('lucid_nb.trainer')
+from lucid_nb.cli import enable_bytecode_cache, lean_imports; enable_bytecode_cache()
+with lean_imports():   # as the `lucid` command imports them
+    import torch; mark('torch')
+    import torchmetrics; mark('torchmetrics')
+    import lightning.pytorch; mark('lightning')
+    import lucid_nb.trainer as T; mark('lucid_nb.trainer')
 def wrap(cls, name, limit=3):
     orig = getattr(cls, name); n = [0]
     def w(*a, **k):

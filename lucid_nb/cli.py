@@ -6,11 +6,12 @@ Docs: https://lucid-nb.github.io/lucid_nb/cli.html.md"""
 
 # %% ../nbs/09_cli.ipynb #a6e44897
 from __future__ import annotations
-import atexit, os, sys, threading
+import atexit, contextlib, os, sys, threading
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['bytecode_cache', 'enable_bytecode_cache', 'exit_status', 'exit_now', 'run', 'main']
+__all__ = ['LEAN_IMPORTS_HIDE', 'bytecode_cache', 'enable_bytecode_cache', 'HiddenPackages', 'lean_imports', 'exit_status',
+           'exit_now', 'run', 'main']
 
 # %% ../nbs/09_cli.ipynb #47b87641
 def bytecode_cache()->str|None:
@@ -24,6 +25,35 @@ def enable_bytecode_cache()->str|None:
         sys.pycache_prefix = str(Path(os.environ.get('XDG_CACHE_HOME') or Path.home()/'.cache')/'lucid_nb'/'pycache')
     sys.dont_write_bytecode = False
     return sys.pycache_prefix
+
+# %% ../nbs/09_cli.ipynb #ab16cc07
+LEAN_IMPORTS_HIDE = ('transformers', 'torchvision', 'scipy')   # what torchmetrics imports only because it is installed
+
+def _dist_key(name:str)->str: return name.lower().replace('-', '_').replace('.', '_')
+
+class HiddenPackages:
+    "A `sys.meta_path` finder under which the top-level packages `names` have no module and no distribution metadata."
+    def __init__(self, names): self.names = frozenset(_dist_key(n) for n in names)
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname.partition('.')[0] in self.names:
+            raise ModuleNotFoundError(f"No module named {fullname!r} (lucid hides it while importing Lightning; "
+                                      "LUCID_NB_LEAN_IMPORTS=0 keeps it)", name=fullname)
+        return None   # not ours: the next finder looks
+    def find_distributions(self, context=None):
+        from importlib.metadata import PackageNotFoundError
+        name = getattr(context, 'name', None)
+        if name is not None and _dist_key(name) in self.names: raise PackageNotFoundError(name)
+        return iter(())
+
+@contextlib.contextmanager
+def lean_imports(names=LEAN_IMPORTS_HIDE):
+    "While inside, the packages `names` not imported yet look not installed (`HiddenPackages`); `LUCID_NB_LEAN_IMPORTS=0`: no change."
+    hide = [n for n in names if n not in sys.modules]
+    if os.environ.get('LUCID_NB_LEAN_IMPORTS', '1') == '0' or not hide: yield None; return
+    finder = HiddenPackages(hide)
+    sys.meta_path.insert(0, finder)
+    try: yield finder
+    finally: sys.meta_path.remove(finder)
 
 # %% ../nbs/09_cli.ipynb #1ea71d62
 def exit_status(code)->int:
@@ -47,7 +77,7 @@ def exit_now(status:int):
 def run()->int:
     "Run the `lucid` command of `sys.argv` in this process and return its exit status: `lucid export` goes to `lucid_nb.predict`, every other subcommand to Lightning's CLI."
     enable_bytecode_cache()
-    from lucid_nb.trainer import main as trainer_main
+    with lean_imports(): from lucid_nb.trainer import main as trainer_main
     job = None
     if sys.argv[1:2] == ['export']:   # not a Lightning subcommand: `lucid export --ckpt_path CKPT --format onnx|torchscript`
         from lucid_nb.predict import export_main

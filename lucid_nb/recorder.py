@@ -940,11 +940,6 @@ class Recorder(Callback):
         lend = getattr(r.backend_, 'lending', None) if r is not None and r.graphs is not None else None
         return contextlib.nullcontext() if lend is None else lend()
 
-    def on_validation_start(self, trainer, module):
-        "While the whole step replays (its memory in the graphs' pool), hand the default pool's cache back first."
-        r = self.regions.get('step')
-        if r is not None and r.graphs is not None and r.backend_.name == 'cuda': torch.cuda.empty_cache()
-
     def report(self)->dict:
         "What each region did in this fit."
         return {name: r.report() for name, r in self.regions.items()}

@@ -36,3 +36,40 @@ def test_console_exit_keeps_status_threads_and_atexit(fast):
     bad = _run('fit', '--data.imgsz', 'big', env={'LUCID_NB_FAST_EXIT': fast})
     assert bad.returncode == 2 and bad.stderr.count('\n') == 1 and 'lucid: error:' in bad.stderr
     assert bad.stdout.splitlines()[-2:] == ['thread done', 'atexit ran']
+
+
+OPTIONAL = {'transformers': '4.57.0', 'torchvision': '0.26.0', 'scipy': '1.16.0'}   # what torchmetrics imports if installed
+
+
+def _optional_site(folder):
+    "Stand-ins for the optional packages, with distribution metadata: importing one raises, so a test sees who imports it."
+    for name, version in OPTIONAL.items():
+        (folder / name).mkdir()
+        (folder / name / '__init__.py').write_text(f"raise RuntimeError('{name} was imported')\n")
+        (folder / f'{name}-{version}.dist-info').mkdir()
+        (folder / f'{name}-{version}.dist-info' / 'METADATA').write_text(f'Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n')
+    return folder
+
+
+LEAN_PROBE = textwrap.dedent("""
+    import sys
+    sys.argv = ['lucid', 'fit', '--help']
+    from lucid_nb.cli import run
+    status = run()
+    print('status', status, sorted(n for n in %r if n in sys.modules))
+    try: import torchvision                # after the trainer's import the user's code sees it again
+    except RuntimeError as e: print(e)
+""" % (tuple(OPTIONAL),))
+
+
+def test_lucid_imports_lightning_without_the_optional_packages(tmp_path):
+    import os
+    path = os.pathsep.join([str(_optional_site(tmp_path)), *filter(None, [os.environ.get('PYTHONPATH')])])
+    probe = lambda lean: subprocess.run([sys.executable, '-c', LEAN_PROBE], capture_output=True, text=True, timeout=300,
+                                        env=dict(os.environ, PYTHONPATH=path, LUCID_NB_LEAN_IMPORTS=lean))
+    lean = probe('1')
+    assert lean.returncode == 0, lean.stderr[-3000:]
+    assert '--trainer.max_epochs' in lean.stdout
+    assert lean.stdout.splitlines()[-2:] == ['status 0 []', 'torchvision was imported']
+    full = probe('0')                      # the stand-ins are real to torchmetrics: without hiding, it imports them
+    assert full.returncode != 0 and 'was imported' in full.stderr

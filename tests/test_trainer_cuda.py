@@ -1,4 +1,5 @@
-"""The trainer on a CUDA GPU: a whole Lightning training step runs without one host synchronisation.
+"""The trainer on a CUDA GPU: a whole Lightning training step runs without one host synchronisation; validation
+starts with the training step's cached memory given back.
 
 CUDA's sync-debug mode ('error') makes every operation that would make the host wait for the device raise. It is
 switched on from the start of one training batch to the start of the next (forward, loss, backward, optimiser,
@@ -34,3 +35,23 @@ def test_no_host_sync_inside_training_steps(tmp_path):
             '--data.imgsz', '128', callbacks=[guard])
     finally: torch.cuda.set_sync_debug_mode(0)
     assert guard.guarded == 2 * 5, guard.guarded   # 2 epochs × batches 2..6 ran guarded
+
+
+class CacheAtValidation(Callback):
+    "The allocator's reserved and allocated bytes after the last training batch and at the first validation batch."
+    def __init__(self): self.at = {}
+    def _read(self, name):
+        torch.cuda.synchronize(); self.at.setdefault(name, (torch.cuda.memory_reserved(), torch.cuda.memory_allocated()))
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        if batch_idx == trainer.num_training_batches - 1: self._read('trained')
+    def on_validation_batch_start(self, trainer, module, batch, batch_idx, dataloader_idx=0):
+        if not trainer.sanity_checking: self._read('validating')
+
+
+def test_validation_starts_with_the_training_cache_given_back(tmp_path):
+    probe = CacheAtValidation()
+    fit(tmp_path, '--trainer.accelerator', 'gpu', '--trainer.limit_train_batches', '4', '--data.batch_size', '4',
+        '--data.imgsz', '256', callbacks=[probe], epochs=1)
+    (reserved, allocated), (reserved_val, allocated_val) = probe.at['trained'], probe.at['validating']
+    assert reserved - allocated > 8 * 2**20, probe.at           # training left its freed blocks cached...
+    assert reserved_val < reserved and reserved_val - allocated_val < (reserved - allocated) / 2, probe.at   # ...given back
