@@ -304,11 +304,11 @@ def test_close_mosaic(coco):
 
 
 def test_prefetch_threads_stop(coco):
-    dm = dm_for(coco, val_count=1, prefetch=True); dm.setup()
+    dm = dm_for(coco, val_count=1, prefetch=True, batch_size=1); dm.setup()   # 6 batches: more than the queue holds
     ld = dm.train_dataloader()
     list(ld); assert live_prefetch_threads() == []                           # end of an epoch
     it = iter(ld); next(it)
-    assert len(live_prefetch_threads()) == 1
+    assert len(live_prefetch_threads()) == 1                                 # blocked on a full queue, so still there
     dm.teardown(); assert live_prefetch_threads() == []                     # teardown with an epoch half-way
     it.close(); dm.teardown()                                               # closing twice is harmless
 
