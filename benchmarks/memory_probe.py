@@ -3,11 +3,12 @@
 Runs one epoch of the reference configuration (`configs/coco128-seg-n.yaml`) through the real trainer and reads the
 CUDA allocator's peaks after the training batches and after the validation, then lists the live blocks at the
 training peak and at the validation peak (from the allocator's memory history) by the line of lucid_nb code that made
-them, and the reserved memory by pool (the default pool, and the private pool of the recorded CUDA graphs):
+them, the reserved memory by pool (the default pool, and the private pool of the recorded CUDA graphs), and, at the
+moment the most memory was reserved, what was reserved and allocated in each pool, by code:
 
     python benchmarks/memory_probe.py --out benchmarks/results [-- extra lucid args]
 """
-import argparse, collections, json
+import argparse, bisect, collections, json
 from pathlib import Path
 
 import torch
@@ -63,6 +64,41 @@ def reserved_by_pool(snapshot: dict) -> dict:
     return {k: round(v / MiB, 1) for k, v in by.items()}
 
 
+def reserved_at_peak(snapshot: dict, n: int = 12) -> dict:
+    """Replay the trace's segment allocations and frees; at the moment the most memory was reserved, the segments then
+    alive by pool (named from the snapshot's segments, or 'freed since' for those given back later, e.g. by
+    `empty_cache`) and the blocks then allocated in them, by pool and by the code that made them."""
+    def replay(stop=None):
+        segs, live, total, used, best, when = {}, {}, 0, 0, (-1, -1), -1
+        for i, e in enumerate(snapshot['device_traces'][0]):
+            if i == stop: break
+            act = e['action']
+            if act == 'segment_alloc': segs[e['addr']] = e['size']; total += e['size']
+            elif act == 'segment_free' and e['addr'] in segs: total -= segs.pop(e['addr'])
+            elif act == 'alloc': live[e['addr']] = (e['size'], e.get('frames') or []); used += e['size']
+            elif act == 'free_completed' and e['addr'] in live: used -= live.pop(e['addr'])[0]
+            else: continue
+            if (total, used) > best: best, when = (total, used), i   # the fullest moment of the most reserved
+        return best[0], when, segs, live
+    best, when, _, _ = replay()
+    _, _, segs, live = replay(when + 1)   # the state just after that event
+    pool_of = {s['address']: 'default' if tuple(s.get('segment_pool_id') or (0, 0)) == (0, 0) else str(tuple(s['segment_pool_id']))
+               for s in snapshot['segments']}
+    starts = sorted(segs)
+    def segment(addr):
+        i = bisect.bisect_right(starts, addr) - 1
+        return starts[i] if i >= 0 and addr < starts[i] + segs[starts[i]] else None
+    reserved, allocated, by_code = collections.Counter(), collections.Counter(), collections.defaultdict(collections.Counter)
+    for a, size in segs.items(): reserved[pool_of.get(a, 'freed since')] += size
+    for a, (size, frames) in live.items():
+        s, where = segment(a), _where(frames)
+        pool = pool_of.get(s, 'freed since') if s is not None else '?'
+        allocated[pool] += size; by_code[pool][where] += size
+    mib = lambda c: {k: round(v / MiB, 1) for k, v in c.items()}
+    return dict(reserved_mib=round(best / MiB, 1), reserved_by_pool=mib(reserved), allocated_by_pool=mib(allocated),
+                allocated_by_code={p: [(k, round(v / MiB, 1)) for k, v in c.most_common(n)] for p, c in by_code.items()})
+
+
 def main():
     p = argparse.ArgumentParser(); p.add_argument('--out', default='benchmarks/results')
     p.add_argument('--tag', default='', help='result file suffix, e.g. the option probed (memory_probe_<device>_<tag>.json)')
@@ -83,6 +119,7 @@ def main():
     res = dict(env=env, extra_args=a.extra, peaks=peaks.at, training_peak=live_at_peak(peaks.snapshot),
                validation_peak=live_at_peak(peaks.val_snapshot, after=n_train),
                reserved_by_pool=dict(training=reserved_by_pool(peaks.snapshot), validation=reserved_by_pool(peaks.val_snapshot)),
+               at_reserved_peak=reserved_at_peak(peaks.val_snapshot),
                stats={k: v / MiB for k, v in torch.cuda.memory_stats().items() if k.endswith('bytes.all.peak')})
     out = Path(a.out); out.mkdir(parents=True, exist_ok=True)
     (out / f"memory_probe_{dev}{'_' + a.tag if a.tag else ''}.json").write_text(json.dumps(res, indent=1))
