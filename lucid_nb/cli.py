@@ -10,7 +10,7 @@ import atexit, contextlib, os, sys, threading
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['LEAN_IMPORTS_HIDE', 'bytecode_cache', 'enable_bytecode_cache', 'HiddenPackages', 'lean_imports', 'exit_status',
+__all__ = ['LEAN_IMPORTS_HIDE', 'bytecode_cache', 'enable_bytecode_cache', 'HiddenDistributions', 'lean_imports', 'exit_status',
            'exit_now', 'run', 'main']
 
 # %% ../nbs/09_cli.ipynb #47b87641
@@ -31,14 +31,10 @@ LEAN_IMPORTS_HIDE = ('transformers', 'torchvision', 'scipy')   # what torchmetri
 
 def _dist_key(name:str)->str: return name.lower().replace('-', '_').replace('.', '_')
 
-class HiddenPackages:
-    "A `sys.meta_path` finder under which the top-level packages `names` have no module and no distribution metadata."
+class HiddenDistributions:
+    "A `sys.meta_path` finder that finds no module and answers `importlib.metadata` that the distributions `names` are not installed."
     def __init__(self, names): self.names = frozenset(_dist_key(n) for n in names)
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname.partition('.')[0] in self.names:
-            raise ModuleNotFoundError(f"No module named {fullname!r} (lucid hides it while importing Lightning; "
-                                      "LUCID_NB_LEAN_IMPORTS=0 keeps it)", name=fullname)
-        return None   # not ours: the next finder looks
+    def find_spec(self, fullname, path=None, target=None): return None   # modules: the next finder looks
     def find_distributions(self, context=None):
         from importlib.metadata import PackageNotFoundError
         name = getattr(context, 'name', None)
@@ -47,13 +43,17 @@ class HiddenPackages:
 
 @contextlib.contextmanager
 def lean_imports(names=LEAN_IMPORTS_HIDE):
-    "While inside, the packages `names` not imported yet look not installed (`HiddenPackages`); `LUCID_NB_LEAN_IMPORTS=0`: no change."
+    "While inside, the packages `names` not imported yet look not installed (no module, no distribution); `LUCID_NB_LEAN_IMPORTS=0`: no change."
     hide = [n for n in names if n not in sys.modules]
     if os.environ.get('LUCID_NB_LEAN_IMPORTS', '1') == '0' or not hide: yield None; return
-    finder = HiddenPackages(hide)
+    finder = HiddenDistributions(hide)
     sys.meta_path.insert(0, finder)
+    sys.modules.update(dict.fromkeys(hide))   # None: `import` raises ModuleNotFoundError, `find_spec` answers None
     try: yield finder
-    finally: sys.meta_path.remove(finder)
+    finally:
+        sys.meta_path.remove(finder)
+        for n in hide:
+            if n in sys.modules and sys.modules[n] is None: del sys.modules[n]
 
 # %% ../nbs/09_cli.ipynb #1ea71d62
 def exit_status(code)->int:
