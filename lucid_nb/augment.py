@@ -16,8 +16,8 @@ from .core import *
 from .coco import *
 
 # %% auto #0
-__all__ = ['translate', 'letterbox_params', 'random_affine', 'warp_image', 'mosaic_canvas', 'place_instances', 'AugSettings',
-           'build_sample', 'hsv_jitter']
+__all__ = ['HSV_CHUNK_PIXELS', 'translate', 'letterbox_params', 'random_affine', 'warp_image', 'mosaic_canvas', 'place_instances',
+           'AugSettings', 'build_sample', 'hsv_jitter']
 
 # %% ../nbs/01b_augment.ipynb #d796d5c4
 def translate(tx:float, ty:float)->np.ndarray:
@@ -188,21 +188,33 @@ def build_sample(
                 letterbox=np.array([scale, px, py], np.float32), hsv=hsv, dropped=dropped)
 
 # %% ../nbs/01b_augment.ipynb #9af68a1d
-def hsv_jitter(
-    img:Tensor,    # (B,3,S,S) uint8 0..255 or float 0..1, RGB
-    gains:Tensor,  # (B,3) hue, saturation, value gains (1 = unchanged)
-)->Tensor:         # (B,3,S,S) float32 in [0,1]
-    "Multiply hue (mod 1), saturation and value by per-image gains, on `img`'s device."
-    x = img.float() / 255 if not img.is_floating_point() else img.float()
+HSV_CHUNK_PIXELS = 2**20   # pixels of the images jittered at a time (their float temporaries: ~100 bytes a pixel)
+
+def _hsv_into(x:Tensor, gains:Tensor, n:Tensor, out:Tensor)->Tensor:
+    "`hsv_jitter` of float images x (b,3,S,S) in [0,1] into `out`, like shaped; n: the channel offsets (5, 3, 1)."
     r, g, b = x.unbind(1)
     mx, mn = x.amax(1), x.amin(1)
     d = mx - mn
     dd = torch.where(d > 0, d, torch.ones_like(d))
     h = torch.where(mx == r, ((g - b) / dd) % 6, torch.where(mx == g, (b - r) / dd + 2, (r - g) / dd + 4)) / 6
+    del r, g, b, dd, mn
     h = torch.where(d > 0, h, torch.zeros_like(h))
     s = torch.where(mx > 0, d / torch.where(mx > 0, mx, torch.ones_like(mx)), torch.zeros_like(mx))
     gh, gs, gv = (gains.to(x)[:, i, None, None] for i in range(3))
     h, s, v = (h * gh) % 1, (s * gs).clamp(0, 1), (mx * gv).clamp(0, 1)
-    n = torch.arange(5., 0., -2., device=x.device)   # (5, 3, 1), made on the device: no host copy inside a step
-    k = (n[None, :, None, None] + h[:, None] * 6) % 6
-    return v[:, None] - (v * s)[:, None] * torch.minimum(k, 4 - k).clamp(0, 1)
+    k = torch.add(h[:, None] * 6, n[None, :, None, None], out=out).remainder_(6)   # (n + 6h) mod 6, in `out`
+    torch.minimum(k, 4 - k, out=k).clamp_(0, 1).mul_((v * s)[:, None])
+    return torch.sub(v[:, None], k, out=k)                                             # v − v·s·clamp(min(k, 4 − k))
+
+def hsv_jitter(
+    img:Tensor,    # (B,3,S,S) uint8 0..255 or float 0..1, RGB
+    gains:Tensor,  # (B,3) hue, saturation, value gains (1 = unchanged)
+)->Tensor:         # (B,3,S,S) float32 in [0,1]
+    "Multiply hue (mod 1), saturation and value by per-image gains, on `img`'s device, a few images at a time."
+    out = torch.empty(img.shape, dtype=torch.float32, device=img.device)
+    n = torch.arange(5., 0., -2., device=img.device)   # (5, 3, 1), made on the device: no host copy inside a step
+    per = max(1, HSV_CHUNK_PIXELS // (img.shape[2] * img.shape[3]))
+    for i in range(0, len(img), per):
+        x = img[i:i + per].float()
+        _hsv_into(x if img.is_floating_point() else x / 255, gains[i:i + per], n, out[i:i + per])
+    return out

@@ -1,11 +1,13 @@
 "Data pipeline checks beyond the notebook: any COCO dataset, every bad-input case, the disk cache, determinism, threads."
-import json, os, threading, types
+import json, os, threading, types, weakref
 from pathlib import Path
 
 import numpy as np, pytest, torch
 from PIL import Image
 from pycocotools import mask as mask_utils
+from torch.utils._python_dispatch import TorchDispatchMode
 
+from lucid_nb import augment
 from lucid_nb.core import BATCH_KEYS, MASK_STRIDE, digest
 from lucid_nb.data import (BadInputError, DataReport, YoloData, YoloDataset, YoloLoader, build_sample, data_main,
                            default_cache_dir, hsv_jitter, load_coco_json, read_records, coco_categories)
@@ -371,6 +373,60 @@ def test_hsv_jitter_uint8_and_float_agree():
     torch.testing.assert_close(hsv_jitter(x, g), hsv_jitter(x.float() / 255, g))
     grey = torch.full((1, 3, 2, 2), .5)
     torch.testing.assert_close(hsv_jitter(grey, torch.tensor([[1.5, 2., 1.]])), grey)   # no saturation: hue is moot
+
+
+
+def _hsv_plain(img, gains):
+    "hsv_jitter's plain formulas over the whole batch (the version before chunking): the bytes it must keep."
+    x = img.float() / 255 if not img.is_floating_point() else img.float()
+    r, g, b = x.unbind(1)
+    mx, mn = x.amax(1), x.amin(1)
+    d = mx - mn
+    dd = torch.where(d > 0, d, torch.ones_like(d))
+    h = torch.where(mx == r, ((g - b) / dd) % 6, torch.where(mx == g, (b - r) / dd + 2, (r - g) / dd + 4)) / 6
+    h = torch.where(d > 0, h, torch.zeros_like(h))
+    s = torch.where(mx > 0, d / torch.where(mx > 0, mx, torch.ones_like(mx)), torch.zeros_like(mx))
+    gh, gs, gv = (gains.to(x)[:, i, None, None] for i in range(3))
+    h, s, v = (h * gh) % 1, (s * gs).clamp(0, 1), (mx * gv).clamp(0, 1)
+    n = torch.arange(5., 0., -2., device=x.device)
+    k = (n[None, :, None, None] + h[:, None] * 6) % 6
+    return v[:, None] - (v * s)[:, None] * torch.minimum(k, 4 - k).clamp(0, 1)
+
+
+class _LiveBytes(TorchDispatchMode):
+    "The most bytes of tensors made by operations alive at once (each output counted until it is freed)."
+    def __init__(self): super().__init__(); self.live = self.peak = 0
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        made = [t for t in (out if isinstance(out, (tuple, list)) else [out]) if isinstance(t, torch.Tensor)]
+        inputs = {a.untyped_storage().data_ptr() for a in [*args, *(kwargs or {}).values()] if isinstance(a, torch.Tensor)}
+        for t in made:
+            if t._base is not None or t.untyped_storage().data_ptr() in inputs: continue   # a view or in place: nothing new
+            n = t.untyped_storage().nbytes(); self.live += n; self.peak = max(self.peak, self.live)
+            weakref.finalize(t, lambda n=n: setattr(self, 'live', self.live - n))
+        return out
+
+
+@pytest.mark.parametrize('chunk_pixels', [40 * 40 * 2, 2 ** 20])
+def test_hsv_jitter_keeps_the_plain_bytes_a_few_images_at_a_time(monkeypatch, chunk_pixels):
+    monkeypatch.setattr(augment, 'HSV_CHUNK_PIXELS', chunk_pixels)   # 2 images a chunk (3 chunks), or one chunk
+    img = torch.randint(0, 256, (5, 3, 40, 40), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    img[:, :, :4] = 128; img[:, 0, 4:8] = 255; img[:, 1:, 4:8] = 0; img[:, :2, 8:12] = 200   # grey, pure red, ties
+    img[0, :, 12:16] = 0; img[-1, :, 12:16] = 255                                           # black, white
+    gains = torch.rand(5, 3, generator=torch.Generator().manual_seed(1)) * 1.6 + .2
+    for x in (img, img.float() / 255, img.float().div(255).contiguous(memory_format=torch.channels_last)):
+        assert hsv_jitter(x, gains).numpy().tobytes() == _hsv_plain(x, gains).numpy().tobytes()
+
+
+def test_hsv_jitter_makes_fewer_batch_sized_temporaries(monkeypatch):
+    monkeypatch.setattr(augment, 'HSV_CHUNK_PIXELS', 2 * 128 * 128)   # 2 of the 16 images at a time, as at 640 px
+    img = torch.randint(0, 256, (16, 3, 128, 128), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    gains, batch_bytes = torch.rand(16, 3) + .5, 16 * 3 * 128 * 128 * 4
+    peaks = []
+    for fn in (_hsv_plain, hsv_jitter):
+        with _LiveBytes() as m: fn(img, gains)
+        peaks.append(m.peak / batch_bytes)
+    assert peaks[0] > 5 and peaks[1] < 2, peaks   # the output plus a chunk's, against ~6 batch-sized tensors
 
 
 def test_data_main_on_a_given_dataset(coco, capsys):
