@@ -492,8 +492,9 @@ class Validator:
                  max_det:int=300,        # detections per image
                  max_nms:int=30000,      # candidates per image entering NMS
                  multi_label:bool=True,  # a detection per (anchor, class) above `conf`
-                 masks:bool=True):       # also build and encode masks (needs `coef` and `proto`)
-        self.cat_ids, self.masks = cat_ids, masks
+                 masks:bool=True,        # also build and encode masks (needs `coef` and `proto`)
+                 group_counts:int=2**23):# mask run lengths gathered before they become strings (device memory: 4 bytes each)
+        self.cat_ids, self.masks, self.group_counts = cat_ids, masks, group_counts
         self.nms_kw = dict(conf=conf, iou=iou, max_det=max_det, max_nms=max_nms, multi_label=multi_label)
         self.reset()
 
@@ -520,11 +521,16 @@ class Validator:
                 for i, (b, d) in enumerate(zip(boxes, dets))]                   # per image: box, score, class, crop size
         rows = torch.cat(rows).cpu().split([len(d['scores']) for d in dets])  # one copy to the host for the batch
         preds = [dict(boxes=r[:, :4], scores=r[:, 4], classes=r[:, 5].long()) for r in rows]
-        if self.masks:   # every image's runs, then the batch's characters and strings at once
-            runs = [mask_runs(eval_out['coef'][i][d['anchors']], eval_out['proto'][i], d['boxes'], lbs[i], hws[i],
-                              spans=spans[i], sizes=rows[i][:, 6:].long().tolist()) for i, d in enumerate(dets)]
-            sizes = hws.long().tolist()
-            texts = iter(rle_strings(torch.cat([c for c, _ in runs]), torch.cat([r for _, r in runs]), max(h * w for h, w in sizes)))
+        if self.masks:   # images' runs gathered up to `group_counts`, then their characters and strings at once
+            sizes, group, texts = hws.long().tolist(), [], []
+            def strings():
+                counts, runs = torch.cat([c for _, c, _ in group]), torch.cat([r for _, _, r in group])
+                texts.extend(rle_strings(counts, runs, max(sizes[i][0] * sizes[i][1] for i, _, _ in group))); group.clear()
+            for i, d in enumerate(dets):
+                group.append((i, *mask_runs(eval_out['coef'][i][d['anchors']], eval_out['proto'][i], d['boxes'], lbs[i], hws[i],
+                                            spans=spans[i], sizes=rows[i][:, 6:].long().tolist())))
+                if sum(len(c) for _, c, _ in group) >= self.group_counts or i == len(dets) - 1: strings()
+            texts = iter(texts)
             for p, (h, w) in zip(preds, sizes): p['masks'] = [{'size': [h, w], 'counts': next(texts)} for _ in range(len(p['scores']))]
         self.results += coco_results(preds, ids, self.cat_ids)
         self.image_ids += [int(i) for i in ids]

@@ -550,7 +550,8 @@ def test_batched_nms_equals_old_on_deep_suppression(kw):
         _assert_same(nms(h['boxes'], h['scores'], chunk=chunk, rounds=rounds, **kw), want)
 
 
-def test_validator_results_equal_old_path():
+@pytest.mark.parametrize('group_counts', [2**23, 20000, 1])   # one group a batch; a few images a group; one image a group
+def test_validator_results_equal_old_path(group_counts):
     "The whole post-processing, new vs old, to the byte: a seeded nano model's outputs (class biases 0: max_det boxes) and a young-model-like head."
     from lucid_nb.heads import yolo_seg
     torch.manual_seed(0)
@@ -560,7 +561,7 @@ def test_validator_results_equal_old_path():
     outs = [{k: o[k] for k in ('boxes', 'scores', 'coef', 'proto')} for o in outs] + [_young_head(2, B=3, S=320)]
     batches = [_batch_of(2, 160, 0), _batch_of(2, 160, 1), _batch_of(3, 320, 2)]
     kw = dict(conf=0.001, iou=0.7, max_det=300)
-    v = Validator(COCO80_IDS, **kw)
+    v = Validator(COCO80_IDS, group_counts=group_counts, **kw)
     for o, b in zip(outs, batches): v.update(o, b)
     old = _old_validator_results(outs, batches, COCO80_IDS, **kw)
     assert len(v.results) == len(old) > 1200
