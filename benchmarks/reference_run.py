@@ -12,9 +12,9 @@ given. Arms, run in turn (arm 1, arm 2, ..., arm 1, arm 2, ...):
     ul          Ultralytics yolo11n-seg on the same split, batch, size and epochs (`.ulcmp/run.py`, when present)
 
 For a lucid run it keeps the whole-process wall time (measured from outside), the phases of `timing.json`
-(start-up to the first training step, data preparation, per-epoch training with its data stall, per-epoch
-validation split into forward / post-processing / evaluation, fit end), peak reserved CUDA memory, every state hash
-and the recorder's report. The summary gives per arm the median (min–max) and per round each arm's ratio to the
+(start-up to the first training step, the first step alone, data preparation, per-epoch training with its data
+stall, per-epoch validation split into forward / post-processing / evaluation, fit end), peak reserved CUDA memory,
+every state hash and the recorder's report (with the seconds spent recording, all regions). The summary gives per arm the median (min–max) and per round each arm's ratio to the
 first arm and to Ultralytics, and whether the hashes of all lucid runs matched.
 
     python benchmarks/reference_run.py --batch-size 4 --rounds 5 --arms native,head+optim,ul [--out benchmarks/results] [-- extra lucid args]
@@ -55,10 +55,12 @@ def run_lucid(arm: str, batch_size: int, save_dir: Path, extra: list) -> dict:
     t = json.loads((run / 'timing.json').read_text())
     hashes = json.loads((run / 'state_hashes.json').read_text())
     rec = run / 'recorder.json'
+    recorder = json.loads(rec.read_text()) if rec.exists() else None
     later = t['epochs'][1:] or t['epochs']          # epoch 0 includes recording and warm-up
     val = [e['validation'] for e in t['epochs'] if e.get('validation')]
     return dict(arm=arm, command=' '.join(args[3:]), process_seconds=wall, fit_seconds=t['fit_seconds'],
                 startup_seconds=t.get('startup_seconds'), data_setup_seconds=t.get('data_setup_seconds'),
+                first_step_seconds=t.get('first_step_seconds'), recording_seconds=recording_seconds(recorder),
                 fit_end_seconds=t.get('fit_end_seconds'),
                 train_seconds=sum(e['train_seconds'] for e in t['epochs']),
                 data_wait_seconds=sum(e.get('data_wait_seconds') or 0 for e in t['epochs']),
@@ -68,8 +70,14 @@ def run_lucid(arm: str, batch_size: int, save_dir: Path, extra: list) -> dict:
                 step_ms=statistics.median(e['train_seconds'] / e['steps'] for e in later) * 1e3,
                 peak_reserved_mib=t['peak_reserved_mib'], timing=t,
                 hashes={k: v for k, v in hashes.items() if k != 'env'}, env=hashes['env'],
-                recorder=json.loads(rec.read_text()) if rec.exists() else None,
+                recorder=recorder,
                 fallback_lines=[l for l in r.stderr.splitlines() if 'capture_' in l])
+
+
+def recording_seconds(recorder: dict | None) -> float | None:
+    "Seconds the fit spent recording, all regions (warm-up and capture; recorder.json), None without a recorder."
+    if not recorder: return None
+    return sum(r['seconds'] for region in recorder.values() if isinstance(region, dict) for r in region.get('recordings') or [])
 
 
 def run_ul(batch_size: int) -> dict:
@@ -102,7 +110,8 @@ def device_slug() -> str:
 
 def summarize(runs: list, arms: list) -> dict:
     "Median and range per arm and key, ratios per round against the first arm (and Ultralytics), and hash equality."
-    keys = ('process_seconds', 'fit_seconds', 'startup_seconds', 'data_setup_seconds', 'fit_end_seconds', 'train_seconds',
+    keys = ('process_seconds', 'fit_seconds', 'startup_seconds', 'first_step_seconds', 'recording_seconds',
+            'data_setup_seconds', 'fit_end_seconds', 'train_seconds',
             'data_wait_seconds', 'validation_seconds', 'validation_epoch_seconds', 'step_ms', 'peak_reserved_mib')
     by_arm = {arm: [r for r in runs if r['arm'] == arm] for arm in arms}
     summary = {arm: {k: spread([r.get(k) for r in rs]) for k in keys} for arm, rs in by_arm.items()}

@@ -527,6 +527,7 @@ class RunArtifacts(Callback):
     "State hashes, a phase-by-phase timing, curves and sample predictions written to the run folder at the end of fit."
     def on_fit_start(self, trainer, module):
         self.t_fit, self.epochs, self.validations, self.startup, self.ended = _now(trainer), [], [], None, None
+        self.t_first, self.first_step = None, None
         age = process_age()
         self.t_process = None if age is None else time.perf_counter() - age
 
@@ -547,8 +548,10 @@ class RunArtifacts(Callback):
             if trainer.is_global_zero:
                 dm = trainer.datamodule
                 save_jpeg(draw_train_batch(batch, dm.class_names if dm is not None else None), _run_dir(trainer)/'train_batch.jpg')
+            self.t_first = _now(trainer)   # the first step starts after its drawing
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        if self.first_step is None and self.t_first is not None: self.first_step = _now(trainer) - self.t_first
         if batch_idx == trainer.num_training_batches - 1: self.t_train = _now(trainer)  # one sync per epoch
 
     def on_validation_end(self, trainer, module):
@@ -601,7 +604,7 @@ class RunArtifacts(Callback):
         write_json_atomic(run/'timing.json', dict(
             process_start_to_fit_start=None if self.t_process is None else self.t_fit - self.t_process,
             data_setup_seconds=getattr(dm, 'setup_seconds', None), startup_seconds=self.startup,
-            fit_seconds=t_end - self.t_fit, fit_end_seconds=time.perf_counter() - t_end, fit_end_parts=parts,
+            first_step_seconds=self.first_step, fit_seconds=t_end - self.t_fit, fit_end_seconds=time.perf_counter() - t_end, fit_end_parts=parts,
             epochs=self.epochs, peak_reserved_mib=mem))
 
 # %% ../nbs/08_trainer.ipynb #4973c3fa

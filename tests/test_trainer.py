@@ -159,6 +159,7 @@ def test_timing_has_every_phase(reference):
     "timing.json splits the run: start-up, data setup, per-epoch training, data waits and validation parts, fit end."
     t = json.loads((reference[1] / 'timing.json').read_text())
     assert t['startup_seconds'] > 0 and t['fit_end_seconds'] >= 0 and t['data_setup_seconds'] >= 0
+    assert 0 < t['first_step_seconds'] < t['epochs'][0]['train_seconds']   # one of the epoch's steps
     assert set(t['fit_end_parts']) == {'predictions', 'state_hashes', 'curves', 'val_drawings'}
     assert sum(t['fit_end_parts'].values()) <= t['fit_end_seconds']
     for e in t['epochs']:
