@@ -8,6 +8,9 @@ retains the device's primary context in a thread through ctypes, which releases 
     python benchmarks/cuda_init_probe.py      # writes $OUT/results/cuda_init_probe.json (OUT defaults to /tmp)
 """
 import os, subprocess, sys, json
+
+from lucid_nb.core import env_info
+
 CHILD = r'''
 import os, sys, time, threading, ctypes
 T0 = time.perf_counter(); marks = {}
@@ -32,16 +35,15 @@ with lean_imports():
 if th: th.join(); mark('joined')
 torch.cuda.init(); mark('torch.cuda.init')
 x = torch.empty(1, device='cuda'); torch.cuda.synchronize(); mark('first tensor')
-torch.backends.cudnn.benchmark; y = torch.nn.functional.conv2d(torch.ones(1,3,64,64,device='cuda'), torch.ones(8,3,3,3,device='cuda')); torch.cuda.synchronize(); mark('first conv')
+torch.nn.functional.conv2d(torch.ones(1,3,64,64,device='cuda'), torch.ones(8,3,3,3,device='cuda')); torch.cuda.synchronize(); mark('first conv')
 print('JSON', __import__('json').dumps(dict(mode=mode, **marks)))
 '''
 res = []
-for r in range(3):
+for _ in range(3):
     for mode in ['plain', 'ctypes', 'torchthread']:
         p = subprocess.run([sys.executable, '-c', CHILD, mode], capture_output=True, text=True)
         line = [l for l in p.stdout.splitlines() if l.startswith('JSON')]
         print(mode, line[0][5:] if line else p.stderr[-1500:], flush=True)
         if line: res.append(json.loads(line[0][5:]))
-from lucid_nb.core import env_info
 out = os.environ.get('OUT', '/tmp'); os.makedirs(f'{out}/results', exist_ok=True)
 json.dump(dict(env=env_info(), runs=res), open(f'{out}/results/cuda_init_probe.json', 'w'), indent=1)
