@@ -135,7 +135,7 @@ def merge(paths: list, out: Path) -> Path:
     runs = [r for q in parts for r in q['runs']]
     if len({r['round'] for r in runs}) * len(first['arms']) != len(runs): raise SystemExit('reference_run --merge: round numbers repeat')
     res = dict(first, rounds=len({r['round'] for r in runs}), command=[q['command'] for q in parts],
-               date=[q['date'] for q in parts], summary=summarize(runs, first['arms']), runs=runs)
+               date=[q['date'] for q in parts], envs=[q['env'] for q in parts], summary=summarize(runs, first['arms']), runs=runs)
     device = Path(paths[0]).stem.removeprefix(f"reference_run_b{first['batch_size']}_").rsplit('_', 1)[0]  # the parts' device
     path = out / f"reference_run_b{first['batch_size']}_{device}.json"
     path.write_text(json.dumps(res, indent=1)); return path
