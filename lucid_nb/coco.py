@@ -20,8 +20,8 @@ from .core import *
 
 # %% auto #0
 __all__ = ['log', 'BAD_INPUT_POLICIES', 'ORIENTATION_TAG', 'ORIENTATIONS', 'BadInputError', 'DataReport', 'load_coco_json',
-           'coco_categories', 'to_coco', 'Instance', 'ImageRecord', 'read_records', 'to_rgb', 'exif_orientation',
-           'check_size', 'load_rgb', 'Prepared', 'resized_hw', 'prepare']
+           'coco_categories', 'to_coco', 'Instance', 'ImageRecord', 'coco_id', 'read_records', 'eval_annotations',
+           'to_rgb', 'exif_orientation', 'check_size', 'load_rgb', 'Prepared', 'resized_hw', 'prepare']
 
 # %% ../nbs/01a_coco.ipynb #f1c891ef
 log = logging.getLogger('lucid_nb.data')   # one logger for the whole data pipeline (coco, augment, loader, data)
@@ -119,7 +119,7 @@ class ImageRecord:
     hw: tuple                # original (H, W) as the JSON says
     instances: list = field(default_factory=list)
     ann_hash: str = ''       # hash of this image's raw annotations and the class mapping (disk-cache key)
-    bad_anns: set = field(default_factory=set)  # ids of annotations left out as bad
+    bad_anns: set = field(default_factory=set)  # positions in the JSON's 'annotations' of those left out as bad
     entry: int = -1          # index of the JSON 'images' entry it was read from
 
 # %% ../nbs/01a_coco.ipynb #483cdeab
@@ -146,6 +146,12 @@ def _instance(a:dict, hw:tuple, lut:dict)->Instance|tuple|None:
     return inst
 
 # %% ../nbs/01a_coco.ipynb #2a688af6
+def coco_id(v)->int|None:
+    "A COCO id as an int: an int, or a float with an integral value; None for anything else (a string, a bool, None)."
+    if isinstance(v, bool): return None
+    if isinstance(v, int): return v
+    return int(v) if isinstance(v, float) and v.is_integer() else None
+
 def read_records(
     d:dict,                   # a loaded COCO instances dict
     images:str|Path,          # folder the `file_name`s are relative to
@@ -156,27 +162,47 @@ def read_records(
     "Check each image entry and annotation of `d` under `report`'s policy."
     images, lut, recs, by_id, anns = Path(images), {c: k for k, c in enumerate(cat_ids)}, [], {}, {}
     for k, e in enumerate(d['images']):
-        try: rec = ImageRecord(int(e['id']), images/e['file_name'], (int(e['height']), int(e['width'])), entry=k)
+        i = coco_id(e.get('id')) if isinstance(e, dict) else None
+        if i is None and isinstance(e, dict) and e.get('id') is not None:
+            report.problem(f"{source} image entry {k}", 'bad image entry', f"id {e['id']!r} is not an integer (COCO image ids are integers)"); continue
+        try:
+            if i is None: raise KeyError('id')
+            rec = ImageRecord(i, images/e['file_name'], (int(e['height']), int(e['width'])), entry=k)
         except (KeyError, TypeError, ValueError):
             report.problem(f"{source} image entry {e.get('id', '?') if isinstance(e, dict) else '?'}", 'bad image entry', 'needs id, file_name, height, width'); continue
         if (kept := by_id.get(rec.image_id)) is not None:
             report.problem(f"{source} image id {rec.image_id}", 'duplicate image id', f"kept {kept.path.name} (entry {kept.entry}), "
                            f"skipped {rec.path.name} (entry {k}); every annotation with this image_id goes to {kept.path.name}"); continue
         by_id[rec.image_id] = rec; recs.append(rec)
-    for a in d['annotations']:
-        if a.get('image_id') in by_id: anns.setdefault(a['image_id'], []).append(a)
+    for j, a in enumerate(d['annotations']):
+        if (i := coco_id(a.get('image_id'))) in by_id: anns.setdefault(i, []).append((j, a))
         else: report.problem(f"{source} annotation {a.get('id')}", 'unknown image id', f"image_id {a.get('image_id')!r}")
+    _check_annotation_ids(d['annotations'], report, source)
     for rec in recs:
         mine = anns.get(rec.image_id, [])
-        for a in mine:
+        for j, a in mine:
             inst = _instance(a, rec.hw, lut)
             if inst is None: report.note('crowd regions (evaluation only)')
             elif isinstance(inst, tuple):
-                report.problem(f"{rec.path.name} annotation {a.get('id')}", *inst); rec.bad_anns.add(a.get('id'))
+                report.problem(f"{rec.path.name} annotation {a.get('id')}", *inst); rec.bad_anns.add(j)
             else: rec.instances.append(inst)
         if not mine: report.note('images without annotations (kept as negatives)')
-        rec.ann_hash = hashlib.sha256(json.dumps([mine, list(cat_ids), rec.hw], sort_keys=True, default=str).encode()).hexdigest()
+        rec.ann_hash = hashlib.sha256(json.dumps([[a for _, a in mine], list(cat_ids), rec.hw], sort_keys=True, default=str).encode()).hexdigest()
     return recs
+
+def _check_annotation_ids(anns:list, report:DataReport, source:str):
+    "Report annotations without an id and ids used more than once: evaluation numbers its ground truth itself (`eval_annotations`)."
+    ids = Counter(a.get('id') for a in anns)
+    if (missing := ids.pop(None, 0)):
+        report.problem(source, 'annotations without an id', f"{missing} of them", 'kept; evaluation numbers them', fatal=False)
+    for i, n in ids.items():
+        if n > 1: report.problem(f"{source} annotation id {i!r}", 'duplicate annotation id', f"{n} annotations have it",
+                                 'kept all; evaluation numbers them apart', fatal=False)
+
+def eval_annotations(anns:list)->list[dict]:
+    """Annotations for pycocotools' ground truth, numbered 1, 2, … in order, image ids as ints: its index keys them by `id`
+    (a repeated id would evaluate one of them in place of the others) and its matching takes id 0 for no match."""
+    return [dict(a, id=n, image_id=coco_id(a.get('image_id'))) for n, a in enumerate(anns, 1)]
 
 # %% ../nbs/01a_coco.ipynb #b90342ee
 def _scale16(a:np.ndarray)->np.ndarray:

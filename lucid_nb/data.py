@@ -20,6 +20,7 @@ from .core import *
 from .coco import *
 from .augment import *
 from .loader import *
+from .loader import _IMAGE_ERRORS
 
 # %% auto #0
 __all__ = ['IMAGE_SUFFIXES', 'YoloData', 'image_files', 'pil_rgb', 'prepare_image', 'image_batch', 'ImageFiles', 'show_batch',
@@ -173,7 +174,7 @@ def _split(self:YoloData, d:dict, recs:list)->tuple[list, list]:
 def _dataset(self:YoloData, recs:list, images:Path, annotations:Path, augment:bool)->YoloDataset:
     h, disk = self.hparams, None
     if h.cache == 'disk':                                  # one DiskCache per folder: a split JSON's train and validation share it
-        folder = Path(h.cache_dir)/f"{images.name}-{annotations.stem}-{h.imgsz}" if h.cache_dir else default_cache_dir(images, annotations, h.imgsz)
+        folder = Path(h.cache_dir)/cache_name(images, annotations, h.imgsz) if h.cache_dir else default_cache_dir(images, annotations, h.imgsz)
         if folder not in self._disks: self._disks[folder] = DiskCache(folder, h.imgsz, annotations)
         disk = self._disks[folder]
     return YoloDataset(recs, h.imgsz, h.cache, disk, self.report, augment, self.aug, h.seed, h.max_instances)
@@ -201,6 +202,9 @@ def setup(self:YoloData, stage:str|None=None):
         src = f"{h.val_annotations}" if h.val_images else f"the last {h.val_count} images of {annotations.name} (by file name)"
         raise ValueError(f"no usable validation image: every one of {src} was left out as bad input (see the report above); "
                          "give val_images/val_annotations, or raise val_count")
+    if not any(r.instances for r in self._train.records):
+        raise ValueError(f"no training instance: none of the {len(self._train)} training images has a usable annotation, so there "
+                         f"is nothing to learn (a segmentation model needs masks: polygons or RLE)\n{self.report}")
     if len(self._train) < h.batch_size:
         raise ValueError(f"batch_size={h.batch_size} exceeds the {len(self._train)} usable training images (training drops the last partial batch)")
     self.setup_seconds = time.perf_counter() - t0
@@ -232,9 +236,10 @@ def val_coco(self:YoloData)->COCO:
     ids, d = set(self.val_image_ids), self._val_json
     if self._val_coco is None:
         recs = self.val_records
-        bad = {a for r in recs for a in r.bad_anns}
-        self._val_coco = to_coco({**d, 'images': [d['images'][r.entry] for r in recs],
-                                  'annotations': [a for a in d['annotations'] if a.get('image_id') in ids and a.get('id') not in bad]})
+        bad = {j for r in recs for j in r.bad_anns}
+        self._val_coco = to_coco({**d, 'images': [dict(d['images'][r.entry], id=r.image_id) for r in recs],
+                                  'annotations': eval_annotations([a for j, a in enumerate(d['annotations'])
+                                                                   if coco_id(a.get('image_id')) in ids and j not in bad])})
     return self._val_coco
 
 # %% ../nbs/01_data.ipynb #628d5418
@@ -327,7 +332,10 @@ class ImageFiles(Dataset):
     def __init__(self, files:list[Path], imgsz:int=640): self.files, self.imgsz = list(files), imgsz
     def __len__(self): return len(self.files)
     def __getitem__(self, i:int)->dict:
-        return build_sample([prepare_image(load_rgb(self.files[i]), self.imgsz, i)], self.imgsz, max_instances=1)
+        try: img = load_rgb(self.files[i])
+        except _IMAGE_ERRORS as e:
+            raise BadInputError(f"{self.files[i]}: unreadable image ({type(e).__name__}: {e}); leave it out of --data.predict_images") from None
+        return build_sample([prepare_image(img, self.imgsz, i)], self.imgsz, max_instances=1)
 
 # %% ../nbs/01_data.ipynb #fcce96c1
 @patch

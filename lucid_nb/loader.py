@@ -19,11 +19,12 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 from .core import *
 from .coco import *
+from .coco import _decode
 from .augment import *
 
 # %% auto #0
-__all__ = ['CACHE_MODES', 'CACHE_FORMAT', 'collate', 'prepared_bytes', 'prepared_from_bytes', 'DiskCache', 'default_cache_dir',
-           'YoloDataset', 'EpochBatchSampler', 'YoloLoader']
+__all__ = ['CACHE_MODES', 'CACHE_FORMAT', 'collate', 'prepared_bytes', 'prepared_from_bytes', 'DiskCache', 'cache_name',
+           'default_cache_dir', 'YoloDataset', 'EpochBatchSampler', 'YoloLoader']
 
 # %% ../nbs/01c_loader.ipynb #d7b328fe
 def collate(samples:list[dict], max_instances:int=100)->dict:
@@ -132,11 +133,15 @@ def save(self:DiskCache):
     except OSError as e: self.turn_off(e)
 
 # %% ../nbs/01c_loader.ipynb #84a6899c
-def default_cache_dir(images:str|Path, annotations:str|Path, imgsz:int)->Path:
-    "`<images>/../.cache/<name>`, or `~/.cache/lucid_nb/<name>` when the data folder is read-only."
+def cache_name(images:str|Path, annotations:str|Path, imgsz:int)->str:
+    "The cache folder's name of one images folder and JSON: their names, `imgsz` and a hash of both full paths (so no two datasets share it)."
     images, annotations = Path(images).resolve(), Path(annotations).resolve()
     key = hashlib.sha256(f"{images}|{annotations}".encode()).hexdigest()[:8]
-    name = f"{images.name}-{annotations.stem}-{imgsz}-{key}"
+    return f"{images.name}-{annotations.stem}-{imgsz}-{key}"
+
+def default_cache_dir(images:str|Path, annotations:str|Path, imgsz:int)->Path:
+    "`<images>/../.cache/<name>`, or `~/.cache/lucid_nb/<name>` when the data folder is read-only."
+    images, name = Path(images).resolve(), cache_name(images, annotations, imgsz)
     base = images.parent/'.cache'
     probe = base if base.exists() else images.parent
     if not os.access(probe, os.W_OK): base = Path(os.environ.get('XDG_CACHE_HOME', Path.home()/'.cache'))/'lucid_nb'
@@ -145,11 +150,12 @@ def default_cache_dir(images:str|Path, annotations:str|Path, imgsz:int)->Path:
 # %% ../nbs/01c_loader.ipynb #8f3c619f
 _IMAGE_ERRORS = (OSError, ValueError, SyntaxError, Image.DecompressionBombError)
 
-def _check_image(rec:ImageRecord, imgsz:int, cache:str, disk:DiskCache|None)->tuple:
+def _check_image(rec:ImageRecord, imgsz:int, cache:str, disk:DiskCache|None, decode:bool=False)->tuple:
     "(prepared or None, (reason, detail) or None, EXIF orientation): check one record's image, preparing/caching it as `cache` says."
     if not rec.path.is_file(): return None, ('missing file', str(rec.path)), 1
     try:
         if cache == 'none':
+            if decode: return None, None, _decode(rec.path, rec.hw)[1]   # every pixel read once (truncated data raises)
             with Image.open(rec.path) as im: check_size(im, rec.hw); return None, None, exif_orientation(im)
         p = disk.get(rec) if disk is not None else None
         if p is None:
@@ -169,7 +175,7 @@ class YoloDataset(Dataset):
         self.seed, self.max_instances, self.mosaic_until = seed, max_instances, None
         self.report = report if report is not None else DataReport()
         with ThreadPoolExecutor(threads or min(8, os.cpu_count() or 1)) as ex:
-            checked = list(ex.map(lambda r: _check_image(r, imgsz, cache, disk), records))
+            checked = list(ex.map(lambda r: _check_image(r, imgsz, cache, disk, decode=not augment), records))
         self.records, self._ram = [], []
         for rec, (p, bad, o) in zip(records, checked):
             if bad: self.report.problem(rec.path.name, *bad); continue
@@ -189,7 +195,8 @@ def _load(self:YoloDataset, i:int)->Prepared:
     if self.cache == 'ram': return self._ram[i]
     rec = self.records[i]
     if self.cache == 'disk':
-        if str(rec.image_id) in self.disk.entries:         # written or checked at setup (not when the disk was full)
+        e = self.disk.entries.get(str(rec.image_id))        # written or checked at setup (not when the disk was full)
+        if e is not None and e.get('source') == str(rec.path.resolve()):   # and of this image, not another dataset's with its id
             try: return prepared_from_bytes(self.disk.file(rec).read_bytes())
             except (OSError, ValueError): pass              # gone or damaged since setup: rebuild from the source
         p = prepare(rec, self.imgsz); self.disk.put(rec, p); return p
@@ -197,12 +204,15 @@ def _load(self:YoloDataset, i:int)->Prepared:
 
 @patch
 def prepared(self:YoloDataset, i:int)->Prepared:
-    "Prepared image `i`; one that went bad since setup is reported and replaced by the next readable one."
+    "Prepared image `i`; in training one that went bad since setup is reported and replaced by the next readable one."
     n = len(self.records)
     for j in range(n):
         k = (i + j) % n
         try: return self._load(k)
         except _IMAGE_ERRORS as e:
+            if not self.augment:   # validation scores each image under its own id: another's pixels would be wrong numbers
+                raise BadInputError(f"{self.records[k].path}: unreadable since setup checked it ({type(e).__name__}: {e}); every "
+                                    "validation image is scored, so validation stops here: restore the file or leave it out of the JSON") from e
             self.report.problem(self.records[k].path.name, 'unreadable image', f"{type(e).__name__}: {e}",
                                 'replaced by the next readable image')
     raise RuntimeError('no readable image left in the dataset')

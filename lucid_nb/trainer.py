@@ -23,6 +23,7 @@ from torch import nn, Tensor
 from fastcore.basics import patch
 from .core import *
 from .data import YoloData, load_rgb
+from .loader import _IMAGE_ERRORS
 from .model import SCALES
 from .heads import yolo_seg
 from .loss import SegLoss
@@ -596,9 +597,11 @@ class RunArtifacts(Callback):
         if results is None and preds.exists(): results = json.loads(preds.read_text())   # a fit that did not validate
         if results is not None:
             n = 8   # images drawn twice, read once
-            images = [load_rgb(r.path) for r in trainer.datamodule.val_records[:n]]
-            save_jpeg(draw_val_batch(trainer.datamodule, n=n, images=images), run/'val_batch_labels.jpg')
-            save_jpeg(draw_val_batch(trainer.datamodule, results, n=n, images=images), run/'val_batch_pred.jpg')
+            try: images = [_read_for_drawing(r.path) for r in trainer.datamodule.val_records[:n]]
+            except ValueError as e: note(f"val_batch_labels.jpg and val_batch_pred.jpg not drawn: {e}")
+            else:
+                save_jpeg(draw_val_batch(trainer.datamodule, n=n, images=images), run/'val_batch_labels.jpg')
+                save_jpeg(draw_val_batch(trainer.datamodule, results, n=n, images=images), run/'val_batch_pred.jpg')
         part('val_drawings')
         dm = trainer.datamodule
         write_json_atomic(run/'timing.json', dict(
@@ -606,6 +609,11 @@ class RunArtifacts(Callback):
             data_setup_seconds=getattr(dm, 'setup_seconds', None), startup_seconds=self.startup,
             first_step_seconds=self.first_step, fit_seconds=t_end - self.t_fit, fit_end_seconds=time.perf_counter() - t_end, fit_end_parts=parts,
             epochs=self.epochs, peak_reserved_mib=mem))
+
+def _read_for_drawing(path)->np.ndarray:
+    "`load_rgb`, its failure a `ValueError` that names the file (a drawing is not worth a fit's end)."
+    try: return load_rgb(path)
+    except _IMAGE_ERRORS as e: raise ValueError(f"{path}: unreadable ({type(e).__name__}: {e})") from None
 
 # %% ../nbs/08_trainer.ipynb #4973c3fa
 class FrozenHeap(Callback):
@@ -805,9 +813,12 @@ class LucidCLI(LightningCLI):
                             help='Also write TensorBoard logs into the run folder (needs the tensorboard package).')
 
     def data_classes(self, data:YoloData)->int:
-        "The number of classes: the checkpoint's classes when predicting on plain images, else the training JSON's."
+        "The number of classes: the checkpoint's classes when predicting on plain images, else the training JSON's (which must be the checkpoint's)."
         saved = getattr(self, 'ckpt_extra', None) or {}
         if data.hparams.predict_images and 'class_names' in saved: data.set_classes(saved['cat_ids'], saved['class_names'])
+        elif 'cat_ids' in saved and list(saved['cat_ids']) != list(data.cat_ids):
+            raise ValueError(f"the checkpoint was trained on category ids {list(saved['cat_ids'])}, the data has {list(data.cat_ids)}: "
+                             "its classes would be read as others by position. Give data with the checkpoint's categories, or fit a new model")
         return data.num_classes
 
     def before_instantiate_classes(self):
