@@ -28,7 +28,7 @@ log = logging.getLogger('lucid_nb.data')   # one logger for the whole data pipel
 BAD_INPUT_POLICIES = ('skip', 'error')
 
 class BadInputError(ValueError):
-    "A problem in the input data, raised under `on_bad_input='error'`."
+    "A problem in the input data: raised under `on_bad_input='error'`, and by `load_rgb` for a file it cannot read."
 
 # %% ../nbs/01a_coco.ipynb #cfcec650
 class DataReport:
@@ -240,6 +240,8 @@ def check_size(im:Image.Image, hw:tuple):
             "give the JSON the displayed size and annotate the displayed image" if im.size == (W, H) else '')
     raise ValueError(f"image is {w}x{h}, the JSON says {W}x{H}{hint}")
 
+_IMAGE_ERRORS = (OSError, ValueError, SyntaxError, Image.DecompressionBombError)   # what reading an image file can raise
+
 def _decode(path:str|Path, hw:tuple|None=None)->tuple[Image.Image, int]:
     "The image at `path` loaded, oriented and in RGB, and its EXIF orientation; checked against `hw` (H, W) if given."
     with Image.open(path) as im:
@@ -249,8 +251,9 @@ def _decode(path:str|Path, hw:tuple|None=None)->tuple[Image.Image, int]:
         return to_rgb(im if o == 1 else im.transpose(ORIENTATIONS[o][0])), o
 
 def load_rgb(path:str|Path)->np.ndarray:
-    "(H,W,3) uint8 RGB of an image file as displayed: EXIF orientation applied, then the mode rule (`prepare` reads the same way)."
-    return np.array(_decode(path)[0])
+    "(H,W,3) uint8 RGB of an image file as displayed: EXIF orientation applied, then the mode rule (`prepare` reads the same way); an unreadable file is a `BadInputError` naming it."
+    try: return np.array(_decode(path)[0])
+    except _IMAGE_ERRORS as e: raise BadInputError(f"{path}: unreadable image ({type(e).__name__}: {e})") from None
 
 # %% ../nbs/01a_coco.ipynb #7d9b5678
 @dataclass

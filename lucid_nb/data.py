@@ -20,7 +20,6 @@ from .core import *
 from .coco import *
 from .augment import *
 from .loader import *
-from .loader import _IMAGE_ERRORS
 
 # %% auto #0
 __all__ = ['IMAGE_SUFFIXES', 'YoloData', 'image_files', 'pil_rgb', 'prepare_image', 'image_batch', 'ImageFiles', 'show_batch',
@@ -333,8 +332,7 @@ class ImageFiles(Dataset):
     def __len__(self): return len(self.files)
     def __getitem__(self, i:int)->dict:
         try: img = load_rgb(self.files[i])
-        except _IMAGE_ERRORS as e:
-            raise BadInputError(f"{self.files[i]}: unreadable image ({type(e).__name__}: {e}); leave it out of --data.predict_images") from None
+        except BadInputError as e: raise BadInputError(f"{e}; leave it out of --data.predict_images") from None
         return build_sample([prepare_image(img, self.imgsz, i)], self.imgsz, max_instances=1)
 
 # %% ../nbs/01_data.ipynb #fcce96c1

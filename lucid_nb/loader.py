@@ -19,7 +19,7 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 from .core import *
 from .coco import *
-from .coco import _decode
+from .coco import _decode, _IMAGE_ERRORS
 from .augment import *
 
 # %% auto #0
@@ -148,8 +148,6 @@ def default_cache_dir(images:str|Path, annotations:str|Path, imgsz:int)->Path:
     return base/name
 
 # %% ../nbs/01c_loader.ipynb #8f3c619f
-_IMAGE_ERRORS = (OSError, ValueError, SyntaxError, Image.DecompressionBombError)
-
 def _check_image(rec:ImageRecord, imgsz:int, cache:str, disk:DiskCache|None, decode:bool=False)->tuple:
     "(prepared or None, (reason, detail) or None, EXIF orientation): check one record's image, preparing/caching it as `cache` says."
     if not rec.path.is_file(): return None, ('missing file', str(rec.path)), 1

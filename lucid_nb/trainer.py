@@ -22,8 +22,8 @@ from jsonargparse import Namespace
 from torch import nn, Tensor
 from fastcore.basics import patch
 from .core import *
+from .coco import BadInputError
 from .data import YoloData, load_rgb
-from .loader import _IMAGE_ERRORS
 from .model import SCALES
 from .heads import yolo_seg
 from .loss import SegLoss
@@ -597,8 +597,8 @@ class RunArtifacts(Callback):
         if results is None and preds.exists(): results = json.loads(preds.read_text())   # a fit that did not validate
         if results is not None:
             n = 8   # images drawn twice, read once
-            try: images = [_read_for_drawing(r.path) for r in trainer.datamodule.val_records[:n]]
-            except ValueError as e: note(f"val_batch_labels.jpg and val_batch_pred.jpg not drawn: {e}")
+            try: images = [load_rgb(r.path) for r in trainer.datamodule.val_records[:n]]
+            except BadInputError as e: note(f"val_batch_labels.jpg and val_batch_pred.jpg not drawn: {e}")   # not worth a fit's end
             else:
                 save_jpeg(draw_val_batch(trainer.datamodule, n=n, images=images), run/'val_batch_labels.jpg')
                 save_jpeg(draw_val_batch(trainer.datamodule, results, n=n, images=images), run/'val_batch_pred.jpg')
@@ -609,11 +609,6 @@ class RunArtifacts(Callback):
             data_setup_seconds=getattr(dm, 'setup_seconds', None), startup_seconds=self.startup,
             first_step_seconds=self.first_step, fit_seconds=t_end - self.t_fit, fit_end_seconds=time.perf_counter() - t_end, fit_end_parts=parts,
             epochs=self.epochs, peak_reserved_mib=mem))
-
-def _read_for_drawing(path)->np.ndarray:
-    "`load_rgb`, its failure a `ValueError` that names the file (a drawing is not worth a fit's end)."
-    try: return load_rgb(path)
-    except _IMAGE_ERRORS as e: raise ValueError(f"{path}: unreadable ({type(e).__name__}: {e})") from None
 
 # %% ../nbs/08_trainer.ipynb #4973c3fa
 class FrozenHeap(Callback):

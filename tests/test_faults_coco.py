@@ -156,6 +156,7 @@ def test_unreadable_file_to_predict_is_named(coco, tmp_path):
         data.ImageFiles([bad], 64)[0]
 
 
-def test_drawing_names_an_unreadable_file(tmp_path):
+def test_load_rgb_names_an_unreadable_file(tmp_path):
+    "What the fit-end drawings and `predict` read with: the error names the file (it did not)."
     bad = tmp_path / 'gone.png'; bad.write_bytes(b'')
-    with pytest.raises(ValueError, match='gone.png: unreadable'): trainer._read_for_drawing(bad)
+    with pytest.raises(data.BadInputError, match='gone.png: unreadable'): data.load_rgb(bad)
