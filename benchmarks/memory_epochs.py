@@ -4,13 +4,13 @@
 detect). This runs the whole reference fit (`configs/coco128-seg-n.yaml`, 10 epochs) through the real trainer and, at
 the end of each epoch's training batches and of each validation, reads the allocator's peak allocated and reserved
 memory since the last reading (then resets them) and the reserved memory per pool (the default pool; the recorded
-CUDA graphs' private pool):
+CUDA graphs' private pool), and each validation's seconds (synchronised at its start and end):
 
     python benchmarks/memory_epochs.py --out benchmarks/results --tag native_b16 -- --data.batch_size 16
 
 `peak_reserved_mib` is the largest reading: the process's peak, as `reference_run.py` reads it once at the end.
 """
-import argparse, collections, json, os
+import argparse, collections, json, os, time
 from pathlib import Path
 
 import torch
@@ -40,8 +40,11 @@ class EpochPeaks(Callback):
         torch.cuda.reset_peak_memory_stats()
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         if batch_idx == trainer.num_training_batches - 1: self._read(trainer, 'training')
+    def on_validation_start(self, trainer, module):
+        torch.cuda.synchronize(); self.started = time.perf_counter()
     def on_validation_end(self, trainer, module):
-        if not trainer.sanity_checking: self._read(trainer, 'validation')
+        if trainer.sanity_checking: return
+        self._read(trainer, 'validation'); self.readings[-1]['seconds'] = time.perf_counter() - self.started
 
 
 def main():

@@ -9,6 +9,7 @@ given. Arms, run in turn (arm 1, arm 2, ..., arm 1, arm 2, ...):
     optim       --model.capture_optimizer_step true
     head+optim  both (the seed's replay configuration)
     step        --model.capture_train_step true
+    <arm>-pageable  that arm with --data.pin_memory false (batches left in pageable memory: the copy waits for the GPU)
     ul          Ultralytics yolo11n-seg on the same split, batch, size and epochs (`.ulcmp/run.py`, when present)
 
 For a lucid run it keeps the whole-process wall time (measured from outside), the phases of `timing.json`
@@ -35,6 +36,7 @@ LUCID = 'import sys; from lucid_nb.cli import main; sys.argv[0] = "lucid"; main(
 ARMS = {'native': [], 'head': ['--model.capture_segment_heads', 'true'], 'optim': ['--model.capture_optimizer_step', 'true'],
         'head+optim': ['--model.capture_segment_heads', 'true', '--model.capture_optimizer_step', 'true'],
         'step': ['--model.capture_train_step', 'true']}
+ARMS.update({f'{arm}-pageable': [*args, '--data.pin_memory', 'false'] for arm, args in list(ARMS.items())})   # batches not pinned
 
 
 def lucid_args(arm: str, batch_size: int, save_dir: Path, extra: list) -> list:

@@ -75,6 +75,9 @@ class YoloData(L.LightningDataModule):
         Folder of the disk cache. None: `.cache/` next to the images folder (or ~/.cache/lucid_nb if read-only).
     prefetch : bool
         Assemble the next batches in a background thread.
+    pin_memory : bool
+        With `prefetch`, when the trainer runs on a CUDA device: the prefetch thread copies every batch into
+        page-locked memory, so its copy to the device is queued behind the running step instead of waiting for it.
     max_instances : int
         Padded instance slots per image; more instances keep the largest (reported).
     on_bad_input : str
@@ -110,7 +113,7 @@ class YoloData(L.LightningDataModule):
     def __init__(self, train_images:str|None=None, train_annotations:str|None=None, val_images:str|None=None,
                  val_annotations:str|None=None, val_count:int=32, imgsz:int=640, batch_size:int=4, val_batch_size:int|None=None,
                  workers:int=0,
-                 cache:Literal['none', 'ram', 'disk']='ram', cache_dir:str|None=None, prefetch:bool=True, max_instances:int=100,
+                 cache:Literal['none', 'ram', 'disk']='ram', cache_dir:str|None=None, prefetch:bool=True, pin_memory:bool=True, max_instances:int=100,
                  on_bad_input:Literal['skip', 'error']='skip', fliplr:float=.5, degrees:float=0., translate:float=.1, scale:float=.5,
                  shear:float=0., mosaic:float=1., close_mosaic:int=10, hsv_h:float=.015, hsv_s:float=.7, hsv_v:float=.4,
                  seed:int=0, max_epochs:int|None=None, predict_images:str|None=None):
@@ -256,9 +259,11 @@ def _make_loader(self:YoloData, ds:YoloDataset, train:bool)->YoloLoader:
     fitting = train or (self.trainer is not None and self.trainer.state.fn == 'fit')   # validation inside a fit
     ahead = n - 1 if fitting and n is not None and n > 0 else None
     rank, world = (self.trainer.global_rank, self.trainer.world_size) if self.trainer is not None else (0, 1)
+    device = self.trainer.strategy.root_device if self.trainer is not None else None
+    pin = device if h.pin_memory and device is not None and device.type == 'cuda' else None
     bs, name = (h.batch_size, 'batch_size') if train else (self.val_batch_size, 'val_batch_size')
     ld = YoloLoader(ds, bs, shuffle=train, drop_last=train, seed=h.seed, workers=h.workers, prefetch=h.prefetch,
-                    ahead_until=ahead, rank=rank, world=world)
+                    ahead_until=ahead, rank=rank, world=world, pin_device=pin)
     if len(ld) == 0:   # a process without a batch would leave the others waiting for it at the epoch's end
         raise ValueError(f"{len(ds)} {'training' if train else 'validation'} images make {len(ds) // bs if train else -(-len(ds) // bs)} batches of "
                          f"{name}={bs}, fewer than the {world} processes (--trainer.devices): every process needs one; "

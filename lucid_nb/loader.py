@@ -262,8 +262,10 @@ class YoloLoader:
                  workers:int=0, prefetch:bool=True, depth:int=4,
                  ahead_until:int|None=None, # with `prefetch`: when an epoch ends, start the next one's batches, up to this epoch
                  rank:int=0, world:int=1,   # this process among `world` (DDP): see `EpochBatchSampler`
+                 pin_device:torch.device|None=None, # with `prefetch`: a CUDA device; the thread pins each batch for it
                 ):
         self.dataset, self.prefetch, self.depth, self._live, self.wait_seconds = dataset, prefetch, depth, [], 0.
+        self.pin_device = pin_device if prefetch else None
         self.ahead_until, self._ahead = ahead_until, None
         self.batch_sampler = self.sampler = EpochBatchSampler(len(dataset), batch_size, shuffle, drop_last, seed, rank, world)
         self.loader = DataLoader(dataset, batch_sampler=self.batch_sampler, num_workers=workers, worker_init_fn=_worker_init,
@@ -294,7 +296,9 @@ def _produce(self:YoloLoader, epoch:int)->tuple:
         return False
     def work():
         try:
+            if self.pin_device is not None: torch.cuda.set_device(self.pin_device)   # the current device is per thread
             for b in iter(self.loader):
+                if self.pin_device is not None: b = {k: v.pin_memory() for k, v in b.items()}
                 if not put(('batch', b)): return
             put(('end', None))
         except BaseException as e: put(('error', e))

@@ -298,7 +298,8 @@ def test_close_mosaic(coco):
     dm.train_dataloader(); assert dm._train.mosaic_until == 2
     dm2 = dm_for(coco, val_count=1, close_mosaic=2); dm2.setup()
     dm2.train_dataloader(); assert dm2._train.mosaic_until is None          # unknown length: mosaic stays on
-    dm2.trainer = types.SimpleNamespace(max_epochs=5, training=True, global_rank=0, world_size=1)
+    dm2.trainer = types.SimpleNamespace(max_epochs=5, training=True, global_rank=0, world_size=1,
+                                      strategy=types.SimpleNamespace(root_device=torch.device('cpu')))
     dm2.train_dataloader(); assert dm2._train.mosaic_until == 3
     off = dm_for(coco, val_count=1, mosaic=0.); off.setup()
     ds, ds_off = dm._train, off._train                                      # same draws, so after close_mosaic = no mosaic
@@ -356,7 +357,8 @@ def test_validation_batches(coco):
     assert dm.val_batch_size == 4 and [len(b['img']) for b in dm.val_dataloader()] == [3]
     dm = dm_for(coco, val_batch_size=2); dm.setup()
     assert [len(b['img']) for b in dm.val_dataloader()] == [2, 1]
-    dm.trainer = types.SimpleNamespace(global_rank=3, world_size=4, max_epochs=1, state=types.SimpleNamespace(fn='validate'))   # 3 images for 4 processes
+    dm.trainer = types.SimpleNamespace(global_rank=3, world_size=4, max_epochs=1, state=types.SimpleNamespace(fn='validate'),
+                                     strategy=types.SimpleNamespace(root_device=torch.device('cpu')))   # 3 images for 4 processes
     with pytest.raises(ValueError, match=r'3 validation images make 2 batches of val_batch_size=2, fewer than the 4 processes.*--data.val_batch_size or raise --data.val_count'):
         dm.val_dataloader()
 

@@ -1,5 +1,5 @@
 """The trainer on a CUDA GPU: a whole Lightning training step runs without one host synchronisation; validation
-starts with the training step's cached memory given back.
+starts with the training step's cached memory given back; batches arrive pinned, so their copy does not wait for the GPU.
 
 CUDA's sync-debug mode ('error') makes every operation that would make the host wait for the device raise. It is
 switched on from the start of one training batch to the start of the next (forward, loss, backward, optimiser,
@@ -55,3 +55,27 @@ def test_validation_starts_with_the_training_cache_given_back(tmp_path):
     (reserved, allocated), (reserved_val, allocated_val) = probe.at['trained'], probe.at['validating']
     assert reserved - allocated > 8 * 2**20, probe.at           # training left its freed blocks cached...
     assert reserved_val < reserved and reserved_val - allocated_val < (reserved - allocated) / 2, probe.at   # ...given back
+
+
+def test_batches_are_pinned_so_their_copy_does_not_wait_for_the_gpu():
+    "A pinned batch's copy is queued behind running GPU work; a pageable one's waits for it (the reason to pin)."
+    import lightning as L
+    from lucid_nb.data import YoloData
+    dm = YoloData(imgsz=640, batch_size=2, workers=0)   # the batch of the reference run's size, pinned
+    dm.trainer = L.Trainer(accelerator='gpu', devices=1, logger=False, enable_progress_bar=False, enable_model_summary=False)
+    try: pinned = next(iter(dm.train_dataloader()))
+    finally: dm.teardown()
+    assert all(v.is_pinned() for v in pinned.values())
+    pageable = {k: v.clone() for k, v in pinned.items()}
+    assert not any(v.is_pinned() for v in pageable.values())
+    busy = {}
+    for name, batch in (('pinned', pinned), ('pageable', pageable)):
+        torch.cuda.synchronize(); torch.cuda._sleep(2 ** 30)   # about half a second of GPU work queued
+        moved = {k: v.to('cuda', non_blocking=True) for k, v in batch.items()}
+        busy[name] = not torch.cuda.current_stream().query()  # the copy returned while the GPU was still sleeping
+        torch.cuda.synchronize()
+        assert all(torch.equal(moved[k].cpu(), v) for k, v in batch.items())
+    assert busy == {'pinned': True, 'pageable': False}, busy
+    dm.trainer = L.Trainer(accelerator='cpu', devices=1, logger=False, enable_progress_bar=False, enable_model_summary=False)
+    try: assert dm.train_dataloader().pin_device is None   # nothing to pin for on the CPU
+    finally: dm.teardown()
