@@ -76,7 +76,7 @@ class YoloData(L.LightningDataModule):
     prefetch : bool
         Assemble the next batches in a background thread.
     pin_memory : bool
-        With `prefetch`, when the trainer runs on a CUDA device: the prefetch thread copies every batch into
+        With `prefetch`, when the trainer runs on a CUDA device: the prefetch thread copies every training batch into
         page-locked memory, so its copy to the device is queued behind the running step instead of waiting for it.
     max_instances : int
         Padded instance slots per image; more instances keep the largest (reported).
@@ -260,7 +260,7 @@ def _make_loader(self:YoloData, ds:YoloDataset, train:bool)->YoloLoader:
     ahead = n - 1 if fitting and n is not None and n > 0 else None
     rank, world = (self.trainer.global_rank, self.trainer.world_size) if self.trainer is not None else (0, 1)
     device = self.trainer.strategy.root_device if self.trainer is not None else None
-    pin = device if h.pin_memory and device is not None and device.type == 'cuda' else None
+    pin = device if train and h.pin_memory and device is not None and device.type == 'cuda' else None
     bs, name = (h.batch_size, 'batch_size') if train else (self.val_batch_size, 'val_batch_size')
     ld = YoloLoader(ds, bs, shuffle=train, drop_last=train, seed=h.seed, workers=h.workers, prefetch=h.prefetch,
                     ahead_until=ahead, rank=rank, world=world, pin_device=pin)
