@@ -254,12 +254,11 @@ def _mosaic_until(self:YoloData)->int|None:
 @patch
 def _make_loader(self:YoloData, ds:YoloDataset, train:bool)->YoloLoader:
     "A loader of `ds`; in a fit each next epoch's batches (training and validation) start as soon as an epoch's end."
-    h, n = self.hparams, self.hparams.max_epochs
-    if n is None and self.trainer is not None: n = self.trainer.max_epochs
-    fitting = train or (self.trainer is not None and self.trainer.state.fn == 'fit')   # validation inside a fit
-    ahead = n - 1 if fitting and n is not None and n > 0 else None
-    rank, world = (self.trainer.global_rank, self.trainer.world_size) if self.trainer is not None else (0, 1)
-    device = self.trainer.strategy.root_device if self.trainer is not None else None
+    h, t, n = self.hparams, self.trainer, self.hparams.max_epochs
+    if t is None: rank, world, device, fitting = 0, 1, None, train
+    else: rank, world, device, fitting = t.global_rank, t.world_size, t.strategy.root_device, train or t.state.fn == 'fit'
+    if n is None and t is not None: n = t.max_epochs
+    ahead = n - 1 if fitting and n is not None and n > 0 else None   # `fitting`: training, or validation inside a fit
     pin = device if train and h.pin_memory and device is not None and device.type == 'cuda' else None
     bs, name = (h.batch_size, 'batch_size') if train else (self.val_batch_size, 'val_batch_size')
     ld = YoloLoader(ds, bs, shuffle=train, drop_last=train, seed=h.seed, workers=h.workers, prefetch=h.prefetch,

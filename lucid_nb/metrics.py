@@ -255,7 +255,7 @@ def rle_strings(
     counts:Tensor,  # (k,) integer run lengths of masks one after the other (`rle_runs`, possibly of several images)
     runs:Tensor,    # (n,) int64 counts per mask
     hw:int,         # the largest pixel count of these masks, H·W
-    max_counts:int=2**22, # counts turned into characters at a time (device memory: ~40 bytes each)
+    max_counts:int=2**21, # counts turned into characters at a time (device memory: ~40 bytes each, ~80 MiB)
 )->list[str]:       # n compressed RLE strings
     "The strings of COCO's compressed RLE of masks given by their runs: characters made and packed on the device."
     per_mask, texts, first = runs.tolist(), [], 0
@@ -493,7 +493,7 @@ class Validator:
                  max_nms:int=30000,      # candidates per image entering NMS
                  multi_label:bool=True,  # a detection per (anchor, class) above `conf`
                  masks:bool=True,        # also build and encode masks (needs `coef` and `proto`)
-                 group_counts:int=2**23):# mask run lengths gathered before they become strings (device memory: 4 bytes each)
+                 group_counts:int=2**22):# mask run lengths gathered before they become strings (device memory: 4 bytes each)
         self.cat_ids, self.masks, self.group_counts = cat_ids, masks, group_counts
         self.nms_kw = dict(conf=conf, iou=iou, max_det=max_det, max_nms=max_nms, multi_label=multi_label)
         self.reset()
