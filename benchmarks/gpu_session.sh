@@ -8,7 +8,8 @@
 #   bash benchmarks/gpu_session.sh memory startup        # memory_probe.py, profile_startup.py
 #   bash benchmarks/gpu_session.sh ref4x3                # reference_run.py: 3 rounds of native, head+optim, ul at batch 4
 #   bash benchmarks/gpu_session.sh warm ref4x2@3         # a tiny fit first (loads every library), then rounds 3 and 4 of a split
-#                                                        # series (part file _r3; join with --merge)
+#                                                        # series (part file _<LUCID_NB_COMMIT>_r3, so parts of different
+#                                                        # libraries never share a name; join with --merge)
 #   bash benchmarks/gpu_session.sh lean hooks            # startup_lean.py; a 4-epoch fit under Lightning's SimpleProfiler
 #   bash benchmarks/gpu_session.sh vparts                # validation_parts.py: a 6-epoch fit, its validation split by part,
 #                                                        # one validation under torch.profiler (host vs kernel time)
@@ -52,7 +53,7 @@ for stage in "$@"; do
              > "$OUT/results/hooks.log" 2>&1 || status=1
            ls "$OUT/results" | grep simple_profiler ;;
     ref*) b=${stage#ref}; b=${b%%x*}; n=${stage#*x}; first=0; part=()
-          case $n in *@*) first=${n#*@}; n=${n%@*}; part=(--first-round "$first" --part "r$first") ;; esac
+          case $n in *@*) first=${n#*@}; n=${n%@*}; part=(--first-round "$first" --part "${LUCID_NB_COMMIT:+${LUCID_NB_COMMIT}_}r$first") ;; esac
           python3 benchmarks/reference_run.py --rounds "$n" --batch-size "$b" --arms "${ARMS:-native,head+optim,ul}" \
             "${part[@]}" --out "$OUT/results" 2>&1 | grep -E "^round|->|Error|error" || status=1 ;;
     *) echo "unknown stage $stage"; status=1 ;;
