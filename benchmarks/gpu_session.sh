@@ -11,6 +11,7 @@
 #                                                        # series (part file _<LUCID_NB_COMMIT>_r3, so parts of different
 #                                                        # libraries never share a name; join with --merge)
 #   bash benchmarks/gpu_session.sh lean hooks            # startup_lean.py; a 4-epoch fit under Lightning's SimpleProfiler
+#   bash benchmarks/gpu_session.sh importgc             # import_gc.py: start-up to a built Trainer, collector on / paused (GPU config)
 #   bash benchmarks/gpu_session.sh vparts                # validation_parts.py: a 6-epoch fit, its validation split by part,
 #                                                        # one validation under torch.profiler (host vs kernel time)
 # Results go to $OUT/results (copy them into benchmarks/results/). Export LUCID_NB_COMMIT=<commit> first: the copied
@@ -43,6 +44,8 @@ for stage in "$@"; do
     warm) python3 -c 'import sys; from lucid_nb.cli import main; sys.argv[0] = "lucid"; main()' fit --config configs/coco128-seg-n.yaml \
             --trainer.max_steps 2 --trainer.limit_val_batches 1 --trainer.logger false --trainer.enable_progress_bar false \
             --trainer.default_root_dir /tmp/warm > /dev/null 2>&1 || status=1 ;;   # a fresh machine's first process reads every library from disk
+    importgc) python3 benchmarks/import_gc.py --rounds "${IMPORTGC_ROUNDS:-5}" --config configs/coco128-seg-n.yaml \
+                --out "$OUT/results" 2>&1 | grep -E "imports|Error|error" || status=1 ;;
     lean) python3 benchmarks/startup_lean.py --rounds "${LEAN_ROUNDS:-3}" --out "$OUT/results" 2>&1 | grep -E "^round|median|Error|error" || status=1 ;;
     vparts) python3 benchmarks/validation_parts.py --trainer.max_epochs "${VPARTS_EPOCHS:-6}" --trainer.enable_progress_bar false \
               --trainer.default_root_dir /tmp/vparts > "$OUT/results/validation_parts.log" 2>&1 || status=1

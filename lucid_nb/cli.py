@@ -6,12 +6,12 @@ Docs: https://lucid-nb.github.io/lucid_nb/cli.html.md"""
 
 # %% ../nbs/09_cli.ipynb #a6e44897
 from __future__ import annotations
-import atexit, contextlib, os, sys, threading
+import atexit, contextlib, gc, os, sys, threading
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['LEAN_IMPORTS_HIDE', 'bytecode_cache', 'enable_bytecode_cache', 'HiddenDistributions', 'lean_imports', 'exit_status',
-           'exit_now', 'run', 'main']
+__all__ = ['LEAN_IMPORTS_HIDE', 'bytecode_cache', 'enable_bytecode_cache', 'HiddenDistributions', 'lean_imports',
+           'collector_paused', 'exit_status', 'exit_now', 'run', 'main']
 
 # %% ../nbs/09_cli.ipynb #47b87641
 def bytecode_cache()->str|None:
@@ -55,6 +55,15 @@ def lean_imports(names=LEAN_IMPORTS_HIDE):
         for n in hide:
             if n in sys.modules and sys.modules[n] is None: del sys.modules[n]
 
+# %% ../nbs/09_cli.ipynb #cbf2eb0a
+@contextlib.contextmanager
+def collector_paused():
+    "Python's cyclic garbage collector off while inside; at the end, what is alive is frozen (`gc.freeze`) and the collector back on. `LUCID_NB_GC_PAUSE=0`: no change."
+    if os.environ.get('LUCID_NB_GC_PAUSE', '1') == '0' or not gc.isenabled(): yield False; return
+    gc.disable()
+    try: yield True
+    finally: gc.freeze(); gc.enable()
+
 # %% ../nbs/09_cli.ipynb #1ea71d62
 def exit_status(code)->int:
     "The status Python gives `SystemExit(code)`: 0 for None, the int itself, else 1 (after printing the message to stderr)."
@@ -77,7 +86,7 @@ def exit_now(status:int):
 def run()->int:
     "Run the `lucid` command of `sys.argv` in this process and return its exit status: `lucid export` goes to `lucid_nb.predict`, every other subcommand to Lightning's CLI."
     enable_bytecode_cache()
-    with lean_imports(): from lucid_nb.trainer import main as trainer_main
+    with lean_imports(), collector_paused(): from lucid_nb.trainer import main as trainer_main
     job = None
     if sys.argv[1:2] == ['export']:   # not a Lightning subcommand: `lucid export --ckpt_path CKPT --format onnx|torchscript`
         from lucid_nb.predict import export_main

@@ -38,12 +38,13 @@ from PIL import Image, ImageDraw
 __all__ = ['PALETTE', 'HELP', 'LOCK_NAME', 'USER_ERRORS', 'ModelEMA', 'EmaUpdate', 'AtomicCheckpoint', 'link_or_copy', 'LitYolo',
            'StepLossBar', 'write_predictions', 'gather_objects', 'merge_results', 'PredictionWriter', 'say',
            'fit_state_hashes', 'write_json_atomic', 'data_wait', 'val_data_wait', 'checkpoint_seconds', 'process_age',
-           'RunArtifacts', 'FrozenHeap', 'epoch_line', 'EpochSummary', 'class_ap_table', 'QuietLightning',
-           'quiet_lightning', 'read_metrics_csv', 'plot_curves', 'draw_instances', 'instances_of', 'draw_results',
-           'tile_size', 'fit_tile', 'image_grid', 'save_jpeg', 'draw_train_batch', 'draw_val_batch', 'OneLineParser',
-           'LucidCLI', 'add_tensorboard', 'default_callbacks', 'cli_main', 'save_figure', 'note', 'RunFolderInUse',
-           'read_lock', 'lock_owner_alive', 'acquire_run_lock', 'run_lock', 'resume_hint', 'read_checkpoint',
-           'one_line', 'main', 'ddp_blocker', 'broadcast_buffers', 'rank_state_hashes', 'DistributedRun']
+           'val_labels_grid', 'start_labels_grid', 'RunArtifacts', 'FrozenHeap', 'epoch_line', 'EpochSummary',
+           'class_ap_table', 'QuietLightning', 'quiet_lightning', 'read_metrics_csv', 'plot_curves', 'draw_instances',
+           'instances_of', 'draw_results', 'tile_size', 'fit_tile', 'image_grid', 'save_jpeg', 'draw_train_batch',
+           'draw_val_batch', 'OneLineParser', 'LucidCLI', 'add_tensorboard', 'default_callbacks', 'cli_main',
+           'save_figure', 'note', 'RunFolderInUse', 'read_lock', 'lock_owner_alive', 'acquire_run_lock', 'run_lock',
+           'resume_hint', 'read_checkpoint', 'one_line', 'main', 'ddp_blocker', 'broadcast_buffers',
+           'rank_state_hashes', 'DistributedRun']
 
 # %% ../nbs/08_trainer.ipynb #ea5ecba6
 class ModelEMA(nn.Module):
@@ -524,6 +525,21 @@ def process_age()->float|None:
         return float(Path('/proc/uptime').read_text().split()[0]) - started
     except (OSError, ValueError, IndexError): return None
 
+def val_labels_grid(dm, n:int=8)->tuple[list,np.ndarray]:
+    "The first `n` validation images (`load_rgb`) and the grid of their ground truth (`draw_val_batch`)."
+    images = [load_rgb(r.path) for r in dm.val_records[:n]]
+    return images, draw_val_batch(dm, n=n, images=images)
+
+def start_labels_grid(trainer)->concurrent.futures.Future|None:
+    "`val_labels_grid` of the fit's `YoloData` drawn in a thread (rank 0), so it is ready at the fit's end; None without one."
+    dm = trainer.datamodule
+    if not trainer.is_global_zero or not isinstance(dm, YoloData): return None
+    try: dm.val_coco()   # built here, so the thread only reads it
+    except RuntimeError: return None   # not set up: nothing to draw
+    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix='lucid_nb-drawing')
+    try: return pool.submit(val_labels_grid, dm)
+    finally: pool.shutdown(wait=False)   # the thread ends with its one task
+
 class RunArtifacts(Callback):
     "State hashes, a phase-by-phase timing, curves and sample predictions written to the run folder at the end of fit."
     def on_fit_start(self, trainer, module):
@@ -531,6 +547,7 @@ class RunArtifacts(Callback):
         self.t_first, self.first_step = None, None
         age = process_age()
         self.t_process = None if age is None else time.perf_counter() - age
+        self.labels = start_labels_grid(trainer)   # model-independent: drawn while the fit runs
 
     def on_train_epoch_start(self, trainer, module):
         self.t_epoch, self.t_train, self.wait0 = _now(trainer), None, data_wait(trainer)
@@ -596,12 +613,12 @@ class RunArtifacts(Callback):
         preds = run/'predictions.json'
         if results is None and preds.exists(): results = json.loads(preds.read_text())   # a fit that did not validate
         if results is not None:
-            n = 8   # images drawn twice, read once
-            try: images = [load_rgb(r.path) for r in trainer.datamodule.val_records[:n]]
+            labels = getattr(self, 'labels', None)
+            try: images, grid = labels.result() if labels is not None else val_labels_grid(trainer.datamodule)
             except BadInputError as e: note(f"val_batch_labels.jpg and val_batch_pred.jpg not drawn: {e}")   # not worth a fit's end
             else:
-                save_jpeg(draw_val_batch(trainer.datamodule, n=n, images=images), run/'val_batch_labels.jpg')
-                save_jpeg(draw_val_batch(trainer.datamodule, results, n=n, images=images), run/'val_batch_pred.jpg')
+                save_jpeg(grid, run/'val_batch_labels.jpg')
+                save_jpeg(draw_val_batch(trainer.datamodule, results, n=len(images), images=images), run/'val_batch_pred.jpg')
         part('val_drawings')
         dm = trainer.datamodule
         write_json_atomic(run/'timing.json', dict(

@@ -164,3 +164,15 @@ def test_timing_has_every_phase(reference):
     assert sum(t['fit_end_parts'].values()) <= t['fit_end_seconds']
     for e in t['epochs']:
         assert e['train_seconds'] <= e['seconds'] and set(e['validation']) >= {'forward', 'postprocess', 'evaluate', 'epoch'}
+
+
+def test_labels_grid_is_drawn_from_fit_start(reference, tmp_path):
+    "val_batch_labels.jpg comes from the thread started with the fit, and is the grid drawn directly from the data."
+    from lucid_nb.trainer import RunArtifacts, save_jpeg, val_labels_grid
+    cli, run, _ = reference
+    artifacts = next(cb for cb in cli.trainer.callbacks if isinstance(cb, RunArtifacts))
+    assert artifacts.labels is not None and artifacts.labels.done()
+    images, grid = val_labels_grid(cli.datamodule)
+    save_jpeg(grid, tmp_path / 'labels.jpg')
+    assert (run / 'val_batch_labels.jpg').read_bytes() == (tmp_path / 'labels.jpg').read_bytes()
+    assert [im.shape for im in artifacts.labels.result()[0]] == [im.shape for im in images]
