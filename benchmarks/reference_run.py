@@ -10,6 +10,7 @@ given. Arms, run in turn (arm 1, arm 2, ..., arm 1, arm 2, ...):
     head+optim  both (the seed's replay configuration)
     step        --model.capture_train_step true
     <arm>-pageable  that arm with --data.pin_memory false (batches left in pageable memory: the copy waits for the GPU)
+    native-val16, step-val16  that arm with validation batches of 16 images (--data.val_batch_size 16)
     ul          Ultralytics yolo11n-seg on the same split, batch, size and epochs (`.ulcmp/run.py`, when present)
 
 For a lucid run it keeps the whole-process wall time (measured from outside), the phases of `timing.json`
@@ -37,6 +38,7 @@ ARMS = {'native': [], 'head': ['--model.capture_segment_heads', 'true'], 'optim'
         'head+optim': ['--model.capture_segment_heads', 'true', '--model.capture_optimizer_step', 'true'],
         'step': ['--model.capture_train_step', 'true']}
 ARMS.update({f'{arm}-pageable': [*args, '--data.pin_memory', 'false'] for arm, args in list(ARMS.items())})   # batches not pinned
+ARMS.update({f'{arm}-val16': [*args, '--data.val_batch_size', '16'] for arm in ('native', 'step') for args in [ARMS[arm]]})
 
 
 def lucid_args(arm: str, batch_size: int, save_dir: Path, extra: list) -> list:
