@@ -26,7 +26,7 @@ over several calls of the GPU machine (each call at most 10 minutes) numbers its
 joins them into that file:
 
     python benchmarks/reference_run.py --rounds 3 --part p1 ...; python benchmarks/reference_run.py --rounds 2 --first-round 3 --part p2 ...
-    python benchmarks/reference_run.py --merge benchmarks/results/reference_run_b4_<device>_p{1,2}.json
+    python benchmarks/reference_run.py --merge benchmarks/results/reference_run_b4_<device>_p{1,2}.json [--arms native,ul]
 """
 import argparse, json, re, statistics, subprocess, sys, time
 from datetime import datetime, timezone
@@ -130,9 +130,12 @@ def summarize(runs: list, arms: list) -> dict:
     return summary
 
 
-def merge(paths: list, out: Path) -> Path:
-    "One result of several calls' results (the same batch size and arms; rounds numbered on): runs joined, summary redone."
+def merge(paths: list, out: Path, arms: list | None = None) -> Path:
+    "One result of several calls' results (the same batch size and arms, or only `arms` of each; rounds numbered on): runs joined, summary redone."
     parts = [json.loads(Path(q).read_text()) for q in paths]
+    if arms:
+        if any(a not in q['arms'] for q in parts for a in arms): raise SystemExit('reference_run --merge: a part lacks one of --arms')
+        parts = [dict(q, arms=arms, runs=[r for r in q['runs'] if r['arm'] in arms]) for q in parts]
     first = parts[0]
     if any((q['batch_size'], q['arms']) != (first['batch_size'], first['arms']) for q in parts):
         raise SystemExit('reference_run --merge: the parts differ in batch size or arms')
@@ -151,11 +154,12 @@ def main(argv=None):
     p.add_argument('--first-round', type=int, default=0, help='number of the first round (rounds split over calls)')
     p.add_argument('--part', default='', help='result file suffix for one call of a split series (merged by --merge)')
     p.add_argument('--merge', nargs='+', help='join these result files of one series into one (no runs)')
-    p.add_argument('--arms', default='native,head+optim,ul'); p.add_argument('--out', default='benchmarks/results')
+    p.add_argument('--arms', default='native,head+optim,ul', help='the arms to run; with --merge, the arms to keep of each part (default: all)')
+    p.add_argument('--out', default='benchmarks/results')
     p.add_argument('--work', default='/tmp/reference_run')
     p.add_argument('extra', nargs='*', help='extra `lucid fit` arguments, after --')
     a = p.parse_args(argv)
-    if a.merge: print('->', merge(a.merge, Path(a.out))); return
+    if a.merge: print('->', merge(a.merge, Path(a.out), a.arms.split(',') if '--arms' in (argv or sys.argv) else None)); return
     arms = a.arms.split(',')
     if 'ul' in arms and not (ROOT / '.ulcmp' / 'run.py').exists(): arms.remove('ul'); print('no .ulcmp/run.py: Ultralytics arm left out')
     out = Path(a.out); out.mkdir(parents=True, exist_ok=True)
