@@ -154,13 +154,13 @@ def main(argv=None):
     p.add_argument('--first-round', type=int, default=0, help='number of the first round (rounds split over calls)')
     p.add_argument('--part', default='', help='result file suffix for one call of a split series (merged by --merge)')
     p.add_argument('--merge', nargs='+', help='join these result files of one series into one (no runs)')
-    p.add_argument('--arms', default='native,head+optim,ul', help='the arms to run; with --merge, the arms to keep of each part (default: all)')
+    p.add_argument('--arms', help='the arms to run (default: native,head+optim,ul); with --merge, the arms to keep of each part (default: all)')
     p.add_argument('--out', default='benchmarks/results')
     p.add_argument('--work', default='/tmp/reference_run')
     p.add_argument('extra', nargs='*', help='extra `lucid fit` arguments, after --')
     a = p.parse_args(argv)
-    if a.merge: print('->', merge(a.merge, Path(a.out), a.arms.split(',') if '--arms' in (argv or sys.argv) else None)); return
-    arms = a.arms.split(',')
+    if a.merge: print('->', merge(a.merge, Path(a.out), a.arms and a.arms.split(','))); return
+    arms = (a.arms or 'native,head+optim,ul').split(',')
     if 'ul' in arms and not (ROOT / '.ulcmp' / 'run.py').exists(): arms.remove('ul'); print('no .ulcmp/run.py: Ultralytics arm left out')
     out = Path(a.out); out.mkdir(parents=True, exist_ok=True)
     path = out / f"reference_run_b{a.batch_size}_{device_slug()}{'_' + a.part if a.part else ''}.json"
