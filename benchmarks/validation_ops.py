@@ -22,7 +22,7 @@ import lucid_nb.metrics as M
 from lucid_nb.core import device_tag, env_info
 from lucid_nb.data import YoloData
 
-PARTS = ('nms', 'mask_runs', 'rle_strings', 'coco_results', 'unletterbox_boxes', 'box_spans')
+PARTS = ('nms', 'batch_mask_runs', 'rle_strings', 'coco_results', 'unletterbox_boxes', 'box_spans')
 
 
 def main():

@@ -37,7 +37,7 @@ def greedy(boxes, cls, *a, _keep=M.greedy_keep, **k):
     n0 = looks[0]; r = _keep(boxes, cls, *a, **k); EP[epoch[0]]['looks'] += looks[0] - n0
     return r
 
-def runs_counted(*a, _runs=M.rle_runs, **k):
+def runs_counted(*a, _runs=M.runs_from_starts, **k):
     c, r = _runs(*a, **k); EP[epoch[0]]['counts'] += len(c); return c, r
 
 def profiled(f):
@@ -77,10 +77,10 @@ def val_end(self, *a, _hook=T.LitYolo.on_validation_epoch_end):
     r = _hook(self, *a); torch.cuda.reset_peak_memory_stats(); return r
 
 torch.Tensor.tolist = counted_tolist
-M.greedy_keep, M.rle_runs = greedy, runs_counted
-for name in ('nms', 'mask_runs', 'rle_strings', 'coco_results'): setattr(M, name, ranged(name, timed(name, getattr(M, name))))
+M.greedy_keep, M.runs_from_starts = greedy, runs_counted
+for name in ('nms', 'batch_mask_runs', 'rle_strings', 'coco_results'): setattr(M, name, ranged(name, timed(name, getattr(M, name))))
 M.Validator.update = profiled(ranged('update', timed('update', M.Validator.update)))
-RANGES = ('nms', 'mask_runs', 'rle_strings', 'coco_results', 'update', 'batch')
+RANGES = ('nms', 'batch_mask_runs', 'rle_strings', 'coco_results', 'update', 'batch')
 _forward = T.LitYolo._validate_batch
 T.LitYolo._validate_batch = lambda self, batch: ranged('batch', _forward)(self, batch)
 M.Validator.compute = timed('compute', M.Validator.compute)

@@ -19,8 +19,8 @@ from .core import *
 __all__ = ['COCO80_IDS', 'STAT_NAMES', 'SUMMARY_NAMES', 'greedy_keep', 'nms', 'nms_reference', 'crop_window', 'proto_masks',
            'proto_window', 'unletterbox_masks', 'unletterbox_grid', 'unletterbox_boxes', 'rle_runs', 'runs_from_starts',
            'rle_chars', 'rle_strings', 'rle_encode', 'mask_runs_full', 'box_spans', 'crop_chunks', 'crop_starts',
-           'mask_runs', 'masks_to_rle', 'quiet', 'load_coco', 'coco_results', 'results_bytes', 'write_results',
-           'CocoStats', 'coco_evaluate', 'Validator']
+           'batch_mask_runs', 'mask_runs', 'masks_to_rle', 'quiet', 'load_coco', 'coco_results', 'results_bytes',
+           'write_results', 'CocoStats', 'coco_evaluate', 'Validator']
 
 # %% ../nbs/07_metrics.ipynb #a0b7cb8a
 def _candidates(scores:Tensor, conf:float, multi_label:bool, max_nms:int)->tuple[Tensor,Tensor,Tensor]: # (B,n) each
@@ -167,8 +167,12 @@ def _floats(x)->list: return x.tolist() if isinstance(x, Tensor) else [float(v) 
 
 def _grid_coords(n_out:int, n_in:int, scale:float, pad:float, stride:float, device)->Tensor:
     "`grid_sample` coordinates (align_corners=False) of `n_out` original pixel centres on a letterboxed grid of `n_in` cells."
-    px = (torch.arange(n_out, device=device, dtype=torch.float64) + .5) * scale + pad   # letterboxed px, float64
-    return (px / (stride * n_in) * 2 - 1).float()                                     # -1, 1: the grid's outer edges
+    return _grid_coords_at(torch.arange(n_out, device=device, dtype=torch.float64), n_in, scale, pad, stride)
+
+def _grid_coords_at(pixels:Tensor, n_in:int, scale, pad, stride:float)->Tensor:
+    "`_grid_coords` of the original pixels `pixels` (integers); `scale` and `pad` floats or tensors that broadcast with them."
+    px = (pixels.double() + .5) * scale + pad               # letterboxed px, float64 (the same operations either way)
+    return (px / (stride * n_in) * 2 - 1).float()           # -1, 1: the grid's outer edges
 
 def unletterbox_masks(
     masks:Tensor,           # (n,h,w) soft masks on the letterboxed grid, one cell = `stride` input pixels
@@ -211,11 +215,12 @@ def runs_from_starts(
     m:Tensor,   # (s,) int64 mask of each start, ascending
     q:Tensor,   # (s,) int64 pixel (column-major index) where a run of 1s or 0s starts, ascending within each mask
     n:int,      # masks
-    hw:int,     # pixels per mask
+    hw,         # pixels per mask: an int, or (n,) int64 on the device, masks of images of different sizes
 )->tuple[Tensor,Tensor]: # counts (k,) int64, runs per mask (n,) int64
     "`rle_runs` from where runs start: each run ends where the next starts, the last at H·W; a virtual 0 before pixel 0."
     runs = torch.bincount(m, minlength=n) + 1                         # the first run of 0s, then one per start
-    ends = torch.full((len(q) + n,), hw, dtype=torch.long, device=q.device)
+    if isinstance(hw, Tensor): ends = hw.repeat_interleave(runs, output_size=len(q) + n)   # each mask's own H·W
+    else: ends = torch.full((len(q) + n,), hw, dtype=torch.long, device=q.device)
     ends[torch.arange(len(q), device=q.device) + m] = q               # start t is slot t + m of the concatenated runs
     begins = ends.roll(1)
     begins[runs.cumsum(0) - runs] = 0                                 # each mask's first run begins at pixel 0
@@ -243,13 +248,13 @@ def rle_chars(
     return torch.stack(chars, 1)
 
 # %% ../nbs/07_metrics.ipynb #0f9d04cb
-def _whole_mask_slices(runs:list[int], max_counts:int)->list[tuple[int,int]]:
-    "Masks `[a, b)` in order, each slice of whole masks with about `max_counts` counts (at least one mask)."
+def _slices_up_to(sizes:list[int], most:int)->list[tuple[int,int]]:
+    "Consecutive slices `[a, b)` of the items, each adding up to at most `most` of `sizes` (or one item alone, larger)."
     out, a, total = [], 0, 0
-    for j, r in enumerate(runs):
-        if total and total + r > max_counts: out.append((a, j)); a, total = j, 0
+    for j, r in enumerate(sizes):
+        if total and total + r > most: out.append((a, j)); a, total = j, 0
         total += r
-    return out + [(a, len(runs))] if runs else out
+    return out + [(a, len(sizes))] if sizes else out
 
 def rle_strings(
     counts:Tensor,  # (k,) integer run lengths of masks one after the other (`rle_runs`, possibly of several images)
@@ -259,7 +264,7 @@ def rle_strings(
 )->list[str]:       # n compressed RLE strings
     "The strings of COCO's compressed RLE of masks given by their runs: characters made and packed on the device."
     per_mask, texts, first = runs.tolist(), [], 0
-    for a, b in _whole_mask_slices(per_mask, max_counts):
+    for a, b in _slices_up_to(per_mask, max_counts):
         k = sum(per_mask[a:b])
         chars = rle_chars(counts[first:first + k], runs[a:b], hw)
         live = chars != 0
@@ -325,15 +330,18 @@ def crop_chunks(
 def crop_starts(
     soft:Tensor,           # (n,S/4,S/4) soft masks on the prototype grid (`proto_masks`)
     spans:Tensor,          # (n,4) `box_spans` on the original image
-    gx:Tensor, gy:Tensor,  # `grid_sample` coordinates of the original image's columns and rows (`_grid_coords`)
+    image_hw:Tensor,       # (n,2) int64 (H, W) of each detection's original image
+    letterbox:Tensor,      # (n,3) float64 (scale, pad_x, pad_y) of each detection's image
     rows:int, cols:int,    # the largest crop of these detections
-)->tuple[Tensor,Tensor]:   # mask and pixel (column-major index on the H×W image) of every start, in order
+)->tuple[Tensor,Tensor]:   # mask and pixel (column-major index on its H×W image) of every start, in order
     "Where runs of the masks `mask_runs_full` makes start, found inside each box's crop (outside it every mask is 0)."
-    H, W, dev = len(gy), len(gx), soft.device
+    (H, W), (scale, px, py), dev = image_hw[:, :, None].unbind(1), letterbox[:, :, None].unbind(1), soft.device   # (n,1) each
     r0, r1, c0, c1 = spans.unbind(1)
     h, w = (r1 - r0)[:, None, None], (c1 - c0)[:, None]
     i, j = torch.arange(rows + 1, device=dev), torch.arange(cols, device=dev)   # row `h`: the pixel after a column's crop
-    ys, xs = gy[(r0[:, None] + i).clamp_(max=H - 1)], gx[(c0[:, None] + j).clamp_(max=W - 1)]
+    ys = _grid_coords_at(torch.minimum(r0[:, None] + i, H - 1), soft.shape[1], scale, py, MASK_STRIDE)   # `_grid_coords`' values
+    xs = _grid_coords_at(torch.minimum(c0[:, None] + j, W - 1), soft.shape[2], scale, px, MASK_STRIDE)
+    H, W = H[:, 0], W[:, 0]
     grid = torch.stack(torch.broadcast_tensors(xs[:, None, :], ys[:, :, None]), -1)   # the full grid's cells of each crop
     v = F.grid_sample(soft[:, None], grid, mode='bilinear', padding_mode='border', align_corners=False)[:, 0] > .5
     v = (v & (i[:, None] < h) & (j < w)[:, None, :]).transpose(1, 2)   # (n, cols, rows+1): 0 outside the crop
@@ -343,10 +351,46 @@ def crop_starts(
     starts = (v != torch.cat([before[..., None], v[..., :-1]], 2)) & (j < w)[..., None]
     # the start after a column's crop (row h) is dropped where that pixel is the next column's first crop pixel, which
     # has its own comparison (whole columns), or lies past the image's last pixel
-    later = whole[:, None] & (j < w - 1) | (c0[:, None] + j == W - 1)
+    later = whole[:, None] & (j < w - 1) | (c0[:, None] + j == W[:, None] - 1)
     starts &= ~((i == h) & ((r1 == H)[:, None] & later)[..., None])
     d, jj, ii = starts.nonzero(as_tuple=True)
-    return d, (c0[d] + jj) * H + r0[d] + ii
+    return d, (c0[d] + jj) * H[d] + r0[d] + ii
+
+def batch_mask_runs(
+    coef:Tensor,      # (n,P) coefficients of the kept detections of the images, image after image
+    proto:Tensor,     # (B,P,S/4,S/4) prototypes of the images
+    boxes:Tensor,     # (n,4) xyxy in pixels of the letterboxed input
+    per_image:list,   # detections of each image (B ints, summing to n)
+    letterbox,        # (B,3) (scale, pad_x, pad_y) of each image
+    orig_hw,          # (B,2) (H, W) of each image
+    max_pixels:int=2**23, # crop pixels at a time, padded (`crop_chunks`; memory: ~20 bytes each)
+    spans:Tensor|None=None, # (n,4) `box_spans` of the boxes on their original images, if at hand (on the device)
+    sizes:list|None=None,   # their (rows, columns) on the host, if at hand (else one look at the host)
+)->tuple[Tensor,Tensor]: # `rle_runs` of the n masks, image after image: counts (k,) int32 (int64 past 2³¹ pixels), runs per mask (n,)
+    "`mask_runs` of the detections of several images at once: one pass of crops, starts and runs for them all."
+    n, dev = len(coef), proto.device
+    if n == 0: return coef.new_zeros(0, dtype=torch.long), coef.new_zeros(0, dtype=torch.long)
+    lbs = torch.as_tensor(letterbox, dtype=torch.float64).reshape(-1, 3).cpu()   # the float32 batch values, exactly
+    hws = torch.as_tensor(orig_hw).reshape(-1, 2).long().cpu()
+    image = torch.repeat_interleave(torch.arange(len(per_image)), torch.tensor(per_image))   # each detection's image
+    det_hw, det_lb = hws[image].to(dev, non_blocking=True), lbs[image].to(dev, non_blocking=True)
+    if spans is None:
+        spans = torch.cat([box_spans(unletterbox_boxes(b, lb, hw), *map(int, hw))
+                           for b, lb, hw in zip(boxes.split(per_image), lbs, hws) if len(b)])
+    if sizes is None: sizes = (spans[:, 1::2] - spans[:, ::2]).tolist()
+    chunks = crop_chunks(sizes, max_pixels)
+    order = torch.sort((spans[:, 1] - spans[:, 0]) * (spans[:, 3] - spans[:, 2]), stable=True).indices   # `crop_chunks`' order
+    P, h, w = proto.shape[1:]
+    soft = torch.cat([(c.float() @ p.float().reshape(P, -1)).sigmoid().reshape(-1, h, w)   # one product per image, as `proto_masks`
+                      for c, p in zip(coef.split(per_image), proto) if len(c)])
+    rows_w, cols_w = proto_window(boxes, proto[0])
+    soft.mul_(rows_w).mul_(cols_w)
+    found = [crop_starts(soft[sel], spans[sel], det_hw[sel], det_lb[sel], rows, cols) + (sel,)
+             for a, b, rows, cols in chunks for sel in [order[a:b]]]
+    m, q = (torch.cat([sel[d] for d, _, sel in found]), torch.cat([q for _, q, _ in found])) if found else (order[:0],) * 2
+    o = torch.sort(m, stable=True).indices   # mask by mask; each mask's starts come from one chunk, in order
+    c, r = runs_from_starts(m[o], q[o], n, det_hw[:, 0] * det_hw[:, 1])
+    return c.int() if int(hws.prod(1).max()) < 2**31 else c, r
 
 def mask_runs(
     coef:Tensor,    # (n,P) coefficients of the kept detections
@@ -359,22 +403,7 @@ def mask_runs(
     sizes:list|None=None,   # their (rows, columns) on the host, if at hand (else one look at the host)
 )->tuple[Tensor,Tensor]: # `rle_runs` of the n masks, on the device: counts (k,) int32 (int64 past 2³¹ pixels), runs per mask (n,)
     "Masks of detections on the original image, as run lengths: `mask_runs_full`'s, with pixels made only inside each box."
-    n, dev = len(coef), proto.device
-    if n == 0: return coef.new_zeros(0, dtype=torch.long), coef.new_zeros(0, dtype=torch.long)
-    (scale, px, py), (H, W) = _floats(letterbox), map(int, _floats(orig_hw))
-    if spans is None: spans = box_spans(unletterbox_boxes(boxes, letterbox, orig_hw), H, W)
-    if sizes is None: sizes = (spans[:, 1::2] - spans[:, ::2]).tolist()
-    chunks = crop_chunks(sizes, max_pixels)
-    order = torch.sort((spans[:, 1] - spans[:, 0]) * (spans[:, 3] - spans[:, 2]), stable=True).indices   # `crop_chunks`' order
-    soft = proto_masks(coef, proto, boxes)
-    gx = _grid_coords(W, proto.shape[2], scale, px, MASK_STRIDE, dev)
-    gy = _grid_coords(H, proto.shape[1], scale, py, MASK_STRIDE, dev)
-    found = [crop_starts(soft[sel], spans[sel], gx, gy, rows, cols) + (sel,)
-             for a, b, rows, cols in chunks for sel in [order[a:b]]]
-    m, q = (torch.cat([sel[d] for d, _, sel in found]), torch.cat([q for _, q, _ in found])) if found else (order[:0],) * 2
-    o = torch.sort(m, stable=True).indices   # mask by mask; each mask's starts come from one chunk, in order
-    c, r = runs_from_starts(m[o], q[o], n, H * W)
-    return c.int() if H * W < 2**31 else c, r
+    return batch_mask_runs(coef, proto[None], boxes, [len(coef)], [_floats(letterbox)], [_floats(orig_hw)], max_pixels, spans, sizes)
 
 def masks_to_rle(coef, proto, boxes, letterbox, orig_hw, max_pixels:int=2**23)->list[dict]: # n RLE dicts on the original image
     "`mask_runs`'s masks (the same arguments) as COCO RLE dicts: prototypes × coefficients, cropped, un-letterboxed, > 0.5."
@@ -493,8 +522,8 @@ class Validator:
                  max_nms:int=30000,      # candidates per image entering NMS
                  multi_label:bool=True,  # a detection per (anchor, class) above `conf`
                  masks:bool=True,        # also build and encode masks (needs `coef` and `proto`)
-                 group_counts:int=2**22):# mask run lengths gathered before they become strings (device memory: 4 bytes each)
-        self.cat_ids, self.masks, self.group_counts = cat_ids, masks, group_counts
+                 group_pixels:int=2**25):# crop pixels of the images whose masks, runs and strings are made at once
+        self.cat_ids, self.masks, self.group_pixels = cat_ids, masks, group_pixels
         self.nms_kw = dict(conf=conf, iou=iou, max_det=max_det, max_nms=max_nms, multi_label=multi_label)
         self.reset()
 
@@ -521,17 +550,15 @@ class Validator:
                 for i, (b, d) in enumerate(zip(boxes, dets))]                   # per image: box, score, class, crop size
         rows = torch.cat(rows).cpu().split([len(d['scores']) for d in dets])  # one copy to the host for the batch
         preds = [dict(boxes=r[:, :4], scores=r[:, 4], classes=r[:, 5].long()) for r in rows]
-        if self.masks:   # images' runs gathered up to `group_counts`, then their characters and strings at once
-            sizes, group, texts = hws.long().tolist(), [], []
-            def strings():
-                counts, runs = torch.cat([c for _, c, _ in group]), torch.cat([r for _, _, r in group])
-                texts.extend(rle_strings(counts, runs, max(sizes[i][0] * sizes[i][1] for i, _, _ in group))); group.clear()
-            for i, d in enumerate(dets):
-                group.append((i, *mask_runs(eval_out['coef'][i][d['anchors']], eval_out['proto'][i], d['boxes'], lbs[i], hws[i],
-                                            spans=spans[i], sizes=rows[i][:, 6:].long().tolist())))
-                if sum(len(c) for _, c, _ in group) >= self.group_counts or i == len(dets) - 1: strings()
+        if self.masks:   # the masks of groups of images (up to `group_pixels` crop pixels) made at once, then their strings
+            sizes, texts = [r[:, 6:].long().tolist() for r in rows], []
+            for g in (range(a, b) for a, b in _slices_up_to([sum(h * w for h, w in s) for s in sizes], self.group_pixels)):
+                runs = batch_mask_runs(torch.cat([eval_out['coef'][i][dets[i]['anchors']] for i in g]), eval_out['proto'][g[0]:g[-1] + 1],
+                                       torch.cat([dets[i]['boxes'] for i in g]), [len(sizes[i]) for i in g], lbs[g[0]:g[-1] + 1],
+                                       hws[g[0]:g[-1] + 1], spans=torch.cat([spans[i] for i in g]), sizes=sum((sizes[i] for i in g), []))
+                texts += rle_strings(*runs, int(hws[g[0]:g[-1] + 1].long().prod(1).max()))
             texts = iter(texts)
-            for p, (h, w) in zip(preds, sizes): p['masks'] = [{'size': [h, w], 'counts': next(texts)} for _ in range(len(p['scores']))]
+            for p, (h, w) in zip(preds, hws.long().tolist()): p['masks'] = [{'size': [h, w], 'counts': next(texts)} for _ in range(len(p['scores']))]
         self.results += coco_results(preds, ids, self.cat_ids)
         self.image_ids += [int(i) for i in ids]
 

@@ -18,7 +18,7 @@ from lucid_nb.core import EMBEDDED_ANNOTATIONS, MASK_STRIDE
 from lucid_nb.core import test_bytes_equal as assert_bytes_equal
 from lucid_nb.loss import crop_mask
 from lucid_nb.metrics import (COCO80_IDS, STAT_NAMES, Validator, box_iou, coco_evaluate, coco_results, load_coco,
-                              mask_runs, mask_runs_full, masks_to_rle, nms, nms_reference, proto_masks, quiet, results_bytes, rle_encode,
+                              batch_mask_runs, mask_runs, mask_runs_full, masks_to_rle, nms, nms_reference, proto_masks, quiet, results_bytes, rle_encode,
                               unletterbox_boxes, unletterbox_masks, write_results)
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA GPU')
@@ -550,8 +550,8 @@ def test_batched_nms_equals_old_on_deep_suppression(kw):
         _assert_same(nms(h['boxes'], h['scores'], chunk=chunk, rounds=rounds, **kw), want)
 
 
-@pytest.mark.parametrize('group_counts', [2**23, 20000, 1])   # one group a batch; a few images a group; one image a group
-def test_validator_results_equal_old_path(group_counts):
+@pytest.mark.parametrize('group_pixels', [2**25, 2_000_000, 1])   # one group a batch; a few images a group; one image a group
+def test_validator_results_equal_old_path(group_pixels):
     "The whole post-processing, new vs old, to the byte: a seeded nano model's outputs (class biases 0: max_det boxes) and a young-model-like head."
     from lucid_nb.heads import yolo_seg
     torch.manual_seed(0)
@@ -561,7 +561,7 @@ def test_validator_results_equal_old_path(group_counts):
     outs = [{k: o[k] for k in ('boxes', 'scores', 'coef', 'proto')} for o in outs] + [_young_head(2, B=3, S=320)]
     batches = [_batch_of(2, 160, 0), _batch_of(2, 160, 1), _batch_of(3, 320, 2)]
     kw = dict(conf=0.001, iou=0.7, max_det=300)
-    v = Validator(COCO80_IDS, group_counts=group_counts, **kw)
+    v = Validator(COCO80_IDS, group_pixels=group_pixels, **kw)
     for o, b in zip(outs, batches): v.update(o, b)
     old = _old_validator_results(outs, batches, COCO80_IDS, **kw)
     assert len(v.results) == len(old) > 1200
@@ -597,6 +597,39 @@ def test_mask_runs_equal_the_full_resolution_definition(seed):
         for max_pixels in (1, int(torch.randint(2, 2000, (1,), generator=g)), 2**23):
             got = mask_runs(coef, proto, boxes, lb, hw, max_pixels)
             assert all(torch.equal(a, b) for a, b in zip(got, want)), (seed, H, W, n, max_pixels)
+
+
+def _images_case(g, sizes, S=64, P=8, device='cpu'):
+    "`_box_local_case` for several images of a batch: their detections one image after the other, prototypes stacked."
+    cases = [_box_local_case(g, n, H, W, S, P, device) for H, W, n in sizes]
+    coef, boxes = (torch.cat([c[k] for c in cases]) for k in (0, 2))
+    return cases, coef, torch.stack([c[1] for c in cases]), boxes, [n for _, _, n in sizes], [c[3] for c in cases], [c[4] for c in cases]
+
+
+@pytest.mark.parametrize('seed', range(4))
+def test_batch_mask_runs_equal_each_image_alone(seed):
+    "Images of different sizes (one without detections) in one pass: chunks mix their crops; the runs are each image's own, in order."
+    g = torch.Generator().manual_seed(seed)
+    sizes = [(int(torch.randint(1, 70, (1,), generator=g)), int(torch.randint(1, 70, (1,), generator=g)),
+              int(torch.randint(0, 15, (1,), generator=g))) for _ in range(4)] + [(33, 41, 0)]
+    cases, coef, proto, boxes, per_image, lbs, hws = _images_case(g, sizes)
+    want = [mask_runs_full(*c) for c in cases]
+    want = torch.cat([c for c, _ in want]), torch.cat([r for _, r in want])
+    for max_pixels in (1, 500, 2**23):
+        got = batch_mask_runs(coef, proto, boxes, per_image, lbs, hws, max_pixels)
+        assert all(torch.equal(a, b.to(a.dtype)) for a, b in zip(got, want)), (seed, max_pixels)
+
+
+@cuda
+@pytest.mark.cuda
+def test_batch_mask_runs_equal_each_image_alone_on_the_gpu():
+    "A validation batch's worth on the GPU: 8 images of different sizes, up to 300 detections each."
+    g = torch.Generator().manual_seed(1)
+    sizes = [(427, 640, 300), (640, 427, 300), (333, 501, 120), (1, 640, 40), (480, 640, 0), (512, 512, 200), (97, 13, 30), (640, 640, 300)]
+    cases, coef, proto, boxes, per_image, lbs, hws = _images_case(g, sizes, S=640, P=32, device='cuda')
+    want = [mask_runs(*c) for c in cases if c[0].numel()]   # each image alone, as the Validator made them before
+    got = batch_mask_runs(coef, proto, boxes, per_image, lbs, hws)
+    assert torch.equal(got[0], torch.cat([c for c, _ in want])) and torch.equal(got[1], torch.cat([r for _, r in want]))
 
 
 @cuda
