@@ -380,11 +380,9 @@ def batch_mask_runs(
     if sizes is None: sizes = (spans[:, 1::2] - spans[:, ::2]).tolist()
     chunks = crop_chunks(sizes, max_pixels)
     order = torch.sort((spans[:, 1] - spans[:, 0]) * (spans[:, 3] - spans[:, 2]), stable=True).indices   # `crop_chunks`' order
-    P, h, w = proto.shape[1:]
-    soft = torch.cat([(c.float() @ p.float().reshape(P, -1)).sigmoid().reshape(-1, h, w)   # one product per image, as `proto_masks`
-                      for c, p in zip(coef.split(per_image), proto) if len(c)])
-    rows_w, cols_w = proto_window(boxes, proto[0])
-    soft.mul_(rows_w).mul_(cols_w)
+    window = [w.split(per_image) for w in proto_window(boxes, proto[0])]   # the images' windows at once, then each its own
+    soft = torch.cat([proto_masks(c, p, b, (rw, cw))                       # one product per image
+                      for c, p, b, rw, cw in zip(coef.split(per_image), proto, boxes.split(per_image), *window) if len(c)])
     found = [crop_starts(soft[sel], spans[sel], det_hw[sel], det_lb[sel], rows, cols) + (sel,)
              for a, b, rows, cols in chunks for sel in [order[a:b]]]
     m, q = (torch.cat([sel[d] for d, _, sel in found]), torch.cat([q for _, q, _ in found])) if found else (order[:0],) * 2
@@ -552,11 +550,12 @@ class Validator:
         preds = [dict(boxes=r[:, :4], scores=r[:, 4], classes=r[:, 5].long()) for r in rows]
         if self.masks:   # the masks of groups of images (up to `group_pixels` crop pixels) made at once, then their strings
             sizes, texts = [r[:, 6:].long().tolist() for r in rows], []
-            for g in (range(a, b) for a, b in _slices_up_to([sum(h * w for h, w in s) for s in sizes], self.group_pixels)):
-                runs = batch_mask_runs(torch.cat([eval_out['coef'][i][dets[i]['anchors']] for i in g]), eval_out['proto'][g[0]:g[-1] + 1],
-                                       torch.cat([dets[i]['boxes'] for i in g]), [len(sizes[i]) for i in g], lbs[g[0]:g[-1] + 1],
-                                       hws[g[0]:g[-1] + 1], spans=torch.cat([spans[i] for i in g]), sizes=sum((sizes[i] for i in g), []))
-                texts += rle_strings(*runs, int(hws[g[0]:g[-1] + 1].long().prod(1).max()))
+            for a, b in _slices_up_to([sum(h * w for h, w in s) for s in sizes], self.group_pixels):
+                g = range(a, b)
+                runs = batch_mask_runs(torch.cat([eval_out['coef'][i][dets[i]['anchors']] for i in g]), eval_out['proto'][a:b],
+                                       torch.cat([dets[i]['boxes'] for i in g]), [len(sizes[i]) for i in g], lbs[a:b], hws[a:b],
+                                       spans=torch.cat([spans[i] for i in g]), sizes=sum((sizes[i] for i in g), []))
+                texts += rle_strings(*runs, int(hws[a:b].long().prod(1).max()))
             texts = iter(texts)
             for p, (h, w) in zip(preds, hws.long().tolist()): p['masks'] = [{'size': [h, w], 'counts': next(texts)} for _ in range(len(p['scores']))]
         self.results += coco_results(preds, ids, self.cat_ids)
