@@ -520,7 +520,7 @@ class Validator:
                  max_nms:int=30000,      # candidates per image entering NMS
                  multi_label:bool=True,  # a detection per (anchor, class) above `conf`
                  masks:bool=True,        # also build and encode masks (needs `coef` and `proto`)
-                 group_pixels:int=2**25):# crop pixels of the images whose masks, runs and strings are made at once
+                 group_pixels:int=2**25):# pixels of the images whose masks, runs and strings are made at once (`_update`)
         self.cat_ids, self.masks, self.group_pixels = cat_ids, masks, group_pixels
         self.nms_kw = dict(conf=conf, iou=iou, max_det=max_det, max_nms=max_nms, multi_label=multi_label)
         self.reset()
@@ -548,9 +548,10 @@ class Validator:
                 for i, (b, d) in enumerate(zip(boxes, dets))]                   # per image: box, score, class, crop size
         rows = torch.cat(rows).cpu().split([len(d['scores']) for d in dets])  # one copy to the host for the batch
         preds = [dict(boxes=r[:, :4], scores=r[:, 4], classes=r[:, 5].long()) for r in rows]
-        if self.masks:   # the masks of groups of images (up to `group_pixels` crop pixels) made at once, then their strings
-            sizes, texts = [r[:, 6:].long().tolist() for r in rows], []
-            for a, b in _slices_up_to([sum(h * w for h, w in s) for s in sizes], self.group_pixels):
+        if self.masks:   # the masks of groups of images made at once, then their strings; an image's pixels: its
+            # detections' masks on the prototype grid and their crops on the image, up to `group_pixels` a group
+            sizes, texts, cells = [r[:, 6:].long().tolist() for r in rows], [], eval_out['proto'][0, 0].numel()
+            for a, b in _slices_up_to([len(s) * cells + sum(h * w for h, w in s) for s in sizes], self.group_pixels):
                 g = range(a, b)
                 runs = batch_mask_runs(torch.cat([eval_out['coef'][i][dets[i]['anchors']] for i in g]), eval_out['proto'][a:b],
                                        torch.cat([dets[i]['boxes'] for i in g]), [len(sizes[i]) for i in g], lbs[a:b], hws[a:b],
