@@ -104,8 +104,8 @@ class Counts(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def load_baseline(rev: str):
-    "The `lucid_nb.metrics` module of git revision `rev`, imported as `lucid_nb_baseline.metrics`."
+def load_baseline(rev: str, package: str = 'lucid_nb_baseline'):
+    "The `lucid_nb.metrics` module of git revision `rev`, imported as `<package>.metrics` (one package name per revision)."
     root = Path(__file__).resolve().parent.parent
     r = subprocess.run(['git', 'archive', rev, 'lucid_nb'], cwd=root, capture_output=True)
     if r.returncode: raise SystemExit(f"--baseline {rev}: git archive failed: {r.stderr.decode().strip()}")
@@ -113,9 +113,9 @@ def load_baseline(rev: str):
     d = Path(tempfile.mkdtemp(prefix='lucid_nb_baseline_'))
     with tarfile.open(fileobj=io.BytesIO(tar)) as t:
         for m in t.getmembers():
-            if m.name.endswith('.py'): m.name = m.name.replace('lucid_nb/', 'lucid_nb_baseline/', 1); t.extract(m, d)
+            if m.name.endswith('.py'): m.name = m.name.replace('lucid_nb/', f'{package}/', 1); t.extract(m, d)
     sys.path.insert(0, str(d))
-    return importlib.import_module('lucid_nb_baseline.metrics')
+    return importlib.import_module(f'{package}.metrics')
 
 
 @contextlib.contextmanager

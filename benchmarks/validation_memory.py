@@ -1,0 +1,82 @@
+"""How much tensor memory one validation's post-processing holds at once: a device-independent count, by revision.
+
+Feeds the `young_head` outputs of `validation_speed.py` (a young model's head at 640 px: 300 detections per image,
+ragged masks) for the 32 embedded validation images, batch by batch as the trainer's validation does (`YoloData`
+defaults: batches of 8), to the `Validator` of this checkout and of each `--baseline` revision, and counts through
+torch's dispatch the bytes of the tensors the operations make, each from its making until it is freed (views and
+in-place results add nothing): the most alive at once is the post-processing's peak. On a GPU the caching allocator
+rounds every block up and keeps freed blocks, so its peak is higher, but it grows with these bytes; the inputs (the
+head's outputs, the batch) exist before and are not counted. Every revision's results bytes must equal this
+checkout's.
+
+    python benchmarks/validation_memory.py [--baseline REV ...] [--out benchmarks/results]
+
+Writes `validation_memory_<device>.json` (peaks in MiB, per batch and overall, env, command) to `--out`.
+"""
+import argparse, json, sys, weakref
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import validation_speed as vs
+import lucid_nb.metrics as M
+from lucid_nb.core import device_tag, env_info
+from lucid_nb.data import YoloData
+
+
+class TensorBytes(TorchDispatchMode):
+    "Bytes of the tensors made under it that are alive now (`live`) and at most (`peak`, since the last `reset`)."
+    def __init__(self): super().__init__(); self.live = self.peak = 0
+
+    def reset(self): self.peak = self.live
+
+    def _freed(self, n): self.live -= n
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = {a.untyped_storage().data_ptr() for a in [*args, *(kwargs or {}).values()] if isinstance(a, torch.Tensor)}
+        for t in (out if isinstance(out, (tuple, list)) else [out]):
+            if not isinstance(t, torch.Tensor) or t._base is not None or t.untyped_storage().data_ptr() in inputs: continue
+            n = t.untyped_storage().nbytes(); self.live += n; self.peak = max(self.peak, self.live)
+            weakref.finalize(t, self._freed, n)
+        return out
+
+
+def peaks(metrics, outs, batches, cat_ids) -> tuple[list, bytes]:
+    "Peak MiB of each batch's `Validator.update` (tensors made during it), and the results bytes."
+    v, per_batch = metrics.Validator(cat_ids), []
+    with TensorBytes() as c, torch.no_grad():
+        for o, b in zip(outs, batches):
+            c.reset(); start = c.live
+            v.update(o, b)
+            per_batch.append(round((c.peak - start) / 2**20, 1))
+    return per_batch, metrics.results_bytes(v.results)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument('--baseline', nargs='*', default=[], help='git revisions to compare with this checkout')
+    p.add_argument('--out', default='benchmarks/results'); a = p.parse_args()
+    dm = YoloData(prefetch=False); dm.setup('fit')
+    batches = list(dm.val_dataloader())
+    outs = vs.young_head(batches)
+    revs = {'checkout': M, **{rev: vs.load_baseline(rev, f'lucid_nb_{i}') for i, rev in enumerate(a.baseline)}}
+    res, want = {}, None
+    for rev, metrics in revs.items():
+        per_batch, got = peaks(metrics, outs, batches, dm.cat_ids)
+        want = want or got
+        if got != want: raise SystemExit(f'{rev}: other results bytes than the checkout')
+        res[rev] = dict(peak_mib=max(per_batch), per_batch_mib=per_batch)
+        print(f'{rev}: peak {max(per_batch)} MiB of tensors made during a batch (per batch {per_batch})')
+    out = dict(what="most bytes of tensors alive at once during Validator.update (made by it), young_head outputs, "
+                    "32 images in batches of 8, by revision; same results bytes in each",
+               revisions=res, command=' '.join([sys.executable, *sys.argv]),
+               date=datetime.now(timezone.utc).isoformat(timespec='seconds'), env=env_info())
+    path = Path(a.out); path.mkdir(parents=True, exist_ok=True); path = path / f'validation_memory_{device_tag()}.json'
+    path.write_text(json.dumps(out, indent=1)); print(f'-> {path}')
+
+
+if __name__ == '__main__': main()
