@@ -13,36 +13,19 @@ checkout's.
 
 Writes `validation_memory_<device>.json` (peaks in MiB, per batch and overall, env, command) to `--out`.
 """
-import argparse, json, sys, weakref
+import argparse, json, sys
 from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / 'tests'))   # helpers.TensorBytes, shared with the tests
 import validation_speed as vs
+from helpers import TensorBytes
 import lucid_nb.metrics as M
 from lucid_nb.core import device_tag, env_info
 from lucid_nb.data import YoloData
-
-
-class TensorBytes(TorchDispatchMode):
-    "Bytes of the tensors made under it that are alive now (`live`) and at most (`peak`, since the last `reset`)."
-    def __init__(self): super().__init__(); self.live = self.peak = 0
-
-    def reset(self): self.peak = self.live
-
-    def _freed(self, n): self.live -= n
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        inputs = {a.untyped_storage().data_ptr() for a in [*args, *(kwargs or {}).values()] if isinstance(a, torch.Tensor)}
-        for t in (out if isinstance(out, (tuple, list)) else [out]):
-            if not isinstance(t, torch.Tensor) or t._base is not None or t.untyped_storage().data_ptr() in inputs: continue
-            n = t.untyped_storage().nbytes(); self.live += n; self.peak = max(self.peak, self.live)
-            weakref.finalize(t, self._freed, n)
-        return out
 
 
 def peaks(metrics, outs, batches, cat_ids) -> tuple[list, bytes]:

@@ -1,11 +1,12 @@
-"""Helpers shared by the trainer and recorder tests: a tiny CPU run of the `lucid` CLI."""
-import json, os, sys, time
+"""Helpers shared by the tests (and a few benchmarks): a tiny CPU run of the `lucid` CLI, a count of tensor bytes alive."""
+import json, os, sys, time, weakref
 from pathlib import Path
 
 from lightning.pytorch.callbacks import Callback
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from lucid_nb.core import digest, state_hashes
 from lucid_nb.loss import SegLoss
@@ -120,3 +121,21 @@ def test_traces_equal(a:dict, b:dict):
             assert ga == gb, f"step {i}: {n}.grad bytes differ"
     assert len(a['steps']) == len(b['steps']), "traces have different lengths"
     assert a['state'] == b['state'], f"final state hashes differ: {a['state']} vs {b['state']}"
+
+
+class TensorBytes(TorchDispatchMode):
+    "Bytes of the tensors operations make under it, each counted until it is freed: alive now (`live`) and at most (`peak`, since the start or the last `reset`)."
+    def __init__(self): super().__init__(); self.live = self.peak = 0
+
+    def reset(self): self.peak = self.live
+
+    def _freed(self, n): self.live -= n
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = {a.untyped_storage().data_ptr() for a in [*args, *(kwargs or {}).values()] if isinstance(a, torch.Tensor)}
+        for t in (out if isinstance(out, (tuple, list)) else [out]):
+            if not isinstance(t, torch.Tensor) or t._base is not None or t.untyped_storage().data_ptr() in inputs: continue   # a view or in place: nothing new
+            n = t.untyped_storage().nbytes(); self.live += n; self.peak = max(self.peak, self.live)
+            weakref.finalize(t, self._freed, n)
+        return out

@@ -1,13 +1,13 @@
 "Data pipeline checks beyond the notebook: any COCO dataset, every bad-input case, the disk cache, determinism, threads."
-import json, os, threading, types, weakref
+import json, os, threading, types
 from pathlib import Path
 
 import numpy as np, pytest, torch
 from PIL import Image
 from pycocotools import mask as mask_utils
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from lucid_nb import augment
+from helpers import TensorBytes
 from lucid_nb.core import BATCH_KEYS, MASK_STRIDE, digest
 from lucid_nb.data import (BadInputError, DataReport, YoloData, YoloDataset, YoloLoader, build_sample, data_main,
                            default_cache_dir, hsv_jitter, load_coco_json, read_records, coco_categories)
@@ -395,20 +395,6 @@ def _hsv_plain(img, gains):
     return v[:, None] - (v * s)[:, None] * torch.minimum(k, 4 - k).clamp(0, 1)
 
 
-class _LiveBytes(TorchDispatchMode):
-    "The most bytes of tensors made by operations alive at once (each output counted until it is freed)."
-    def __init__(self): super().__init__(); self.live = self.peak = 0
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        made = [t for t in (out if isinstance(out, (tuple, list)) else [out]) if isinstance(t, torch.Tensor)]
-        inputs = {a.untyped_storage().data_ptr() for a in [*args, *(kwargs or {}).values()] if isinstance(a, torch.Tensor)}
-        for t in made:
-            if t._base is not None or t.untyped_storage().data_ptr() in inputs: continue   # a view or in place: nothing new
-            n = t.untyped_storage().nbytes(); self.live += n; self.peak = max(self.peak, self.live)
-            weakref.finalize(t, lambda n=n: setattr(self, 'live', self.live - n))
-        return out
-
-
 @pytest.mark.parametrize('chunk_pixels', [40 * 40 * 2, 2 ** 20])
 def test_hsv_jitter_keeps_the_plain_bytes_a_few_images_at_a_time(monkeypatch, chunk_pixels):
     monkeypatch.setattr(augment, 'HSV_CHUNK_PIXELS', chunk_pixels)   # 2 images a chunk (3 chunks), or one chunk
@@ -426,7 +412,7 @@ def test_hsv_jitter_makes_fewer_batch_sized_temporaries(monkeypatch):
     gains, batch_bytes = torch.rand(16, 3) + .5, 16 * 3 * 128 * 128 * 4
     peaks = []
     for fn in (_hsv_plain, hsv_jitter):
-        with _LiveBytes() as m: fn(img, gains)
+        with TensorBytes() as m: fn(img, gains)
         peaks.append(m.peak / batch_bytes)
     assert peaks[0] > 5 and peaks[1] < 2, peaks   # the output plus a chunk's, against ~6 batch-sized tensors
 
