@@ -6,7 +6,7 @@ Docs: https://lucid-nb.github.io/lucid_nb/metrics.html.md"""
 
 # %% ../nbs/07_metrics.ipynb #1817e8cd
 from __future__ import annotations
-import contextlib, hashlib, io, json, math
+import contextlib, copy, hashlib, io, json, math
 from pathlib import Path
 import torch, torch.nn.functional as F
 from torch import Tensor
@@ -18,9 +18,9 @@ from .core import *
 # %% auto #0
 __all__ = ['COCO80_IDS', 'STAT_NAMES', 'SUMMARY_NAMES', 'greedy_keep', 'nms', 'nms_reference', 'crop_window', 'proto_masks',
            'proto_window', 'unletterbox_masks', 'unletterbox_grid', 'unletterbox_boxes', 'rle_runs', 'runs_from_starts',
-           'rle_chars', 'rle_strings', 'rle_encode', 'mask_runs_full', 'box_spans', 'crop_chunks', 'crop_starts',
-           'batch_mask_runs', 'mask_runs', 'masks_to_rle', 'quiet', 'load_coco', 'coco_results', 'results_bytes',
-           'write_results', 'CocoStats', 'coco_evaluate', 'Validator']
+           'rle_chars', 'rle_strings', 'rle_encode', 'rle_area_bbox', 'mask_runs_full', 'box_spans', 'crop_chunks',
+           'crop_starts', 'batch_mask_runs', 'mask_runs', 'masks_to_rle', 'quiet', 'load_coco', 'coco_results',
+           'results_bytes', 'write_results', 'CocoStats', 'coco_evaluate', 'Validator']
 
 # %% ../nbs/07_metrics.ipynb #a0b7cb8a
 def _candidates(scores:Tensor, conf:float, multi_label:bool, max_nms:int)->tuple[Tensor,Tensor,Tensor]: # (B,n) each
@@ -61,8 +61,9 @@ def greedy_keep(
     max_det:int,      # stop once this many are kept
     chunk:int|None=None, # candidates resolved per step (memory ~ B·chunk²; None: 1024 on a GPU, 512 on the CPU)
     rounds:int|None=None, # fixed-point rounds between two looks from the host (None: 4 on a GPU, 1 on the CPU)
+    window:int=2**22, # (image, kept box, candidate) triples checked at once before a step (memory ~ 20 bytes each)
 )->tuple[Tensor,Tensor]: # (B,max_det) indices kept per image, in order (valid up to its count), (B,) counts
-    "Exact greedy NMS of a batch, vectorised: chunk by chunk, each resolved as a fixed point of the suppression matrix."
+    "Exact greedy NMS of a batch, vectorised: step by step, each image's next `chunk` candidates not already suppressed resolved as a fixed point of the suppression matrix."
     B, n = cls.shape
     if n == 0 or max_det <= 0: return cls.new_zeros(B, 0), cls.new_zeros(B)
     C = min(chunk or (1024 if boxes.is_cuda else 512), n)   # a GPU: fewer, larger chunks (each costs a look)
@@ -71,24 +72,34 @@ def greedy_keep(
     kb = boxes.new_zeros(B, max_det + C, 4)            # kept boxes, classes, indices; slot max_det + j: chunk box j's bin
     kc, ki = cls.new_full((B, max_det + C), -1), cls.new_zeros(B, max_det + C)
     count, most = cls.new_zeros(B), 0                    # `most`: the largest count, as last read on the host
+    start = cls.new_zeros(B)                           # each image's first candidate not yet looked at
     rounds = rounds or (4 if boxes.is_cuda else 1)      # a look costs a device synchronisation only on a GPU
-    for s in range(0, n, C):
-        b, c = boxes[:, s:s + C], cls[:, s:s + C]
-        m = len(b[0])
-        alive = (c >= 0) & ~_suppresses(kb[:, :most], kc[:, :most], b, c, iou).any(1)  # earlier chunks' kept
-        sup = _suppresses(b, c, b, c, iou) & before[:m, :m]  # inside the chunk: earlier suppresses later
-        keep, changed, r = alive, True, rounds
-        while changed:                                  # `r` rounds queued, then one look: settled? all full?
-            for _ in range(r): last, keep = keep, alive & ~(sup & keep[:, :, None]).any(1)
+    while True:
+        W = min(n, max(C, window // (B * max(most, 1))))   # the candidates after `start` checked against the kept boxes
+        col = start[:, None] + torch.arange(W, device=cls.device)
+        wc = torch.where(col < n, cls.gather(1, col.clamp(max=n - 1)), -1)
+        wb = boxes.gather(1, col.clamp(max=n - 1)[..., None].expand(-1, -1, 4))
+        alive = (wc >= 0) & ~_suppresses(kb[:, :most], kc[:, :most], wb, wc, iou).any(1)
+        seen = alive.cumsum(1)
+        take = alive & (seen <= C)                     # the chunk: each image's first C candidates still alive, in order
+        at = torch.sort((~take).byte(), dim=1, stable=True).indices[:, :C]
+        j, live = col.gather(1, at).clamp(max=n - 1), take.gather(1, at)
+        b, c = boxes.gather(1, j[..., None].expand(-1, -1, 4)), torch.where(live, cls.gather(1, j), -1)
+        start = torch.where(seen[:, -1] >= C, j[:, -1] + 1, start + W)   # past the chunk's last, or past the window
+        sup = _suppresses(b, c, b, c, iou) & before    # inside the chunk: earlier suppresses later
+        keep, changed, r = live, True, rounds
+        while changed:                                  # `r` rounds queued, then one look: settled? all full? all seen?
+            for _ in range(r): last, keep = keep, live & ~(sup & keep[:, :, None]).any(1)
             r *= 2                                      # not settled yet: a long chain, twice the rounds before the next look
             total = count + keep.sum(1)
-            changed, *totals = torch.cat([(keep != last).any()[None], total]).tolist()
+            changed, first, *totals = torch.cat([(keep != last).any()[None], start.min()[None], total]).tolist()
         pos = count[:, None] + keep.cumsum(1) - 1      # slot of each kept box; every other box to its own bin
-        pos = torch.where(keep & (pos < max_det), pos, i[:m] + max_det)
-        kb.scatter_(1, pos[:, :, None].expand(-1, -1, 4), b); kc.scatter_(1, pos, c); ki.scatter_(1, pos, (i[:m] + s).expand(B, -1))
+        pos = torch.where(keep & (pos < max_det), pos, i + max_det)
+        kb.scatter_(1, pos[:, :, None].expand(-1, -1, 4), b); kc.scatter_(1, pos, c); ki.scatter_(1, pos, j)
         count, most = total.clamp(max=max_det), min(max(totals), max_det)
-        if min(totals) >= max_det: break
+        if min(totals) >= max_det or first >= n: break
     return ki[:, :max_det], count
+
 
 # %% ../nbs/07_metrics.ipynb #1eb151a4
 def nms(
@@ -281,6 +292,34 @@ def rle_encode(masks:Tensor)->list[dict]: # (n,H,W) bool -> n RLE dicts {'size':
     if n == 0: return []
     return [{'size': [H, W], 'counts': t} for t in rle_strings(*rle_runs(masks), H * W)]
 
+# %% ../nbs/07_metrics.ipynb #b8f4c2d3
+def rle_area_bbox(
+    counts:Tensor,   # (k,) run lengths of masks one after the other, zeros first (`rle_runs`)
+    runs:Tensor,     # (n,) int64 counts per mask
+    heights:Tensor,  # (n,) int64 rows of each mask's image (the counts run down its columns)
+)->tuple[Tensor,Tensor]: # (n,) int64 areas, (n,4) float64 [x, y, w, h]
+    "pycocotools' `area` and `toBbox` of each mask, from its runs, on their device: no string decoded."
+    n, dev = len(runs), runs.device
+    first = runs.cumsum(0) - runs
+    of = torch.repeat_interleave(torch.arange(n, device=dev), runs, output_size=len(counts))
+    j = torch.arange(len(counts), device=dev) - first[of]             # index of each count within its mask
+    odd, c = j % 2, counts.long()                                     # odd counts: the runs of 1s
+    area = torch.zeros(n, dtype=torch.long, device=dev).index_add_(0, of, c * odd)
+    end = c.cumsum(0)
+    end = end - (end - c)[first][of]                                  # pixels up to each run's end, within its mask
+    t, h = end - odd, heights[of]                                     # a run of 1s: its first pixel, then its last
+    xy = torch.stack([t // h, t % h], 1)                              # column, row
+    pair = (j < (runs // 2 * 2)[of])[:, None]                         # whole (0s, 1s) pairs only, as toBbox
+    big, at = torch.iinfo(torch.long).max, of[:, None].expand(-1, 2)
+    lo = torch.full((n, 2), big, device=dev).scatter_reduce_(0, at, torch.where(pair, xy, big), 'amin')
+    hi = torch.full((n, 2), -1, device=dev).scatter_reduce_(0, at, torch.where(pair, xy, -1), 'amax')
+    wraps = torch.zeros(n, dtype=torch.long, device=dev).index_add_(   # a run of 1s on into the next column: every row
+        0, of, (pair[:, 0] & (odd == 1) & (xy[:, 0] > xy[:, 0].roll(1))).long()) > 0
+    lo[:, 1], hi[:, 1] = torch.where(wraps, 0, lo[:, 1]), torch.where(wraps, heights - 1, hi[:, 1])
+    box = torch.cat([lo, hi - lo + 1], 1).double()                    # x, y, w, h
+    return area, torch.where((runs >= 2)[:, None], box, 0.)           # an empty mask (one run): a box of zeros
+
+
 # %% ../nbs/07_metrics.ipynb #fbac8d39
 def mask_runs_full(
     coef:Tensor,    # (n,P) coefficients of the kept detections
@@ -467,6 +506,15 @@ class CocoStats(dict):
         return f"| | bbox | segm |\n|---|---|---|\n{rows}"
 
 # %% ../nbs/07_metrics.ipynb #40e844a2
+def _mask_results(gt, dets:list[dict]):
+    "`gt.loadRes(dets)` for mask results that carry their `area` and `bbox` (`rle_area_bbox`): no string decoded."
+    res = FastCOCO()
+    res.dataset = dict(info=copy.deepcopy(gt.dataset.get('info', {})), images=list(gt.dataset['images']),
+                       categories=copy.deepcopy(gt.dataset['categories']),
+                       annotations=[dict(d, id=i + 1, iscrowd=0) for i, d in enumerate(dets)])   # as `loadRes` numbers them
+    res.createIndex()
+    return res
+
 def _cocoeval(coco_gt:COCO, dets:list[dict], iou_type:str, image_ids:list, cats:list)->tuple[list, str]:
     def run():
         keep, d = set(image_ids), coco_gt.dataset
@@ -474,7 +522,7 @@ def _cocoeval(coco_gt:COCO, dets:list[dict], iou_type:str, image_ids:list, cats:
         gt.dataset = dict(d, images=[im for im in d['images'] if im['id'] in keep],
                           annotations=[dict(a) for a in d['annotations'] if a['image_id'] in keep])
         gt.createIndex()
-        E = FastCOCOeval(gt, gt.loadRes(dets), iou_type)
+        E = FastCOCOeval(gt, _mask_results(gt, dets) if 'area' in dets[0] else gt.loadRes(dets), iou_type)
         E.params.imgIds = image_ids
         if cats: E.params.catIds = cats
         E.evaluate(); E.accumulate(); E.summarize()
@@ -487,20 +535,26 @@ def coco_evaluate(
     coco_gt:COCO,        # ground truth
     results:list[dict],  # COCO results (`coco_results`), with `bbox` and, for masks, `segmentation`
     image_ids=None,      # images to evaluate on (default: all of `coco_gt`'s)
+    mask_stats=None,     # per result: its mask's (area, [x, y, w, h]), pycocotools' `area` and `toBbox` (`rle_area_bbox`), or None
 )->CocoStats:            # 12 numbers each for `bbox/` and `segm/`, plus the summary
     "COCO mAP and mAR of boxes and masks, by COCOeval (ultrafast-pycocotools: pycocotools' numbers to the bit, faster)."
     ids = sorted({int(i) for i in (coco_gt.getImgIds() if image_ids is None else _floats(image_ids))})
     keep = set(ids)
     cats = sorted({a['category_id'] for a in coco_gt.dataset['annotations'] if a['image_id'] in keep})
-    in_gt, scored = set(cats), [r for r in results if r['image_id'] in keep]
+    if mask_stats is None: mask_stats = [None] * len(results)
+    if len(mask_stats) != len(results): raise ValueError(f"mask_stats: {len(mask_stats)} entries for {len(results)} results")
+    in_gt, scored = set(cats), [(r, s) for r, s in zip(results, mask_stats) if r['image_id'] in keep]
     stats, logs = CocoStats(), []
     stats.per_class = {}   # iou type -> {category id: AP50-95} of the categories with ground truth
     for iou_type, key in (('bbox', 'bbox'), ('segm', 'segmentation')):
-        mine = [r for r in scored if key in r]
+        mine = [(r, s) for r, s in scored if key in r]
         # a category without ground truth here only adds -1s: the same numbers with less work; each type sees only its
-        # own field (as from a results file of its own), in fresh dicts: `loadRes` writes into what it is given
-        dets = [{'image_id': r['image_id'], 'category_id': r['category_id'], key: r[key], 'score': r['score']}
-                for r in ([r for r in mine if r['category_id'] in in_gt] or mine)]
+        # own field (as from a results file of its own), in fresh dicts: `loadRes` writes into what it is given. Masks
+        # whose area and box are known skip `loadRes`'s decoding of every string (`_mask_results`)
+        known = iou_type == 'segm' and all(s is not None for _, s in mine)
+        dets = [{'image_id': r['image_id'], 'category_id': r['category_id'], key: r[key], 'score': r['score'],
+                 **({'area': s[0], 'bbox': s[1]} if known else {})}
+                for r, s in ([(r, s) for r, s in mine if r['category_id'] in in_gt] or mine)]
         if dets and ids: (s, stats.per_class[iou_type]), log = _cocoeval(coco_gt, dets, iou_type, ids, cats)
         else: s, log, stats.per_class[iou_type] = [0.] * len(STAT_NAMES), 'no detections: all zeros\n', {}
         stats.update({f'{iou_type}/{n}': float(v) for n, v in zip(STAT_NAMES, s)})
@@ -527,7 +581,7 @@ class Validator:
 
     def reset(self):
         "Forget all results."
-        self.results, self.image_ids = [], []
+        self.results, self.image_ids, self.mask_stats = [], [], []
 
     @torch.no_grad()
     def update(self,
@@ -550,21 +604,27 @@ class Validator:
         preds = [dict(boxes=r[:, :4], scores=r[:, 4], classes=r[:, 5].long()) for r in rows]
         if self.masks:   # the masks of groups of images made at once, then their strings; an image's pixels: its
             # detections' masks on the prototype grid and their crops on the image, up to `group_pixels` a group
-            sizes, texts, cells = [r[:, 6:].long().tolist() for r in rows], [], eval_out['proto'][0, 0].numel()
+            sizes, texts, stats, cells = [r[:, 6:].long().tolist() for r in rows], [], [], eval_out['proto'][0, 0].numel()
+            heights = torch.repeat_interleave(hws[:, 0].long(), torch.tensor([len(s) for s in sizes])).split([len(s) for s in sizes])
             for a, b in _slices_up_to([len(s) * cells + sum(h * w for h, w in s) for s in sizes], self.group_pixels):
                 g = range(a, b)
                 runs = batch_mask_runs(torch.cat([eval_out['coef'][i][dets[i]['anchors']] for i in g]), eval_out['proto'][a:b],
                                        torch.cat([dets[i]['boxes'] for i in g]), [len(sizes[i]) for i in g], lbs[a:b], hws[a:b],
                                        spans=torch.cat([spans[i] for i in g]), sizes=sum((sizes[i] for i in g), []))
                 texts += rle_strings(*runs, int(hws[a:b].long().prod(1).max()))
+                area, box = rle_area_bbox(*runs, torch.cat(heights[a:b]).to(runs[1].device, non_blocking=True))
+                stats.append(torch.cat([area[:, None].double(), box], 1))
+            stats = torch.cat(stats).cpu().tolist() if stats else []   # area, x, y, w, h of every mask: one copy
+            self.mask_stats += [(int(s[0]), s[1:]) for s in stats]   # in the order of the results
             texts = iter(texts)
             for p, (h, w) in zip(preds, hws.long().tolist()): p['masks'] = [{'size': [h, w], 'counts': next(texts)} for _ in range(len(p['scores']))]
         self.results += coco_results(preds, ids, self.cat_ids)
+        if not self.masks: self.mask_stats += [None] * (len(self.results) - len(self.mask_stats))
         self.image_ids += [int(i) for i in ids]
 
     def compute(self, coco_gt:COCO)->CocoStats:
         "COCO metrics of everything added since the last `reset`."
-        return coco_evaluate(coco_gt, self.results, self.image_ids)
+        return coco_evaluate(coco_gt, self.results, self.image_ids, self.mask_stats)
 
     def write(self, path)->str:
         "Write `results` as the predictions JSON (atomically); return its sha256."

@@ -427,25 +427,27 @@ def gather_objects(obj)->list:
     torch.distributed.all_gather_object(out, obj)
     return out
 
-def merge_results(parts:list[tuple[list,list]],  # per process: (COCO results, image ids) of the images it validated
-                  order:list[int],               # image ids in the loader order of one process
-                 )->tuple[list,list]:            # results and image ids in that order
+def merge_results(parts:list[tuple],  # per process: (COCO results, image ids, lists of one item per result...) of its images
+                  order:list[int],    # image ids in the loader order of one process
+                 )->tuple:            # results, image ids and the lists of one item per result, in that order
     "Every process's validation results as one process would have made them; an image validated twice is an error."
-    ids, seen, twice = [i for _, part in parts for i in part], set(), set()
+    ids, seen, twice = [i for _, part, *_ in parts for i in part], set(), set()
     for i in ids: (twice if i in seen else seen).add(i)
     if twice := sorted(twice):
         raise RuntimeError(f"validation: images {twice[:5]} were validated by more than one process; the score would count them twice")
     pos = {iid: k for k, iid in enumerate(order)}
-    return sorted((r for res, _ in parts for r in res), key=lambda r: pos[r['image_id']]), sorted(ids, key=pos.__getitem__)
+    rows = sorted((row for res, _, *per in parts for row in zip(res, *per, strict=True)), key=lambda row: pos[row[0]['image_id']])
+    results, *per = [list(c) for c in zip(*rows)] or [[] for _ in range(len(parts[0]) - 1)]
+    return results, sorted(ids, key=pos.__getitem__), *per
 
 @patch
 def score_validation(self:LitYolo)->CocoStats:
     "COCO metrics of every process's validation results together: scored once on rank 0 and sent to every process."
     v, dm = self.validator, self.trainer.datamodule
-    parts = gather_objects((v.results, v.image_ids))
+    parts = gather_objects((v.results, v.image_ids, v.mask_stats))
     if len(parts) == 1: return v.compute(dm.val_coco())
     if not self.trainer.is_global_zero: return self.trainer.strategy.broadcast(None)
-    v.results, v.image_ids = merge_results(parts, dm.val_image_ids)
+    v.results, v.image_ids, v.mask_stats = merge_results(parts, dm.val_image_ids)
     return self.trainer.strategy.broadcast(v.compute(dm.val_coco()))
 
 # %% ../nbs/08_trainer.ipynb #8143446b

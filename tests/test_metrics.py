@@ -18,7 +18,8 @@ from lucid_nb.core import EMBEDDED_ANNOTATIONS, MASK_STRIDE
 from lucid_nb.core import test_bytes_equal as assert_bytes_equal
 from lucid_nb.loss import crop_mask
 from lucid_nb.metrics import (COCO80_IDS, STAT_NAMES, Validator, box_iou, coco_evaluate, coco_results, load_coco,
-                              batch_mask_runs, mask_runs, mask_runs_full, masks_to_rle, nms, nms_reference, proto_masks, quiet, results_bytes, rle_encode,
+                              batch_mask_runs, mask_runs, mask_runs_full, masks_to_rle, nms, nms_reference, proto_masks, quiet, results_bytes, rle_area_bbox, rle_encode,
+                              rle_runs,
                               unletterbox_boxes, unletterbox_masks, write_results)
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA GPU')
@@ -141,6 +142,33 @@ def test_rle_encode_matches_pycocotools(hw):
     "Byte-identical to pycocotools' encode, edge cases and all sizes (1025 x 1024: counts above 2^20, 5 characters)."
     m = _edge_masks(*hw, torch.Generator().manual_seed(sum(hw)))
     assert rle_encode(m) == _encode(m)
+
+
+def _area_bbox(rles):
+    "pycocotools' `area` and `toBbox` of RLE dicts (counts as str): the reference for `rle_area_bbox`."
+    enc = [dict(size=r['size'], counts=r['counts'].encode()) for r in rles]
+    return [(int(mask_utils.area(e)), mask_utils.toBbox(e).tolist()) for e in enc]   # one by one, as `loadRes` calls them
+
+
+@pytest.mark.parametrize('hw', [(1, 1), (1, 9), (7, 1), (2, 3), (17, 23), (427, 640), (1025, 1024)])
+def test_rle_area_bbox_matches_pycocotools(hw):
+    "Areas and boxes from the runs equal pycocotools' from the strings: edge masks (empty, full, corners, borders), runs into the next column."
+    m = _edge_masks(*hw, torch.Generator().manual_seed(sum(hw)))
+    area, box = rle_area_bbox(*rle_runs(m), torch.full((len(m),), hw[0]))
+    assert list(zip(area.tolist(), box.tolist())) == _area_bbox(_encode(m))
+    assert box.dtype == torch.float64 and area.dtype == torch.int64
+
+
+def test_rle_area_bbox_masks_of_several_sizes():
+    "One call for masks of images of different heights (as a group of a batch), counts as int32 (as `batch_mask_runs` gives them)."
+    g, counts, runs, heights, want = torch.Generator().manual_seed(3), [], [], [], []
+    for _ in range(12):
+        H, W = (int(v) for v in torch.randint(1, 70, (2,), generator=g))
+        m = torch.cat([_edge_masks(H, W, g), torch.rand(3, H, W, generator=g) > torch.rand(3, 1, 1, generator=g)])
+        c, r = rle_runs(m)
+        counts.append(c.int()); runs.append(r); heights += [H] * len(m); want += _area_bbox(_encode(m))
+    area, box = rle_area_bbox(torch.cat(counts), torch.cat(runs), torch.tensor(heights))
+    assert list(zip(area.tolist(), box.tolist())) == want
 
 
 def test_rle_encode_random_sizes_and_shapes():
@@ -279,8 +307,9 @@ def test_validator_on_cuda_same_bytes_as_cpu():
     for dev in ('cuda', 'cuda', 'cpu'):
         v = Validator(cat_ids=CATS)
         v.update({k: t.to(dev) for k, t in eval_out.items()}, {k: t.to(dev) for k, t in batch.items()})
-        blobs.append(results_bytes(v.results))
+        blobs.append((results_bytes(v.results), v.mask_stats))
     assert blobs[0] == blobs[1] == blobs[2]
+    assert blobs[0][1] == _area_bbox([r['segmentation'] for r in v.results])
 
 
 def test_results_json_is_valid_coco(tmp_path):
@@ -410,6 +439,9 @@ def test_coco_evaluate_equals_pycocotools_exactly():
     want = _pycocotools_stats(coco, res, ids)
     got = [st[f'{t}/{n}'] for t in ('bbox', 'segm') for n in STAT_NAMES]
     assert got == want                                                 # exactly: ==, no tolerance
+    known = coco_evaluate(coco, res, ids, _area_bbox([r['segmentation'] for r in res]))   # masks' areas and boxes given
+    assert [known[f'{t}/{n}'] for t in ('bbox', 'segm') for n in STAT_NAMES] == want and known.per_class == st.per_class
+    with pytest.raises(ValueError, match='mask_stats'): coco_evaluate(coco, res, ids, [None])
     assert 0 < st['mAP50-95(B)'] < 1 and 0 < st['mAP50-95(M)'] < 1
 
 
@@ -567,6 +599,8 @@ def test_validator_results_equal_old_path(group_pixels):
     assert len(v.results) == len(old) > 1200
     assert results_bytes(v.results) == results_bytes(old)
     assert v.image_ids == [int(i) for b in batches for i in b['image_id']]
+    assert v.mask_stats == _area_bbox([r['segmentation'] for r in v.results])   # areas and boxes from the device: pycocotools'
+
 
 
 # ------------------------------------------------------------------------------- masks made inside their boxes only
