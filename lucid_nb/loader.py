@@ -24,7 +24,7 @@ from .augment import *
 
 # %% auto #0
 __all__ = ['CACHE_MODES', 'CACHE_FORMAT', 'collate', 'prepared_bytes', 'prepared_from_bytes', 'DiskCache', 'cache_name',
-           'default_cache_dir', 'YoloDataset', 'EpochBatchSampler', 'YoloLoader']
+           'default_cache_dir', 'YoloDataset', 'EpochBatchSampler', 'PieceSampler', 'YoloLoader']
 
 # %% ../nbs/01c_loader.ipynb #d7b328fe
 def collate(samples:list[dict], max_instances:int=100)->dict:
@@ -256,6 +256,20 @@ def _worker_init(worker_id:int):
     torch.set_num_threads(1); np.random.seed(worker_id); torch.manual_seed(worker_id)
 
 # %% ../nbs/01c_loader.ipynb #0d64d667
+class PieceSampler:
+    "Each batch of `batches` as up to `pieces` consecutive pieces of nearly equal size, so that as many loader workers build it at once."
+    def __init__(self, batches, pieces:int): self.batches, self.pieces, self.counts = batches, pieces, []
+    def split(self, b:list)->list[list]:
+        k = min(self.pieces, len(b)); q, r = divmod(len(b), k)
+        ends = np.cumsum([0] + [q + (j < r) for j in range(k)]).tolist()
+        return [b[s:e] for s, e in zip(ends[:-1], ends[1:])]
+    def __iter__(self):
+        "The epoch's batches are read once, here: `counts` holds how many pieces each has."
+        pieces = [self.split(b) for b in self.batches]
+        self.counts = [len(p) for p in pieces]
+        return iter([x for p in pieces for x in p])
+    def __len__(self): return sum(len(self.split(b)) for b in self.batches)
+
 class YoloLoader:
     "Epoch-seeded padded batches from a `YoloDataset`, via a DataLoader, optionally prefetched by a background thread."
     def __init__(self, dataset:YoloDataset, batch_size:int=4, shuffle:bool=True, drop_last:bool=True, seed:int=0,
@@ -263,16 +277,25 @@ class YoloLoader:
                  ahead_until:int|None=None, # with `prefetch`: when an epoch ends, start the next one's batches, up to this epoch
                  rank:int=0, world:int=1,   # this process among `world` (DDP): see `EpochBatchSampler`
                  pin_device:torch.device|None=None, # with `prefetch`: a CUDA device; the thread pins each batch for it
+                 pieces:int|None=None,      # workers that build one batch together (None: every worker, up to the batch size)
                 ):
         self.dataset, self.prefetch, self.depth, self._live, self.wait_seconds = dataset, prefetch, depth, [], 0.
         self.pin_device = pin_device if prefetch else None
         self.ahead_until, self._ahead = ahead_until, None
         self.batch_sampler = self.sampler = EpochBatchSampler(len(dataset), batch_size, shuffle, drop_last, seed, rank, world)
-        self.loader = DataLoader(dataset, batch_sampler=self.batch_sampler, num_workers=workers, worker_init_fn=_worker_init,
-                                 collate_fn=partial(collate, max_instances=dataset.max_instances), persistent_workers=workers > 0)
+        self.pieces = PieceSampler(self.batch_sampler, pieces or max(1, min(workers, batch_size)))
+        self.loader = DataLoader(dataset, batch_sampler=self.pieces, num_workers=workers, worker_init_fn=_worker_init,
+                                 collate_fn=partial(collate, max_instances=dataset.max_instances), persistent_workers=workers > 0,
+                                 prefetch_factor=2 * self.pieces.pieces if workers else None)   # 2 batches a worker in flight, as whole
+    def _batches(self):
+        "The DataLoader's pieces joined back into the epoch's batches: the bytes of one `collate` of each whole batch."
+        it = iter(self.loader)
+        for k in list(self.pieces.counts):   # read by the iterator just made
+            parts = [next(it) for _ in range(k)]
+            yield parts[0] if k == 1 else {key: torch.cat([p[key] for p in parts]) for key in parts[0]}
     def set_epoch(self, epoch:int): self.batch_sampler.set_epoch(epoch)
     def __len__(self): return len(self.batch_sampler)
-    def __iter__(self): return self._prefetched() if self.prefetch else self._timed(iter(self.loader))
+    def __iter__(self): return self._prefetched() if self.prefetch else self._timed(self._batches())
 
     def _timed(self, it):
         "Yield from `it`, adding the time spent waiting for each batch to `wait_seconds`."
@@ -297,7 +320,7 @@ def _produce(self:YoloLoader, epoch:int)->tuple:
     def work():
         try:
             if self.pin_device is not None: torch.cuda.set_device(self.pin_device)   # the current device is per thread
-            for b in iter(self.loader):
+            for b in self._batches():
                 if self.pin_device is not None: b = {k: v.pin_memory() for k, v in b.items()}
                 if not put(('batch', b)): return
             put(('end', None))
