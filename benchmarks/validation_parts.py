@@ -4,7 +4,8 @@ Usage (GPU machine, repository root): python benchmarks/validation_parts.py [luc
 Runs `lucid fit --config configs/coco128-seg-n.yaml` in this process with `lucid_nb.metrics`' NMS, mask runs, RLE
 strings, COCO results, `Validator.update` and `Validator.compute` wrapped in `torch.cuda.synchronize()` timers, and
 counts per validation epoch: NMS candidates and host looks (`tolist` of a CUDA tensor), RLE counts, the training and
-validation memory peaks. It prints a cProfile of all `Validator.update` calls (by internal time) and the run's
+validation memory peaks. `BASELINE_NMS=<git revision>`: that revision's `greedy_keep` also runs on every NMS call's
+inputs, right after this checkout's (timed as `greedy_keep_baseline`, its answer checked equal). It prints a cProfile of all `Validator.update` calls (by internal time) and the run's
 hashes, and writes `$OUT/validation_parts.json` (epoch -> numbers). Validation epoch `$KERNEL_EPOCH` (default 5) runs under
 torch.profiler: per part, host and GPU kernel milliseconds (`kernel_profile`) and the top kernels. The timers add device synchronisations, so the parts
 add up to more than an unsynchronised validation takes; the split, not the sum, is the point.
@@ -32,9 +33,22 @@ def counted_tolist(t, _tolist=torch.Tensor.tolist):
     if t.is_cuda: looks[0] += 1
     return _tolist(t)
 
+BASELINE = os.environ.get('BASELINE_NMS')   # a git revision: its greedy_keep also runs on every call's inputs, timed and compared
+if BASELINE:
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from validation_speed import load_baseline
+    baseline_keep = load_baseline(BASELINE, 'lucid_nb_nms_baseline').greedy_keep
+
 def greedy(boxes, cls, *a, _keep=M.greedy_keep, **k):
     EP[epoch[0]]['candidates'] += float((cls >= 0).sum()); EP[epoch[0]]['nms_calls'] += 1
+    torch.cuda.synchronize(); t = time.perf_counter()
     n0 = looks[0]; r = _keep(boxes, cls, *a, **k); EP[epoch[0]]['looks'] += looks[0] - n0
+    torch.cuda.synchronize(); EP[epoch[0]]['greedy_keep'] += time.perf_counter() - t
+    if BASELINE:   # the revision's, on the same inputs, right after (same machine state); its answer must be the same
+        t = time.perf_counter(); n0 = looks[0]; b = baseline_keep(boxes, cls, *a, **k); torch.cuda.synchronize()
+        EP[epoch[0]]['greedy_keep_baseline'] += time.perf_counter() - t; EP[epoch[0]]['looks_baseline'] += looks[0] - n0
+        kept, count = r
+        assert torch.equal(count, b[1]) and all(torch.equal(kept[i, :c], b[0][i, :c]) for i, c in enumerate(count.tolist())), 'NMS differs from the baseline'
     return r
 
 def runs_counted(*a, _runs=M.runs_from_starts, **k):
@@ -78,9 +92,9 @@ def val_end(self, *a, _hook=T.LitYolo.on_validation_epoch_end):
 
 torch.Tensor.tolist = counted_tolist
 M.greedy_keep, M.runs_from_starts = greedy, runs_counted
-for name in ('nms', 'batch_mask_runs', 'rle_strings', 'coco_results'): setattr(M, name, ranged(name, timed(name, getattr(M, name))))
+for name in ('nms', 'batch_mask_runs', 'rle_strings', 'rle_area_bbox', 'coco_results'): setattr(M, name, ranged(name, timed(name, getattr(M, name))))
 M.Validator.update = profiled(ranged('update', timed('update', M.Validator.update)))
-RANGES = ('nms', 'batch_mask_runs', 'rle_strings', 'coco_results', 'update', 'batch')
+RANGES = ('nms', 'batch_mask_runs', 'rle_strings', 'rle_area_bbox', 'coco_results', 'update', 'batch')
 _forward = T.LitYolo._validate_batch
 T.LitYolo._validate_batch = lambda self, batch: ranged('batch', _forward)(self, batch)
 M.Validator.compute = timed('compute', M.Validator.compute)
