@@ -293,31 +293,49 @@ def rle_encode(masks:Tensor)->list[dict]: # (n,H,W) bool -> n RLE dicts {'size':
     return [{'size': [H, W], 'counts': t} for t in rle_strings(*rle_runs(masks), H * W)]
 
 # %% ../nbs/07_metrics.ipynb #b8f4c2d3
+def _segment_sums(v:Tensor, first:Tensor, last:Tensor)->Tensor:
+    "Sum of `v` over each segment `[first, last]` of consecutive entries: cumulative sums, no atomic adds."
+    s = v.cumsum(0)
+    return s[last] - s[first] + v[first]
+
+def _area_bbox(counts:Tensor, runs:Tensor, heights:Tensor)->tuple[Tensor,Tensor]:
+    n, k, dev = len(runs), len(counts), runs.device
+    last = runs.cumsum(0) - 1
+    first = last + 1 - runs
+    of = torch.repeat_interleave(torch.arange(n, device=dev), runs, output_size=k)
+    j = torch.arange(k, device=dev) - first[of]                      # index of each count within its mask
+    odd, c = j % 2, counts.long()                                     # odd counts: the runs of 1s
+    area = _segment_sums(c * odd, first, last)
+    end = c.cumsum(0)
+    t = end - (end[first] - c[first])[of] - odd                       # a run of 1s: its first pixel, then its last
+    h = heights[of]
+    x, y = t // h, t % h                                              # column, row (the counts run down the columns)
+    pairs = runs // 2 * 2                                             # toBbox looks at whole (0s, 1s) pairs only
+    pair = j < pairs[of]
+    xs, xe = x[first], x[(first + pairs - 1).clamp(min=0)]           # t only grows along a mask: so does its column
+    # rows: each mask's values lifted above every earlier mask's (mask index × 2³²), so a running min from the end
+    # (max from the start) read at the mask's first (last) count is its own min (max): no atomics, no sort
+    lift = of << 32
+    ys = (torch.where(pair, y, 2**32 - 1) + lift).flip(0).cummin(0).values.flip(0)[first] - (torch.arange(n, device=dev) << 32)
+    ye = (torch.where(pair, y, 0) + lift).cummax(0).values[last] - (torch.arange(n, device=dev) << 32)
+    wraps = _segment_sums((pair & (odd == 1) & (x > x.roll(1))).long(), first, last) > 0   # a run of 1s into the next column:
+    ys, ye = torch.where(wraps, 0, ys), torch.where(wraps, heights - 1, ye)                 # every row
+    box = torch.stack([xs, ys, xe - xs + 1, ye - ys + 1], 1).double()
+    return area, torch.where((runs >= 2)[:, None], box, 0.)           # an empty mask (one run): a box of zeros
+
 def rle_area_bbox(
     counts:Tensor,   # (k,) run lengths of masks one after the other, zeros first (`rle_runs`)
     runs:Tensor,     # (n,) int64 counts per mask
     heights:Tensor,  # (n,) int64 rows of each mask's image (the counts run down its columns)
+    max_counts:int=2**20, # counts looked at a time (device memory: ~120 bytes each)
 )->tuple[Tensor,Tensor]: # (n,) int64 areas, (n,4) float64 [x, y, w, h]
     "pycocotools' `area` and `toBbox` of each mask, from its runs, on their device: no string decoded."
-    n, dev = len(runs), runs.device
-    first = runs.cumsum(0) - runs
-    of = torch.repeat_interleave(torch.arange(n, device=dev), runs, output_size=len(counts))
-    j = torch.arange(len(counts), device=dev) - first[of]             # index of each count within its mask
-    odd, c = j % 2, counts.long()                                     # odd counts: the runs of 1s
-    area = torch.zeros(n, dtype=torch.long, device=dev).index_add_(0, of, c * odd)
-    end = c.cumsum(0)
-    end = end - (end - c)[first][of]                                  # pixels up to each run's end, within its mask
-    t, h = end - odd, heights[of]                                     # a run of 1s: its first pixel, then its last
-    xy = torch.stack([t // h, t % h], 1)                              # column, row
-    pair = (j < (runs // 2 * 2)[of])[:, None]                         # whole (0s, 1s) pairs only, as toBbox
-    big, at = torch.iinfo(torch.long).max, of[:, None].expand(-1, 2)
-    lo = torch.full((n, 2), big, device=dev).scatter_reduce_(0, at, torch.where(pair, xy, big), 'amin')
-    hi = torch.full((n, 2), -1, device=dev).scatter_reduce_(0, at, torch.where(pair, xy, -1), 'amax')
-    wraps = torch.zeros(n, dtype=torch.long, device=dev).index_add_(   # a run of 1s on into the next column: every row
-        0, of, (pair[:, 0] & (odd == 1) & (xy[:, 0] > xy[:, 0].roll(1))).long()) > 0
-    lo[:, 1], hi[:, 1] = torch.where(wraps, 0, lo[:, 1]), torch.where(wraps, heights - 1, hi[:, 1])
-    box = torch.cat([lo, hi - lo + 1], 1).double()                    # x, y, w, h
-    return area, torch.where((runs >= 2)[:, None], box, 0.)           # an empty mask (one run): a box of zeros
+    per_mask, out, at = runs.tolist(), [], 0
+    for a, b in _slices_up_to(per_mask, max_counts):
+        k = sum(per_mask[a:b])
+        out.append(_area_bbox(counts[at:at + k], runs[a:b], heights[a:b])); at += k
+    if not out: return runs.new_zeros(0), torch.zeros(0, 4, dtype=torch.float64, device=runs.device)
+    return torch.cat([a for a, _ in out]), torch.cat([b for _, b in out])
 
 
 # %% ../nbs/07_metrics.ipynb #fbac8d39

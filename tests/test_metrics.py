@@ -167,8 +167,9 @@ def test_rle_area_bbox_masks_of_several_sizes():
         m = torch.cat([_edge_masks(H, W, g), torch.rand(3, H, W, generator=g) > torch.rand(3, 1, 1, generator=g)])
         c, r = rle_runs(m)
         counts.append(c.int()); runs.append(r); heights += [H] * len(m); want += _area_bbox(_encode(m))
-    area, box = rle_area_bbox(torch.cat(counts), torch.cat(runs), torch.tensor(heights))
-    assert list(zip(area.tolist(), box.tolist())) == want
+    for most in (2**20, 1, 700):   # all at once; one mask at a time; a few masks at a time
+        area, box = rle_area_bbox(torch.cat(counts), torch.cat(runs), torch.tensor(heights), max_counts=most)
+        assert list(zip(area.tolist(), box.tolist())) == want
 
 
 def test_rle_encode_random_sizes_and_shapes():
