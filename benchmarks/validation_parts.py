@@ -92,9 +92,9 @@ def val_end(self, *a, _hook=T.LitYolo.on_validation_epoch_end):
 
 torch.Tensor.tolist = counted_tolist
 M.greedy_keep, M.runs_from_starts = greedy, runs_counted
-for name in ('nms', 'batch_mask_runs', 'rle_strings', 'rle_area_bbox', 'coco_results'): setattr(M, name, ranged(name, timed(name, getattr(M, name))))
+for name in ('nms', 'batch_mask_runs', 'rle_strings', 'coco_results'): setattr(M, name, ranged(name, timed(name, getattr(M, name))))
 M.Validator.update = profiled(ranged('update', timed('update', M.Validator.update)))
-RANGES = ('nms', 'batch_mask_runs', 'rle_strings', 'rle_area_bbox', 'coco_results', 'update', 'batch')
+RANGES = ('nms', 'batch_mask_runs', 'rle_strings', 'coco_results', 'update', 'batch')
 _forward = T.LitYolo._validate_batch
 T.LitYolo._validate_batch = lambda self, batch: ranged('batch', _forward)(self, batch)
 M.Validator.compute = timed('compute', M.Validator.compute)

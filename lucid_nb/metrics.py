@@ -18,8 +18,8 @@ from .core import *
 # %% auto #0
 __all__ = ['COCO80_IDS', 'STAT_NAMES', 'SUMMARY_NAMES', 'greedy_keep', 'nms', 'nms_reference', 'crop_window', 'proto_masks',
            'proto_window', 'unletterbox_masks', 'unletterbox_grid', 'unletterbox_boxes', 'rle_runs', 'runs_from_starts',
-           'rle_chars', 'rle_strings', 'rle_encode', 'rle_area_bbox', 'mask_runs_full', 'box_spans', 'crop_chunks',
-           'crop_starts', 'batch_mask_runs', 'mask_runs', 'masks_to_rle', 'quiet', 'load_coco', 'coco_results',
+           'rle_chars', 'rle_strings', 'rle_encode', 'mask_runs_full', 'box_spans', 'crop_chunks', 'crop_starts',
+           'mask_extent', 'batch_mask_runs', 'mask_runs', 'masks_to_rle', 'quiet', 'load_coco', 'coco_results',
            'results_bytes', 'write_results', 'CocoStats', 'coco_evaluate', 'Validator']
 
 # %% ../nbs/07_metrics.ipynb #a0b7cb8a
@@ -61,9 +61,8 @@ def greedy_keep(
     max_det:int,      # stop once this many are kept
     chunk:int|None=None, # candidates resolved per step (memory ~ B·chunk²; None: 1024 on a GPU, 512 on the CPU)
     rounds:int|None=None, # fixed-point rounds between two looks from the host (None: 4 on a GPU, 1 on the CPU)
-    window:int=2**22, # (image, kept box, candidate) triples checked at once before a step (memory ~ 20 bytes each)
 )->tuple[Tensor,Tensor]: # (B,max_det) indices kept per image, in order (valid up to its count), (B,) counts
-    "Exact greedy NMS of a batch, vectorised: step by step, each image's next `chunk` candidates not already suppressed resolved as a fixed point of the suppression matrix."
+    "Exact greedy NMS of a batch, vectorised: chunk by chunk, each resolved as a fixed point of the suppression matrix."
     B, n = cls.shape
     if n == 0 or max_det <= 0: return cls.new_zeros(B, 0), cls.new_zeros(B)
     C = min(chunk or (1024 if boxes.is_cuda else 512), n)   # a GPU: fewer, larger chunks (each costs a look)
@@ -72,34 +71,24 @@ def greedy_keep(
     kb = boxes.new_zeros(B, max_det + C, 4)            # kept boxes, classes, indices; slot max_det + j: chunk box j's bin
     kc, ki = cls.new_full((B, max_det + C), -1), cls.new_zeros(B, max_det + C)
     count, most = cls.new_zeros(B), 0                    # `most`: the largest count, as last read on the host
-    start = cls.new_zeros(B)                           # each image's first candidate not yet looked at
     rounds = rounds or (4 if boxes.is_cuda else 1)      # a look costs a device synchronisation only on a GPU
-    while True:
-        W = min(n, max(C, window // (B * max(most, 1))))   # the candidates after `start` checked against the kept boxes
-        col = start[:, None] + torch.arange(W, device=cls.device)
-        wc = torch.where(col < n, cls.gather(1, col.clamp(max=n - 1)), -1)
-        wb = boxes.gather(1, col.clamp(max=n - 1)[..., None].expand(-1, -1, 4))
-        alive = (wc >= 0) & ~_suppresses(kb[:, :most], kc[:, :most], wb, wc, iou).any(1)
-        seen = alive.cumsum(1)
-        take = alive & (seen <= C)                     # the chunk: each image's first C candidates still alive, in order
-        at = torch.sort((~take).byte(), dim=1, stable=True).indices[:, :C]
-        j, live = col.gather(1, at).clamp(max=n - 1), take.gather(1, at)
-        b, c = boxes.gather(1, j[..., None].expand(-1, -1, 4)), torch.where(live, cls.gather(1, j), -1)
-        start = torch.where(seen[:, -1] >= C, j[:, -1] + 1, start + W)   # past the chunk's last, or past the window
-        sup = _suppresses(b, c, b, c, iou) & before    # inside the chunk: earlier suppresses later
-        keep, changed, r = live, True, rounds
-        while changed:                                  # `r` rounds queued, then one look: settled? all full? all seen?
-            for _ in range(r): last, keep = keep, live & ~(sup & keep[:, :, None]).any(1)
+    for s in range(0, n, C):
+        b, c = boxes[:, s:s + C], cls[:, s:s + C]
+        m = len(b[0])
+        alive = (c >= 0) & ~_suppresses(kb[:, :most], kc[:, :most], b, c, iou).any(1)  # earlier chunks' kept
+        sup = _suppresses(b, c, b, c, iou) & before[:m, :m]  # inside the chunk: earlier suppresses later
+        keep, changed, r = alive, True, rounds
+        while changed:                                  # `r` rounds queued, then one look: settled? all full?
+            for _ in range(r): last, keep = keep, alive & ~(sup & keep[:, :, None]).any(1)
             r *= 2                                      # not settled yet: a long chain, twice the rounds before the next look
             total = count + keep.sum(1)
-            changed, first, *totals = torch.cat([(keep != last).any()[None], start.min()[None], total]).tolist()
+            changed, *totals = torch.cat([(keep != last).any()[None], total]).tolist()
         pos = count[:, None] + keep.cumsum(1) - 1      # slot of each kept box; every other box to its own bin
-        pos = torch.where(keep & (pos < max_det), pos, i + max_det)
-        kb.scatter_(1, pos[:, :, None].expand(-1, -1, 4), b); kc.scatter_(1, pos, c); ki.scatter_(1, pos, j)
+        pos = torch.where(keep & (pos < max_det), pos, i[:m] + max_det)
+        kb.scatter_(1, pos[:, :, None].expand(-1, -1, 4), b); kc.scatter_(1, pos, c); ki.scatter_(1, pos, (i[:m] + s).expand(B, -1))
         count, most = total.clamp(max=max_det), min(max(totals), max_det)
-        if min(totals) >= max_det or first >= n: break
+        if min(totals) >= max_det: break
     return ki[:, :max_det], count
-
 
 # %% ../nbs/07_metrics.ipynb #1eb151a4
 def nms(
@@ -292,52 +281,6 @@ def rle_encode(masks:Tensor)->list[dict]: # (n,H,W) bool -> n RLE dicts {'size':
     if n == 0: return []
     return [{'size': [H, W], 'counts': t} for t in rle_strings(*rle_runs(masks), H * W)]
 
-# %% ../nbs/07_metrics.ipynb #b8f4c2d3
-def _segment_sums(v:Tensor, first:Tensor, last:Tensor)->Tensor:
-    "Sum of `v` over each segment `[first, last]` of consecutive entries: cumulative sums, no atomic adds."
-    s = v.cumsum(0)
-    return s[last] - s[first] + v[first]
-
-def _area_bbox(counts:Tensor, runs:Tensor, heights:Tensor)->tuple[Tensor,Tensor]:
-    n, k, dev = len(runs), len(counts), runs.device
-    last = runs.cumsum(0) - 1
-    first = last + 1 - runs
-    of = torch.repeat_interleave(torch.arange(n, device=dev), runs, output_size=k)
-    j = torch.arange(k, device=dev) - first[of]                      # index of each count within its mask
-    odd, c = j % 2, counts.long()                                     # odd counts: the runs of 1s
-    area = _segment_sums(c * odd, first, last)
-    end = c.cumsum(0)
-    t = end - (end[first] - c[first])[of] - odd                       # a run of 1s: its first pixel, then its last
-    h = heights[of]
-    x, y = t // h, t % h                                              # column, row (the counts run down the columns)
-    pairs = runs // 2 * 2                                             # toBbox looks at whole (0s, 1s) pairs only
-    pair = j < pairs[of]
-    xs, xe = x[first], x[(first + pairs - 1).clamp(min=0)]           # t only grows along a mask: so does its column
-    # rows: each mask's values lifted above every earlier mask's (mask index × 2³²), so a running min from the end
-    # (max from the start) read at the mask's first (last) count is its own min (max): no atomics, no sort
-    lift = of << 32
-    ys = (torch.where(pair, y, 2**32 - 1) + lift).flip(0).cummin(0).values.flip(0)[first] - (torch.arange(n, device=dev) << 32)
-    ye = (torch.where(pair, y, 0) + lift).cummax(0).values[last] - (torch.arange(n, device=dev) << 32)
-    wraps = _segment_sums((pair & (odd == 1) & (x > x.roll(1))).long(), first, last) > 0   # a run of 1s into the next column:
-    ys, ye = torch.where(wraps, 0, ys), torch.where(wraps, heights - 1, ye)                 # every row
-    box = torch.stack([xs, ys, xe - xs + 1, ye - ys + 1], 1).double()
-    return area, torch.where((runs >= 2)[:, None], box, 0.)           # an empty mask (one run): a box of zeros
-
-def rle_area_bbox(
-    counts:Tensor,   # (k,) run lengths of masks one after the other, zeros first (`rle_runs`)
-    runs:Tensor,     # (n,) int64 counts per mask
-    heights:Tensor,  # (n,) int64 rows of each mask's image (the counts run down its columns)
-    max_counts:int=2**20, # counts looked at a time (device memory: ~120 bytes each)
-)->tuple[Tensor,Tensor]: # (n,) int64 areas, (n,4) float64 [x, y, w, h]
-    "pycocotools' `area` and `toBbox` of each mask, from its runs, on their device: no string decoded."
-    per_mask, out, at = runs.tolist(), [], 0
-    for a, b in _slices_up_to(per_mask, max_counts):
-        k = sum(per_mask[a:b])
-        out.append(_area_bbox(counts[at:at + k], runs[a:b], heights[a:b])); at += k
-    if not out: return runs.new_zeros(0), torch.zeros(0, 4, dtype=torch.float64, device=runs.device)
-    return torch.cat([a for a, _ in out]), torch.cat([b for _, b in out])
-
-
 # %% ../nbs/07_metrics.ipynb #fbac8d39
 def mask_runs_full(
     coef:Tensor,    # (n,P) coefficients of the kept detections
@@ -390,7 +333,8 @@ def crop_starts(
     image_hw:Tensor,       # (n,2) int64 (H, W) of each detection's original image
     letterbox:Tensor,      # (n,3) float64 (scale, pad_x, pad_y) of each detection's image
     rows:int, cols:int,    # the largest crop of these detections
-)->tuple[Tensor,Tensor]:   # mask and pixel (column-major index on its H×W image) of every start, in order
+    extent:bool=False,     # also each mask's area and box (`mask_extent`), from the same pixels
+)->tuple:                  # mask and pixel (column-major index on its H×W image) of every start, in order (, extents)
     "Where runs of the masks `mask_runs_full` makes start, found inside each box's crop (outside it every mask is 0)."
     (H, W), (scale, px, py), dev = image_hw[:, :, None].unbind(1), letterbox[:, :, None].unbind(1), soft.device   # (n,1) each
     r0, r1, c0, c1 = spans.unbind(1)
@@ -411,7 +355,27 @@ def crop_starts(
     later = whole[:, None] & (j < w - 1) | (c0[:, None] + j == W[:, None] - 1)
     starts &= ~((i == h) & ((r1 == H)[:, None] & later)[..., None])
     d, jj, ii = starts.nonzero(as_tuple=True)
-    return d, (c0[d] + jj) * H[d] + r0[d] + ii
+    found = d, (c0[d] + jj) * H[d] + r0[d] + ii
+    return found + (mask_extent(v, last, whole, spans, H),) if extent else found
+
+def mask_extent(
+    v:Tensor,       # (n,cols,rows+1) bool: each crop's pixels, column by column (0 outside the crop)
+    last:Tensor,    # (n,cols) bool: each column's last crop pixel
+    whole:Tensor,   # (n,) bool: the crop is whole columns of the image
+    spans:Tensor,   # (n,4) `box_spans` of the crops
+    H:Tensor,       # (n,) rows of each detection's image
+)->Tensor:          # (n,5) int64: area, x, y, w, h
+    "pycocotools' `area` and `toBbox` of the masks, from their crops' pixels: reductions, nothing encoded or decoded."
+    i, j = torch.arange(v.shape[2], device=v.device), torch.arange(v.shape[1], device=v.device)
+    col, row, big = v.any(2), v.any(1), torch.iinfo(torch.long).max
+    x0, x1 = torch.where(col, j, big).amin(1), torch.where(col, j, -1).amax(1)   # first and last column with a 1
+    y0, y1 = torch.where(row, i, big).amin(1), torch.where(row, i, -1).amax(1)   # first and last row with a 1
+    r0, c0 = spans[:, 0], spans[:, 2]
+    wraps = whole & (last[:, :-1] & v[:, 1:, 0]).any(1)   # a run of 1s from a column's last pixel on into the next one's first
+    ys, ye = torch.where(wraps, 0, r0 + y0), torch.where(wraps, H - 1, r0 + y1)   # toBbox: then every row
+    area = v.sum((1, 2))
+    ext = torch.stack([area, c0 + x0, ys, x1 - x0 + 1, ye - ys + 1], 1)
+    return torch.where(area[:, None] > 0, ext, 0)                                  # an empty mask: a box of zeros
 
 def batch_mask_runs(
     coef:Tensor,      # (n,P) coefficients of the kept detections of the images, image after image
@@ -423,10 +387,11 @@ def batch_mask_runs(
     max_pixels:int=2**23, # crop pixels at a time, padded (`crop_chunks`; memory: ~20 bytes each)
     spans:Tensor|None=None, # (n,4) `box_spans` of the boxes on their original images, if at hand (on the device)
     sizes:list|None=None,   # their (rows, columns) on the host, if at hand (else one look at the host)
-)->tuple[Tensor,Tensor]: # `rle_runs` of the n masks, image after image: counts (k,) int32 (int64 past 2³¹ pixels), runs per mask (n,)
+    extent:bool=False,      # also each mask's area and box: (n,5) int64 area, x, y, w, h (`mask_extent`)
+)->tuple: # `rle_runs` of the n masks, image after image: counts (k,) int32 (int64 past 2³¹ pixels), runs per mask (n,) (, extents)
     "`mask_runs` of the detections of several images at once: one pass of crops, starts and runs for them all."
     n, dev = len(coef), proto.device
-    if n == 0: return coef.new_zeros(0, dtype=torch.long), coef.new_zeros(0, dtype=torch.long)
+    if n == 0: return (coef.new_zeros(0, dtype=torch.long),) * 2 + ((coef.new_zeros(0, 5, dtype=torch.long),) if extent else ())
     lbs = torch.as_tensor(letterbox, dtype=torch.float64).reshape(-1, 3).cpu()   # the float32 batch values, exactly
     hws = torch.as_tensor(orig_hw).reshape(-1, 2).long().cpu()
     image = torch.repeat_interleave(torch.arange(len(per_image)), torch.tensor(per_image))   # each detection's image
@@ -440,12 +405,16 @@ def batch_mask_runs(
     window = [w.split(per_image) for w in proto_window(boxes, proto[0])]   # the images' windows at once, then each its own
     soft = torch.cat([proto_masks(c, p, b, (rw, cw))                       # one product per image
                       for c, p, b, rw, cw in zip(coef.split(per_image), proto, boxes.split(per_image), *window) if len(c)])
-    found = [crop_starts(soft[sel], spans[sel], det_hw[sel], det_lb[sel], rows, cols) + (sel,)
+    found = [crop_starts(soft[sel], spans[sel], det_hw[sel], det_lb[sel], rows, cols, extent) + (sel,)
              for a, b, rows, cols in chunks for sel in [order[a:b]]]
-    m, q = (torch.cat([sel[d] for d, _, sel in found]), torch.cat([q for _, q, _ in found])) if found else (order[:0],) * 2
+    m, q = (torch.cat([f[-1][f[0]] for f in found]), torch.cat([f[1] for f in found])) if found else (order[:0],) * 2
     o = torch.sort(m, stable=True).indices   # mask by mask; each mask's starts come from one chunk, in order
     c, r = runs_from_starts(m[o], q[o], n, det_hw[:, 0] * det_hw[:, 1])
-    return c.int() if int(hws.prod(1).max()) < 2**31 else c, r
+    out = c.int() if int(hws.prod(1).max()) < 2**31 else c, r
+    if not extent: return out
+    ext = torch.zeros(n, 5, dtype=torch.long, device=dev)   # an empty crop: an empty mask
+    if found: ext[torch.cat([f[-1] for f in found])] = torch.cat([f[2] for f in found])
+    return out + (ext,)
 
 def mask_runs(
     coef:Tensor,    # (n,P) coefficients of the kept detections
@@ -525,7 +494,7 @@ class CocoStats(dict):
 
 # %% ../nbs/07_metrics.ipynb #40e844a2
 def _mask_results(gt, dets:list[dict]):
-    "`gt.loadRes(dets)` for mask results that carry their `area` and `bbox` (`rle_area_bbox`): no string decoded."
+    "`gt.loadRes(dets)` for mask results that carry their `area` and `bbox` (`mask_extent`): no string decoded."
     res = FastCOCO()
     res.dataset = dict(info=copy.deepcopy(gt.dataset.get('info', {})), images=list(gt.dataset['images']),
                        categories=copy.deepcopy(gt.dataset['categories']),
@@ -553,7 +522,7 @@ def coco_evaluate(
     coco_gt:COCO,        # ground truth
     results:list[dict],  # COCO results (`coco_results`), with `bbox` and, for masks, `segmentation`
     image_ids=None,      # images to evaluate on (default: all of `coco_gt`'s)
-    mask_stats=None,     # per result: its mask's (area, [x, y, w, h]), pycocotools' `area` and `toBbox` (`rle_area_bbox`), or None
+    mask_stats=None,     # per result: its mask's (area, [x, y, w, h]), pycocotools' `area` and `toBbox` (`mask_extent`), or None
 )->CocoStats:            # 12 numbers each for `bbox/` and `segm/`, plus the summary
     "COCO mAP and mAR of boxes and masks, by COCOeval (ultrafast-pycocotools: pycocotools' numbers to the bit, faster)."
     ids = sorted({int(i) for i in (coco_gt.getImgIds() if image_ids is None else _floats(image_ids))})
@@ -623,17 +592,15 @@ class Validator:
         if self.masks:   # the masks of groups of images made at once, then their strings; an image's pixels: its
             # detections' masks on the prototype grid and their crops on the image, up to `group_pixels` a group
             sizes, texts, stats, cells = [r[:, 6:].long().tolist() for r in rows], [], [], eval_out['proto'][0, 0].numel()
-            heights = torch.repeat_interleave(hws[:, 0].long(), torch.tensor([len(s) for s in sizes])).split([len(s) for s in sizes])
             for a, b in _slices_up_to([len(s) * cells + sum(h * w for h, w in s) for s in sizes], self.group_pixels):
                 g = range(a, b)
-                runs = batch_mask_runs(torch.cat([eval_out['coef'][i][dets[i]['anchors']] for i in g]), eval_out['proto'][a:b],
-                                       torch.cat([dets[i]['boxes'] for i in g]), [len(sizes[i]) for i in g], lbs[a:b], hws[a:b],
-                                       spans=torch.cat([spans[i] for i in g]), sizes=sum((sizes[i] for i in g), []))
+                *runs, ext = batch_mask_runs(torch.cat([eval_out['coef'][i][dets[i]['anchors']] for i in g]), eval_out['proto'][a:b],
+                                             torch.cat([dets[i]['boxes'] for i in g]), [len(sizes[i]) for i in g], lbs[a:b], hws[a:b],
+                                             spans=torch.cat([spans[i] for i in g]), sizes=sum((sizes[i] for i in g), []), extent=True)
                 texts += rle_strings(*runs, int(hws[a:b].long().prod(1).max()))
-                area, box = rle_area_bbox(*runs, torch.cat(heights[a:b]).to(runs[1].device, non_blocking=True))
-                stats.append(torch.cat([area[:, None].double(), box], 1))
-            stats = torch.cat(stats).cpu().tolist() if stats else []   # area, x, y, w, h of every mask: one copy
-            self.mask_stats += [(int(s[0]), s[1:]) for s in stats]   # in the order of the results
+                stats.append(ext)
+            stats = torch.cat(stats).tolist() if stats else []   # area, x, y, w, h of every mask: one copy
+            self.mask_stats += [(s[0], [float(v) for v in s[1:]]) for s in stats]   # in the order of the results
             texts = iter(texts)
             for p, (h, w) in zip(preds, hws.long().tolist()): p['masks'] = [{'size': [h, w], 'counts': next(texts)} for _ in range(len(p['scores']))]
         self.results += coco_results(preds, ids, self.cat_ids)

@@ -18,8 +18,8 @@ from lucid_nb.core import EMBEDDED_ANNOTATIONS, MASK_STRIDE
 from lucid_nb.core import test_bytes_equal as assert_bytes_equal
 from lucid_nb.loss import crop_mask
 from lucid_nb.metrics import (COCO80_IDS, STAT_NAMES, Validator, box_iou, coco_evaluate, coco_results, load_coco,
-                              batch_mask_runs, mask_runs, mask_runs_full, masks_to_rle, nms, nms_reference, proto_masks, quiet, results_bytes, rle_area_bbox, rle_encode,
-                              rle_runs,
+                              batch_mask_runs, mask_runs, mask_runs_full, masks_to_rle, nms, nms_reference, proto_masks, quiet, results_bytes, rle_encode,
+                              rle_runs, rle_strings,
                               unletterbox_boxes, unletterbox_masks, write_results)
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA GPU')
@@ -148,28 +148,6 @@ def _area_bbox(rles):
     "pycocotools' `area` and `toBbox` of RLE dicts (counts as str): the reference for `rle_area_bbox`."
     enc = [dict(size=r['size'], counts=r['counts'].encode()) for r in rles]
     return [(int(mask_utils.area(e)), mask_utils.toBbox(e).tolist()) for e in enc]   # one by one, as `loadRes` calls them
-
-
-@pytest.mark.parametrize('hw', [(1, 1), (1, 9), (7, 1), (2, 3), (17, 23), (427, 640), (1025, 1024)])
-def test_rle_area_bbox_matches_pycocotools(hw):
-    "Areas and boxes from the runs equal pycocotools' from the strings: edge masks (empty, full, corners, borders), runs into the next column."
-    m = _edge_masks(*hw, torch.Generator().manual_seed(sum(hw)))
-    area, box = rle_area_bbox(*rle_runs(m), torch.full((len(m),), hw[0]))
-    assert list(zip(area.tolist(), box.tolist())) == _area_bbox(_encode(m))
-    assert box.dtype == torch.float64 and area.dtype == torch.int64
-
-
-def test_rle_area_bbox_masks_of_several_sizes():
-    "One call for masks of images of different heights (as a group of a batch), counts as int32 (as `batch_mask_runs` gives them)."
-    g, counts, runs, heights, want = torch.Generator().manual_seed(3), [], [], [], []
-    for _ in range(12):
-        H, W = (int(v) for v in torch.randint(1, 70, (2,), generator=g))
-        m = torch.cat([_edge_masks(H, W, g), torch.rand(3, H, W, generator=g) > torch.rand(3, 1, 1, generator=g)])
-        c, r = rle_runs(m)
-        counts.append(c.int()); runs.append(r); heights += [H] * len(m); want += _area_bbox(_encode(m))
-    for most in (2**20, 1, 700):   # all at once; one mask at a time; a few masks at a time
-        area, box = rle_area_bbox(torch.cat(counts), torch.cat(runs), torch.tensor(heights), max_counts=most)
-        assert list(zip(area.tolist(), box.tolist())) == want
 
 
 def test_rle_encode_random_sizes_and_shapes():
@@ -634,6 +612,14 @@ def test_mask_runs_equal_the_full_resolution_definition(seed):
             assert all(torch.equal(a, b) for a, b in zip(got, want)), (seed, H, W, n, max_pixels)
 
 
+def _strings(counts, runs, hw):
+    "The RLE strings of masks of images of different sizes (`hw`: each mask's (H, W)), one mask at a time."
+    out, at = [], 0
+    for r, (H, W) in zip(runs.tolist(), hw):
+        out += rle_strings(counts[at:at + r].long(), torch.tensor([r]), H * W); at += r
+    return out
+
+
 def _images_case(g, sizes, S=64, P=8, device='cpu'):
     "`_box_local_case` for several images of a batch: their detections one image after the other, prototypes stacked."
     cases = [_box_local_case(g, n, H, W, S, P, device) for H, W, n in sizes]
@@ -653,6 +639,11 @@ def test_batch_mask_runs_equal_each_image_alone(seed):
     for max_pixels in (1, 500, 2**23):
         got = batch_mask_runs(coef, proto, boxes, per_image, lbs, hws, max_pixels)
         assert all(torch.equal(a, b.to(a.dtype)) for a, b in zip(got, want)), (seed, max_pixels)
+    *runs, ext = batch_mask_runs(coef, proto, boxes, per_image, lbs, hws, 500, extent=True)
+    assert all(torch.equal(a, b.to(a.dtype)) for a, b in zip(runs, want))
+    hw = [tuple(map(int, hw)) for hw, (_, _, k) in zip(hws, sizes) for _ in range(k)]   # each mask's image
+    rles = [dict(size=list(s), counts=t) for s, t in zip(hw, _strings(*runs, hw))]
+    assert [(int(e[0]), [float(v) for v in e[1:]]) for e in ext.tolist()] == _area_bbox(rles)   # pycocotools' area and toBbox
 
 
 @cuda
