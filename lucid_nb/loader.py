@@ -268,7 +268,7 @@ class PieceSampler:
         pieces = [self.split(b) for b in self.batches]
         self.counts = [len(p) for p in pieces]
         return iter([x for p in pieces for x in p])
-    def __len__(self): return sum(len(self.split(b)) for b in self.batches)
+    def __len__(self): return sum(min(self.pieces, len(b)) for b in self.batches)
 
 class YoloLoader:
     "Epoch-seeded padded batches from a `YoloDataset`, via a DataLoader, optionally prefetched by a background thread."

@@ -19,7 +19,7 @@ from lucid_nb.core import test_bytes_equal as assert_bytes_equal
 from lucid_nb.loss import crop_mask
 from lucid_nb.metrics import (COCO80_IDS, STAT_NAMES, Validator, box_iou, coco_evaluate, coco_results, load_coco,
                               batch_mask_runs, mask_runs, mask_runs_full, masks_to_rle, nms, nms_reference, proto_masks, quiet, results_bytes, rle_encode,
-                              rle_runs, rle_strings,
+                              rle_strings,
                               unletterbox_boxes, unletterbox_masks, write_results)
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA GPU')
@@ -145,7 +145,7 @@ def test_rle_encode_matches_pycocotools(hw):
 
 
 def _area_bbox(rles):
-    "pycocotools' `area` and `toBbox` of RLE dicts (counts as str): the reference for `rle_area_bbox`."
+    "pycocotools' `area` and `toBbox` of RLE dicts (counts as str): the reference for `batch_mask_runs`' extents (`mask_extent`)."
     enc = [dict(size=r['size'], counts=r['counts'].encode()) for r in rles]
     return [(int(mask_utils.area(e)), mask_utils.toBbox(e).tolist()) for e in enc]   # one by one, as `loadRes` calls them
 
@@ -581,7 +581,6 @@ def test_validator_results_equal_old_path(group_pixels):
     assert v.mask_stats == _area_bbox([r['segmentation'] for r in v.results])   # areas and boxes from the device: pycocotools'
 
 
-
 # ------------------------------------------------------------------------------- masks made inside their boxes only
 def _box_local_case(g, n, H, W, S=64, P=8, device='cpu'):
     "Random detections on an H×W image: boxes fractional or on pixel edges, cut by the border, whole columns, the whole image, empty."
@@ -612,14 +611,6 @@ def test_mask_runs_equal_the_full_resolution_definition(seed):
             assert all(torch.equal(a, b) for a, b in zip(got, want)), (seed, H, W, n, max_pixels)
 
 
-def _strings(counts, runs, hw):
-    "The RLE strings of masks of images of different sizes (`hw`: each mask's (H, W)), one mask at a time."
-    out, at = [], 0
-    for r, (H, W) in zip(runs.tolist(), hw):
-        out += rle_strings(counts[at:at + r].long(), torch.tensor([r]), H * W); at += r
-    return out
-
-
 def _images_case(g, sizes, S=64, P=8, device='cpu'):
     "`_box_local_case` for several images of a batch: their detections one image after the other, prototypes stacked."
     cases = [_box_local_case(g, n, H, W, S, P, device) for H, W, n in sizes]
@@ -642,7 +633,7 @@ def test_batch_mask_runs_equal_each_image_alone(seed):
     *runs, ext = batch_mask_runs(coef, proto, boxes, per_image, lbs, hws, 500, extent=True)
     assert all(torch.equal(a, b.to(a.dtype)) for a, b in zip(runs, want))
     hw = [tuple(map(int, hw)) for hw, (_, _, k) in zip(hws, sizes) for _ in range(k)]   # each mask's image
-    rles = [dict(size=list(s), counts=t) for s, t in zip(hw, _strings(*runs, hw))]
+    rles = [dict(size=list(s), counts=t) for s, t in zip(hw, rle_strings(*runs, max(H * W for H, W in hw)))]
     assert [(int(e[0]), [float(v) for v in e[1:]]) for e in ext.tolist()] == _area_bbox(rles)   # pycocotools' area and toBbox
 
 
