@@ -18,9 +18,9 @@ from .core import *
 # %% auto #0
 __all__ = ['COCO80_IDS', 'STAT_NAMES', 'SUMMARY_NAMES', 'greedy_keep', 'nms', 'nms_reference', 'crop_window', 'proto_masks',
            'proto_window', 'unletterbox_masks', 'unletterbox_grid', 'unletterbox_boxes', 'rle_runs', 'runs_from_starts',
-           'rle_chars', 'rle_strings', 'rle_encode', 'mask_runs_full', 'box_spans', 'crop_chunks', 'crop_starts',
-           'mask_extent', 'batch_mask_runs', 'mask_runs', 'masks_to_rle', 'quiet', 'load_coco', 'coco_results',
-           'results_bytes', 'write_results', 'CocoStats', 'coco_evaluate', 'Validator']
+           'rle_chars', 'rle_strings', 'rle_encode', 'mask_runs_full', 'box_spans', 'crop_chunks', 'crop_table',
+           'crop_starts', 'mask_extent', 'batch_mask_runs', 'mask_runs', 'masks_to_rle', 'quiet', 'load_coco',
+           'coco_results', 'results_bytes', 'write_results', 'CocoStats', 'coco_evaluate', 'Validator']
 
 # %% ../nbs/07_metrics.ipynb #a0b7cb8a
 def _candidates(scores:Tensor, conf:float, multi_label:bool, max_nms:int)->tuple[Tensor,Tensor,Tensor]: # (B,n) each
@@ -71,6 +71,7 @@ def greedy_keep(
     kb = boxes.new_zeros(B, max_det + C, 4)            # kept boxes, classes, indices; slot max_det + j: chunk box j's bin
     kc, ki = cls.new_full((B, max_det + C), -1), cls.new_zeros(B, max_det + C)
     count, most = cls.new_zeros(B), 0                    # `most`: the largest count, as last read on the host
+    left = (cls >= 0).sum(1)                           # each image's candidates: past them an image is done
     rounds = rounds or (4 if boxes.is_cuda else 1)      # a look costs a device synchronisation only on a GPU
     for s in range(0, n, C):
         b, c = boxes[:, s:s + C], cls[:, s:s + C]
@@ -82,12 +83,13 @@ def greedy_keep(
             for _ in range(r): last, keep = keep, alive & ~(sup & keep[:, :, None]).any(1)
             r *= 2                                      # not settled yet: a long chain, twice the rounds before the next look
             total = count + keep.sum(1)
-            changed, *totals = torch.cat([(keep != last).any()[None], total]).tolist()
+            open_ = ((total < max_det) & (left > s + m)).any()   # an image not full yet has candidates after this chunk
+            changed, more, *totals = torch.cat([(keep != last).any()[None], open_[None], total]).tolist()
         pos = count[:, None] + keep.cumsum(1) - 1      # slot of each kept box; every other box to its own bin
         pos = torch.where(keep & (pos < max_det), pos, i[:m] + max_det)
         kb.scatter_(1, pos[:, :, None].expand(-1, -1, 4), b); kc.scatter_(1, pos, c); ki.scatter_(1, pos, (i[:m] + s).expand(B, -1))
         count, most = total.clamp(max=max_det), min(max(totals), max_det)
-        if min(totals) >= max_det: break
+        if not more: break                              # every image full or out of candidates: the rest is padding
     return ki[:, :max_det], count
 
 # %% ../nbs/07_metrics.ipynb #1eb151a4
@@ -327,50 +329,66 @@ def crop_chunks(
         rows, cols = max(rows, h), max(cols, w)
     return chunks + ([(first, len(by_area), rows, cols)] if len(by_area) > empty else [])
 
+def crop_table(
+    spans:Tensor,    # (n,4) `box_spans` of the detections on their original images (on the device)
+    image:Tensor,    # (n,) int64 index of each detection's image
+    hws:Tensor,      # (B,2) int64 (H, W) of each image (on the host: no look at the device)
+    lbs:Tensor,      # (B,3) float64 (scale, pad_x, pad_y) of each image
+    grid_hw:tuple,   # rows and columns of the prototype grid
+)->tuple:            # (n,12) int64 per detection (`crop_starts`), each image's rows' and columns' grid coordinates
+    "What `crop_starts` needs of every detection, made once for all the chunks of `batch_mask_runs`."
+    dev = spans.device
+    Ly, Lx = (2 * hws.max(0).values + 1).tolist()             # a crop's row or column plus any chunk's largest crop
+    hws, lbs, image = (t.to(dev, non_blocking=True) for t in (hws, lbs, image))
+    Hs, Ws = hws.unbind(1)
+    def coords(n_pix:Tensor, length:int, n_in:int, pad:Tensor)->Tensor:   # image after image; past an image's last pixel, its last
+        p = torch.minimum(torch.arange(length, device=dev), (n_pix - 1)[:, None])
+        return _grid_coords_at(p, n_in, lbs[:, :1], pad[:, None], MASK_STRIDE).reshape(-1)   # `_grid_coords`' values
+    r0, r1, c0, c1 = spans.unbind(1)
+    H, W = Hs[image], Ws[image]
+    whole, bottom = ((r0 == 0) & (r1 == H)).long(), (r1 == H).long()   # crops of whole columns; crops down to the last row
+    table = torch.stack([r1 - r0, c1 - c0, image * Ly + r0, image * Lx + c0, whole, bottom, W - 1 - c0, c0 * H + r0, H, r0, c0, H * W], 1)
+    return table, coords(Hs, Ly, grid_hw[0], lbs[:, 2]), coords(Ws, Lx, grid_hw[1], lbs[:, 1])
+
 def crop_starts(
     soft:Tensor,           # (n,S/4,S/4) soft masks on the prototype grid (`proto_masks`)
-    spans:Tensor,          # (n,4) `box_spans` on the original image
-    image_hw:Tensor,       # (n,2) int64 (H, W) of each detection's original image
-    letterbox:Tensor,      # (n,3) float64 (scale, pad_x, pad_y) of each detection's image
+    table:Tensor,          # (n,12) the detections' rows of `crop_table`: their crops are not empty
+    ys:Tensor, xs:Tensor,  # `crop_table`'s row and column grid coordinates of the images
     rows:int, cols:int,    # the largest crop of these detections
     extent:bool=False,     # also each mask's area and box (`mask_extent`), from the same pixels
 )->tuple:                  # mask and pixel (column-major index on its H×W image) of every start, in order (, extents)
     "Where runs of the masks `mask_runs_full` makes start, found inside each box's crop (outside it every mask is 0)."
-    (H, W), (scale, px, py), dev = image_hw[:, :, None].unbind(1), letterbox[:, :, None].unbind(1), soft.device   # (n,1) each
-    r0, r1, c0, c1 = spans.unbind(1)
-    h, w = (r1 - r0)[:, None, None], (c1 - c0)[:, None]
-    i, j = torch.arange(rows + 1, device=dev), torch.arange(cols, device=dev)   # row `h`: the pixel after a column's crop
-    ys = _grid_coords_at(torch.minimum(r0[:, None] + i, H - 1), soft.shape[1], scale, py, MASK_STRIDE)   # `_grid_coords`' values
-    xs = _grid_coords_at(torch.minimum(c0[:, None] + j, W - 1), soft.shape[2], scale, px, MASK_STRIDE)
-    H, W = H[:, 0], W[:, 0]
-    grid = torch.stack(torch.broadcast_tensors(xs[:, None, :], ys[:, :, None]), -1)   # the full grid's cells of each crop
+    h, w, y0, x0, whole, bottom, last_col, first, H, r0, c0, _ = table.unbind(1)
+    i, j = torch.arange(rows + 1, device=soft.device), torch.arange(cols, device=soft.device)   # row `h`: after a column's crop
+    grid = torch.stack(torch.broadcast_tensors(xs[x0[:, None] + j][:, None, :], ys[y0[:, None] + i][:, :, None]), -1)
     v = F.grid_sample(soft[:, None], grid, mode='bilinear', padding_mode='border', align_corners=False)[:, 0] > .5
-    v = (v & (i[:, None] < h) & (j < w)[:, None, :]).transpose(1, 2)   # (n, cols, rows+1): 0 outside the crop
-    whole = (r0 == 0) & (r1 == H)                                      # crops of whole columns follow one another
-    last = v.gather(2, (h - 1).clamp(min=0).expand(-1, cols, 1))[..., 0]   # each column's last crop pixel
-    before = torch.cat([torch.zeros_like(last[:, :1]), last[:, :-1] & whole[:, None]], 1)   # the pixel before its first
-    starts = (v != torch.cat([before[..., None], v[..., :-1]], 2)) & (j < w)[..., None]
+    in_rows, in_cols, whole = i < h[:, None], j < w[:, None], whole.bool()
+    v = (v & in_rows[:, :, None] & in_cols[:, None, :]).transpose(1, 2)   # (n, cols, rows+1): 0 outside the crop
+    last = v.gather(2, (h - 1)[:, None, None].expand(-1, cols, 1))[..., 0]   # each column's last crop pixel
+    # the pixel before a column's first: the previous column's last for crops of whole columns (they follow one
+    # another), else 0; past the crop's columns 0 too, so that no run starts there
+    before = torch.cat([last.new_zeros(len(last), 1), last[:, :-1]], 1) & (in_cols & whole[:, None])
+    starts = v != torch.cat([before[..., None], v[..., :-1]], 2)
     # the start after a column's crop (row h) is dropped where that pixel is the next column's first crop pixel, which
-    # has its own comparison (whole columns), or lies past the image's last pixel
-    later = whole[:, None] & (j < w - 1) | (c0[:, None] + j == W[:, None] - 1)
-    starts &= ~((i == h) & ((r1 == H)[:, None] & later)[..., None])
+    # has its own comparison (whole columns), or lies past the image's last pixel; below row h no run starts anyway
+    later = whole[:, None] & (j < (w - 1)[:, None]) | (j == last_col[:, None])
+    starts &= in_rows[:, None, :] | ~(bottom.bool()[:, None] & later)[..., None]
     d, jj, ii = starts.nonzero(as_tuple=True)
-    found = d, (c0[d] + jj) * H[d] + r0[d] + ii
-    return found + (mask_extent(v, last, whole, spans, H),) if extent else found
+    found = d, first[d] + jj * H[d] + ii
+    return found + (mask_extent(v, last, whole, r0, c0, H),) if extent else found
 
 def mask_extent(
     v:Tensor,       # (n,cols,rows+1) bool: each crop's pixels, column by column (0 outside the crop)
     last:Tensor,    # (n,cols) bool: each column's last crop pixel
     whole:Tensor,   # (n,) bool: the crop is whole columns of the image
-    spans:Tensor,   # (n,4) `box_spans` of the crops
+    r0:Tensor, c0:Tensor, # (n,) the crops' first row and column on the image
     H:Tensor,       # (n,) rows of each detection's image
 )->Tensor:          # (n,5) int64: area, x, y, w, h
     "pycocotools' `area` and `toBbox` of the masks, from their crops' pixels: reductions, nothing encoded or decoded."
     i, j = torch.arange(v.shape[2], device=v.device), torch.arange(v.shape[1], device=v.device)
     col, row, big = v.any(2), v.any(1), torch.iinfo(torch.long).max
-    x0, x1 = torch.where(col, j, big).amin(1), torch.where(col, j, -1).amax(1)   # first and last column with a 1
-    y0, y1 = torch.where(row, i, big).amin(1), torch.where(row, i, -1).amax(1)   # first and last row with a 1
-    r0, c0 = spans[:, 0], spans[:, 2]
+    x0, x1 = torch.where(col, j, big).amin(1), (col * j).amax(1)   # first and last column with a 1 (if any)
+    y0, y1 = torch.where(row, i, big).amin(1), (row * i).amax(1)   # first and last row with a 1
     wraps = whole & (last[:, :-1] & v[:, 1:, 0]).any(1)   # a run of 1s from a column's last pixel on into the next one's first
     ys, ye = torch.where(wraps, 0, r0 + y0), torch.where(wraps, H - 1, r0 + y1)   # toBbox: then every row
     area = v.sum((1, 2))
@@ -395,7 +413,6 @@ def batch_mask_runs(
     lbs = torch.as_tensor(letterbox, dtype=torch.float64).reshape(-1, 3).cpu()   # the float32 batch values, exactly
     hws = torch.as_tensor(orig_hw).reshape(-1, 2).long().cpu()
     image = torch.repeat_interleave(torch.arange(len(per_image)), torch.tensor(per_image))   # each detection's image
-    det_hw, det_lb = hws[image].to(dev, non_blocking=True), lbs[image].to(dev, non_blocking=True)
     if spans is None:
         spans = torch.cat([box_spans(unletterbox_boxes(b, lb, hw), *map(int, hw))
                            for b, lb, hw in zip(boxes.split(per_image), lbs, hws) if len(b)])
@@ -405,11 +422,12 @@ def batch_mask_runs(
     window = [w.split(per_image) for w in proto_window(boxes, proto[0])]   # the images' windows at once, then each its own
     soft = torch.cat([proto_masks(c, p, b, (rw, cw))                       # one product per image
                       for c, p, b, rw, cw in zip(coef.split(per_image), proto, boxes.split(per_image), *window) if len(c)])
-    found = [crop_starts(soft[sel], spans[sel], det_hw[sel], det_lb[sel], rows, cols, extent) + (sel,)
+    table, ys, xs = crop_table(spans, image, hws, lbs, proto.shape[-2:])
+    found = [crop_starts(soft[sel], table[sel], ys, xs, rows, cols, extent) + (sel,)
              for a, b, rows, cols in chunks for sel in [order[a:b]]]
     m, q = (torch.cat([f[-1][f[0]] for f in found]), torch.cat([f[1] for f in found])) if found else (order[:0],) * 2
     o = torch.sort(m, stable=True).indices   # mask by mask; each mask's starts come from one chunk, in order
-    c, r = runs_from_starts(m[o], q[o], n, det_hw[:, 0] * det_hw[:, 1])
+    c, r = runs_from_starts(m[o], q[o], n, table[:, 11])   # each mask's own H·W
     out = c.int() if int(hws.prod(1).max()) < 2**31 else c, r
     if not extent: return out
     ext = torch.zeros(n, 5, dtype=torch.long, device=dev)   # an empty crop: an empty mask

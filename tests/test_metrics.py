@@ -659,3 +659,22 @@ def test_mask_runs_equal_the_full_resolution_definition_on_the_gpu():
         want = mask_runs_full(coef, proto, boxes, lb, hw, max_pixels=2**30)   # one matmul, as `mask_runs`
         got = mask_runs(coef, proto, boxes, lb, hw)
         assert all(torch.equal(a, b) for a, b in zip(got, want)), (H, W)
+
+
+def test_greedy_keep_stops_once_every_image_is_full_or_out_of_candidates(monkeypatch):
+    "A batch whose images end short of max_det stops at their last candidate, not at the longest image's: the same keeps, few looks."
+    from lucid_nb.metrics import greedy_keep
+    g = torch.Generator().manual_seed(0)
+    xy = torch.rand(2, 4000, 2, generator=g) * 600
+    boxes = torch.cat([xy, xy + 2 + torch.rand(2, 4000, 2, generator=g) * 40], -1)   # small boxes, few overlaps
+    cls = torch.randint(0, 3, (2, 4000), generator=g)
+    cls[1, 100:] = -1                                    # image 1: 100 candidates, all kept, never full
+    looks, tolist = [0], torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, 'tolist', lambda t: (looks.__setitem__(0, looks[0] + 1), tolist(t))[1])
+    keep, count = greedy_keep(boxes, cls, .7, 300, chunk=512, rounds=1)
+    monkeypatch.undo()
+    for i, n in enumerate((4000, 100)):
+        want = _old_greedy_keep(boxes[i, :n], cls[i, :n], .7, 300)
+        assert int(count[i]) == len(want) and torch.equal(keep[i, :len(want)], want)
+    assert int(count[1]) == 100 < 300 <= int(count[0])   # image 0 full within its first chunk, image 1 out of candidates
+    assert looks[0] <= 3   # the first chunk (512 candidates) settles the batch: before, all 8 of image 0's chunks (10 looks)
