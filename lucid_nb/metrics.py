@@ -16,11 +16,12 @@ from ultrafast_pycocotools.cocoeval import COCOeval as FastCOCOeval
 from .core import *
 
 # %% auto #0
-__all__ = ['COCO80_IDS', 'STAT_NAMES', 'SUMMARY_NAMES', 'greedy_keep', 'nms', 'nms_reference', 'crop_window', 'proto_masks',
-           'proto_window', 'unletterbox_masks', 'unletterbox_grid', 'unletterbox_boxes', 'rle_runs', 'runs_from_starts',
-           'rle_chars', 'rle_strings', 'rle_encode', 'mask_runs_full', 'box_spans', 'crop_chunks', 'crop_table',
-           'crop_starts', 'mask_extent', 'batch_mask_runs', 'mask_runs', 'masks_to_rle', 'quiet', 'load_coco',
-           'coco_results', 'results_bytes', 'write_results', 'CocoStats', 'coco_evaluate', 'Validator']
+__all__ = ['RLE_COUNTS', 'COCO80_IDS', 'STAT_NAMES', 'SUMMARY_NAMES', 'greedy_keep', 'nms', 'nms_reference', 'crop_window',
+           'proto_masks', 'proto_window', 'unletterbox_masks', 'unletterbox_grid', 'unletterbox_boxes', 'rle_runs',
+           'runs_from_starts', 'rle_chars', 'rle_strings', 'rle_encode', 'mask_runs_full', 'box_spans', 'crop_chunks',
+           'crop_order', 'crop_table', 'crop_starts', 'mask_extent', 'batch_mask_runs', 'mask_runs', 'masks_to_rle',
+           'quiet', 'load_coco', 'coco_results', 'results_bytes', 'write_results', 'CocoStats', 'coco_evaluate',
+           'Validator']
 
 # %% ../nbs/07_metrics.ipynb #a0b7cb8a
 def _candidates(scores:Tensor, conf:float, multi_label:bool, max_nms:int)->tuple[Tensor,Tensor,Tensor]: # (B,n) each
@@ -250,6 +251,8 @@ def rle_chars(
     return torch.stack(chars, 1)
 
 # %% ../nbs/07_metrics.ipynb #0f9d04cb
+RLE_COUNTS = 2**21   # run lengths `rle_strings` turns into characters at a time (~80 MiB of device memory)
+
 def _slices_up_to(sizes:list[int], most:int)->list[tuple[int,int]]:
     "Consecutive slices `[a, b)` of the items, each adding up to at most `most` of `sizes` (or one item alone, larger)."
     out, a, total = [], 0, 0
@@ -262,11 +265,11 @@ def rle_strings(
     counts:Tensor,  # (k,) integer run lengths of masks one after the other (`rle_runs`, possibly of several images)
     runs:Tensor,    # (n,) int64 counts per mask
     hw:int,         # the largest pixel count of these masks, H·W
-    max_counts:int=2**21, # counts turned into characters at a time (device memory: ~40 bytes each, ~80 MiB)
+    max_counts:int|None=None, # counts turned into characters at a time (None: `RLE_COUNTS`; device memory: ~40 bytes each)
 )->list[str]:       # n compressed RLE strings
     "The strings of COCO's compressed RLE of masks given by their runs: characters made and packed on the device."
     per_mask, texts, first = runs.tolist(), [], 0
-    for a, b in _slices_up_to(per_mask, max_counts):
+    for a, b in _slices_up_to(per_mask, max_counts or RLE_COUNTS):
         k = sum(per_mask[a:b])
         chars = rle_chars(counts[first:first + k], runs[a:b], hw)
         live = chars != 0
@@ -318,8 +321,8 @@ def crop_chunks(
     sizes:list,      # (rows, columns) of each detection's crop
     max_pixels:int,  # pixels per chunk, each crop padded to the chunk's largest rows + 1 and columns
 )->list:             # chunks (first, end, rows, columns) into that order; empty crops (first in it) are in none
-    "Chunks of the detections in a stable sort by crop area, so that a chunk pads its crops little."
-    by_area = sorted(sizes, key=lambda hw: hw[0] * hw[1])   # stable, as `torch.sort(..., stable=True)`
+    "Chunks of the detections in a stable sort by longer side, then area (`crop_order`), so that a chunk pads its crops little."
+    by_area = sorted(sizes, key=lambda hw: (max(hw) + 1 if hw[0] * hw[1] else 0, hw[0] * hw[1]))   # `crop_order`'s order
     empty = sum(h * w == 0 for h, w in by_area)
     chunks, first, rows, cols = [], empty, 0, 0
     for k in range(empty, len(by_area)):
@@ -328,6 +331,13 @@ def crop_chunks(
             chunks.append((first, k, rows, cols)); first, rows, cols = k, 0, 0
         rows, cols = max(rows, h), max(cols, w)
     return chunks + ([(first, len(by_area), rows, cols)] if len(by_area) > empty else [])
+
+def crop_order(spans:Tensor)->Tensor: # (n,) `crop_chunks`' order of the detections with these `box_spans`, on their device
+    "Empty crops first, then by longer side, then by area, each sort stable: crops of one chunk alike in both sides."
+    h, w = spans[:, 1] - spans[:, 0], spans[:, 3] - spans[:, 2]
+    area = h * w
+    order = torch.sort(area, stable=True).indices
+    return order[torch.sort(torch.where(area > 0, torch.maximum(h, w) + 1, 0)[order], stable=True).indices]
 
 def crop_table(
     spans:Tensor,    # (n,4) `box_spans` of the detections on their original images (on the device)
@@ -418,7 +428,7 @@ def batch_mask_runs(
                            for b, lb, hw in zip(boxes.split(per_image), lbs, hws) if len(b)])
     if sizes is None: sizes = (spans[:, 1::2] - spans[:, ::2]).tolist()
     chunks = crop_chunks(sizes, max_pixels)
-    order = torch.sort((spans[:, 1] - spans[:, 0]) * (spans[:, 3] - spans[:, 2]), stable=True).indices   # `crop_chunks`' order
+    order = crop_order(spans)
     window = [w.split(per_image) for w in proto_window(boxes, proto[0])]   # the images' windows at once, then each its own
     soft = torch.cat([proto_masks(c, p, b, (rw, cw))                       # one product per image
                       for c, p, b, rw, cw in zip(coef.split(per_image), proto, boxes.split(per_image), *window) if len(c)])
@@ -608,15 +618,22 @@ class Validator:
         rows = torch.cat(rows).cpu().split([len(d['scores']) for d in dets])  # one copy to the host for the batch
         preds = [dict(boxes=r[:, :4], scores=r[:, 4], classes=r[:, 5].long()) for r in rows]
         if self.masks:   # the masks of groups of images made at once, then their strings; an image's pixels: its
-            # detections' masks on the prototype grid and their crops on the image, up to `group_pixels` a group
+            # detections' masks on the prototype grid and their crops on the image, up to `group_pixels` a group. The
+            # strings of several groups are made at once, up to `rle_strings`' own budget of counts (few host calls)
             sizes, texts, stats, cells = [r[:, 6:].long().tolist() for r in rows], [], [], eval_out['proto'][0, 0].numel()
+            pending = []   # (counts, runs, H·W) of groups whose strings are not made yet
+            def strings():
+                if pending: texts.extend(rle_strings(*(torch.cat(t) for t in list(zip(*pending))[:2]), max(p[2] for p in pending)))
+                pending.clear()
             for a, b in _slices_up_to([len(s) * cells + sum(h * w for h, w in s) for s in sizes], self.group_pixels):
                 g = range(a, b)
                 *runs, ext = batch_mask_runs(torch.cat([eval_out['coef'][i][dets[i]['anchors']] for i in g]), eval_out['proto'][a:b],
                                              torch.cat([dets[i]['boxes'] for i in g]), [len(sizes[i]) for i in g], lbs[a:b], hws[a:b],
                                              spans=torch.cat([spans[i] for i in g]), sizes=sum((sizes[i] for i in g), []), extent=True)
-                texts += rle_strings(*runs, int(hws[a:b].long().prod(1).max()))
+                pending.append((*runs, int(hws[a:b].long().prod(1).max())))
+                if sum(len(p[0]) for p in pending) >= RLE_COUNTS: strings()
                 stats.append(ext)
+            strings()
             stats = torch.cat(stats).tolist() if stats else []   # area, x, y, w, h of every mask: one copy
             self.mask_stats += [(s[0], [float(v) for v in s[1:]]) for s in stats]   # in the order of the results
             texts = iter(texts)
