@@ -80,7 +80,7 @@ def greedy_keep(
         alive = (c >= 0) & ~_suppresses(kb[:, :most], kc[:, :most], b, c, iou).any(1)  # earlier chunks' kept
         sup = _suppresses(b, c, b, c, iou) & before[:m, :m]  # inside the chunk: earlier suppresses later
         keep, changed, r = alive, True, rounds
-        while changed:                                  # `r` rounds queued, then one look: settled? all full?
+        while changed:                                  # `r` rounds queued, then one look: settled? any image still open?
             for _ in range(r): last, keep = keep, alive & ~(sup & keep[:, :, None]).any(1)
             r *= 2                                      # not settled yet: a long chain, twice the rounds before the next look
             total = count + keep.sum(1)
@@ -622,8 +622,10 @@ class Validator:
             # strings of several groups are made at once, up to `rle_strings`' own budget of counts (few host calls)
             sizes, texts, stats, cells = [r[:, 6:].long().tolist() for r in rows], [], [], eval_out['proto'][0, 0].numel()
             pending = []   # (counts, runs, H·W) of groups whose strings are not made yet
-            def strings():
-                if pending: texts.extend(rle_strings(*(torch.cat(t) for t in list(zip(*pending))[:2]), max(p[2] for p in pending)))
+            def strings():   # the pending groups' strings, in one call
+                if pending:
+                    counts, runs, hw = zip(*pending)
+                    texts.extend(rle_strings(torch.cat(counts), torch.cat(runs), max(hw)))
                 pending.clear()
             for a, b in _slices_up_to([len(s) * cells + sum(h * w for h, w in s) for s in sizes], self.group_pixels):
                 g = range(a, b)
