@@ -12,6 +12,7 @@
 #                                                        # libraries never share a name; join with --merge)
 #   bash benchmarks/gpu_session.sh lean hooks            # startup_lean.py; a 4-epoch fit under Lightning's SimpleProfiler
 #   bash benchmarks/gpu_session.sh importgc             # import_gc.py: start-up to a built Trainer, collector on / paused (GPU config)
+#   AB_ARGS='--arm cf82686 --arm HEAD ...' bash benchmarks/gpu_session.sh ab   # postprocess_ab.py: post-processing arms alternating
 #   bash benchmarks/gpu_session.sh vparts                # validation_parts.py: a 6-epoch fit, its validation split by part,
 #                                                        # one validation under torch.profiler (host vs kernel time)
 # Results go to $OUT/results (copy them into benchmarks/results/). Export LUCID_NB_COMMIT=<commit> first: the copied
@@ -47,6 +48,7 @@ for stage in "$@"; do
     importgc) python3 benchmarks/import_gc.py --rounds "${IMPORTGC_ROUNDS:-5}" --config configs/coco128-seg-n.yaml \
                 --out "$OUT/results" 2>&1 | grep -E "imports|Error|error" || status=1 ;;
     lean) python3 benchmarks/startup_lean.py --rounds "${LEAN_ROUNDS:-3}" --out "$OUT/results" 2>&1 | grep -E "^round|median|Error|error" || status=1 ;;
+    ab) python3 benchmarks/postprocess_ab.py ${AB_ARGS:?set AB_ARGS} --out "$OUT/results" 2>&1 | grep -vE "^(lucid_nb data|input problems|notes):" || status=1 ;;
     vparts) python3 benchmarks/validation_parts.py --trainer.max_epochs "${VPARTS_EPOCHS:-6}" --trainer.enable_progress_bar false \
               --trainer.default_root_dir /tmp/vparts > "$OUT/results/validation_parts.log" 2>&1 || status=1
             cp "$OUT/validation_parts.json" "$OUT/results/" 2>/dev/null; grep -A3 "under torch.profiler" "$OUT/results/validation_parts.log" | head -4 ;;

@@ -200,10 +200,12 @@ def unletterbox_boxes(
     boxes:Tensor,  # (n,4) xyxy in pixels of the letterboxed input
     letterbox,     # (scale, pad_x, pad_y)
     orig_hw,       # (H, W)
+    pad:Tensor|None=None, # (4,) float32 (pad_x, pad_y, pad_x, pad_y) on the boxes' device, if at hand (else a copy to it)
 )->Tensor:         # (n,4) xyxy in pixels of the original image
     "Undo the letterbox and clip to the original image."
     scale, px, py = _floats(letterbox); H, W = _floats(orig_hw)
-    b = (boxes.float() - boxes.new_tensor([px, py, px, py], dtype=torch.float32)) / scale
+    if pad is None: pad = boxes.new_tensor([px, py, px, py], dtype=torch.float32)   # a GPU waits for this copy
+    b = (boxes.float() - pad) / scale
     return torch.stack([b[:, 0].clamp(0, W), b[:, 1].clamp(0, H), b[:, 2].clamp(0, W), b[:, 3].clamp(0, H)], -1)
 
 # %% ../nbs/07_metrics.ipynb #fb5d5e4f
@@ -339,6 +341,11 @@ def crop_order(spans:Tensor)->Tensor: # (n,) `crop_chunks`' order of the detecti
     order = torch.sort(area, stable=True).indices
     return order[torch.sort(torch.where(area > 0, torch.maximum(h, w) + 1, 0)[order], stable=True).indices]
 
+def _to_device(t:Tensor, device)->Tensor:
+    "A host tensor on `device` without a wait: to a GPU from pinned memory, asynchronously (from pageable memory the copy may wait for the device)."
+    if torch.device(device).type != 'cuda': return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)   # the pinned block stays reserved until the copy is done
+
 def crop_table(
     spans:Tensor,    # (n,4) `box_spans` of the detections on their original images (on the device)
     image:Tensor,    # (n,) int64 index of each detection's image
@@ -349,7 +356,7 @@ def crop_table(
     "What `crop_starts` needs of every detection, made once for all the chunks of `batch_mask_runs`."
     dev = spans.device
     Ly, Lx = (2 * hws.max(0).values + 1).tolist()             # a crop's row or column plus any chunk's largest crop
-    hws, lbs, image = (t.to(dev, non_blocking=True) for t in (hws, lbs, image))
+    hws, lbs, image = (_to_device(t, dev) for t in (hws, lbs, image))
     Hs, Ws = hws.unbind(1)
     def coords(n_pix:Tensor, length:int, n_in:int, pad:Tensor)->Tensor:   # image after image; past an image's last pixel, its last
         p = torch.minimum(torch.arange(length, device=dev), (n_pix - 1)[:, None])
@@ -610,7 +617,8 @@ class Validator:
         eval_out = {k: v.float() for k, v in eval_out.items()}             # the branches' outputs may be bf16
         dets = nms(eval_out['boxes'], eval_out['scores'], **self.nms_kw)
         ids, hws, lbs = (batch[k].cpu() for k in ('image_id', 'orig_hw', 'letterbox'))
-        boxes = [unletterbox_boxes(d['boxes'], lbs[i], hws[i]) for i, d in enumerate(dets)]
+        pads = batch['letterbox'].to(eval_out['boxes'].device).float()[:, [1, 2, 1, 2]]   # the images' pads, on the device
+        boxes = [unletterbox_boxes(d['boxes'], lbs[i], hws[i], pads[i]) for i, d in enumerate(dets)]
         spans = [box_spans(b, *map(int, hw)) for b, hw in zip(boxes, hws.tolist())] if self.masks else []
         rows = [torch.cat([b, d['scores'][:, None], d['classes'][:, None].float()]
                           + ([(spans[i][:, 1::2] - spans[i][:, ::2]).float()] if self.masks else []), 1)
