@@ -14,15 +14,17 @@ that the validation_ops results name is the reference configuration trained 4 ep
     lucid fit --config configs/coco128-seg-n.yaml --trainer.accelerator cpu --trainer.precision 32-true \
         --trainer.max_epochs 4 --data.workers 2 --trainer.default_root_dir /tmp/young    # /tmp/young/checkpoints/last.ckpt
 
-Each round post-processes the outputs once with every arm, in a rotated order (round r starts with arm r mod arms),
+The objects alive after setup are frozen (`gc.freeze`), as `FrozenHeap` freezes them at fit start; each run's time in
+the cyclic garbage collector is recorded (`gc_runs_s`). Each round post-processes the outputs once with every arm, in a rotated order (round r starts with arm r mod arms),
 each arm's `Validator` fed batch by batch, every `update` between device synchronisations (as `validation_step` times
 it). After the timed rounds, one more run per arm: under `torch.cuda.set_sync_debug_mode('warn')`, the device
 synchronisations by source line (`syncs`); from the memory counters, the peak allocated above what was allocated
 before (`peak_extra_mib`) and how much the reserved pool grew (`reserved_growth_mib`); and one under torch.profiler:
 the host's time in CUDA runtime calls that wait (`cudaStreamSynchronize`, `cudaMemcpyAsync`, ...) and the kernels'
-total (`profile`). Every arm's results bytes must equal the first arm's. Writes `postprocess_ab_<device><tag>.json`.
+total (`profile`). Every arm's results bytes, and its masks' areas and boxes (`mask_stats`, where both arms keep
+them), must equal the first arm's. Writes `postprocess_ab_<device><tag>.json`.
 """
-import argparse, collections, json, shlex, statistics, sys, time, warnings
+import argparse, collections, gc, json, shlex, statistics, sys, time, warnings
 from datetime import datetime, timezone
 from functools import partial
 from pathlib import Path
@@ -38,6 +40,14 @@ from lucid_nb.heads import yolo_seg
 from lucid_nb.predict import load
 
 SETTINGS = ('group_pixels', 'max_pixels')
+
+
+class CollectorTime:
+    "Seconds the cyclic garbage collector ran (`gc.callbacks`), and its collections by generation."
+    def __init__(self): self.seconds, self.by_gen, self._t = 0., collections.Counter(), None; gc.callbacks.append(self)
+    def __call__(self, phase, info):
+        if phase == 'start': self._t = time.perf_counter()
+        elif self._t is not None: self.seconds += time.perf_counter() - self._t; self.by_gen[info['generation']] += 1; self._t = None
 
 
 def parse_arm(text: str) -> tuple[str, dict]:
@@ -122,14 +132,18 @@ def main():
     first = None
     for name, run, mod in arms:   # warm-up; every arm's results bytes must equal the first's
         v, _ = run(outs, batches, device)
-        body = mod.results_bytes(v.results)
-        if first is None: first, detections = body, len(v.results)
+        body, stats = mod.results_bytes(v.results), getattr(v, 'mask_stats', None)
+        if first is None: first, first_stats, detections = body, stats, len(v.results)
         elif body != first: raise SystemExit(f'arm {name}: other results bytes than {arms[0][0]}')
-    times = collections.defaultdict(list)
+        elif None not in (stats, first_stats) and stats != first_stats: raise SystemExit(f'arm {name}: other mask areas and boxes than {arms[0][0]}')
+    gc.collect(); gc.freeze()   # as `FrozenHeap` does at fit start: the collector walks only what the runs make
+    times, collector, gc_s, gens = collections.defaultdict(list), CollectorTime(), collections.defaultdict(list), collections.defaultdict(collections.Counter)
     for r in range(a.rounds):
         for k in range(len(arms)):
             name, run, _ = arms[(r + k) % len(arms)]
+            g0, n0 = collector.seconds, collector.by_gen.copy()
             times[name].append(run(outs, batches, device)[1])
+            gc_s[name].append(collector.seconds - g0); gens[name] += collector.by_gen - n0
         print(f"round {r}: " + ' | '.join(f"{n} {times[n][-1] * 1e3:.0f} ms" for n, *_ in arms), flush=True)
     res = dict(what="one validation's post-processing (Validator.update, batch by batch, synchronised) of the same model outputs "
                     "by each arm, alternating rounds", checkpoint=a.checkpoint or 'notebook 07 GPU-cell model (random init, class biases 0)',
@@ -138,13 +152,15 @@ def main():
     base = statistics.median(times[arms[0][0]])
     for name, run, _ in arms:
         ts = times[name]
-        r = dict(median_s=statistics.median(ts), min_s=min(ts), max_s=max(ts), runs_s=ts, ratio_to_first=statistics.median(ts) / base)
+        r = dict(median_s=statistics.median(ts), min_s=min(ts), max_s=max(ts), runs_s=ts, ratio_to_first=statistics.median(ts) / base,
+                 gc_runs_s=gc_s[name], gc_collections_by_generation=dict(gens[name]))
         if device.type == 'cuda':
             r.update(syncs=syncs(run, outs, batches, device), memory=memory(run, outs, batches, device), profile=profile(run, outs, batches, device))
         res['arms'][name] = r
-        if device.type != 'cuda': print(f"{name}: median {r['median_s'] * 1e3:.0f} ms, x{r['ratio_to_first']:.2f}", flush=True); continue
+        if device.type != 'cuda':
+            print(f"{name}: median {r['median_s'] * 1e3:.0f} ms, x{r['ratio_to_first']:.2f}, gc {r['gc_runs_s']}", flush=True); continue
         print(f"{name}: median {r['median_s'] * 1e3:.0f} ms ({r['min_s'] * 1e3:.0f}-{r['max_s'] * 1e3:.0f}), x{r['ratio_to_first']:.2f}; "
-              f"syncs {r['syncs']['total']}; peak +{r['memory']['peak_extra_mib']:.0f} MiB, reserved +{r['memory']['reserved_growth_mib']:.0f}; "
+              f"gc {statistics.median(r['gc_runs_s']) * 1e3:.0f} ms {r['gc_collections_by_generation']}; syncs {r['syncs']['total']}; peak +{r['memory']['peak_extra_mib']:.0f} MiB, reserved +{r['memory']['reserved_growth_mib']:.0f}; "
               f"kernels {r['profile']['kernel_ms']:.0f} ms of {r['profile']['wall_ms']:.0f}; waits "
               + ', '.join(f"{k} {w['calls']}x {w['ms']:.0f} ms" for k, w in r['profile']['waits'].items()), flush=True)
     res.update(command=shlex.join([Path(sys.executable).name, *sys.argv]), date=datetime.now(timezone.utc).isoformat(timespec='seconds'),

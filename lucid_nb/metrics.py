@@ -19,7 +19,7 @@ from .core import *
 __all__ = ['RLE_COUNTS', 'COCO80_IDS', 'STAT_NAMES', 'SUMMARY_NAMES', 'greedy_keep', 'nms', 'nms_reference', 'crop_window',
            'proto_masks', 'proto_window', 'unletterbox_masks', 'unletterbox_grid', 'unletterbox_boxes', 'rle_runs',
            'runs_from_starts', 'rle_chars', 'rle_strings', 'rle_encode', 'mask_runs_full', 'box_spans', 'crop_chunks',
-           'crop_order', 'crop_table', 'crop_starts', 'mask_extent', 'batch_mask_runs', 'mask_runs', 'masks_to_rle',
+           'crop_order', 'crop_table', 'crop_starts', 'rle_extent', 'batch_mask_runs', 'mask_runs', 'masks_to_rle',
            'quiet', 'load_coco', 'coco_results', 'results_bytes', 'write_results', 'CocoStats', 'coco_evaluate',
            'Validator']
 
@@ -223,12 +223,13 @@ def runs_from_starts(
     hw,         # pixels per mask: an int, or (n,) int64 on the device, masks of images of different sizes
 )->tuple[Tensor,Tensor]: # counts (k,) int64, runs per mask (n,) int64
     "`rle_runs` from where runs start: each run ends where the next starts, the last at H·W; a virtual 0 before pixel 0."
-    runs = torch.bincount(m, minlength=n) + 1                         # the first run of 0s, then one per start
+    edges = torch.searchsorted(m, torch.arange(n + 1, device=m.device))   # each mask's first start (`bincount` would wait for the device)
+    runs = edges[1:] - edges[:-1] + 1                                 # the first run of 0s, then one per start
     if isinstance(hw, Tensor): ends = hw.repeat_interleave(runs, output_size=len(q) + n)   # each mask's own H·W
     else: ends = torch.full((len(q) + n,), hw, dtype=torch.long, device=q.device)
     ends[torch.arange(len(q), device=q.device) + m] = q               # start t is slot t + m of the concatenated runs
     begins = ends.roll(1)
-    begins[runs.cumsum(0) - runs] = 0                                 # each mask's first run begins at pixel 0
+    begins.index_fill_(0, runs.cumsum(0) - runs, 0)                   # each mask's first run begins at pixel 0
     return ends - begins, runs
 
 # %% ../nbs/07_metrics.ipynb #223b9ac0
@@ -372,10 +373,9 @@ def crop_starts(
     table:Tensor,          # (n,12) the detections' rows of `crop_table`: their crops are not empty
     ys:Tensor, xs:Tensor,  # `crop_table`'s row and column grid coordinates of the images
     rows:int, cols:int,    # the largest crop of these detections
-    extent:bool=False,     # also each mask's area and box (`mask_extent`), from the same pixels
-)->tuple:                  # mask and pixel (column-major index on its H×W image) of every start, in order (, extents)
+)->tuple[Tensor,Tensor]:   # mask and pixel (column-major index on its H×W image) of every start, in order
     "Where runs of the masks `mask_runs_full` makes start, found inside each box's crop (outside it every mask is 0)."
-    h, w, y0, x0, whole, bottom, last_col, first, H, r0, c0, _ = table.unbind(1)
+    h, w, y0, x0, whole, bottom, last_col, first, H, *_ = table.unbind(1)
     i, j = torch.arange(rows + 1, device=soft.device), torch.arange(cols, device=soft.device)   # row `h`: after a column's crop
     grid = torch.stack(torch.broadcast_tensors(xs[x0[:, None] + j][:, None, :], ys[y0[:, None] + i][:, :, None]), -1)
     v = F.grid_sample(soft[:, None], grid, mode='bilinear', padding_mode='border', align_corners=False)[:, 0] > .5
@@ -391,26 +391,33 @@ def crop_starts(
     later = whole[:, None] & (j < (w - 1)[:, None]) | (j == last_col[:, None])
     starts &= in_rows[:, None, :] | ~(bottom.bool()[:, None] & later)[..., None]
     d, jj, ii = starts.nonzero(as_tuple=True)
-    found = d, first[d] + jj * H[d] + ii
-    return found + (mask_extent(v, last, whole, r0, c0, H),) if extent else found
+    return d, first[d] + jj * H[d] + ii
 
-def mask_extent(
-    v:Tensor,       # (n,cols,rows+1) bool: each crop's pixels, column by column (0 outside the crop)
-    last:Tensor,    # (n,cols) bool: each column's last crop pixel
-    whole:Tensor,   # (n,) bool: the crop is whole columns of the image
-    r0:Tensor, c0:Tensor, # (n,) the crops' first row and column on the image
-    H:Tensor,       # (n,) rows of each detection's image
+def rle_extent(
+    counts:Tensor,  # (k,) run lengths of masks one after the other, zeros first (`rle_runs`)
+    runs:Tensor,    # (n,) int64 counts per mask (each at least 1)
+    h:Tensor,       # (n,) int64 rows of each mask's image
 )->Tensor:          # (n,5) int64: area, x, y, w, h
-    "pycocotools' `area` and `toBbox` of the masks, from their crops' pixels: reductions, nothing encoded or decoded."
-    i, j = torch.arange(v.shape[2], device=v.device), torch.arange(v.shape[1], device=v.device)
-    col, row, big = v.any(2), v.any(1), torch.iinfo(torch.long).max
-    x0, x1 = torch.where(col, j, big).amin(1), (col * j).amax(1)   # first and last column with a 1 (if any)
-    y0, y1 = torch.where(row, i, big).amin(1), (row * i).amax(1)   # first and last row with a 1
-    wraps = whole & (last[:, :-1] & v[:, 1:, 0]).any(1)   # a run of 1s from a column's last pixel on into the next one's first
-    ys, ye = torch.where(wraps, 0, r0 + y0), torch.where(wraps, H - 1, r0 + y1)   # toBbox: then every row
-    area = v.sum((1, 2))
-    ext = torch.stack([area, c0 + x0, ys, x1 - x0 + 1, ye - ys + 1], 1)
-    return torch.where(area[:, None] > 0, ext, 0)                                  # an empty mask: a box of zeros
+    "pycocotools' `area` and `toBbox` of masks given by their runs, on the runs' device: scans and one sort, no loop."
+    n, k, dev = len(runs), len(counts), runs.device
+    if n == 0: return runs.new_zeros(0, 5)
+    c, end = counts.long(), runs.cumsum(0)
+    first, last = end - runs, end - 1                         # each mask's first and last count
+    mask = torch.repeat_interleave(torch.arange(n, device=dev), runs, output_size=k)
+    j = torch.arange(k, device=dev) - first[mask]             # each count's index within its mask
+    cs = c.cumsum(0)
+    one = (j % 2).bool() & (j < (runs - runs % 2)[mask])      # a run of 1s (toBbox skips a trailing run of 0s)
+    t = cs - (cs - c)[first][mask] - one.long()               # toBbox's pixel: a run of 1s' first (even j) or last (odd j)
+    y, x = t % h[mask], t // h[mask]
+    def total(v): s = v.cumsum(0); return s[last] - s[first] + v[first]   # a sum over each mask's counts
+    area = total(c * one)
+    wraps = total(one & (x > x.roll(1))) > 0                  # a run of 1s from one column into the next: every row
+    y = torch.where(j < (runs - runs % 2)[mask], y, y.roll(1))   # a trailing run of 0s: its mask's previous value
+    ky = torch.sort(mask * 2**32 + y).values & (2**32 - 1)    # each mask's y, sorted: its first is the least, its last the most
+    xs, xe = x[first], x[torch.maximum(first, end - 1 - runs % 2)]   # columns only grow along a mask
+    ys, ye = torch.where(wraps, 0, ky[first]), torch.where(wraps, h - 1, ky[last])
+    ext = torch.stack([area, xs, ys, xe - xs + 1, ye - ys + 1], 1)
+    return torch.where(area[:, None] > 0, ext, 0)             # an empty mask: a box of zeros
 
 def batch_mask_runs(
     coef:Tensor,      # (n,P) coefficients of the kept detections of the images, image after image
@@ -422,7 +429,7 @@ def batch_mask_runs(
     max_pixels:int=2**23, # crop pixels at a time, padded (`crop_chunks`; memory: ~20 bytes each)
     spans:Tensor|None=None, # (n,4) `box_spans` of the boxes on their original images, if at hand (on the device)
     sizes:list|None=None,   # their (rows, columns) on the host, if at hand (else one look at the host)
-    extent:bool=False,      # also each mask's area and box: (n,5) int64 area, x, y, w, h (`mask_extent`)
+    extent:bool=False,      # also each mask's area and box: (n,5) int64 area, x, y, w, h (`rle_extent`)
 )->tuple: # `rle_runs` of the n masks, image after image: counts (k,) int32 (int64 past 2³¹ pixels), runs per mask (n,) (, extents)
     "`mask_runs` of the detections of several images at once: one pass of crops, starts and runs for them all."
     n, dev = len(coef), proto.device
@@ -440,16 +447,13 @@ def batch_mask_runs(
     soft = torch.cat([proto_masks(c, p, b, (rw, cw))                       # one product per image
                       for c, p, b, rw, cw in zip(coef.split(per_image), proto, boxes.split(per_image), *window) if len(c)])
     table, ys, xs = crop_table(spans, image, hws, lbs, proto.shape[-2:])
-    found = [crop_starts(soft[sel], table[sel], ys, xs, rows, cols, extent) + (sel,)
+    found = [crop_starts(soft[sel], table[sel], ys, xs, rows, cols) + (sel,)
              for a, b, rows, cols in chunks for sel in [order[a:b]]]
     m, q = (torch.cat([f[-1][f[0]] for f in found]), torch.cat([f[1] for f in found])) if found else (order[:0],) * 2
     o = torch.sort(m, stable=True).indices   # mask by mask; each mask's starts come from one chunk, in order
     c, r = runs_from_starts(m[o], q[o], n, table[:, 11])   # each mask's own H·W
     out = c.int() if int(hws.prod(1).max()) < 2**31 else c, r
-    if not extent: return out
-    ext = torch.zeros(n, 5, dtype=torch.long, device=dev)   # an empty crop: an empty mask
-    if found: ext[torch.cat([f[-1] for f in found])] = torch.cat([f[2] for f in found])
-    return out + (ext,)
+    return out + (rle_extent(c, r, table[:, 8]),) if extent else out
 
 def mask_runs(
     coef:Tensor,    # (n,P) coefficients of the kept detections

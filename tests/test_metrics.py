@@ -19,7 +19,7 @@ from lucid_nb.core import test_bytes_equal as assert_bytes_equal
 from lucid_nb.loss import crop_mask
 from lucid_nb.metrics import (COCO80_IDS, STAT_NAMES, Validator, box_iou, coco_evaluate, coco_results, load_coco,
                               batch_mask_runs, mask_runs, mask_runs_full, masks_to_rle, nms, nms_reference, proto_masks, quiet, results_bytes, rle_encode,
-                              rle_strings,
+                              rle_extent, rle_runs, rle_strings,
                               unletterbox_boxes, unletterbox_masks, write_results)
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA GPU')
@@ -145,10 +145,25 @@ def test_rle_encode_matches_pycocotools(hw):
 
 
 def _area_bbox(rles):
-    "pycocotools' `area` and `toBbox` of RLE dicts (counts as str): the reference for `batch_mask_runs`' extents (`mask_extent`)."
+    "pycocotools' `area` and `toBbox` of RLE dicts (counts as str): the reference for `batch_mask_runs`' extents (`rle_extent`)."
     enc = [dict(size=r['size'], counts=r['counts'].encode()) for r in rles]
     return [(int(mask_utils.area(e)), mask_utils.toBbox(e).tolist()) for e in enc]   # one by one, as `loadRes` calls them
 
+
+
+def test_rle_extent_matches_pycocotools_area_and_toBbox():
+    "Masks of several image sizes in one call: edge cases (empty, full, corners, borders, runs into the next column) and random ones."
+    g, masks = torch.Generator().manual_seed(3), []
+    for H, W in [(1, 1), (1, 9), (7, 1), (2, 3), (17, 23), (96, 64)]:
+        masks += list(_edge_masks(H, W, g))
+        x = torch.rand(6, H, W, generator=g)
+        masks += list(x > torch.rand(6, 1, 1, generator=g))   # each its own density
+    runs = [rle_runs(m[None]) for m in masks]
+    counts, per_mask = torch.cat([c for c, _ in runs]), torch.cat([r for _, r in runs])
+    ext = rle_extent(counts.int(), per_mask, torch.tensor([m.shape[0] for m in masks]))
+    want = _area_bbox([dict(size=list(m.shape), counts=rle_encode(m[None])[0]['counts']) for m in masks])
+    assert [(int(e[0]), [float(v) for v in e[1:]]) for e in ext.tolist()] == want
+    assert rle_extent(counts[:0], per_mask[:0], per_mask[:0]).shape == (0, 5)
 
 def test_rle_encode_random_sizes_and_shapes():
     "Fuzz: random sizes, random rectangles and blobs, long runs crossing columns, masks that differ by one pixel."
