@@ -21,10 +21,11 @@ it). After the timed rounds, one more run per arm: under `torch.cuda.set_sync_de
 synchronisations by source line (`syncs`); from the memory counters, the peak allocated above what was allocated
 before (`peak_extra_mib`) and how much the reserved pool grew (`reserved_growth_mib`); and one under torch.profiler:
 the host's time in CUDA runtime calls that wait (`cudaStreamSynchronize`, `cudaMemcpyAsync`, ...) and the kernels'
-total (`profile`). Every arm's results bytes, and its masks' areas and boxes (`mask_stats`, where both arms keep
+total (`profile`); and one under cProfile (`python_profile`: the functions with the most own time and time
+inside). Every arm's results bytes, and its masks' areas and boxes (`mask_stats`, where both arms keep
 them), must equal the first arm's. Writes `postprocess_ab_<device><tag>.json`.
 """
-import argparse, collections, gc, json, shlex, statistics, sys, time, warnings
+import argparse, collections, cProfile, gc, json, pstats, shlex, statistics, sys, time, warnings
 from datetime import datetime, timezone
 from functools import partial
 from pathlib import Path
@@ -102,6 +103,18 @@ def profile(run, outs, batches, device) -> dict:
     return dict(wall_ms=wall * 1e3, kernel_ms=kernels, waits=waits)
 
 
+def python_profile(run, outs, batches, device, top: int = 25) -> dict:
+    "One run under cProfile: the functions with the most own time and the most time inside (ms, calls); waits for the device count where they happen."
+    prof = cProfile.Profile()
+    prof.enable()
+    try: run(outs, batches, device)
+    finally: prof.disable()
+    st = pstats.Stats(prof).stats   # (file, line, name) -> (calls, primitive calls, own time, time inside, callers)
+    rows = [(f"{Path(f).name}:{line}({name})", ncalls, tt * 1e3, ct * 1e3) for (f, line, name), (_, ncalls, tt, ct, _) in st.items()]
+    pick = lambda k: [dict(function=r[0], calls=r[1], own_ms=round(r[2], 2), inside_ms=round(r[3], 2)) for r in sorted(rows, key=lambda r: -r[k])[:top]]
+    return dict(by_own_time=pick(2), by_time_inside=pick(3))
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument('--checkpoint', help="a lucid checkpoint (default: notebook 07's GPU-cell model)")
@@ -155,7 +168,8 @@ def main():
         r = dict(median_s=statistics.median(ts), min_s=min(ts), max_s=max(ts), runs_s=ts, ratio_to_first=statistics.median(ts) / base,
                  gc_runs_s=gc_s[name], gc_collections_by_generation=dict(gens[name]))
         if device.type == 'cuda':
-            r.update(syncs=syncs(run, outs, batches, device), memory=memory(run, outs, batches, device), profile=profile(run, outs, batches, device))
+            r.update(syncs=syncs(run, outs, batches, device), memory=memory(run, outs, batches, device), profile=profile(run, outs, batches, device),
+                     python_profile=python_profile(run, outs, batches, device))
         res['arms'][name] = r
         if device.type != 'cuda':
             print(f"{name}: median {r['median_s'] * 1e3:.0f} ms, x{r['ratio_to_first']:.2f}, gc {r['gc_runs_s']}", flush=True); continue

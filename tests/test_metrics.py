@@ -576,7 +576,7 @@ def test_batched_nms_equals_old_on_deep_suppression(kw):
         _assert_same(nms(h['boxes'], h['scores'], chunk=chunk, rounds=rounds, **kw), want)
 
 
-@pytest.mark.parametrize('group_pixels', [2**25, 2_000_000, 1])   # one group a batch; a few images a group; one image a group
+@pytest.mark.parametrize('group_pixels', [2**26, 2_000_000, 1])   # one group a batch; a few images a group; one image a group
 def test_validator_results_equal_old_path(group_pixels):
     "The whole post-processing, new vs old, to the byte: a seeded nano model's outputs (class biases 0: max_det boxes) and a young-model-like head."
     from lucid_nb.heads import yolo_seg
