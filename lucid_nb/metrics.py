@@ -496,15 +496,16 @@ def coco_results(
     cat_ids=COCO80_IDS,      # COCO category id of each contiguous class
 )->list[dict]:               # COCO results: {image_id, category_id, bbox [x,y,w,h], score, segmentation?}
     "Detections in COCO's results format."
-    res = []
+    res, cats = [], [int(c) for c in cat_ids]   # a young model's validation: thousands of results, each a Python dict
     for p, iid in zip(preds, _floats(image_ids)):
+        iid, masks = int(iid), p.get('masks')
         boxes, scores, classes = (torch.as_tensor(p[k]).tolist() for k in ('boxes', 'scores', 'classes'))
-        masks = p.get('masks')
-        for j, ((x1, y1, x2, y2), s, c) in enumerate(zip(boxes, scores, classes)):
-            r = dict(image_id=int(iid), category_id=int(cat_ids[int(c)]),
-                     bbox=[round(x1, 3), round(y1, 3), round(x2 - x1, 3), round(y2 - y1, 3)], score=round(s, 5))
-            if masks is not None: r['segmentation'] = masks[j]
-            res.append(r)
+        rows = [{'image_id': iid, 'category_id': cats[int(c)],
+                 'bbox': [round(x1, 3), round(y1, 3), round(x2 - x1, 3), round(y2 - y1, 3)], 'score': round(s, 5)}
+                for (x1, y1, x2, y2), s, c in zip(boxes, scores, classes)]
+        if masks is not None:
+            for r, m in zip(rows, masks): r['segmentation'] = m
+        res += rows
     return res
 
 def results_bytes(results:list[dict])->bytes:
