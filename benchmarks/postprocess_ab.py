@@ -17,7 +17,8 @@ that the validation_ops results name is the reference configuration trained 4 ep
 The objects alive after setup are frozen (`gc.freeze`), as `FrozenHeap` freezes them at fit start; each run's time in
 the cyclic garbage collector is recorded (`gc_runs_s`). Each round post-processes the outputs once with every arm, in a rotated order (round r starts with arm r mod arms),
 each arm's `Validator` fed batch by batch, every `update` between device synchronisations (as `validation_step` times
-it). After the timed rounds, one more run per arm: under `torch.cuda.set_sync_debug_mode('warn')`, the device
+it); `paired_ratio_to_first` is each arm's time over the first arm's in the same round (median, min, max: the
+machine's drift between rounds cancels). After the timed rounds, one more run per arm: under `torch.cuda.set_sync_debug_mode('warn')`, the device
 synchronisations by source line (`syncs`); from the memory counters, the peak allocated above what was allocated
 before (`peak_extra_mib`) and how much the reserved pool grew (`reserved_growth_mib`); and one under torch.profiler:
 the host's time in CUDA runtime calls that wait (`cudaStreamSynchronize`, `cudaMemcpyAsync`, ...) and the kernels'
@@ -165,7 +166,9 @@ def main():
     base = statistics.median(times[arms[0][0]])
     for name, run, _ in arms:
         ts = times[name]
+        paired = [t / b for t, b in zip(ts, times[arms[0][0]])]   # round by round: the machine's drift cancels
         r = dict(median_s=statistics.median(ts), min_s=min(ts), max_s=max(ts), runs_s=ts, ratio_to_first=statistics.median(ts) / base,
+                 paired_ratio_to_first=dict(median=statistics.median(paired), min=min(paired), max=max(paired)),
                  gc_runs_s=gc_s[name], gc_collections_by_generation=dict(gens[name]))
         if device.type == 'cuda':
             r.update(syncs=syncs(run, outs, batches, device), memory=memory(run, outs, batches, device), profile=profile(run, outs, batches, device),
@@ -173,7 +176,7 @@ def main():
         res['arms'][name] = r
         if device.type != 'cuda':
             print(f"{name}: median {r['median_s'] * 1e3:.0f} ms, x{r['ratio_to_first']:.2f}, gc {r['gc_runs_s']}", flush=True); continue
-        print(f"{name}: median {r['median_s'] * 1e3:.0f} ms ({r['min_s'] * 1e3:.0f}-{r['max_s'] * 1e3:.0f}), x{r['ratio_to_first']:.2f}; "
+        print(f"{name}: median {r['median_s'] * 1e3:.0f} ms ({r['min_s'] * 1e3:.0f}-{r['max_s'] * 1e3:.0f}), round by round x{statistics.median(paired):.2f} ({min(paired):.2f}-{max(paired):.2f}); "
               f"gc {statistics.median(r['gc_runs_s']) * 1e3:.0f} ms {r['gc_collections_by_generation']}; syncs {r['syncs']['total']}; peak +{r['memory']['peak_extra_mib']:.0f} MiB, reserved +{r['memory']['reserved_growth_mib']:.0f}; "
               f"kernels {r['profile']['kernel_ms']:.0f} ms of {r['profile']['wall_ms']:.0f}; waits "
               + ', '.join(f"{k} {w['calls']}x {w['ms']:.0f} ms" for k, w in r['profile']['waits'].items()), flush=True)
