@@ -9,9 +9,14 @@ rounds every block up and keeps freed blocks, so its peak is higher, but it grow
 head's outputs, the batch) exist before and are not counted. Every revision's results bytes must equal this
 checkout's.
 
-    python benchmarks/validation_memory.py [--baseline REV ...] [--out benchmarks/results]
+    python benchmarks/validation_memory.py [--baseline REV ...] [--checkpoint CKPT] [--tag T] [--out benchmarks/results]
 
-Writes `validation_memory_<device>.json` (peaks in MiB, per batch and overall, env, command) to `--out`.
+`--checkpoint`: the outputs of that checkpoint's EMA network on the same batches instead of `young_head`'s (as
+`validation_ops.py --checkpoint`: a real young model's masks, whose run counts differ from the synthetic head's).
+The result `validation_memory_cpu_young1.json` used the reference configuration trained 1 epoch on the CPU:
+    lucid fit --config configs/coco128-seg-n.yaml --trainer.accelerator cpu --trainer.precision 32-true \
+        --trainer.max_epochs 1 --data.workers 2 --trainer.default_root_dir /tmp/young1    # its checkpoints/last.ckpt
+Writes `validation_memory_<device><tag>.json` (peaks in MiB, per batch and overall, env, command) to `--out`.
 """
 import argparse, json, sys
 from datetime import datetime, timezone
@@ -42,10 +47,16 @@ def peaks(metrics, outs, batches, cat_ids) -> tuple[list, bytes]:
 def main():
     p = argparse.ArgumentParser()
     p.add_argument('--baseline', nargs='*', default=[], help='git revisions to compare with this checkout')
+    p.add_argument('--checkpoint', help="a lucid checkpoint: its EMA network's outputs instead of young_head's")
+    p.add_argument('--tag', default='', help='added to the result file name')
     p.add_argument('--out', default='benchmarks/results'); a = p.parse_args()
     dm = YoloData(prefetch=False); dm.setup('fit')
     batches = list(dm.val_dataloader())
-    outs = vs.young_head(batches)
+    if a.checkpoint:
+        from lucid_nb.predict import load
+        net = load(a.checkpoint).net.eval()
+        with torch.no_grad(): outs = [net(dm.on_after_batch_transfer(b)['img']) for b in batches]
+    else: outs = vs.young_head(batches)
     revs = {'checkout': M, **{rev: vs.load_baseline(rev, f'lucid_nb_{i}') for i, rev in enumerate(a.baseline)}}
     res, want = {}, None
     for rev, metrics in revs.items():
@@ -54,11 +65,11 @@ def main():
         if got != want: raise SystemExit(f'{rev}: other results bytes than the checkout')
         res[rev] = dict(peak_mib=max(per_batch), per_batch_mib=per_batch)
         print(f'{rev}: peak {max(per_batch)} MiB of tensors made during a batch (per batch {per_batch})')
-    out = dict(what="most bytes of tensors alive at once during Validator.update (made by it), young_head outputs, "
+    out = dict(what=f"most bytes of tensors alive at once during Validator.update (made by it), {a.checkpoint or 'young_head'} outputs, "
                     "32 images in batches of 8, by revision; same results bytes in each",
                revisions=res, command=' '.join([sys.executable, *sys.argv]),
                date=datetime.now(timezone.utc).isoformat(timespec='seconds'), env=env_info())
-    path = Path(a.out); path.mkdir(parents=True, exist_ok=True); path = path / f'validation_memory_{device_tag()}.json'
+    path = Path(a.out); path.mkdir(parents=True, exist_ok=True); path = path / f'validation_memory_{device_tag()}{a.tag}.json'
     path.write_text(json.dumps(out, indent=1)); print(f'-> {path}')
 
 

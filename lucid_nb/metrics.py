@@ -16,12 +16,12 @@ from ultrafast_pycocotools.cocoeval import COCOeval as FastCOCOeval
 from .core import *
 
 # %% auto #0
-__all__ = ['RLE_COUNTS', 'COCO80_IDS', 'STAT_NAMES', 'SUMMARY_NAMES', 'greedy_keep', 'nms', 'nms_reference', 'crop_window',
-           'proto_masks', 'proto_window', 'unletterbox_masks', 'unletterbox_grid', 'unletterbox_boxes', 'rle_runs',
-           'runs_from_starts', 'rle_chars', 'rle_strings', 'rle_encode', 'mask_runs_full', 'box_spans', 'crop_chunks',
-           'crop_order', 'crop_table', 'crop_starts', 'rle_extent', 'batch_mask_runs', 'mask_runs', 'masks_to_rle',
-           'quiet', 'load_coco', 'coco_results', 'results_bytes', 'write_results', 'CocoStats', 'coco_evaluate',
-           'Validator']
+__all__ = ['RLE_COUNTS', 'EXTENT_COUNTS', 'COCO80_IDS', 'STAT_NAMES', 'SUMMARY_NAMES', 'greedy_keep', 'nms', 'nms_reference',
+           'crop_window', 'proto_masks', 'proto_window', 'unletterbox_masks', 'unletterbox_grid', 'unletterbox_boxes',
+           'rle_runs', 'runs_from_starts', 'rle_chars', 'rle_strings', 'rle_encode', 'mask_runs_full', 'box_spans',
+           'crop_chunks', 'crop_order', 'crop_table', 'crop_starts', 'rle_extent', 'batch_mask_runs', 'mask_runs',
+           'masks_to_rle', 'quiet', 'load_coco', 'coco_results', 'results_bytes', 'write_results', 'CocoStats',
+           'coco_evaluate', 'Validator']
 
 # %% ../nbs/07_metrics.ipynb #a0b7cb8a
 def _candidates(scores:Tensor, conf:float, multi_label:bool, max_nms:int)->tuple[Tensor,Tensor,Tensor]: # (B,n) each
@@ -393,14 +393,9 @@ def crop_starts(
     d, jj, ii = starts.nonzero(as_tuple=True)
     return d, first[d] + jj * H[d] + ii
 
-def rle_extent(
-    counts:Tensor,  # (k,) run lengths of masks one after the other, zeros first (`rle_runs`)
-    runs:Tensor,    # (n,) int64 counts per mask (each at least 1)
-    h:Tensor,       # (n,) int64 rows of each mask's image
-)->Tensor:          # (n,5) int64: area, x, y, w, h
-    "pycocotools' `area` and `toBbox` of masks given by their runs, on the runs' device: scans and one sort, no loop."
+def _rle_extent(counts:Tensor, runs:Tensor, h:Tensor)->Tensor:
+    "`rle_extent` of masks whose counts are all at hand at once (memory: ~100 bytes a count)."
     n, k, dev = len(runs), len(counts), runs.device
-    if n == 0: return runs.new_zeros(0, 5)
     c, end = counts.long(), runs.cumsum(0)
     first, last = end - runs, end - 1                         # each mask's first and last count
     mask = torch.repeat_interleave(torch.arange(n, device=dev), runs, output_size=k)
@@ -418,6 +413,23 @@ def rle_extent(
     ys, ye = torch.where(wraps, 0, ky[first]), torch.where(wraps, h - 1, ky[last])
     ext = torch.stack([area, xs, ys, xe - xs + 1, ye - ys + 1], 1)
     return torch.where(area[:, None] > 0, ext, 0)             # an empty mask: a box of zeros
+
+EXTENT_COUNTS = 2**20   # run lengths `rle_extent` reads at a time (~100 MiB of device memory)
+
+def rle_extent(
+    counts:Tensor,  # (k,) run lengths of masks one after the other, zeros first (`rle_runs`)
+    runs:Tensor,    # (n,) int64 counts per mask (each at least 1)
+    h:Tensor,       # (n,) int64 rows of each mask's image
+    max_counts:int|None=None, # counts read at a time (None: `EXTENT_COUNTS`; device memory: ~100 bytes each)
+)->Tensor:          # (n,5) int64: area, x, y, w, h
+    "pycocotools' `area` and `toBbox` of masks given by their runs, on the runs' device: scans and one sort, no loop."
+    if len(runs) == 0: return runs.new_zeros(0, 5)
+    per_mask, out, first = runs.tolist(), [], 0   # a young model's masks can have millions of runs a batch: in slices
+    for a, b in _slices_up_to(per_mask, max_counts or EXTENT_COUNTS):
+        k = sum(per_mask[a:b])
+        out.append(_rle_extent(counts[first:first + k], runs[a:b], h[a:b]))
+        first += k
+    return torch.cat(out)
 
 def batch_mask_runs(
     coef:Tensor,      # (n,P) coefficients of the kept detections of the images, image after image
@@ -449,6 +461,7 @@ def batch_mask_runs(
     table, ys, xs = crop_table(spans, image, hws, lbs, proto.shape[-2:])
     found = [crop_starts(soft[sel], table[sel], ys, xs, rows, cols) + (sel,)
              for a, b, rows, cols in chunks for sel in [order[a:b]]]
+    del soft, window   # what the runs and extents below need is in `found`: the group's soft masks can go
     m, q = (torch.cat([f[-1][f[0]] for f in found]), torch.cat([f[1] for f in found])) if found else (order[:0],) * 2
     o = torch.sort(m, stable=True).indices   # mask by mask; each mask's starts come from one chunk, in order
     c, r = runs_from_starts(m[o], q[o], n, table[:, 11])   # each mask's own H·W
@@ -601,7 +614,7 @@ class Validator:
                  max_nms:int=30000,      # candidates per image entering NMS
                  multi_label:bool=True,  # a detection per (anchor, class) above `conf`
                  masks:bool=True,        # also build and encode masks (needs `coef` and `proto`)
-                 group_pixels:int=2**26):# pixels of the images whose masks, runs and strings are made at once (`_update`)
+                 group_pixels:int=2**25):# pixels of the images whose masks, runs and strings are made at once (`_update`)
         self.cat_ids, self.masks, self.group_pixels = cat_ids, masks, group_pixels
         self.nms_kw = dict(conf=conf, iou=iou, max_det=max_det, max_nms=max_nms, multi_label=multi_label)
         self.reset()
