@@ -264,6 +264,13 @@ def _slices_up_to(sizes:list[int], most:int)->list[tuple[int,int]]:
         total += r
     return out + [(a, len(sizes))] if sizes else out
 
+def _mask_slices(runs:Tensor, most:int)->list[tuple[slice,slice]]:
+    "Consecutive slices of masks and of their counts (one look at `runs`), each at most `most` counts (or one mask alone, more)."
+    per_mask, out, first = runs.tolist(), [], 0
+    for a, b in _slices_up_to(per_mask, most):
+        k = sum(per_mask[a:b]); out.append((slice(a, b), slice(first, first + k))); first += k
+    return out
+
 def rle_strings(
     counts:Tensor,  # (k,) integer run lengths of masks one after the other (`rle_runs`, possibly of several images)
     runs:Tensor,    # (n,) int64 counts per mask
@@ -271,16 +278,14 @@ def rle_strings(
     max_counts:int|None=None, # counts turned into characters at a time (None: `RLE_COUNTS`; device memory: ~40 bytes each)
 )->list[str]:       # n compressed RLE strings
     "The strings of COCO's compressed RLE of masks given by their runs: characters made and packed on the device."
-    per_mask, texts, first = runs.tolist(), [], 0
-    for a, b in _slices_up_to(per_mask, max_counts or RLE_COUNTS):
-        k = sum(per_mask[a:b])
-        chars = rle_chars(counts[first:first + k], runs[a:b], hw)
+    texts = []
+    for ms, cs in _mask_slices(runs, max_counts or RLE_COUNTS):
+        chars = rle_chars(counts[cs], runs[ms], hw)
         live = chars != 0
-        ends = live.sum(1).cumsum(0)[runs[a:b].cumsum(0) - 1]        # where each mask's string ends in the packed text
+        ends = live.sum(1).cumsum(0)[runs[ms].cumsum(0) - 1]         # where each mask's string ends in the packed text
         text = chars[live].cpu().numpy().tobytes().decode('ascii')   # row-major: count by count, groups in order
         ends = ends.tolist()
         texts += [text[i:j] for i, j in zip([0] + ends[:-1], ends)]
-        first += k
     return texts
 
 def rle_encode(masks:Tensor)->list[dict]: # (n,H,W) bool -> n RLE dicts {'size': [H,W], 'counts': str}
@@ -401,13 +406,14 @@ def _rle_extent(counts:Tensor, runs:Tensor, h:Tensor)->Tensor:
     mask = torch.repeat_interleave(torch.arange(n, device=dev), runs, output_size=k)
     j = torch.arange(k, device=dev) - first[mask]             # each count's index within its mask
     cs = c.cumsum(0)
-    one = (j % 2).bool() & (j < (runs - runs % 2)[mask])      # a run of 1s (toBbox skips a trailing run of 0s)
+    inside = j < (runs - runs % 2)[mask]                      # toBbox skips a trailing run of 0s
+    one = (j % 2).bool() & inside                             # a run of 1s
     t = cs - (cs - c)[first][mask] - one.long()               # toBbox's pixel: a run of 1s' first (even j) or last (odd j)
     y, x = t % h[mask], t // h[mask]
     def total(v): s = v.cumsum(0); return s[last] - s[first] + v[first]   # a sum over each mask's counts
     area = total(c * one)
     wraps = total(one & (x > x.roll(1))) > 0                  # a run of 1s from one column into the next: every row
-    y = torch.where(j < (runs - runs % 2)[mask], y, y.roll(1))   # a trailing run of 0s: its mask's previous value
+    y = torch.where(inside, y, y.roll(1))                     # a trailing run of 0s: its mask's previous value
     ky = torch.sort(mask * 2**32 + y).values & (2**32 - 1)    # each mask's y, sorted: its first is the least, its last the most
     xs, xe = x[first], x[torch.maximum(first, end - 1 - runs % 2)]   # columns only grow along a mask
     ys, ye = torch.where(wraps, 0, ky[first]), torch.where(wraps, h - 1, ky[last])
@@ -424,12 +430,8 @@ def rle_extent(
 )->Tensor:          # (n,5) int64: area, x, y, w, h
     "pycocotools' `area` and `toBbox` of masks given by their runs, on the runs' device: scans and one sort, no loop."
     if len(runs) == 0: return runs.new_zeros(0, 5)
-    per_mask, out, first = runs.tolist(), [], 0   # a young model's masks can have millions of runs a batch: in slices
-    for a, b in _slices_up_to(per_mask, max_counts or EXTENT_COUNTS):
-        k = sum(per_mask[a:b])
-        out.append(_rle_extent(counts[first:first + k], runs[a:b], h[a:b]))
-        first += k
-    return torch.cat(out)
+    return torch.cat([_rle_extent(counts[cs], runs[ms], h[ms])   # a young model's masks: millions of runs a batch, in slices
+                      for ms, cs in _mask_slices(runs, max_counts or EXTENT_COUNTS)])
 
 def batch_mask_runs(
     coef:Tensor,      # (n,P) coefficients of the kept detections of the images, image after image
@@ -444,7 +446,7 @@ def batch_mask_runs(
     extent:bool=False,      # also each mask's area and box: (n,5) int64 area, x, y, w, h (`rle_extent`)
 )->tuple: # `rle_runs` of the n masks, image after image: counts (k,) int32 (int64 past 2³¹ pixels), runs per mask (n,) (, extents)
     "`mask_runs` of the detections of several images at once: one pass of crops, starts and runs for them all."
-    n, dev = len(coef), proto.device
+    n = len(coef)
     if n == 0: return (coef.new_zeros(0, dtype=torch.long),) * 2 + ((coef.new_zeros(0, 5, dtype=torch.long),) if extent else ())
     lbs = torch.as_tensor(letterbox, dtype=torch.float64).reshape(-1, 3).cpu()   # the float32 batch values, exactly
     hws = torch.as_tensor(orig_hw).reshape(-1, 2).long().cpu()
