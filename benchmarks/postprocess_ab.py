@@ -38,8 +38,6 @@ import validation_speed as vs
 import lucid_nb.metrics as M
 from lucid_nb.core import device_tag, env_info
 from lucid_nb.data import YoloData
-from lucid_nb.heads import yolo_seg
-from lucid_nb.predict import load
 
 SETTINGS = ('group_pixels', 'max_pixels')
 
@@ -130,11 +128,7 @@ def main():
     device = torch.device(a.device)
     dm = YoloData(prefetch=False); dm.setup('fit')
     cpu_batches = list(dm.val_dataloader())[:a.batches]
-    if a.checkpoint: net = load(a.checkpoint).net
-    else:
-        torch.manual_seed(0); net = yolo_seg('n', num_classes=len(dm.cat_ids)).eval()
-        for conv in net.head.cls: conv[-1].bias.data.zero_()
-    net = net.eval().to(device)
+    net = vs.eval_net(a.checkpoint, len(dm.cat_ids)).to(device)
     batches = [dm.on_after_batch_transfer({k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in b.items()}) for b in cpu_batches]
     with torch.inference_mode(), torch.autocast(device.type, torch.bfloat16, enabled=a.precision == 'bf16-mixed'):
         outs = [net(b['img']) for b in batches]

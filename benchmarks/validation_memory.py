@@ -53,8 +53,7 @@ def main():
     dm = YoloData(prefetch=False); dm.setup('fit')
     batches = list(dm.val_dataloader())
     if a.checkpoint:
-        from lucid_nb.predict import load
-        net = load(a.checkpoint).net.eval()
+        net = vs.eval_net(a.checkpoint, len(dm.cat_ids))
         with torch.no_grad(): outs = [net(dm.on_after_batch_transfer(b)['img']) for b in batches]
     else: outs = vs.young_head(batches)
     revs = {'checkout': M, **{rev: vs.load_baseline(rev, f'lucid_nb_{i}') for i, rev in enumerate(a.baseline)}}

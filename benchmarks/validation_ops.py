@@ -37,8 +37,6 @@ import validation_speed as vs
 import lucid_nb.metrics as M
 from lucid_nb.core import device_tag, env_info
 from lucid_nb.data import YoloData
-from lucid_nb.heads import yolo_seg
-from lucid_nb.predict import load
 
 PARTS = ('nms', 'greedy_keep', 'batch_mask_runs', 'crop_starts', 'rle_strings', 'coco_results', 'unletterbox_boxes', 'box_spans')
 
@@ -93,10 +91,7 @@ def main():
     dm = YoloData(prefetch=False); dm.setup('fit')
     batches = list(dm.val_dataloader())
     if a.checkpoint or a.many_detections:
-        if a.checkpoint: net = load(a.checkpoint).net.eval()
-        else:
-            torch.manual_seed(0); net = yolo_seg('n', num_classes=len(dm.cat_ids)).eval()
-            for conv in net.head.cls: conv[-1].bias.data.zero_()
+        net = vs.eval_net(a.checkpoint, len(dm.cat_ids))
         with torch.no_grad(): outs = [net(dm.on_after_batch_transfer(b)['img']) for b in batches]
     else: outs = vs.young_head(batches)
     res = count(M, outs, batches, dm.cat_ids, a.gpu_nms)

@@ -83,6 +83,17 @@ def young_head(batches, seed=0, K=80, P=32, objects=6, jitter=.03) -> list[dict]
     return out
 
 
+def eval_net(checkpoint: str | None, num_classes: int):
+    "The network whose outputs a benchmark post-processes: a lucid checkpoint's EMA weights, or (None) notebook 07's GPU-cell model: random init, seed 0, class-logit biases 0, so every (anchor, class) pair scores ~0.5."
+    if checkpoint:
+        from lucid_nb.predict import load
+        return load(checkpoint).net.eval()
+    from lucid_nb.heads import yolo_seg
+    torch.manual_seed(0); net = yolo_seg('n', num_classes=num_classes).eval()
+    for conv in net.head.cls: conv[-1].bias.data.zero_()
+    return net
+
+
 class Counts(TorchDispatchMode):
     "ATen operator calls and host looks (`tolist` and `item` do not pass the dispatcher: counted by a wrapper)."
     LOOKS = ('nonzero', 'equal', '_local_scalar_dense', 'is_nonzero')
