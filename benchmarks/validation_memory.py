@@ -9,7 +9,7 @@ rounds every block up and keeps freed blocks, so its peak is higher, but it grow
 head's outputs, the batch) exist before and are not counted. Every revision's results bytes must equal this
 checkout's.
 
-    python benchmarks/validation_memory.py [--baseline REV ...] [--checkpoint CKPT] [--tag T] [--out benchmarks/results]
+    python benchmarks/validation_memory.py [--baseline REV ...] [--checkpoint CKPT] [--group-pixels N] [--tag T] [--out benchmarks/results]
 
 `--checkpoint`: the outputs of that checkpoint's EMA network on the same batches instead of `young_head`'s (as
 `validation_ops.py --checkpoint`: a real young model's masks, whose run counts differ from the synthetic head's).
@@ -33,9 +33,9 @@ from lucid_nb.core import device_tag, env_info
 from lucid_nb.data import YoloData
 
 
-def peaks(metrics, outs, batches, cat_ids) -> tuple[list, bytes]:
+def peaks(metrics, outs, batches, cat_ids, group_pixels=None) -> tuple[list, bytes]:
     "Peak MiB of each batch's `Validator.update` (tensors made during it), and the results bytes."
-    v, per_batch = metrics.Validator(cat_ids), []
+    v, per_batch = metrics.Validator(cat_ids, **({} if group_pixels is None else dict(group_pixels=group_pixels))), []
     with TensorBytes() as c, torch.no_grad():
         for o, b in zip(outs, batches):
             c.reset(); start = c.live
@@ -48,6 +48,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument('--baseline', nargs='*', default=[], help='git revisions to compare with this checkout')
     p.add_argument('--checkpoint', help="a lucid checkpoint: its EMA network's outputs instead of young_head's")
+    p.add_argument('--group-pixels', type=int, help="every revision's `Validator(group_pixels=...)` (default: its own)")
     p.add_argument('--tag', default='', help='added to the result file name')
     p.add_argument('--out', default='benchmarks/results'); a = p.parse_args()
     dm = YoloData(prefetch=False); dm.setup('fit')
@@ -59,13 +60,14 @@ def main():
     revs = {'checkout': M, **{rev: vs.load_baseline(rev, f'lucid_nb_{i}') for i, rev in enumerate(a.baseline)}}
     res, want = {}, None
     for rev, metrics in revs.items():
-        per_batch, got = peaks(metrics, outs, batches, dm.cat_ids)
+        per_batch, got = peaks(metrics, outs, batches, dm.cat_ids, a.group_pixels)
         want = want or got
         if got != want: raise SystemExit(f'{rev}: other results bytes than the checkout')
         res[rev] = dict(peak_mib=max(per_batch), per_batch_mib=per_batch)
         print(f'{rev}: peak {max(per_batch)} MiB of tensors made during a batch (per batch {per_batch})')
     out = dict(what=f"most bytes of tensors alive at once during Validator.update (made by it), {a.checkpoint or 'young_head'} outputs, "
-                    "32 images in batches of 8, by revision; same results bytes in each",
+                    "32 images in batches of 8, by revision; same results bytes in each"
+                    + (f"; group_pixels {a.group_pixels}" if a.group_pixels else ''),
                revisions=res, command=' '.join([sys.executable, *sys.argv]),
                date=datetime.now(timezone.utc).isoformat(timespec='seconds'), env=env_info())
     path = Path(a.out); path.mkdir(parents=True, exist_ok=True); path = path / f'validation_memory_{device_tag()}{a.tag}.json'

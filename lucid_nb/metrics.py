@@ -358,7 +358,7 @@ def crop_table(
     hws:Tensor,      # (B,2) int64 (H, W) of each image (on the host: no look at the device)
     lbs:Tensor,      # (B,3) float64 (scale, pad_x, pad_y) of each image
     grid_hw:tuple,   # rows and columns of the prototype grid
-)->tuple:            # (n,12) int64 per detection (`crop_starts`), each image's rows' and columns' grid coordinates
+)->tuple:            # (n,11) int64 per detection (`crop_starts`), each image's rows' and columns' grid coordinates
     "What `crop_starts` needs of every detection, made once for all the chunks of `batch_mask_runs`."
     dev = spans.device
     Ly, Lx = (2 * hws.max(0).values + 1).tolist()             # a crop's row or column plus any chunk's largest crop
@@ -369,32 +369,35 @@ def crop_table(
         return _grid_coords_at(p, n_in, lbs[:, :1], pad[:, None], MASK_STRIDE).reshape(-1)   # `_grid_coords`' values
     r0, r1, c0, c1 = spans.unbind(1)
     H, W = Hs[image], Ws[image]
-    whole, bottom = ((r0 == 0) & (r1 == H)).long(), (r1 == H).long()   # crops of whole columns; crops down to the last row
-    table = torch.stack([r1 - r0, c1 - c0, image * Ly + r0, image * Lx + c0, whole, bottom, W - 1 - c0, c0 * H + r0, H, r0, c0, H * W], 1)
+    h, w = r1 - r0, c1 - c0
+    whole, bottom = (r0 == 0) & (r1 == H), r1 == H   # crops of whole columns; crops down to the last row
+    # the start after a column's crop (its row h) is dropped in the columns [lo, hi): there that pixel is the next
+    # column's first crop pixel, which has its own comparison (whole columns), or lies past the image's last pixel
+    lo, hi = torch.where(whole, 0, w - 1), torch.where(bottom, w - 1 + (c1 == W).long(), 0)
+    table = torch.stack([h, w, image * Ly + r0, image * Lx + c0, h - 1, w * whole, lo, hi, c0 * H + r0, H, H * W], 1)
     return table, coords(Hs, Ly, grid_hw[0], lbs[:, 2]), coords(Ws, Lx, grid_hw[1], lbs[:, 1])
 
 def crop_starts(
     soft:Tensor,           # (n,S/4,S/4) soft masks on the prototype grid (`proto_masks`)
-    table:Tensor,          # (n,12) the detections' rows of `crop_table`: their crops are not empty
+    table:Tensor,          # (n,11) the detections' rows of `crop_table`: their crops are not empty
     ys:Tensor, xs:Tensor,  # `crop_table`'s row and column grid coordinates of the images
     rows:int, cols:int,    # the largest crop of these detections
 )->tuple[Tensor,Tensor]:   # mask and pixel (column-major index on its H×W image) of every start, in order
     "Where runs of the masks `mask_runs_full` makes start, found inside each box's crop (outside it every mask is 0)."
-    h, w, y0, x0, whole, bottom, last_col, first, H, *_ = table.unbind(1)
+    h, w, y0, x0, last_row, whole_w, lo, hi, first, H, _ = table.unbind(1)
     i, j = torch.arange(rows + 1, device=soft.device), torch.arange(cols, device=soft.device)   # row `h`: after a column's crop
     grid = torch.stack(torch.broadcast_tensors(xs[x0[:, None] + j][:, None, :], ys[y0[:, None] + i][:, :, None]), -1)
     v = F.grid_sample(soft[:, None], grid, mode='bilinear', padding_mode='border', align_corners=False)[:, 0] > .5
-    in_rows, in_cols, whole = i < h[:, None], j < w[:, None], whole.bool()
-    v = (v & in_rows[:, :, None] & in_cols[:, None, :]).transpose(1, 2)   # (n, cols, rows+1): 0 outside the crop
-    last = v.gather(2, (h - 1)[:, None, None].expand(-1, cols, 1))[..., 0]   # each column's last crop pixel
+    in_rows = i < h[:, None]
+    v = (v & in_rows[:, :, None] & (j < w[:, None])[:, None, :]).transpose(1, 2)   # (n, cols, rows+1): 0 outside the crop
+    last = v.gather(2, last_row[:, None, None].expand(-1, cols, 1))[..., 0]   # each column's last crop pixel
     # the pixel before a column's first: the previous column's last for crops of whole columns (they follow one
-    # another), else 0; past the crop's columns 0 too, so that no run starts there
-    before = torch.cat([last.new_zeros(len(last), 1), last[:, :-1]], 1) & (in_cols & whole[:, None])
+    # another: `whole_w` is their width, else 0), else 0; past the crop's columns 0 too, so that no run starts there
+    before = F.pad(last[:, :-1], (1, 0)) & (j < whole_w[:, None])
     starts = v != torch.cat([before[..., None], v[..., :-1]], 2)
-    # the start after a column's crop (row h) is dropped where that pixel is the next column's first crop pixel, which
-    # has its own comparison (whole columns), or lies past the image's last pixel; below row h no run starts anyway
-    later = whole[:, None] & (j < (w - 1)[:, None]) | (j == last_col[:, None])
-    starts &= in_rows[:, None, :] | ~(bottom.bool()[:, None] & later)[..., None]
+    # the start after a column's crop (row h) is kept outside the columns [lo, hi) (`crop_table`); below row h no run
+    # starts anyway
+    starts &= in_rows[:, None, :] | ((j < lo[:, None]) | (j >= hi[:, None]))[..., None]
     d, jj, ii = starts.nonzero(as_tuple=True)
     return d, first[d] + jj * H[d] + ii
 
@@ -458,17 +461,20 @@ def batch_mask_runs(
     chunks = crop_chunks(sizes, max_pixels)
     order = crop_order(spans)
     window = [w.split(per_image) for w in proto_window(boxes, proto[0])]   # the images' windows at once, then each its own
-    soft = torch.cat([proto_masks(c, p, b, (rw, cw))                       # one product per image
-                      for c, p, b, rw, cw in zip(coef.split(per_image), proto, boxes.split(per_image), *window) if len(c)])
+    place = torch.empty_like(order).index_copy_(0, order, torch.arange(n, device=order.device))   # each detection's place in `order`
+    soft = torch.empty(n, *proto.shape[-2:], dtype=torch.float32, device=proto.device)   # in crop order: a chunk's soft masks are a slice, not a copy
+    for i, c, p, b, rw, cw in zip(place.split(per_image), coef.split(per_image), proto, boxes.split(per_image), *window):
+        if len(c): soft.index_copy_(0, i, proto_masks(c, p, b, (rw, cw)))   # one product per image
     table, ys, xs = crop_table(spans, image, hws, lbs, proto.shape[-2:])
-    found = [crop_starts(soft[sel], table[sel], ys, xs, rows, cols) + (sel,)
+    found = [crop_starts(soft[a:b], table[sel], ys, xs, rows, cols) + (sel,)
              for a, b, rows, cols in chunks for sel in [order[a:b]]]
     del soft, window   # what the runs and extents below need is in `found`: the group's soft masks can go
     m, q = (torch.cat([f[-1][f[0]] for f in found]), torch.cat([f[1] for f in found])) if found else (order[:0],) * 2
+    del found
     o = torch.sort(m, stable=True).indices   # mask by mask; each mask's starts come from one chunk, in order
-    c, r = runs_from_starts(m[o], q[o], n, table[:, 11])   # each mask's own H·W
+    c, r = runs_from_starts(m[o], q[o], n, table[:, 10])   # each mask's own H·W
     out = c.int() if int(hws.prod(1).max()) < 2**31 else c, r
-    return out + (rle_extent(c, r, table[:, 8]),) if extent else out
+    return out + (rle_extent(c, r, table[:, 9]),) if extent else out
 
 def mask_runs(
     coef:Tensor,    # (n,P) coefficients of the kept detections
@@ -616,7 +622,7 @@ class Validator:
                  max_nms:int=30000,      # candidates per image entering NMS
                  multi_label:bool=True,  # a detection per (anchor, class) above `conf`
                  masks:bool=True,        # also build and encode masks (needs `coef` and `proto`)
-                 group_pixels:int=2**25):# pixels of the images whose masks, runs and strings are made at once (`_update`)
+                 group_pixels:int=2**27):# pixels of the images whose masks, runs and strings are made at once (`_update`)
         self.cat_ids, self.masks, self.group_pixels = cat_ids, masks, group_pixels
         self.nms_kw = dict(conf=conf, iou=iou, max_det=max_det, max_nms=max_nms, multi_label=multi_label)
         self.reset()
