@@ -5,7 +5,8 @@ Usage (GPU machine, repository root):
         [--rounds 7] [--precision bf16-mixed] [--out $OUT/results]
 
 An arm is a git revision of this repository (`HEAD`: this checkout's `lucid_nb`, others loaded from `git archive` as in
-`validation_speed.py --baseline`), optionally with settings after a colon, comma-separated: `group_pixels=N` (the
+`validation_speed.py --baseline`; or a folder holding a `lucid_nb/` exported from a revision, for a machine whose clone
+lacks that revision: `git archive REV lucid_nb | tar -x -C DIR`), optionally with settings after a colon, comma-separated: `group_pixels=N` (the
 `Validator`'s), `max_pixels=N` (the crop pixels per chunk `batch_mask_runs` is called with). The outputs are those of
 the checkpoint's EMA network (`--checkpoint`; without it, notebook 07's GPU-cell model: random init, seed 0, class-logit
 biases 0) on the 32 embedded validation images, batched as the trainer's validation batches them (`YoloData`
@@ -135,7 +136,7 @@ def main():
     arms = []
     for text in a.arm:
         rev, settings = parse_arm(text)
-        mod = M if rev == 'HEAD' else vs.load_baseline(rev, f"lucid_nb_ab_{rev.replace('-', '_')}")
+        mod = M if rev == 'HEAD' else vs.load_baseline(rev, 'lucid_nb_ab_' + ''.join(ch if ch.isalnum() else '_' for ch in rev))
         arms.append((text, arm_runner(mod, settings, dm.cat_ids), mod))
     first = None
     for name, run, mod in arms:   # warm-up; every arm's results bytes must equal the first's

@@ -116,9 +116,11 @@ class Counts(TorchDispatchMode):
 
 
 def load_baseline(rev: str, package: str = 'lucid_nb_baseline'):
-    "The `lucid_nb.metrics` module of git revision `rev`, imported as `<package>.metrics` (one package name per revision)."
+    "The `lucid_nb.metrics` module of git revision `rev` (or of a folder holding a `lucid_nb/` exported from one, for a machine whose clone lacks it), imported as `<package>.metrics` (one package name per revision)."
     root = Path(__file__).resolve().parent.parent
-    r = subprocess.run(['git', 'archive', rev, 'lucid_nb'], cwd=root, capture_output=True)
+    if (Path(rev) / 'lucid_nb').is_dir():
+        r = subprocess.run(['tar', '-c', '-C', rev, 'lucid_nb'], capture_output=True)
+    else: r = subprocess.run(['git', 'archive', rev, 'lucid_nb'], cwd=root, capture_output=True)
     if r.returncode: raise SystemExit(f"--baseline {rev}: git archive failed: {r.stderr.decode().strip()}")
     tar = r.stdout
     d = Path(tempfile.mkdtemp(prefix='lucid_nb_baseline_'))
