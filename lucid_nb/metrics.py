@@ -622,7 +622,7 @@ class Validator:
                  max_nms:int=30000,      # candidates per image entering NMS
                  multi_label:bool=True,  # a detection per (anchor, class) above `conf`
                  masks:bool=True,        # also build and encode masks (needs `coef` and `proto`)
-                 group_pixels:int=2**26):# pixels of the images whose masks, runs and strings are made at once (`_update`)
+                 group_pixels:int=2**25):# pixels of the images whose masks, runs and strings are made at once (`_update`)
         self.cat_ids, self.masks, self.group_pixels = cat_ids, masks, group_pixels
         self.nms_kw = dict(conf=conf, iou=iou, max_det=max_det, max_nms=max_nms, multi_label=multi_label)
         self.reset()
