@@ -11,6 +11,11 @@ given. Arms, run in turn (arm 1, arm 2, ..., arm 1, arm 2, ...):
     step        --model.capture_train_step true
     <arm>-pageable  that arm with --data.pin_memory false (batches left in pageable memory: the copy waits for the GPU)
     native-val16, step-val16  that arm with validation batches of 16 images (--data.val_batch_size 16)
+    native-g26, native-g27, step-g26, step-g27  that arm with validation's groups of 2^26 / 2^27 pixels
+                (--model.val_group_pixels; default 2^25): fewer host calls, more memory
+    native-expandable, step-expandable, native-g27-expandable, step-g27-expandable  that arm with
+                PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (the allocator's segments grow instead of adding
+                new ones: less fragmentation, so validation may fit in what training reserved)
     ul          Ultralytics yolo11n-seg on the same split, batch, size and epochs (`.ulcmp/run.py`, when present)
 
 For a lucid run it keeps the whole-process wall time (measured from outside), the phases of `timing.json`
@@ -28,7 +33,7 @@ joins them into that file:
     python benchmarks/reference_run.py --rounds 3 --part p1 ...; python benchmarks/reference_run.py --rounds 2 --first-round 3 --part p2 ...
     python benchmarks/reference_run.py --merge benchmarks/results/reference_run_b4_<device>_p{1,2}.json [--arms native,ul]
 """
-import argparse, json, re, statistics, subprocess, sys, time
+import argparse, json, os, re, statistics, subprocess, sys, time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -39,6 +44,12 @@ ARMS = {'native': [], 'head': ['--model.capture_segment_heads', 'true'], 'optim'
         'step': ['--model.capture_train_step', 'true']}
 ARMS.update({f'{arm}-pageable': [*args, '--data.pin_memory', 'false'] for arm, args in list(ARMS.items())})   # batches not pinned
 ARMS.update({f'{arm}-val16': [*args, '--data.val_batch_size', '16'] for arm in ('native', 'step') for args in [ARMS[arm]]})
+ARMS.update({f'{arm}-g{k}': [*args, '--model.val_group_pixels', str(2**k)]   # validation's groups of 2^k pixels
+             for arm in ('native', 'step') for k in (26, 27) for args in [ARMS[arm]]})
+# arms run with the CUDA caching allocator's expandable segments (less fragmentation), the library unchanged
+EXPANDABLE = {'PYTORCH_CUDA_ALLOC_CONF': 'expandable_segments:True'}
+ARM_ENV = {f'{arm}-expandable': EXPANDABLE for arm in ('native', 'step', 'native-g27', 'step-g27')}
+ARMS.update({arm: ARMS[arm.removesuffix('-expandable')] for arm in ARM_ENV})
 
 
 def lucid_args(arm: str, batch_size: int, save_dir: Path, extra: list) -> list:
@@ -52,7 +63,7 @@ def lucid_args(arm: str, batch_size: int, save_dir: Path, extra: list) -> list:
 def run_lucid(arm: str, batch_size: int, save_dir: Path, extra: list) -> dict:
     args = lucid_args(arm, batch_size, save_dir, extra)
     t0 = time.perf_counter()
-    r = subprocess.run(args, capture_output=True, text=True, cwd=ROOT)
+    r = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, env={**os.environ, **ARM_ENV.get(arm, {})})
     wall = time.perf_counter() - t0
     if r.returncode != 0: raise SystemExit(f"{arm} run failed:\n{r.stderr[-4000:]}")
     run = save_dir / arm
@@ -87,7 +98,7 @@ def recording_seconds(recorder: dict | None) -> float | None:
 def run_ul(batch_size: int) -> dict:
     args = [sys.executable, str(ROOT / '.ulcmp' / 'run.py'), '--batch', str(batch_size), '--data', 'lucid_nb/embedded/coco128']
     t0 = time.perf_counter()
-    r = subprocess.run(args, capture_output=True, text=True, cwd=ROOT)
+    r = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, env={**os.environ, **ARM_ENV.get(arm, {})})
     wall = time.perf_counter() - t0
     m = re.search(r'^RESULT_JSON (.*)$', r.stdout, re.M)
     if r.returncode != 0 or not m: raise SystemExit(f"ultralytics run failed:\n{(r.stdout + r.stderr)[-4000:]}")

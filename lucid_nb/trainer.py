@@ -244,6 +244,11 @@ class LitYolo(L.LightningModule):
         IoU threshold of NMS.
     max_det : int
         Detections kept per image.
+    val_group_pixels : int
+        Validation makes the masks of a batch's images in groups of this many pixels (each image counts its
+        detections' prototype-grid cells and crop pixels, `07_metrics`' `Validator`): larger groups mean fewer host
+        operator calls and more GPU memory. The default keeps validation within the training step's memory at the
+        reference settings; the predictions are the same bytes for any value.
     capture_segment_heads : bool
         Record the segment head's prediction calls and their backward into CUDA graphs at the first training batch
         and replay them every step (`06_recorder`); results are bit-identical to native training. Off by default.
@@ -260,10 +265,11 @@ class LitYolo(L.LightningModule):
                  weight_decay:float=5e-4, warmup_epochs:float=3.0, warmup_bias_lr:float=0.1,
                  warmup_momentum:float=0.8, lrf:float=0.01, cosine:bool=False, box:float=7.5, cls:float=0.5,
                  dfl:float=1.5, seg:float=7.5, ema_decay:float=0.9999, ema_tau:float=2000.0, conf:float=0.001,
-                 iou:float=0.7, max_det:int=300, capture_segment_heads:bool=False,
+                 iou:float=0.7, max_det:int=300, val_group_pixels:int=2**25, capture_segment_heads:bool=False,
                  capture_optimizer_step:bool=False, capture_train_step:bool=False):
         super().__init__()
         if size not in SCALES: raise ValueError(f"--model.size={size!r} is not a model size; allowed values: {', '.join(SCALES)}")
+        if val_group_pixels < 1: raise ValueError(f"--model.val_group_pixels={val_group_pixels} must be at least 1 (default 2**25 = 33554432)")
         self.save_hyperparameters()
         self.model = self.build_model()
         self.ema = ModelEMA(self.model, self.build_model, ema_decay, ema_tau)
@@ -361,9 +367,10 @@ def optimizer_step(self:LitYolo, epoch:int, batch_idx:int, optimizer, optimizer_
 # %% ../nbs/08_trainer.ipynb #686375c5
 @patch
 def make_validator(self:LitYolo, conf:float|None=None)->Validator:
-    "A `Validator` with this module's thresholds and the datamodule's category ids."
+    "A `Validator` with this module's thresholds and group size and the datamodule's category ids."
     h = self.hparams
-    return Validator(self.trainer.datamodule.cat_ids, conf=h.conf if conf is None else conf, iou=h.iou, max_det=h.max_det)
+    return Validator(self.trainer.datamodule.cat_ids, conf=h.conf if conf is None else conf, iou=h.iou, max_det=h.max_det,
+                     group_pixels=h.val_group_pixels)
 
 @patch
 def on_validation_epoch_start(self:LitYolo):

@@ -10,6 +10,7 @@ from lucid_nb.core import EMBEDDED_ANNOTATIONS
 import lightning.pytorch as L
 from lucid_nb.data import YoloData
 from lucid_nb.loader import YoloLoader
+from lucid_nb.metrics import results_bytes
 from lightning.pytorch.callbacks import Callback
 from lucid_nb.trainer import AtomicCheckpoint, LitYolo, cli_main
 
@@ -60,6 +61,17 @@ def test_validate_and_predict(reference, tmp_path):
     assert len(gt.loadRes(str(out / 'predictions.json')).anns) == len(results)
 
 
+def test_val_group_pixels_changes_no_prediction(reference, tmp_path):
+    "Validation's group size trades GPU memory for host operator calls; the predictions are the same bytes."
+    ckpt, got = str(reference[1] / 'checkpoints' / 'best.ckpt'), []
+    for g in (2**25, 1):
+        cli = cli_main(tiny(tmp_path / str(g), '--ckpt_path', ckpt, '--model.val_group_pixels', str(g), sub='validate'))
+        v = cli.model.validator
+        assert v.group_pixels == g and len(v.results) > 10
+        got.append(results_bytes(v.results))
+    assert got[0] == got[1]
+
+
 def test_checkpoint_of_another_model_is_refused(reference, tmp_path):
     "Through the API a checkpoint of another architecture gets a clear error (the CLI: test_faults_trainer.py)."
     ckpt = str(reference[1] / 'checkpoints' / 'last.ckpt')
@@ -70,7 +82,8 @@ def test_checkpoint_of_another_model_is_refused(reference, tmp_path):
 
 @pytest.mark.parametrize('opt, value, says', [('--data.cache', 'bogus', 'cache'), ('--model.size', 'x', 'size'),
                                               ('--model.optimizer', 'adam9', 'optimizer'),
-                                              ('--model.capture_segment_heads', '1', 'capture_segment_heads')])
+                                              ('--model.capture_segment_heads', '1', 'capture_segment_heads'),
+                                              ('--model.val_group_pixels', '0', 'val_group_pixels')])
 def test_bad_option_values(tmp_path, capsys, opt, value, says):
     with pytest.raises((SystemExit, ValueError)) as e:
         cli_main(tiny(tmp_path, opt, value), run=True)
