@@ -6,7 +6,7 @@ Docs: https://lucid-nb.github.io/lucid_nb/metrics.html.md"""
 
 # %% ../nbs/07_metrics.ipynb #1817e8cd
 from __future__ import annotations
-import contextlib, copy, hashlib, io, json, math
+import contextlib, copy, hashlib, io, itertools, json, math
 from pathlib import Path
 import torch, torch.nn.functional as F
 from torch import Tensor
@@ -447,6 +447,8 @@ def batch_mask_runs(
     spans:Tensor|None=None, # (n,4) `box_spans` of the boxes on their original images, if at hand (on the device)
     sizes:list|None=None,   # their (rows, columns) on the host, if at hand (else one look at the host)
     extent:bool=False,      # also each mask's area and box: (n,5) int64 area, x, y, w, h (`rle_extent`)
+    table:tuple|None=None,  # `crop_table`'s rows of these detections and its coordinates, if at hand (made once for a batch's groups)
+    window:tuple|None=None, # `proto_window` of these detections' boxes, if at hand
 )->tuple: # `rle_runs` of the n masks, image after image: counts (k,) int32 (int64 past 2³¹ pixels), runs per mask (n,) (, extents)
     "`mask_runs` of the detections of several images at once: one pass of crops, starts and runs for them all."
     n = len(coef)
@@ -460,12 +462,12 @@ def batch_mask_runs(
     if sizes is None: sizes = (spans[:, 1::2] - spans[:, ::2]).tolist()
     chunks = crop_chunks(sizes, max_pixels)
     order = crop_order(spans)
-    window = [w.split(per_image) for w in proto_window(boxes, proto[0])]   # the images' windows at once, then each its own
+    window = [w.split(per_image) for w in window or proto_window(boxes, proto[0])]   # the images' windows at once, then each its own
     place = torch.empty_like(order).index_copy_(0, order, torch.arange(n, device=order.device))   # each detection's place in `order`
     soft = torch.empty(n, *proto.shape[-2:], dtype=torch.float32, device=proto.device)   # in crop order: a chunk's soft masks are a slice, not a copy
     for i, c, p, b, rw, cw in zip(place.split(per_image), coef.split(per_image), proto, boxes.split(per_image), *window):
         if len(c): soft.index_copy_(0, i, proto_masks(c, p, b, (rw, cw)))   # one product per image
-    table, ys, xs = crop_table(spans, image, hws, lbs, proto.shape[-2:])
+    table, ys, xs = table or crop_table(spans, image, hws, lbs, proto.shape[-2:])
     found = [crop_starts(soft[a:b], table[sel], ys, xs, rows, cols) + (sel,)
              for a, b, rows, cols in chunks for sel in [order[a:b]]]
     del soft, window   # what the runs and extents below need is in `found`: the group's soft masks can go
@@ -661,11 +663,19 @@ class Validator:
                     counts, runs, hw = zip(*pending)
                     texts.extend(rle_strings(torch.cat(counts), torch.cat(runs), max(hw)))
                 pending.clear()
+            # what every group needs of its detections is made once for the batch and sliced: their rows, in image order
+            per_image = [len(s) for s in sizes]
+            first = [0, *itertools.accumulate(per_image)]
+            coef = torch.cat([eval_out['coef'][i][d['anchors']] for i, d in enumerate(dets)])
+            lb_boxes, crops, flat = torch.cat([d['boxes'] for d in dets]), torch.cat(spans), sum(sizes, [])   # letterboxed; spans
+            image = torch.repeat_interleave(torch.arange(len(dets)), torch.tensor(per_image))
+            table, ys, xs = crop_table(crops, image, hws.long(), lbs.double(), eval_out['proto'].shape[-2:])
+            window = proto_window(lb_boxes, eval_out['proto'][0])
             for a, b in _slices_up_to([len(s) * cells + sum(h * w for h, w in s) for s in sizes], self.group_pixels):
-                g = range(a, b)
-                *runs, ext = batch_mask_runs(torch.cat([eval_out['coef'][i][dets[i]['anchors']] for i in g]), eval_out['proto'][a:b],
-                                             torch.cat([dets[i]['boxes'] for i in g]), [len(sizes[i]) for i in g], lbs[a:b], hws[a:b],
-                                             spans=torch.cat([spans[i] for i in g]), sizes=sum((sizes[i] for i in g), []), extent=True)
+                d = slice(first[a], first[b])
+                *runs, ext = batch_mask_runs(coef[d], eval_out['proto'][a:b], lb_boxes[d], per_image[a:b], lbs[a:b], hws[a:b],
+                                             spans=crops[d], sizes=flat[d], extent=True, table=(table[d], ys, xs),
+                                             window=(window[0][d], window[1][d]))
                 pending.append((*runs, int(hws[a:b].long().prod(1).max())))
                 if sum(len(p[0]) for p in pending) >= RLE_COUNTS: strings()
                 stats.append(ext)
