@@ -672,10 +672,10 @@ class Validator:
             table, ys, xs = crop_table(crops, image, hws.long(), lbs.double(), eval_out['proto'].shape[-2:])
             window = proto_window(lb_boxes, eval_out['proto'][0])
             for a, b in _slices_up_to([len(s) * cells + sum(h * w for h, w in s) for s in sizes], self.group_pixels):
-                d = slice(first[a], first[b])
-                *runs, ext = batch_mask_runs(coef[d], eval_out['proto'][a:b], lb_boxes[d], per_image[a:b], lbs[a:b], hws[a:b],
-                                             spans=crops[d], sizes=flat[d], extent=True, table=(table[d], ys, xs),
-                                             window=(window[0][d], window[1][d]))
+                group = slice(first[a], first[b])   # its detections' rows
+                *runs, ext = batch_mask_runs(coef[group], eval_out['proto'][a:b], lb_boxes[group], per_image[a:b], lbs[a:b],
+                                             hws[a:b], spans=crops[group], sizes=flat[group], extent=True,
+                                             table=(table[group], ys, xs), window=(window[0][group], window[1][group]))
                 pending.append((*runs, int(hws[a:b].long().prod(1).max())))
                 if sum(len(p[0]) for p in pending) >= RLE_COUNTS: strings()
                 stats.append(ext)
