@@ -13,6 +13,9 @@
 #   bash benchmarks/gpu_session.sh lean hooks            # startup_lean.py; a 4-epoch fit under Lightning's SimpleProfiler
 #   bash benchmarks/gpu_session.sh importgc             # import_gc.py: start-up to a built Trainer, collector on / paused (GPU config)
 #   AB_ARGS='--arm cf82686 --arm HEAD ...' bash benchmarks/gpu_session.sh ab   # postprocess_ab.py: post-processing arms alternating
+#   MEPOCHS_TAG=step_g27 MEPOCHS_ARGS='--model.capture_train_step true --model.val_group_pixels 134217728' \
+#     bash benchmarks/gpu_session.sh mepochs             # memory_epochs.py: a reference fit's peaks epoch by epoch and what
+#                                                        # the allocator holds at each validation's start
 #   bash benchmarks/gpu_session.sh vparts                # validation_parts.py: a 6-epoch fit, its validation split by part,
 #                                                        # one validation under torch.profiler (host vs kernel time)
 # Results go to $OUT/results (copy them into benchmarks/results/). Export LUCID_NB_COMMIT=<commit> first: the copied
@@ -49,6 +52,8 @@ for stage in "$@"; do
                 --out "$OUT/results" 2>&1 | grep -E "imports|Error|error" || status=1 ;;
     lean) python3 benchmarks/startup_lean.py --rounds "${LEAN_ROUNDS:-3}" --out "$OUT/results" 2>&1 | grep -E "^round|median|Error|error" || status=1 ;;
     ab) python3 benchmarks/postprocess_ab.py ${AB_ARGS:?set AB_ARGS} --out "$OUT/results" 2>&1 | grep -vE "^(lucid_nb data|input problems|notes):" || status=1 ;;
+    mepochs) python3 benchmarks/memory_epochs.py --out "$OUT/results" --tag "${MEPOCHS_TAG:-native}${LUCID_NB_COMMIT:+_$LUCID_NB_COMMIT}" \
+               -- ${MEPOCHS_ARGS:-} 2>&1 | grep -E "peak reserved|Error|error" || status=1 ;;
     vparts) python3 benchmarks/validation_parts.py --trainer.max_epochs "${VPARTS_EPOCHS:-6}" --trainer.enable_progress_bar false \
               --trainer.default_root_dir /tmp/vparts > "$OUT/results/validation_parts.log" 2>&1 || status=1
             cp "$OUT/validation_parts.json" "$OUT/results/" 2>/dev/null; grep -A3 "under torch.profiler" "$OUT/results/validation_parts.log" | head -4 ;;

@@ -4,7 +4,12 @@
 detect). This runs the whole reference fit (`configs/coco128-seg-n.yaml`, 10 epochs) through the real trainer and, at
 the end of each epoch's training batches and of each validation, reads the allocator's peak allocated and reserved
 memory since the last reading (then resets them) and the reserved memory per pool (the default pool; the recorded
-CUDA graphs' private pool), and each validation's seconds (synchronised at its start and end):
+CUDA graphs' private pool), and each validation's seconds (synchronised at its start and end). At each validation's
+first batch, after the trainer gave the allocator's unused cache back, it reads what the allocator still holds
+(reserved, allocated, segments, free bytes inside partly used segments): what training leaves reserved is the floor
+validation's own blocks are added to.
+
+    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python benchmarks/memory_epochs.py --tag expandable   # that allocator
 
     python benchmarks/memory_epochs.py --out benchmarks/results --tag native_b16 -- --data.batch_size 16
 
@@ -28,6 +33,15 @@ def reserved_by_pool() -> dict:
     return {k: round(v / MiB, 1) for k, v in sorted(by.items())}
 
 
+def allocator_now() -> dict:
+    "What the allocator holds now: reserved and allocated MiB, its segments, and the free bytes inside partly used segments."
+    st = torch.cuda.memory_stats()
+    return dict(reserved_now_mib=st.get('reserved_bytes.all.current', 0) / MiB,
+                allocated_now_mib=st.get('allocated_bytes.all.current', 0) / MiB,
+                segments=st.get('segment.all.current', 0),
+                inactive_split_mib=st.get('inactive_split_bytes.all.current', 0) / MiB, by_pool=reserved_by_pool())
+
+
 class EpochPeaks(Callback):
     "The allocator's peaks since the last reading, at each epoch's training end and validation end."
     def __init__(self): self.readings = []
@@ -42,6 +56,10 @@ class EpochPeaks(Callback):
         if batch_idx == trainer.num_training_batches - 1: self._read(trainer, 'training')
     def on_validation_start(self, trainer, module):
         torch.cuda.synchronize(); self.started = time.perf_counter()
+    def on_validation_batch_start(self, trainer, module, batch, batch_idx, dataloader_idx=0):
+        if batch_idx or trainer.sanity_checking: return
+        torch.cuda.synchronize()   # after `LitYolo.on_validation_epoch_start` gave the allocator's unused cache back
+        self.readings.append(dict(epoch=trainer.current_epoch, phase='validation start', **allocator_now()))
     def on_validation_end(self, trainer, module):
         if trainer.sanity_checking: return
         self._read(trainer, 'validation'); self.readings[-1]['seconds'] = time.perf_counter() - self.started
@@ -60,9 +78,9 @@ def main():
                     '--trainer.logger', 'false', '--trainer.enable_checkpointing', 'false', *a.extra], run=False)
     cli.trainer.callbacks.append(peaks)
     cli.trainer.fit(cli.model, cli.datamodule)
-    top = max(peaks.readings, key=lambda r: r['peak_reserved_mib'])
+    top = max((r for r in peaks.readings if 'peak_reserved_mib' in r), key=lambda r: r['peak_reserved_mib'])
     res = dict(env=env_info(), extra_args=a.extra, library=str(Path(lucid_nb.__file__).parent),
-               environment={k: v for k, v in os.environ.items() if k.startswith('LUCID_NB_')},
+               environment={k: v for k, v in os.environ.items() if k.startswith('LUCID_NB_') or k == 'PYTORCH_CUDA_ALLOC_CONF'},
                peak_reserved_mib=top['peak_reserved_mib'], peak_at=dict(epoch=top['epoch'], phase=top['phase']),
                readings=peaks.readings)
     out = Path(a.out); out.mkdir(parents=True, exist_ok=True)
