@@ -352,6 +352,10 @@ def _to_device(t:Tensor, device)->Tensor:
     if torch.device(device).type != 'cuda': return t.to(device)
     return t.pin_memory().to(device, non_blocking=True)   # the pinned block stays reserved until the copy is done
 
+def _image_index(per_image:list)->Tensor: # (n,) int64 on the host
+    "Each detection's image, for detections of images one after the other (`per_image` of each)."
+    return torch.repeat_interleave(torch.arange(len(per_image)), torch.tensor(per_image, dtype=torch.long))
+
 def crop_table(
     spans:Tensor,    # (n,4) `box_spans` of the detections on their original images (on the device)
     image:Tensor,    # (n,) int64 index of each detection's image
@@ -455,7 +459,6 @@ def batch_mask_runs(
     if n == 0: return (coef.new_zeros(0, dtype=torch.long),) * 2 + ((coef.new_zeros(0, 5, dtype=torch.long),) if extent else ())
     lbs = torch.as_tensor(letterbox, dtype=torch.float64).reshape(-1, 3).cpu()   # the float32 batch values, exactly
     hws = torch.as_tensor(orig_hw).reshape(-1, 2).long().cpu()
-    image = torch.repeat_interleave(torch.arange(len(per_image)), torch.tensor(per_image))   # each detection's image
     if spans is None:
         spans = torch.cat([box_spans(unletterbox_boxes(b, lb, hw), *map(int, hw))
                            for b, lb, hw in zip(boxes.split(per_image), lbs, hws) if len(b)])
@@ -467,7 +470,7 @@ def batch_mask_runs(
     soft = torch.empty(n, *proto.shape[-2:], dtype=torch.float32, device=proto.device)   # in crop order: a chunk's soft masks are a slice, not a copy
     for i, c, p, b, rw, cw in zip(place.split(per_image), coef.split(per_image), proto, boxes.split(per_image), *window):
         if len(c): soft.index_copy_(0, i, proto_masks(c, p, b, (rw, cw)))   # one product per image
-    table, ys, xs = table or crop_table(spans, image, hws, lbs, proto.shape[-2:])
+    table, ys, xs = table or crop_table(spans, _image_index(per_image), hws, lbs, proto.shape[-2:])
     found = [crop_starts(soft[a:b], table[sel], ys, xs, rows, cols) + (sel,)
              for a, b, rows, cols in chunks for sel in [order[a:b]]]
     del soft, window   # what the runs and extents below need is in `found`: the group's soft masks can go
@@ -668,8 +671,7 @@ class Validator:
             first = [0, *itertools.accumulate(per_image)]
             coef = torch.cat([eval_out['coef'][i][d['anchors']] for i, d in enumerate(dets)])
             lb_boxes, crops, flat = torch.cat([d['boxes'] for d in dets]), torch.cat(spans), sum(sizes, [])   # letterboxed; spans
-            image = torch.repeat_interleave(torch.arange(len(dets)), torch.tensor(per_image))
-            table, ys, xs = crop_table(crops, image, hws.long(), lbs.double(), eval_out['proto'].shape[-2:])
+            table, ys, xs = crop_table(crops, _image_index(per_image), hws.long(), lbs.double(), eval_out['proto'].shape[-2:])
             window = proto_window(lb_boxes, eval_out['proto'][0])
             for a, b in _slices_up_to([len(s) * cells + sum(h * w for h, w in s) for s in sizes], self.group_pixels):
                 group = slice(first[a], first[b])   # its detections' rows
