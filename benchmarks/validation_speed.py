@@ -121,7 +121,7 @@ def load_baseline(rev: str, package: str = 'lucid_nb_baseline'):
     if (Path(rev) / 'lucid_nb').is_dir():
         r = subprocess.run(['tar', '-c', '-C', rev, 'lucid_nb'], capture_output=True)
     else: r = subprocess.run(['git', 'archive', rev, 'lucid_nb'], cwd=root, capture_output=True)
-    if r.returncode: raise SystemExit(f"--baseline {rev}: git archive failed: {r.stderr.decode().strip()}")
+    if r.returncode: raise SystemExit(f"--baseline {rev}: its lucid_nb/ could not be read: {r.stderr.decode().strip()}")
     tar = r.stdout
     d = Path(tempfile.mkdtemp(prefix='lucid_nb_baseline_'))
     with tarfile.open(fileobj=io.BytesIO(tar)) as t:
