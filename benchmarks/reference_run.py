@@ -14,8 +14,10 @@ given. Arms, run in turn (arm 1, arm 2, ..., arm 1, arm 2, ...):
     native-g26, native-g27, step-g26, step-g27  that arm with validation's groups of 2^26 / 2^27 pixels
                 (--model.val_group_pixels; default 2^25): fewer host calls, more memory
     native-expandable, step-expandable, native-g27-expandable, step-g27-expandable  that arm with
-                PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (the allocator's segments grow instead of adding
-                new ones: less fragmentation, so validation may fit in what training reserved)
+                PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True set explicitly (lucid's default since 2026-12-03:
+                the allocator's segments grow instead of adding new ones, so validation fits in what training reserved)
+    native-classic, step-classic, native-g27-classic, step-g27-classic  that arm with LUCID_NB_EXPANDABLE_SEGMENTS=0
+                (PyTorch's allocator defaults: the library before 2026-12-03)
     ul          Ultralytics yolo11n-seg on the same split, batch, size and epochs (`.ulcmp/run.py`, when present)
 
 For a lucid run it keeps the whole-process wall time (measured from outside), the phases of `timing.json`
@@ -47,9 +49,10 @@ ARMS.update({f'{arm}-val16': [*args, '--data.val_batch_size', '16'] for arm in (
 ARMS.update({f'{arm}-g{k}': [*args, '--model.val_group_pixels', str(2**k)]   # validation's groups of 2^k pixels
              for arm in ('native', 'step') for k in (26, 27) for args in [ARMS[arm]]})
 # arms run with the CUDA caching allocator's expandable segments (less fragmentation), the library unchanged
-EXPANDABLE = {'PYTORCH_CUDA_ALLOC_CONF': 'expandable_segments:True'}
-ARM_ENV = {f'{arm}-expandable': EXPANDABLE for arm in ('native', 'step', 'native-g27', 'step-g27')}
-ARMS.update({arm: ARMS[arm.removesuffix('-expandable')] for arm in ARM_ENV})
+EXPANDABLE, CLASSIC = {'PYTORCH_CUDA_ALLOC_CONF': 'expandable_segments:True'}, {'LUCID_NB_EXPANDABLE_SEGMENTS': '0'}
+ARM_ENV = {f'{arm}-{kind}': env for arm in ('native', 'step', 'native-g27', 'step-g27')
+           for kind, env in (('expandable', EXPANDABLE), ('classic', CLASSIC))}
+ARMS.update({arm: ARMS[arm.rsplit('-', 1)[0]] for arm in ARM_ENV})
 
 
 def lucid_args(arm: str, batch_size: int, save_dir: Path, extra: list) -> list:
@@ -98,7 +101,7 @@ def recording_seconds(recorder: dict | None) -> float | None:
 def run_ul(batch_size: int) -> dict:
     args = [sys.executable, str(ROOT / '.ulcmp' / 'run.py'), '--batch', str(batch_size), '--data', 'lucid_nb/embedded/coco128']
     t0 = time.perf_counter()
-    r = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, env={**os.environ, **ARM_ENV.get(arm, {})})
+    r = subprocess.run(args, capture_output=True, text=True, cwd=ROOT)
     wall = time.perf_counter() - t0
     m = re.search(r'^RESULT_JSON (.*)$', r.stdout, re.M)
     if r.returncode != 0 or not m: raise SystemExit(f"ultralytics run failed:\n{(r.stdout + r.stderr)[-4000:]}")
@@ -132,7 +135,8 @@ def summarize(runs: list, arms: list) -> dict:
     summary = {arm: {k: spread([r.get(k) for r in rs]) for k in keys} for arm, rs in by_arm.items()}
     ratio = lambda x, y, k: None if x.get(k) is None or not y.get(k) else x[k] / y[k]
     for ref in [arms[0]] + (['ul'] if 'ul' in arms and arms[0] != 'ul' else []):
-        summary[f'over_{ref}'] = {arm: {k: spread([ratio(r, next(q for q in by_arm[ref] if q['round'] == r['round']), k) for r in rs])
+        same_round = lambda r: next((q for q in by_arm[ref] if q['round'] == r['round']), {})   # {}: not run yet in that round
+        summary[f'over_{ref}'] = {arm: {k: spread([ratio(r, same_round(r), k) for r in rs])
                                         for k in ('process_seconds', 'train_seconds', 'step_ms', 'peak_reserved_mib')}
                                   for arm, rs in by_arm.items() if arm != ref}
     lucid_runs = [r for r in runs if 'hashes' in r]
@@ -184,13 +188,13 @@ def main(argv=None):
                   f"val/epoch {r['validation_epoch_seconds'] or float('nan'):.2f} s, step {r['step_ms'] or float('nan'):.1f} ms, "
                   f"startup {r.get('startup_seconds') or float('nan'):.1f} s, peak {r['peak_reserved_mib']} MiB"
                   + (f", all {r['hashes']['all'][:12]}" if 'hashes' in r else ''), flush=True)
-        summary = summarize(runs, arms)   # written after every round: a call cut short keeps its whole rounds
-        lucid_runs = [r for r in runs if 'hashes' in r]
-        res = dict(what='the reference run, phase by phase, alternating processes per arm', batch_size=a.batch_size,
-                   rounds=i + 1 - a.first_round, arms=arms, extra_args=a.extra, command=' '.join([sys.executable, *sys.argv]),
-                   date=datetime.now(timezone.utc).isoformat(timespec='seconds'),
-                   env=lucid_runs[0]['env'] if lucid_runs else {}, summary=summary, runs=runs)
-        path.write_text(json.dumps(res, indent=1))
+            summary = summarize(runs, arms)   # written after every run: a call cut short keeps what it measured
+            lucid_runs = [r for r in runs if 'hashes' in r]
+            res = dict(what='the reference run, phase by phase, alternating processes per arm', batch_size=a.batch_size,
+                       rounds=len({r['round'] for r in runs}), arms=arms, extra_args=a.extra,
+                       command=' '.join([sys.executable, *sys.argv]), date=datetime.now(timezone.utc).isoformat(timespec='seconds'),
+                       env=lucid_runs[0]['env'] if lucid_runs else {}, summary=summary, runs=runs)
+            path.write_text(json.dumps(res, indent=1))
     print(json.dumps(summary, indent=1)); print(f'-> {path}')
 
 

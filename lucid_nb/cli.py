@@ -10,8 +10,9 @@ import atexit, contextlib, gc, os, sys, threading
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['LEAN_IMPORTS_HIDE', 'bytecode_cache', 'enable_bytecode_cache', 'HiddenDistributions', 'lean_imports',
-           'collector_paused', 'exit_status', 'exit_now', 'run', 'main']
+__all__ = ['LEAN_IMPORTS_HIDE', 'ALLOCATOR_VARIABLES', 'EXPANDABLE_SEGMENTS', 'bytecode_cache', 'enable_bytecode_cache',
+           'HiddenDistributions', 'lean_imports', 'collector_paused', 'allocator_defaults', 'exit_status', 'exit_now',
+           'run', 'main']
 
 # %% ../nbs/09_cli.ipynb #47b87641
 def bytecode_cache()->str|None:
@@ -64,6 +65,18 @@ def collector_paused():
     try: yield True
     finally: gc.freeze(); gc.enable()
 
+# %% ../nbs/09_cli.ipynb #6c2d8e31
+ALLOCATOR_VARIABLES = ('PYTORCH_ALLOC_CONF', 'PYTORCH_CUDA_ALLOC_CONF')   # PyTorch's name for the setting, and its older CUDA name
+EXPANDABLE_SEGMENTS = 'expandable_segments:True'
+
+def allocator_defaults(environ=os.environ)->str|None:
+    "Expandable segments for the CUDA caching allocator unless the user configured it (kept) or set `LUCID_NB_EXPANDABLE_SEGMENTS=0`; returns the setting in effect (None: PyTorch's defaults)."
+    for name in ALLOCATOR_VARIABLES:
+        if environ.get(name): return environ[name]
+    if environ.get('LUCID_NB_EXPANDABLE_SEGMENTS', '1') == '0': return None
+    environ['PYTORCH_CUDA_ALLOC_CONF'] = EXPANDABLE_SEGMENTS
+    return EXPANDABLE_SEGMENTS
+
 # %% ../nbs/09_cli.ipynb #1ea71d62
 def exit_status(code)->int:
     "The status Python gives `SystemExit(code)`: 0 for None, the int itself, else 1 (after printing the message to stderr)."
@@ -86,6 +99,7 @@ def exit_now(status:int):
 def run()->int:
     "Run the `lucid` command of `sys.argv` in this process and return its exit status: `lucid export` goes to `lucid_nb.predict`, every other subcommand to Lightning's CLI."
     enable_bytecode_cache()
+    allocator_defaults()   # before anything can touch the GPU
     with lean_imports(), collector_paused(): from lucid_nb.trainer import main as trainer_main
     job = None
     if sys.argv[1:2] == ['export']:   # not a Lightning subcommand: `lucid export --ckpt_path CKPT --format onnx|torchscript`

@@ -55,6 +55,7 @@ def env_info()->dict:
     return dict(device=torch.cuda.get_device_name(0) if cuda else platform.processor() or platform.machine(),
                 torch=torch.__version__, cuda=torch.version.cuda if cuda else None,
                 cudnn=torch.backends.cudnn.version() if cuda else None, python=platform.python_version(),
+                allocator=os.environ.get('PYTORCH_ALLOC_CONF') or os.environ.get('PYTORCH_CUDA_ALLOC_CONF'),   # the CUDA allocator's setting
                 commit=_git_commit(), date=datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC'))
 
 def env_card()->str:

@@ -8,6 +8,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from lucid_nb.cli import allocator_defaults
 from lucid_nb.core import EMBEDDED_ANNOTATIONS, EMBEDDED_IMAGES
 from lucid_nb.trainer import LOCK_NAME, cli_main, read_checkpoint
 
@@ -107,7 +108,9 @@ def resume(tmp: Path, ckpt: Path) -> dict:
     r = subprocess.run([str(LUCID), *tiny(tmp, '--ckpt_path', str(ckpt))], cwd=tmp, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     runs = sorted((tmp / 'runs' / 'tiny').glob('version_*'), key=lambda p: int(p.name.split('_')[1]))
-    return json.loads((runs[-1] / 'state_hashes.json').read_text())
+    hashes = json.loads((runs[-1] / 'state_hashes.json').read_text())
+    assert hashes['env']['allocator'] == allocator_defaults(dict(os.environ))   # the console script set the allocator's default
+    return hashes
 
 
 @pytest.mark.parametrize('sig, status', [(signal.SIGTERM, 143), (signal.SIGINT, 1)], ids=['SIGTERM', 'SIGINT'])
