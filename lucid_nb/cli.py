@@ -11,8 +11,8 @@ from pathlib import Path
 
 # %% auto #0
 __all__ = ['LEAN_IMPORTS_HIDE', 'ALLOCATOR_VARIABLES', 'EXPANDABLE_SEGMENTS', 'bytecode_cache', 'enable_bytecode_cache',
-           'HiddenDistributions', 'lean_imports', 'collector_paused', 'allocator_defaults', 'exit_status', 'exit_now',
-           'run', 'main']
+           'HiddenDistributions', 'lean_imports', 'collector_paused', 'allocator_setting', 'expandable_segments',
+           'allocator_defaults', 'exit_status', 'exit_now', 'run', 'main']
 
 # %% ../nbs/09_cli.ipynb #47b87641
 def bytecode_cache()->str|None:
@@ -69,10 +69,17 @@ def collector_paused():
 ALLOCATOR_VARIABLES = ('PYTORCH_ALLOC_CONF', 'PYTORCH_CUDA_ALLOC_CONF')   # PyTorch's name for the setting, and its older CUDA name
 EXPANDABLE_SEGMENTS = 'expandable_segments:True'
 
+def allocator_setting(environ=os.environ)->str|None:
+    "The CUDA caching allocator's setting that `environ` gives, as PyTorch reads it (None: PyTorch's defaults)."
+    return next((environ[name] for name in ALLOCATOR_VARIABLES if environ.get(name)), None)
+
+def expandable_segments(environ=os.environ)->bool:
+    "Whether that setting turns the allocator's expandable segments on."
+    return 'expandable_segments:true' in (allocator_setting(environ) or '').replace(' ', '').lower().split(',')
+
 def allocator_defaults(environ=os.environ)->str|None:
     "Expandable segments for the CUDA caching allocator unless the user configured it (kept) or set `LUCID_NB_EXPANDABLE_SEGMENTS=0`; returns the setting in effect (None: PyTorch's defaults)."
-    for name in ALLOCATOR_VARIABLES:
-        if environ.get(name): return environ[name]
+    if (setting := allocator_setting(environ)) is not None: return setting
     if environ.get('LUCID_NB_EXPANDABLE_SEGMENTS', '1') == '0': return None
     environ['PYTORCH_CUDA_ALLOC_CONF'] = EXPANDABLE_SEGMENTS
     return EXPANDABLE_SEGMENTS

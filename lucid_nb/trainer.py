@@ -22,6 +22,7 @@ from jsonargparse import Namespace
 from torch import nn, Tensor
 from fastcore.basics import patch
 from .core import *
+from .cli import expandable_segments
 from .coco import BadInputError
 from .data import YoloData, load_rgb
 from .model import SCALES
@@ -36,15 +37,15 @@ from PIL import Image, ImageDraw
 
 # %% auto #0
 __all__ = ['PALETTE', 'HELP', 'LOCK_NAME', 'USER_ERRORS', 'ModelEMA', 'EmaUpdate', 'AtomicCheckpoint', 'link_or_copy', 'LitYolo',
-           'StepLossBar', 'write_predictions', 'gather_objects', 'merge_results', 'PredictionWriter', 'say',
-           'fit_state_hashes', 'write_json_atomic', 'data_wait', 'val_data_wait', 'checkpoint_seconds', 'process_age',
-           'val_labels_grid', 'start_labels_grid', 'RunArtifacts', 'FrozenHeap', 'epoch_line', 'EpochSummary',
-           'class_ap_table', 'QuietLightning', 'quiet_lightning', 'read_metrics_csv', 'plot_curves', 'draw_instances',
-           'instances_of', 'draw_results', 'tile_size', 'fit_tile', 'image_grid', 'save_jpeg', 'draw_train_batch',
-           'draw_val_batch', 'OneLineParser', 'LucidCLI', 'add_tensorboard', 'default_callbacks', 'cli_main',
-           'save_figure', 'note', 'RunFolderInUse', 'read_lock', 'lock_owner_alive', 'acquire_run_lock', 'run_lock',
-           'resume_hint', 'read_checkpoint', 'one_line', 'main', 'ddp_blocker', 'broadcast_buffers',
-           'rank_state_hashes', 'DistributedRun']
+           'StepLossBar', 'default_val_group_pixels', 'write_predictions', 'gather_objects', 'merge_results',
+           'PredictionWriter', 'say', 'fit_state_hashes', 'write_json_atomic', 'data_wait', 'val_data_wait',
+           'checkpoint_seconds', 'process_age', 'val_labels_grid', 'start_labels_grid', 'RunArtifacts', 'FrozenHeap',
+           'epoch_line', 'EpochSummary', 'class_ap_table', 'QuietLightning', 'quiet_lightning', 'read_metrics_csv',
+           'plot_curves', 'draw_instances', 'instances_of', 'draw_results', 'tile_size', 'fit_tile', 'image_grid',
+           'save_jpeg', 'draw_train_batch', 'draw_val_batch', 'OneLineParser', 'LucidCLI', 'add_tensorboard',
+           'default_callbacks', 'cli_main', 'save_figure', 'note', 'RunFolderInUse', 'read_lock', 'lock_owner_alive',
+           'acquire_run_lock', 'run_lock', 'resume_hint', 'read_checkpoint', 'one_line', 'main', 'ddp_blocker',
+           'broadcast_buffers', 'rank_state_hashes', 'DistributedRun']
 
 # %% ../nbs/08_trainer.ipynb #ea5ecba6
 class ModelEMA(nn.Module):
@@ -244,11 +245,12 @@ class LitYolo(L.LightningModule):
         IoU threshold of NMS.
     max_det : int
         Detections kept per image.
-    val_group_pixels : int
+    val_group_pixels : int | None
         Validation makes the masks of a batch's images in groups of this many pixels (each image counts its
         detections' prototype-grid cells and crop pixels, `07_metrics`' `Validator`): larger groups mean fewer host
-        operator calls and more GPU memory. The default keeps validation within the training step's memory at the
-        reference settings; the predictions are the same bytes for any value.
+        operator calls and more GPU memory. Unset: 2**27 where the CUDA allocator has expandable segments (`lucid`'s
+        default, `09_cli`), else 2**25 — what keeps validation within the training step's memory at the reference
+        settings. The predictions are the same bytes for any value.
     capture_segment_heads : bool
         Record the segment head's prediction calls and their backward into CUDA graphs at the first training batch
         and replay them every step (`06_recorder`); results are bit-identical to native training. Off by default.
@@ -265,11 +267,12 @@ class LitYolo(L.LightningModule):
                  weight_decay:float=5e-4, warmup_epochs:float=3.0, warmup_bias_lr:float=0.1,
                  warmup_momentum:float=0.8, lrf:float=0.01, cosine:bool=False, box:float=7.5, cls:float=0.5,
                  dfl:float=1.5, seg:float=7.5, ema_decay:float=0.9999, ema_tau:float=2000.0, conf:float=0.001,
-                 iou:float=0.7, max_det:int=300, val_group_pixels:int=2**25, capture_segment_heads:bool=False,
+                 iou:float=0.7, max_det:int=300, val_group_pixels:int|None=None, capture_segment_heads:bool=False,
                  capture_optimizer_step:bool=False, capture_train_step:bool=False):
         super().__init__()
         if size not in SCALES: raise ValueError(f"--model.size={size!r} is not a model size; allowed values: {', '.join(SCALES)}")
-        if val_group_pixels < 1: raise ValueError(f"--model.val_group_pixels={val_group_pixels} must be at least 1 (default 2**25 = 33554432)")
+        if val_group_pixels is not None and val_group_pixels < 1:
+            raise ValueError(f"--model.val_group_pixels={val_group_pixels} must be at least 1, or left unset (`default_val_group_pixels`)")
         self.save_hyperparameters()
         self.model = self.build_model()
         self.ema = ModelEMA(self.model, self.build_model, ema_decay, ema_tau)
@@ -365,12 +368,17 @@ def optimizer_step(self:LitYolo, epoch:int, batch_idx:int, optimizer, optimizer_
         return super(LitYolo, self).optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
 
 # %% ../nbs/08_trainer.ipynb #686375c5
+def default_val_group_pixels()->int:
+    "Validation's group size without `--model.val_group_pixels`: 2²⁷ pixels where the CUDA allocator has expandable segments, else 2²⁵."
+    return 2**27 if expandable_segments() else 2**25
+
 @patch
 def make_validator(self:LitYolo, conf:float|None=None)->Validator:
     "A `Validator` with this module's thresholds and group size and the datamodule's category ids."
     h = self.hparams
+    group = default_val_group_pixels() if h.get('val_group_pixels') is None else h.val_group_pixels
     return Validator(self.trainer.datamodule.cat_ids, conf=h.conf if conf is None else conf, iou=h.iou, max_det=h.max_det,
-                     group_pixels=h.val_group_pixels)
+                     group_pixels=group)
 
 @patch
 def on_validation_epoch_start(self:LitYolo):

@@ -61,13 +61,15 @@ def test_validate_and_predict(reference, tmp_path):
     assert len(gt.loadRes(str(out / 'predictions.json')).anns) == len(results)
 
 
-def test_val_group_pixels_changes_no_prediction(reference, tmp_path):
-    "Validation's group size trades GPU memory for host operator calls; the predictions are the same bytes."
+@pytest.mark.parametrize('allocator, default', [('expandable_segments:True', 2**27), ('expandable_segments:False', 2**25)])
+def test_val_group_pixels_changes_no_prediction(reference, tmp_path, monkeypatch, allocator, default):
+    "Validation's group size trades GPU memory for host operator calls; unset, it follows the allocator's setting; the predictions are the same bytes."
+    monkeypatch.delenv('PYTORCH_ALLOC_CONF', raising=False); monkeypatch.setenv('PYTORCH_CUDA_ALLOC_CONF', allocator)
     ckpt, got = str(reference[1] / 'checkpoints' / 'best.ckpt'), []
-    for g in (2**25, 1):
-        cli = cli_main(tiny(tmp_path / str(g), '--ckpt_path', ckpt, '--model.val_group_pixels', str(g), sub='validate'))
+    for g in (None, 1):
+        cli = cli_main(tiny(tmp_path / str(g), '--ckpt_path', ckpt, *(('--model.val_group_pixels', str(g)) if g else ()), sub='validate'))
         v = cli.model.validator
-        assert v.group_pixels == g and len(v.results) > 10
+        assert v.group_pixels == (g or default) and len(v.results) > 10
         got.append(results_bytes(v.results))
     assert got[0] == got[1]
 
