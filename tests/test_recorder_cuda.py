@@ -79,17 +79,22 @@ def test_step_gradients_with_an_empty_image():
 
 
 def test_cross_process_hashes(tmp_path):
-    "Native and replayed fits in separate processes, cuDNN deterministic (`warn`: the nearest-upsample backward has no deterministic kernel): the same hashes and predictions JSON."
-    env = dict(os.environ, CUBLAS_WORKSPACE_CONFIG=':4096:8')
+    "Native and replayed fits in separate processes, cuDNN deterministic (`warn`: the nearest-upsample backward has no deterministic kernel), with the CUDA allocator's defaults and with its expandable segments (`lucid`'s default): the same hashes and predictions JSON."
+    env = {k: v for k, v in os.environ.items() if k not in ('PYTORCH_ALLOC_CONF', 'PYTORCH_CUDA_ALLOC_CONF')}
+    env.update(CUBLAS_WORKSPACE_CONFIG=':4096:8')
+    expandable = dict(env, PYTORCH_CUDA_ALLOC_CONF='expandable_segments:True')
     hashes = {}
-    for arm, extra in (('native', ()), ('replay', CAPTURE), ('whole_step', WHOLE)):
+    for arm, extra, arm_env in (('native', (), env), ('replay', CAPTURE, env), ('whole_step', WHOLE, env),
+                                ('native_expandable', (), expandable), ('whole_step_expandable', WHOLE, expandable)):
         runs = tmp_path / arm
         args = [sys.executable, '-c', 'import sys; from lucid_nb.trainer import cli_main; cli_main(sys.argv[1:])',
                 *tiny(runs, *GPU, '--trainer.deterministic', 'warn', *extra)]
-        r = subprocess.run(args, capture_output=True, text=True, env=env, cwd=Path(__file__).parent.parent)
+        r = subprocess.run(args, capture_output=True, text=True, env=arm_env, cwd=Path(__file__).parent.parent)
         assert r.returncode == 0, r.stderr[-3000:]
-        hashes[arm] = hashes_only(json.loads(next(runs.rglob('state_hashes.json')).read_text()))
-    assert hashes['native'] == hashes['replay'] == hashes['whole_step'] and 'predictions' in hashes['native']
+        written = json.loads(next(runs.rglob('state_hashes.json')).read_text())
+        assert written['env']['allocator'] == arm_env.get('PYTORCH_CUDA_ALLOC_CONF'), written['env']
+        hashes[arm] = hashes_only(written)
+    assert len({json.dumps(h, sort_keys=True) for h in hashes.values()}) == 1 and 'predictions' in hashes['native']
 
 
 @pytest.mark.parametrize('name', ['musgd', 'sgd', 'adamw'])
