@@ -41,7 +41,7 @@ from lucid_nb.data import YoloData
 PARTS = ('nms', 'greedy_keep', 'batch_mask_runs', 'crop_starts', 'rle_strings', 'coco_results', 'unletterbox_boxes', 'box_spans')
 
 
-def count(mod, outs, batches, cat_ids, gpu_nms) -> dict:
+def count(mod, outs, batches, cat_ids, gpu_nms, group_pixels=None) -> dict:
     "One validation's post-processing by `mod` (a `lucid_nb.metrics` module), its functions wrapped while it runs."
     part, per, calls, looks, chunk_px = ['update'], collections.Counter(), collections.Counter(), collections.Counter(), collections.Counter()
     saved = {name: getattr(mod, name) for name in (*PARTS, 'crop_chunks') if hasattr(mod, name)}
@@ -71,7 +71,7 @@ def count(mod, outs, batches, cat_ids, gpu_nms) -> dict:
         for name in PARTS:
             if name in saved: attribute(name, saved[name])
         mod.crop_chunks = chunks
-        v = mod.Validator(cat_ids)
+        v = mod.Validator(cat_ids, **({'group_pixels': group_pixels} if group_pixels else {}))
         with ByPart() as c, torch.no_grad():
             for o, b in zip(outs, batches): v.update(o, b)
     finally:
@@ -86,6 +86,7 @@ def main():
     p.add_argument('--checkpoint', help="a lucid checkpoint: its EMA network's outputs instead of young_head's")
     p.add_argument('--many-detections', action='store_true', help="notebook 07's random-init model with class biases 0")
     p.add_argument('--gpu-nms', action='store_true', help="NMS chunks and rounds as on a GPU (1024, 4)")
+    p.add_argument('--group-pixels', type=int, help="the Validator's group size (default: its own, 2**25; the trainer's with expandable segments: 2**27)")
     p.add_argument('--baseline', nargs='*', default=[], help='git revisions counted on the same outputs')
     p.add_argument('--tag', default='', help='added to the result file name'); a = p.parse_args()
     dm = YoloData(prefetch=False); dm.setup('fit')
@@ -94,15 +95,15 @@ def main():
         net = vs.eval_net(a.checkpoint, len(dm.cat_ids))
         with torch.no_grad(): outs = [net(dm.on_after_batch_transfer(b)['img']) for b in batches]
     else: outs = vs.young_head(batches)
-    res = count(M, outs, batches, dm.cat_ids, a.gpu_nms)
+    res = count(M, outs, batches, dm.cat_ids, a.gpu_nms, a.group_pixels)
     source = a.checkpoint or ('many_detections' if a.many_detections else 'young_head')
     res = dict(what=f"ATen operator calls of one validation's post-processing ({source} outputs, 32 images), by part "
                     f"(a function's calls inside another count as its own part){'; NMS as on a GPU' if a.gpu_nms else ''}",
-               batches=len(batches), images=sum(len(b['img']) for b in batches), **res)
+               group_pixels=a.group_pixels, batches=len(batches), images=sum(len(b['img']) for b in batches), **res)
     body = res.pop('results_bytes')
     res['baselines'] = {}
     for rev in a.baseline:
-        r = count(vs.load_baseline(rev, f'lucid_nb_ops_{rev}'), outs, batches, dm.cat_ids, a.gpu_nms)
+        r = count(vs.load_baseline(rev, f'lucid_nb_ops_{rev}'), outs, batches, dm.cat_ids, a.gpu_nms, a.group_pixels)
         if r.pop('results_bytes') != body: raise SystemExit(f'--baseline {rev}: other results bytes')
         res['baselines'][rev] = r
     res.update(command=' '.join([sys.executable, *sys.argv]), date=datetime.now(timezone.utc).isoformat(timespec='seconds'), env=env_info())
