@@ -8,11 +8,11 @@ Docs: https://lucid-nb.github.io/lucid_nb/cli.html.md"""
 from __future__ import annotations
 import atexit, contextlib, gc, os, sys, threading
 from pathlib import Path
+from .allocator import allocator_defaults   # os alone: no heavy import
 
 # %% auto #0
-__all__ = ['LEAN_IMPORTS_HIDE', 'ALLOCATOR_VARIABLES', 'EXPANDABLE_SEGMENTS', 'bytecode_cache', 'enable_bytecode_cache',
-           'HiddenDistributions', 'lean_imports', 'collector_paused', 'allocator_setting', 'expandable_segments',
-           'allocator_defaults', 'exit_status', 'exit_now', 'run', 'main']
+__all__ = ['LEAN_IMPORTS_HIDE', 'bytecode_cache', 'enable_bytecode_cache', 'HiddenDistributions', 'lean_imports',
+           'collector_paused', 'exit_status', 'exit_now', 'run', 'main']
 
 # %% ../nbs/09_cli.ipynb #47b87641
 def bytecode_cache()->str|None:
@@ -64,25 +64,6 @@ def collector_paused():
     gc.disable()
     try: yield True
     finally: gc.freeze(); gc.enable()
-
-# %% ../nbs/09_cli.ipynb #6c2d8e31
-ALLOCATOR_VARIABLES = ('PYTORCH_ALLOC_CONF', 'PYTORCH_CUDA_ALLOC_CONF')   # PyTorch's name for the setting, and its older CUDA name
-EXPANDABLE_SEGMENTS = 'expandable_segments:True'
-
-def allocator_setting(environ=os.environ)->str|None:
-    "The CUDA caching allocator's setting that `environ` gives, as PyTorch reads it (None: PyTorch's defaults)."
-    return next((environ[name] for name in ALLOCATOR_VARIABLES if environ.get(name)), None)
-
-def expandable_segments(environ=os.environ)->bool:
-    "Whether that setting turns the allocator's expandable segments on."
-    return 'expandable_segments:true' in (allocator_setting(environ) or '').replace(' ', '').lower().split(',')
-
-def allocator_defaults(environ=os.environ)->str|None:
-    "Expandable segments for the CUDA caching allocator unless the user configured it (kept) or set `LUCID_NB_EXPANDABLE_SEGMENTS=0`; returns the setting in effect (None: PyTorch's defaults)."
-    if (setting := allocator_setting(environ)) is not None: return setting
-    if environ.get('LUCID_NB_EXPANDABLE_SEGMENTS', '1') == '0': return None
-    environ['PYTORCH_CUDA_ALLOC_CONF'] = EXPANDABLE_SEGMENTS
-    return EXPANDABLE_SEGMENTS
 
 # %% ../nbs/09_cli.ipynb #1ea71d62
 def exit_status(code)->int:

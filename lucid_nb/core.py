@@ -12,7 +12,7 @@ import numpy as np, torch
 from torch import Tensor
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
-from .cli import allocator_setting   # a light module: the console script's, before the heavy imports
+from .allocator import allocator_setting
 
 # %% auto #0
 __all__ = ['BATCH_KEYS', 'MASK_STRIDE', 'EMBEDDED_DATA', 'CONFIGS', 'EMBEDDED_IMAGES', 'EMBEDDED_ANNOTATIONS', 'TEST_IMG',
@@ -56,7 +56,7 @@ def env_info()->dict:
     return dict(device=torch.cuda.get_device_name(0) if cuda else platform.processor() or platform.machine(),
                 torch=torch.__version__, cuda=torch.version.cuda if cuda else None,
                 cudnn=torch.backends.cudnn.version() if cuda else None, python=platform.python_version(),
-                allocator=allocator_setting(),   # the CUDA allocator's setting (`09_cli`)
+                allocator=allocator_setting(),   # the CUDA allocator's setting (`00a_allocator`)
                 commit=_git_commit(), date=datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC'))
 
 def env_card()->str:

@@ -22,7 +22,7 @@ from jsonargparse import Namespace
 from torch import nn, Tensor
 from fastcore.basics import patch
 from .core import *
-from .cli import expandable_segments
+from .allocator import expandable_segments
 from .coco import BadInputError
 from .data import YoloData, load_rgb
 from .model import SCALES
@@ -249,7 +249,7 @@ class LitYolo(L.LightningModule):
         Validation makes the masks of a batch's images in groups of this many pixels (each image counts its
         detections' prototype-grid cells and crop pixels, `07_metrics`' `Validator`): larger groups mean fewer host
         operator calls and more GPU memory. Unset: 2**27 where the CUDA allocator has expandable segments (`lucid`'s
-        default, `09_cli`), else 2**25 — what keeps validation within the training step's memory at the reference
+        default, `00a_allocator`), else 2**25 — what keeps validation within the training step's memory at the reference
         settings. The predictions are the same bytes for any value.
     capture_segment_heads : bool
         Record the segment head's prediction calls and their backward into CUDA graphs at the first training batch

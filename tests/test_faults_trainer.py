@@ -8,7 +8,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from lucid_nb.cli import allocator_defaults
+from lucid_nb.allocator import allocator_defaults
 from lucid_nb.core import EMBEDDED_ANNOTATIONS, EMBEDDED_IMAGES
 from lucid_nb.trainer import LOCK_NAME, cli_main, read_checkpoint
 
