@@ -33,6 +33,7 @@ def _check_options(o:dict):
     if o['imgsz'] < 32 or o['imgsz'] % 32: raise ValueError(f"imgsz={o['imgsz']} must be a positive multiple of 32 (the model's largest stride)")
     for k in ('batch_size', 'max_instances', 'val_count'):
         if o[k] < 1: raise ValueError(f"{k}={o[k]} must be at least 1")
+    if o['threads'] is not None and o['threads'] < 1: raise ValueError(f"threads={o['threads']} must be at least 1 (or None: up to 8, the CPU count)")
     if o['val_batch_size'] is not None and o['val_batch_size'] < 1:
         raise ValueError(f"val_batch_size={o['val_batch_size']} must be at least 1 (or None: twice batch_size)")
     for k in ('workers', 'close_mosaic', 'degrees', 'shear', 'hsv_h', 'hsv_s', 'hsv_v'):
@@ -68,6 +69,9 @@ class YoloData(L.LightningDataModule):
         fewer, larger batches mean fewer forward and NMS calls from the host).
     workers : int
         DataLoader worker processes (0: build batches in this process).
+    threads : int | None
+        Threads that check the images at setup and, with `workers=0`, build each batch's samples together (the same
+        bytes as one by one). None: up to 8, the CPU count; 1: one at a time.
     cache : str
         Prepared-image cache: 'none' (decode every time), 'ram' or 'disk' (a cache folder that cannot be written is
         reported once and bypassed; no image is left out).
@@ -112,7 +116,7 @@ class YoloData(L.LightningDataModule):
     """
     def __init__(self, train_images:str|None=None, train_annotations:str|None=None, val_images:str|None=None,
                  val_annotations:str|None=None, val_count:int=32, imgsz:int=640, batch_size:int=4, val_batch_size:int|None=None,
-                 workers:int=0,
+                 workers:int=0, threads:int|None=None,
                  cache:Literal['none', 'ram', 'disk']='ram', cache_dir:str|None=None, prefetch:bool=True, pin_memory:bool=True, max_instances:int=100,
                  on_bad_input:Literal['skip', 'error']='skip', fliplr:float=.5, degrees:float=0., translate:float=.1, scale:float=.5,
                  shear:float=0., mosaic:float=1., close_mosaic:int=10, hsv_h:float=.015, hsv_s:float=.7, hsv_v:float=.4,
@@ -179,7 +183,7 @@ def _dataset(self:YoloData, recs:list, images:Path, annotations:Path, augment:bo
         folder = Path(h.cache_dir)/cache_name(images, annotations, h.imgsz) if h.cache_dir else default_cache_dir(images, annotations, h.imgsz)
         if folder not in self._disks: self._disks[folder] = DiskCache(folder, h.imgsz, annotations)
         disk = self._disks[folder]
-    return YoloDataset(recs, h.imgsz, h.cache, disk, self.report, augment, self.aug, h.seed, h.max_instances)
+    return YoloDataset(recs, h.imgsz, h.cache, disk, self.report, augment, self.aug, h.seed, h.max_instances, h.threads)
 
 @patch
 def setup(self:YoloData, stage:str|None=None):

@@ -16,7 +16,7 @@ import numpy as np, torch
 from fastcore.basics import patch
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from PIL import Image
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, get_worker_info
 from .core import *
 from .coco import *
 from .coco import _decode, _IMAGE_ERRORS
@@ -168,11 +168,13 @@ class YoloDataset(Dataset):
     "Checked COCO images → augmented samples, indexed by `(epoch, i)`; deterministic given `seed`."
     def __init__(self, records:list[ImageRecord], imgsz:int=640, cache:str='ram', disk:DiskCache|None=None,
                  report:DataReport|None=None, augment:bool=False, aug:AugSettings|None=None, seed:int=0,
-                 max_instances:int=100, threads:int|None=None):
+                 max_instances:int=100,
+                 threads:int|None=None): # threads that check the images at setup and build a batch's samples outside loader workers (None: up to 8, the CPU count)
         self.imgsz, self.cache, self.disk, self.augment, self.aug = imgsz, cache, disk, augment, aug or AugSettings()
         self.seed, self.max_instances, self.mosaic_until = seed, max_instances, None
         self.report = report if report is not None else DataReport()
-        with ThreadPoolExecutor(threads or min(8, os.cpu_count() or 1)) as ex:
+        self.threads, self._pool = threads or min(8, os.cpu_count() or 1), None
+        with ThreadPoolExecutor(self.threads) as ex:
             checked = list(ex.map(lambda r: _check_image(r, imgsz, cache, disk, decode=not augment), records))
         self.records, self._ram = [], []
         for rec, (p, bad, o) in zip(records, checked):
@@ -229,6 +231,18 @@ def __getitem__(self:YoloDataset, key:tuple|int)->dict:
     if s['dropped'] and rank_zero_only.rank == 0:
         log.warning(f"sample {i} of epoch {epoch} (a mosaic) had {s['dropped']} instances over max_instances={self.max_instances}; kept the largest")
     return s
+
+@patch
+def __getitems__(self:YoloDataset, keys:list)->list[dict]:
+    "The samples of `keys`, in order: built by `threads` threads of this process, one at a time inside a loader worker."
+    if self.threads < 2 or len(keys) < 2 or get_worker_info() is not None: return [self[k] for k in keys]
+    if self._pool is None: self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix='lucid_nb-samples')
+    return list(self._pool.map(self.__getitem__, keys))
+
+@patch
+def __getstate__(self:YoloDataset)->dict:
+    "A copy for a loader worker process: without this process's threads."
+    return {**self.__dict__, '_pool': None}
 
 # %% ../nbs/01c_loader.ipynb #355e76ed
 class EpochBatchSampler:

@@ -264,12 +264,15 @@ def _digests(dm, epoch):
 
 
 def test_same_bytes_with_prefetch_and_workers(coco):
-    base = dm_for(coco, val_count=1, seed=3); base.setup()
+    base = dm_for(coco, val_count=1, seed=3, threads=1); base.setup()   # every sample built one after the other
     ref = [_digests(base, e) for e in (0, 1)]
     assert ref[0] != ref[1]
-    for kw in (dict(prefetch=True), dict(workers=2), dict(workers=2, prefetch=True), dict(cache='none'), dict(cache='disk')):
+    for kw in (dict(prefetch=True), dict(workers=2), dict(workers=2, prefetch=True), dict(cache='none'), dict(cache='disk'),
+               dict(threads=3), dict(threads=3, prefetch=True), dict(threads=3, workers=2)):
         dm = dm_for(coco, val_count=1, seed=3, **kw); dm.setup()
         assert [_digests(dm, e) for e in (0, 1)] == ref, kw
+        if kw.get('threads') and not kw.get('workers'):   # the batch's samples were built by the dataset's threads
+            assert dm._train._pool is not None and dm._train._pool._max_workers == 3
     other = dm_for(coco, val_count=1, seed=4); other.setup()
     assert _digests(other, 0) != ref[0]
     assert live_prefetch_threads() == []
@@ -344,7 +347,8 @@ def test_lightning_fit_uses_the_datamodule(coco):
 @pytest.mark.parametrize('kw, msg', [
     (dict(cache='fast'), "cache='fast' is not allowed: use one of 'none', 'ram', 'disk'"),
     (dict(on_bad_input='ignore'), "on_bad_input='ignore'"), (dict(imgsz=100), 'imgsz=100 must be a positive multiple of 32'),
-    (dict(batch_size=0), 'batch_size=0'), (dict(workers=-1), 'workers=-1'), (dict(fliplr=2.), 'fliplr=2.0'),
+    (dict(batch_size=0), 'batch_size=0'), (dict(workers=-1), 'workers=-1'), (dict(threads=0), 'threads=0 must be at least 1'),
+    (dict(fliplr=2.), 'fliplr=2.0'),
     (dict(scale=1.), r'scale=1.0 must be in \[0, 1\)'), (dict(train_images='x'), 'give both train_images and train_annotations'),
 ])
 def test_bad_options(kw, msg):
