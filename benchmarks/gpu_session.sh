@@ -18,6 +18,10 @@
 #                                                        # the allocator holds at each validation's start
 #   bash benchmarks/gpu_session.sh vparts                # validation_parts.py: a 6-epoch fit, its validation split by part,
 #                                                        # one validation under torch.profiler (host vs kernel time)
+# .whl/ holds CPython 3.12 manylinux wheels of what that image lacks: pycocotools, ultrafast-pycocotools, jsonargparse,
+# docstring-parser, typeshed-client, fastcore, nbdev, execnb, fastgit, ghapi, asttokens, astunparse, watchdog, and for
+# the notebooks stage IPython with ipython-pygments-lexers, traitlets, decorator, jedi, parso, matplotlib-inline,
+# pexpect, ptyprocess, prompt-toolkit, wcwidth, pygments, stack-data, executing, pure-eval.
 # Results go to $OUT/results (copy them into benchmarks/results/). Export LUCID_NB_COMMIT=<commit> first: the copied
 # tree's .git may be stale on that machine, and env_info() records this value.
 set -uo pipefail
@@ -34,7 +38,8 @@ for stage in "$@"; do
     tests) python3 -m pytest -q -m cuda -p no:cacheprovider -W ignore tests/test_recorder_cuda.py tests/test_optim.py \
              tests/test_trainer_cuda.py tests/test_metrics.py > "$OUT/results/pytest_cuda.log" 2>&1 || status=1
            grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/results/pytest_cuda.log" | tail -12 ;;
-    notebooks) python3 benchmarks/run_notebooks.py "${nbs[@]}" 2>&1 | grep -E "PASSED|FAILED|Error|error" | tail -20 || status=1
+    notebooks) python3 -c 'import IPython' 2>/dev/null || { echo "notebooks: IPython is not installed: add its wheels to .whl/ (see the header)"; status=1; continue; }
+               python3 benchmarks/run_notebooks.py "${nbs[@]}" 2>&1 | grep -E "PASSED|FAILED|Error|error" | tail -20 || status=1
                cp "${nbs[@]}" "$OUT/" ;;
     validation) python3 benchmarks/validation_speed.py --device cuda --baseline "${BASELINE:-7a13c73}" --out "$OUT/results" 2>&1 | tail -8 || status=1 ;;
     exit) for fast in 1 0; do

@@ -9,7 +9,11 @@ first batch, after the trainer gave the allocator's unused cache back, it reads 
 (reserved, allocated, segments, free bytes inside partly used segments): what training leaves reserved is the floor
 validation's own blocks are added to.
 
-    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python benchmarks/memory_epochs.py --tag expandable   # that allocator
+    LUCID_NB_EXPANDABLE_SEGMENTS=0 python benchmarks/memory_epochs.py --tag classic   # PyTorch's allocator defaults
+
+The allocator is set up as `lucid` sets it (expandable segments, unless `PYTORCH_ALLOC_CONF` /
+`PYTORCH_CUDA_ALLOC_CONF` is set or `LUCID_NB_EXPANDABLE_SEGMENTS=0`); before 2026-12-04 this script ran at PyTorch's
+defaults unless the variable was set by hand.
 
     python benchmarks/memory_epochs.py --out benchmarks/results --tag native_b16 -- --data.batch_size 16
 
@@ -69,6 +73,8 @@ def main():
     p = argparse.ArgumentParser(); p.add_argument('--out', default='benchmarks/results')
     p.add_argument('--tag', default='', help='result file suffix (memory_epochs_<device>_<tag>.json)')
     p.add_argument('extra', nargs='*'); a = p.parse_args()
+    from lucid_nb.allocator import ALLOCATOR_VARIABLES, allocator_defaults
+    allocator_defaults()   # the allocator `lucid` sets up (its fit here runs in this process, not through `lucid`)
     import lucid_nb
     from lucid_nb.trainer import cli_main
     from lucid_nb.core import device_tag, env_info
@@ -80,7 +86,7 @@ def main():
     cli.trainer.fit(cli.model, cli.datamodule)
     top = max((r for r in peaks.readings if 'peak_reserved_mib' in r), key=lambda r: r['peak_reserved_mib'])
     res = dict(env=env_info(), extra_args=a.extra, library=str(Path(lucid_nb.__file__).parent),
-               environment={k: v for k, v in os.environ.items() if k.startswith('LUCID_NB_') or k == 'PYTORCH_CUDA_ALLOC_CONF'},
+               environment={k: v for k, v in os.environ.items() if k.startswith('LUCID_NB_') or k in ALLOCATOR_VARIABLES},
                peak_reserved_mib=top['peak_reserved_mib'], peak_at=dict(epoch=top['epoch'], phase=top['phase']),
                readings=peaks.readings)
     out = Path(a.out); out.mkdir(parents=True, exist_ok=True)
