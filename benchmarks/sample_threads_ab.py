@@ -7,23 +7,23 @@ first's. Writes the median and range of each, and the round-by-round ratio to `t
 
     python benchmarks/sample_threads_ab.py [--threads 0 2] [--mosaic 0] [--rounds 6] [--out benchmarks/results]
 """
-import argparse, contextlib, hashlib, io, json, os, statistics, sys, time
+import argparse, contextlib, io, json, os, statistics, sys, time
 from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
-from lucid_nb.core import device_tag, env_info
+from lucid_nb.core import device_tag, digest, env_info
 from lucid_nb.data import YoloData
 
 
 def epoch_rate(ld, epoch: int) -> tuple[float, str]:
-    "Images/s of one epoch of `ld`, and a sha256 of its batches' bytes (the hashing's own time is not counted)."
-    ld.set_epoch(epoch); h, n, hashing, t = hashlib.sha256(), 0, 0., time.perf_counter()
+    "Images/s of one epoch of `ld`, and the `digest` of its batches (the hashing's own time is not counted)."
+    ld.set_epoch(epoch); hashes, n, hashing, t = [], 0, 0., time.perf_counter()
     for b in ld:   # each batch dropped after its hash, as a training loop drops it after its step
         t0 = time.perf_counter()
-        for k in sorted(b): h.update(b[k].numpy().tobytes())
+        hashes.append(digest(b))
         n, hashing = n + len(b['img']), hashing + time.perf_counter() - t0
-    return n / (time.perf_counter() - t - hashing), h.hexdigest()
+    return n / (time.perf_counter() - t - hashing), digest(hashes)
 
 
 def main(argv=None):
