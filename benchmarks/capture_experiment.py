@@ -4,7 +4,7 @@ Case A: `train_trace` as it was (the previous step's `loss` still referenced whi
 case B: the same steps with `del loss` after each step; case C: as A with 100 instance slots.
 H200 result (torch 2.11): A and C failed with cudaErrorStreamCaptureImplicit ("operation would make the legacy stream
 depend on a capturing blocking stream") in the backward capture; B recorded and replayed. `train_trace` now drops
-its references, and the recorder retries a failed recording with parameter aliases (06_recorder).
+its references, and the recorder retries a failed recording with parameter aliases (06b_recorder).
 
     python benchmarks/capture_experiment.py A|B|C
 """

@@ -329,7 +329,7 @@ class CapturedUpdate:
     def settings(self)->tuple: return ()
     def refresh(self): pass
     def run(self, grads:list[Tensor]): raise NotImplementedError
-    def blocker(self)->str|None: return None         # why no graph can replay this update (`06_recorder` then runs it natively)
+    def blocker(self)->str|None: return None         # why no graph can replay this update (`06b_recorder` then runs it natively)
     def state(self)->list[Tensor]:
         "Every device tensor `run` writes: the parameters, then their state tensors."
         return self.flat + [v for p in self.flat for k, v in sorted(self.opt.state[p].items()) if k not in self.counter_keys]

@@ -75,7 +75,7 @@ class WaitForSignal(Callback):
         while not trainer.received_sigterm and time.monotonic() < deadline: time.sleep(0.05)
 
 
-# The recorder's parity harness: a short SGD run, native or with the head (or the whole step) replayed (`06_recorder`).
+# The recorder's parity harness: a short SGD run, native or with the head (or the whole step) replayed (`06b_recorder`).
 def train_trace(model:nn.Module,                 # trained in place
                 batches:list[dict],              # batches in the padded format (`img` uint8)
                 recorder=None,                   # a `HeadRegion` or a `StepRegion`; None: native

@@ -1,4 +1,4 @@
-"""Checks of `lucid_nb.metrics` beyond `nbs/07_metrics.ipynb` (which teaches and checks NMS against its reference on small
+"""Checks of `lucid_nb.metrics` beyond `nbs/07b_metrics.ipynb` (which teaches and checks NMS against its reference on small
 inputs, the crop windows, `unletterbox_masks` against a float64 reference, the rectangle round trip, RLE against
 pycocotools on ellipses, perfect and empty COCOeval, the full path fed with the ground truth and spoilt predictions,
 equal JSON bytes): brute-force NMS parity over many seeds, modes and chunk sizes, properties of the greedy answer,
@@ -352,7 +352,7 @@ def test_coco_results_mapping_and_rounding():
 
 def test_empty_results():
     coco, rects = _gt()
-    assert 'no detections' in coco_evaluate(coco, [], [1, 2]).log   # its zeros: 07_metrics
+    assert 'no detections' in coco_evaluate(coco, [], [1, 2]).log   # its zeros: 07b_metrics
     v = Validator(cat_ids=CATS)
     eval_out, batch = _gt_head_output(rects)
     v.update(dict(eval_out, scores=eval_out['scores'] * 0), batch)  # nothing above conf

@@ -1,7 +1,7 @@
 """The recorder's bookkeeping on the CPU, through real Lightning fits: replayed training (the head, the optimiser
 update, both) is bit-identical to native (across EMA validation, warm-up, clipping and a resume), every fallback is one
 clear line, recordings are released on every exit path, moved parameters and optimiser state are re-recorded.
-The `EagerGraphs` backend stands in for CUDA graphs (see `06_recorder`)."""
+The `EagerGraphs` backend stands in for CUDA graphs (see `06b_recorder`)."""
 import contextlib, copy, json, logging
 from types import SimpleNamespace
 
@@ -224,7 +224,7 @@ def test_gradient_layouts_are_learned_and_checked():
 
 
 class FailFirstCapture(EagerGraphs):
-    "Fails the first capture, as the H200 did when a previous step's graph was still referenced (see 06_recorder)."
+    "Fails the first capture, as the H200 did when a previous step's graph was still referenced (see 06b_recorder)."
     failed = False
     def capture(self, fn):
         if not self.failed:

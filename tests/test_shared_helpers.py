@@ -1,4 +1,4 @@
-"""The helpers that the loss and the metrics used to keep apart, now one each (`00_core`, `03_heads`), give the
+"""The helpers that the loss and the metrics used to keep apart, now one each (`00b_core`, `03_heads`), give the
 bytes the old ones gave: forward values and, for the loss's CIoU, gradients. The old code is copied here verbatim
 as the reference."""
 import math
