@@ -27,9 +27,9 @@ MASK_STRIDE = 4  # masks and prototypes live at 1/4 of the input side
 
 # %% ../nbs/00b_core.ipynb #db8c02f2
 def package_dir()->Path:
-    "The folder of the imported `lucid_nb` package: it holds the embedded data and the configs."
-    import lucid_nb
-    return Path(lucid_nb.__file__).resolve().parent
+    "The folder of the `lucid_nb` package: it holds the embedded data and the configs."
+    here = globals().get('__file__')   # unset where this cell runs in a notebook, whose folder is nbs/
+    return Path(here).resolve().parent if here else (Path.cwd().parent/'lucid_nb').resolve()
 
 def repo_root()->Path:
     "The folder above the package: the checkout, when `lucid_nb` is imported from one."
