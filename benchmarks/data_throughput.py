@@ -1,21 +1,29 @@
-"""Data-pipeline throughput (training images/s) with and without cache and prefetch, on the embedded coco128.
+"""Data-pipeline throughput (training images/s) on the embedded coco128: loader configurations, or two settings alternating.
 
 Usage (from the repository root):
-    .venv/bin/python benchmarks/data_throughput.py [--imgsz 640] [--batch-size 4] [--epochs 2] [--out benchmarks/results/data_throughput_cpu.json]
+    python benchmarks/data_throughput.py [--imgsz 640] [--batch-size 4] [--epochs 2] [--out benchmarks/results]
+    python benchmarks/data_throughput.py --ab threads [--threads 0] [--mosaic 1] [--rounds 10]
 
-Each configuration builds `YoloData` on the embedded data (96 training images by the split rule), runs `--epochs`
-training epochs through `train_dataloader()` and reports images/s of the best epoch (the first one warms the page
-cache and the allocator). Augmentation is YOLO's default (flip, scale 0.5, translate 0.1) with mosaic off unless the
-row says otherwise. `step_ms` > 0 simulates a training step that sleeps (like a GPU step, it releases the GIL) after
-each batch, to show what prefetch hides; images/s then counts the whole loop. Setup (decode + cache) is timed apart.
+Configurations (default): each builds `YoloData` on the embedded data (96 training images by the split rule), runs
+`--epochs` training epochs through `train_dataloader()` and reports images/s of the best epoch (the first one warms the
+page cache and the allocator): cache none/ram/disk, prefetch, workers, mosaic. Augmentation is YOLO's default (flip,
+scale 0.5, translate 0.1) with mosaic off unless the row says otherwise. `step_ms` > 0 simulates a training step that
+sleeps (like a GPU step, it releases the GIL) after each batch, to show what prefetch hides; images/s then counts the
+whole loop. Setup (decode + cache) is timed apart. Writes `data_throughput_<device>_<commit>.json`.
+
+`--ab threads`: single passes on a shared machine move by 2x, so this alternates full epochs of loaders that differ
+only in `threads` (1, and each `--threads` value, `0` meaning the default: up to 8, the CPU count) in one process
+(cache in RAM, no workers, no prefetch: the samples' building alone), each setting leading in turn, every setting's
+batches checked to be the same bytes as the others' (`lucid_nb.core.digest`, untimed). Reports the median and range of
+each and the round-by-round ratio to `threads=1`: `data_throughput_<device>_<commit>_threads[_mosaic].json`.
+
 The 1-minute load average before and after is recorded: other processes on a small machine skew the numbers.
 """
-import argparse, contextlib, datetime, io, json, os, platform, shlex, sys, tempfile, time
+import argparse, contextlib, io, os, platform, sys, tempfile, time
 from pathlib import Path
 
 import torch
-from lucid_nb.core import env_info
-from lucid_nb.data import YoloData
+from common import ratios, spread, write_result
 
 
 def cpu_name() -> str:
@@ -26,12 +34,17 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def measure(imgsz, batch_size, epochs, cache, prefetch, workers=0, mosaic=0., step_ms=0., cache_dir=None) -> dict:
-    dm = YoloData(imgsz=imgsz, batch_size=batch_size, cache=cache, cache_dir=cache_dir, prefetch=prefetch, workers=workers,
-                  mosaic=mosaic, max_epochs=100, seed=0)
+def loader(imgsz, batch_size, **kw):
+    "The embedded data's training loader (set up: decoded and cached), and its setup seconds."
+    from lucid_nb.data import YoloData
+    dm = YoloData(imgsz=imgsz, batch_size=batch_size, max_epochs=100, seed=0, **kw)
     t0 = time.perf_counter()
     with contextlib.redirect_stdout(io.StringIO()): dm.setup('fit')
-    setup_s = time.perf_counter() - t0
+    return dm, time.perf_counter() - t0
+
+
+def measure(imgsz, batch_size, epochs, cache, prefetch, workers=0, mosaic=0., step_ms=0., cache_dir=None) -> dict:
+    dm, setup_s = loader(imgsz, batch_size, cache=cache, cache_dir=cache_dir, prefetch=prefetch, workers=workers, mosaic=mosaic)
     ld, rates = dm.train_dataloader(), []
     for e in range(epochs):
         ld.set_epoch(e); n, t = 0, time.perf_counter()
@@ -44,12 +57,42 @@ def measure(imgsz, batch_size, epochs, cache, prefetch, workers=0, mosaic=0., st
                 images_per_s=round(max(rates), 1), images_per_s_each_epoch=[round(r, 1) for r in rates], images=len(ld.dataset))
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    ap.add_argument('--imgsz', type=int, default=640); ap.add_argument('--batch-size', type=int, default=4)
-    ap.add_argument('--epochs', type=int, default=2); ap.add_argument('--out', default='benchmarks/results/data_throughput_cpu.json')
-    a = ap.parse_args(argv)
-    rows, load0 = [], list(os.getloadavg())   # other work on the machine skews the numbers: recorded
+def epoch_rate(ld, epoch: int) -> tuple[float, str]:
+    "Images/s of one epoch of `ld`, and the `digest` of its batches (the hashing's own time is not counted)."
+    from lucid_nb.core import digest
+    ld.set_epoch(epoch); hashes, n, hashing, t = [], 0, 0., time.perf_counter()
+    for b in ld:   # each batch dropped after its hash, as a training loop drops it after its step
+        t0 = time.perf_counter()
+        hashes.append(digest(b))
+        n, hashing = n + len(b['img']), hashing + time.perf_counter() - t0
+    return n / (time.perf_counter() - t - hashing), digest(hashes)
+
+
+def threads_ab(a) -> dict:
+    "Alternating epochs of `threads=1` and each `--threads` value, same bytes checked every round."
+    loaders = {}
+    for t in [1] + [t or None for t in a.threads]:
+        dm, _ = loader(a.imgsz, a.batch_size, cache='ram', prefetch=False, workers=0, mosaic=a.mosaic, threads=t)
+        loaders[str(t or 'default')] = dm.train_dataloader()
+    for ld in loaders.values(): epoch_rate(ld, 99)   # warm: first calls, the threads started
+    rates = {k: [] for k in loaders}
+    for r in range(a.rounds):
+        keys = list(loaders); keys = keys[r % len(keys):] + keys[:r % len(keys)]   # each setting leads in turn
+        digests = {}
+        for k in keys:
+            rate, digests[k] = epoch_rate(loaders[k], r)
+            rates[k].append(rate)
+        if len(set(digests.values())) != 1: raise SystemExit(f'round {r}: the settings built different batches: {digests}')
+        print(f'round {r}: ' + ', '.join(f'threads {k} {rates[k][-1]:.1f}' for k in loaders) + ' images/s', flush=True)
+    return dict(what='training loader images/s, samples built one by one (threads 1) and by the dataset threads, alternating epochs, same bytes checked',
+                mosaic=a.mosaic, rounds=a.rounds, default_threads=loaders.get('default', loaders['1']).dataset.threads,
+                images_per_s={k: spread(v, 1) for k, v in rates.items()},
+                ratio_to_threads_1={k: ratios(v, rates['1'], 2) for k, v in rates.items() if k != '1'}, runs=rates)
+
+
+def configurations(a) -> dict:
+    "Each loader configuration's best epoch."
+    rows = []
     with tempfile.TemporaryDirectory() as tmp:
         configs = [dict(cache=c, prefetch=p) for c in ('none', 'ram', 'disk') for p in (False, True)]
         configs += [dict(cache='ram', prefetch=True, workers=2), dict(cache='ram', prefetch=False, mosaic=1.),
@@ -60,17 +103,28 @@ def main(argv=None):
             rows.append(r)
             print(f"cache {r['cache']:<4} prefetch {str(r['prefetch']):<5} workers {r['workers']} mosaic {r['mosaic']:.0f} "
                   f"step {r['step_ms']:>4.0f} ms: {r['images_per_s']:7.1f} images/s (setup {r['setup_s']:.2f} s)", flush=True)
-    i = env_info()
-    result = dict(
-        what='lucid_nb data pipeline throughput, training loader, embedded coco128 (96 train images)',
-        command=' '.join(['.venv/bin/python', 'benchmarks/data_throughput.py'] + [shlex.quote(x) for x in (argv if argv is not None else sys.argv[1:])]),
-        imgsz=a.imgsz, batch_size=a.batch_size, epochs=a.epochs,
-        target='> 200 images/s at 640 with cache ram, no mosaic, on 2 CPU cores',
-        cpu=cpu_name(), cores=os.cpu_count(), load_average_before=load0, load_average_after=list(os.getloadavg()), torch_threads=torch.get_num_threads(), torch=i['torch'], python=i['python'],
-        commit=i['commit'], date=datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC'), rows=rows)
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(result, indent=1) + '\n')
-    print(f"wrote {a.out}")
+    return dict(what='lucid_nb data pipeline throughput, training loader, embedded coco128 (96 train images)',
+                epochs=a.epochs, target='> 200 images/s at 640 with cache ram, no mosaic, on 2 CPU cores', rows=rows)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    ap.add_argument('--ab', choices=('threads',), help='alternate two loader settings instead of the configuration table')
+    ap.add_argument('--imgsz', type=int, default=640); ap.add_argument('--batch-size', type=int, default=4)
+    ap.add_argument('--epochs', type=int, default=2, help='configurations: epochs each (the best counts)')
+    ap.add_argument('--threads', type=int, nargs='+', default=[0], help='--ab threads: the settings beside 1 (0: the default)')
+    ap.add_argument('--mosaic', type=float, default=0., help='--ab threads: mosaic probability')
+    ap.add_argument('--rounds', type=int, default=6, help='--ab threads: alternating rounds')
+    ap.add_argument('--out', default='benchmarks/results')
+    a = ap.parse_args(argv)
+    load0 = list(os.getloadavg())   # other work on the machine skews the numbers: recorded
+    res = threads_ab(a) if a.ab else configurations(a)
+    res.update(imgsz=a.imgsz, batch_size=a.batch_size, cpu=cpu_name(), cores=os.cpu_count(), load_average_before=load0,
+               load_average_after=list(os.getloadavg()), torch_threads=torch.get_num_threads())
+    tag = f"{a.ab}{'_mosaic' if a.mosaic else ''}" if a.ab else ''
+    path = write_result('data_throughput', res, 'cpu', tag, out=a.out)
+    if a.ab: print(res['images_per_s'], res['ratio_to_threads_1'])
+    print(f"-> {path}")
 
 
 if __name__ == '__main__': main()

@@ -3,8 +3,8 @@ validation), 640 px, batch 16, on one GPU, and record box and mask mAP per valid
 
     python benchmarks/it_learns.py --epochs 100 --val-every 5 --out benchmarks/results
 
-Writes `it_learns_<gpu>.json` (every validation's 24 COCO numbers, wall times, the exact command, environment) and
-`it_learns_<gpu>.png` (mAP per epoch). Nothing is tuned to a target: the settings are the defaults of
+Writes `it_learns_<device>_<commit>.json` (every validation's 24 COCO numbers, wall times, the exact command,
+environment; `common.write_result`) and the same name `.png` (mAP per epoch). Nothing is tuned to a target: the settings are the defaults of
 `configs/coco128-seg-n.yaml` apart from batch 16 and the epoch count.
 """
 import argparse, json, shlex, sys, tempfile, time
@@ -14,8 +14,7 @@ import matplotlib
 matplotlib.use('Agg')
 import matplotlib.pyplot as plt
 
-from lucid_nb.core import EMBEDDED_ANNOTATIONS, EMBEDDED_IMAGES, device_tag, env_info, repo_root
-from lucid_nb.trainer import cli_main
+from common import REFERENCE_CONFIG, env, write_result
 
 
 def main(argv=None):
@@ -27,8 +26,10 @@ def main(argv=None):
     p.add_argument('--out', default='benchmarks/results')
     p.add_argument('--run-root', default=None, help='where the run folder goes (default: a temporary folder)')
     a = p.parse_args(argv)
+    from lucid_nb.core import EMBEDDED_ANNOTATIONS, EMBEDDED_IMAGES
+    from lucid_nb.command import cli_main
     run_root = Path(a.run_root or tempfile.mkdtemp()) / 'runs'
-    args = ['fit', '--config', str(repo_root() / 'configs' / 'coco128-seg-n.yaml'),
+    args = ['fit', '--config', str(REFERENCE_CONFIG),
             '--data.train_images', str(EMBEDDED_IMAGES), '--data.train_annotations', str(EMBEDDED_ANNOTATIONS),
             '--data.val_images', str(EMBEDDED_IMAGES), '--data.val_annotations', str(EMBEDDED_ANNOTATIONS),
             '--data.batch_size', str(a.batch_size), '--data.workers', str(a.workers),
@@ -40,25 +41,22 @@ def main(argv=None):
     wall = time.perf_counter() - t0
     run = Path(cli.trainer.log_dir)
     vals = [json.loads(l) for l in (run / 'val_metrics.jsonl').read_text().splitlines()]
-    env = env_info()
-    tag = device_tag()
-    out = Path(a.out); out.mkdir(parents=True, exist_ok=True)
     result = dict(what='nano seg from scratch, 128 embedded images as train and val, 640 px, bf16-mixed',
                   command='python benchmarks/it_learns.py ' + ' '.join(map(shlex.quote, argv or sys.argv[1:])),
                   lucid_args=args, epochs=a.epochs, batch_size=a.batch_size, wall_seconds=round(wall, 1),
-                  env=env, state_hashes=json.loads((run / 'state_hashes.json').read_text()),
+                  env=env(), state_hashes=json.loads((run / 'state_hashes.json').read_text()),
                   timing=json.loads((run / 'timing.json').read_text()),
                   validations=[{k: v for k, v in d.items()} for d in vals])
-    (out / f'it_learns_{tag}.json').write_text(json.dumps(result, indent=1))
+    path = write_result('it_learns', result, out=a.out)
     fig, ax = plt.subplots(figsize=(7, 4))
     for key, label in (('bbox/mAP50', 'box mAP50'), ('bbox/mAP50-95', 'box mAP50-95'),
                        ('segm/mAP50', 'mask mAP50'), ('segm/mAP50-95', 'mask mAP50-95')):
         ax.plot([d['epoch'] + 1 for d in vals], [d[key] for d in vals], marker='.', label=label)
-    ax.set(xlabel='epoch', ylabel='COCO mAP (EMA weights)', title=f"nano seg, coco128 train=val, 640 px, batch {a.batch_size} — {env['device']}")
-    ax.legend(); fig.tight_layout(); fig.savefig(out / f'it_learns_{tag}.png', dpi=110)
+    ax.set(xlabel='epoch', ylabel='COCO mAP (EMA weights)', title=f"nano seg, coco128 train=val, 640 px, batch {a.batch_size} — {result['env']['device']}")
+    ax.legend(); fig.tight_layout(); fig.savefig(path.with_suffix('.png'), dpi=110)
     last = vals[-1]
     print(f"wall {wall:.0f} s; last validation (epoch {last['epoch'] + 1}): box mAP50 {last['bbox/mAP50']:.3f} "
-          f"mAP50-95 {last['bbox/mAP50-95']:.3f}, mask mAP50 {last['segm/mAP50']:.3f} mAP50-95 {last['segm/mAP50-95']:.3f}")
+          f"mAP50-95 {last['bbox/mAP50-95']:.3f}, mask mAP50 {last['segm/mAP50']:.3f} mAP50-95 {last['segm/mAP50-95']:.3f} -> {path}")
 
 
 if __name__ == '__main__':

@@ -19,13 +19,13 @@ defaults unless the variable was set by hand.
 
 `peak_reserved_mib` is the largest reading: the process's peak, as `reference_run.py` reads it once at the end.
 """
-import argparse, collections, json, os, time
+import argparse, collections, os, time
 from pathlib import Path
 
 import torch
 from lightning.pytorch.callbacks import Callback
 
-ROOT = Path(__file__).resolve().parent.parent
+from common import REFERENCE_CONFIG, write_result
 MiB = 2 ** 20
 
 
@@ -71,27 +71,24 @@ class EpochPeaks(Callback):
 
 def main():
     p = argparse.ArgumentParser(); p.add_argument('--out', default='benchmarks/results')
-    p.add_argument('--tag', default='', help='result file suffix (memory_epochs_<device>_<tag>.json)')
+    p.add_argument('--tag', default='', help='result file tag (memory_epochs_<device>_<commit>_<tag>.json), e.g. native, step_b16')
     p.add_argument('extra', nargs='*'); a = p.parse_args()
     from lucid_nb.allocator import ALLOCATOR_VARIABLES, allocator_defaults
     allocator_defaults()   # the allocator `lucid` sets up (its fit here runs in this process, not through `lucid`)
     import lucid_nb
-    from lucid_nb.trainer import cli_main
-    from lucid_nb.core import device_tag, env_info
+    from lucid_nb.command import cli_main
     if not torch.cuda.is_available(): raise SystemExit('memory_epochs: reads the CUDA allocator; run it on a CUDA GPU')
     peaks = EpochPeaks()
-    cli = cli_main(['--config', str(ROOT / 'configs' / 'coco128-seg-n.yaml'), '--trainer.enable_progress_bar', 'false',
+    cli = cli_main(['--config', str(REFERENCE_CONFIG), '--trainer.enable_progress_bar', 'false',
                     '--trainer.logger', 'false', '--trainer.enable_checkpointing', 'false', *a.extra], run=False)
     cli.trainer.callbacks.append(peaks)
     cli.trainer.fit(cli.model, cli.datamodule)
     top = max((r for r in peaks.readings if 'peak_reserved_mib' in r), key=lambda r: r['peak_reserved_mib'])
-    res = dict(env=env_info(), extra_args=a.extra, library=str(Path(lucid_nb.__file__).parent),
+    res = dict(extra_args=a.extra, library=str(Path(lucid_nb.__file__).parent),
                environment={k: v for k, v in os.environ.items() if k.startswith('LUCID_NB_') or k in ALLOCATOR_VARIABLES},
                peak_reserved_mib=top['peak_reserved_mib'], peak_at=dict(epoch=top['epoch'], phase=top['phase']),
                readings=peaks.readings)
-    out = Path(a.out); out.mkdir(parents=True, exist_ok=True)
-    path = out / f"memory_epochs_{device_tag()}{'_' + a.tag if a.tag else ''}.json"
-    path.write_text(json.dumps(res, indent=1))
+    path = write_result('memory_epochs', res, tag=a.tag, out=a.out)
     print(f"{a.tag or 'run'}: peak reserved {top['peak_reserved_mib']:.0f} MiB at epoch {top['epoch']} {top['phase']} -> {path}")
 
 

@@ -28,19 +28,19 @@ first arm and to Ultralytics, and whether the hashes of all lucid runs matched.
 
     python benchmarks/reference_run.py --batch-size 4 --rounds 5 --arms native,head+optim,ul [--out benchmarks/results] [-- extra lucid args]
 
-The result file is named after the device the runs used: `reference_run_b<batch>_<device>.json`. A series split
-over several calls of the GPU machine (each call at most 10 minutes) numbers its rounds on and writes parts, then
-joins them into that file:
+The result file is `reference_run_b<batch>_<device>_<commit>[_<part>].json` (`common.write_result`; the commit is the
+lucid runs' library), rewritten after every run. A series split over several calls of the GPU machine (each call at
+most 10 minutes) numbers its rounds on and writes parts (`gpu_session.sh ref4x2@3`: `--first-round 3 --part r3`),
+then joins them into the file without a part:
 
-    python benchmarks/reference_run.py --rounds 3 --part p1 ...; python benchmarks/reference_run.py --rounds 2 --first-round 3 --part p2 ...
-    python benchmarks/reference_run.py --merge benchmarks/results/reference_run_b4_<device>_p{1,2}.json [--arms native,ul]
+    python benchmarks/reference_run.py --rounds 3 --part r0 ...; python benchmarks/reference_run.py --rounds 2 --first-round 3 --part r3 ...
+    python benchmarks/reference_run.py --merge benchmarks/results/reference_run_b4_<device>_<commit>_r{0,3}.json [--arms native,ul]
 """
 import argparse, json, os, re, statistics, subprocess, sys, time
 from datetime import datetime, timezone
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-LUCID = 'import sys; from lucid_nb.cli import main; sys.argv[0] = "lucid"; main()'
+from common import LUCID, REFERENCE_CONFIG, ROOT, device_of, env, spread, write_result
 ARMS = {'native': [], 'head': ['--model.capture_segment_heads', 'true'], 'optim': ['--model.capture_optimizer_step', 'true'],
         'head+optim': ['--model.capture_segment_heads', 'true', '--model.capture_optimizer_step', 'true'],
         'step': ['--model.capture_train_step', 'true']}
@@ -58,7 +58,7 @@ ARMS.update({arm: ARMS[arm.rsplit('-', 1)[0]] for arm in ARM_ENV})
 def lucid_args(arm: str, batch_size: int, save_dir: Path, extra: list) -> list:
     logger = json.dumps({'class_path': 'lightning.pytorch.loggers.CSVLogger',
                          'init_args': {'save_dir': str(save_dir), 'name': arm, 'version': ''}})
-    return [sys.executable, '-c', LUCID, 'fit', '--config', str(ROOT / 'configs' / 'coco128-seg-n.yaml'),
+    return [sys.executable, '-c', LUCID, 'fit', '--config', str(REFERENCE_CONFIG),
             '--data.batch_size', str(batch_size), '--trainer.logger', logger, '--trainer.enable_progress_bar', 'false',
             *ARMS[arm], *extra]
 
@@ -115,17 +115,6 @@ def run_ul(batch_size: int) -> dict:
                 peak_reserved_mib=res.get('peak_reserved_mib'), raw=res)
 
 
-def spread(xs: list) -> dict | None:
-    xs = [x for x in xs if x is not None]
-    return dict(median=statistics.median(xs), min=min(xs), max=max(xs), n=len(xs)) if xs else None
-
-
-def device_slug() -> str:
-    "The device this machine's runs use, as a file-name part (`nvidia-h200`, `cpu`)."
-    from lucid_nb.core import device_tag
-    return device_tag()
-
-
 def summarize(runs: list, arms: list) -> dict:
     "Median and range per arm and key, ratios per round against the first arm (and Ultralytics), and hash equality."
     keys = ('process_seconds', 'fit_seconds', 'startup_seconds', 'first_step_seconds', 'recording_seconds',
@@ -158,16 +147,16 @@ def merge(paths: list, out: Path, arms: list | None = None) -> Path:
     if len({r['round'] for r in runs}) * len(first['arms']) != len(runs): raise SystemExit('reference_run --merge: round numbers repeat')
     res = dict(first, rounds=len({r['round'] for r in runs}), command=[q['command'] for q in parts],
                date=[q['date'] for q in parts], envs=[q['env'] for q in parts], summary=summarize(runs, first['arms']), runs=runs)
-    device = Path(paths[0]).stem.removeprefix(f"reference_run_b{first['batch_size']}_").rsplit('_', 1)[0]  # the parts' device
-    path = out / f"reference_run_b{first['batch_size']}_{device}.json"
-    path.write_text(json.dumps(res, indent=1)); return path
+    device = Path(paths[0]).stem.removeprefix(f"reference_run_b{first['batch_size']}_").split('_')[0]  # the parts' device
+    commits = sorted({r['env'].get('commit') for r in runs if r.get('env')}) or ['unknown']   # the runs' library
+    return write_result(f"reference_run_b{first['batch_size']}", res, device, out=out, commit='+'.join(commits))
 
 
 def main(argv=None):
     p = argparse.ArgumentParser()
     p.add_argument('--rounds', type=int, default=5); p.add_argument('--batch-size', type=int, default=4)
     p.add_argument('--first-round', type=int, default=0, help='number of the first round (rounds split over calls)')
-    p.add_argument('--part', default='', help='result file suffix for one call of a split series (merged by --merge)')
+    p.add_argument('--part', default='', help='result file tag for one call of a split series (e.g. r3; merged by --merge)')
     p.add_argument('--merge', nargs='+', help='join these result files of one series into one (no runs)')
     p.add_argument('--arms', help='the arms to run (default: native,head+optim,ul); with --merge, the arms to keep of each part (default: all)')
     p.add_argument('--out', default='benchmarks/results')
@@ -177,9 +166,7 @@ def main(argv=None):
     if a.merge: print('->', merge(a.merge, Path(a.out), a.arms and a.arms.split(','))); return
     arms = (a.arms or 'native,head+optim,ul').split(',')
     if 'ul' in arms and not (ROOT / '.ulcmp' / 'run.py').exists(): arms.remove('ul'); print('no .ulcmp/run.py: Ultralytics arm left out')
-    out = Path(a.out); out.mkdir(parents=True, exist_ok=True)
-    path = out / f"reference_run_b{a.batch_size}_{device_slug()}{'_' + a.part if a.part else ''}.json"
-    runs = []
+    device, runs = device_of(), []
     for i in range(a.first_round, a.first_round + a.rounds):
         for arm in arms:
             r = run_ul(a.batch_size) if arm == 'ul' else run_lucid(arm, a.batch_size, Path(a.work) / f'b{a.batch_size}' / f'round{i}', a.extra)
@@ -193,8 +180,9 @@ def main(argv=None):
             res = dict(what='the reference run, phase by phase, alternating processes per arm', batch_size=a.batch_size,
                        rounds=len({r['round'] for r in runs}), arms=arms, extra_args=a.extra,
                        command=' '.join([sys.executable, *sys.argv]), date=datetime.now(timezone.utc).isoformat(timespec='seconds'),
-                       env=lucid_runs[0]['env'] if lucid_runs else {}, summary=summary, runs=runs)
-            path.write_text(json.dumps(res, indent=1))
+                       env=lucid_runs[0]['env'] if lucid_runs else env(), summary=summary, runs=runs)
+            path = write_result(f'reference_run_b{a.batch_size}', res, device, a.part, out=a.out,
+                                commit=lucid_runs[0]['env'].get('commit') if lucid_runs else None)
     print(json.dumps(summary, indent=1)); print(f'-> {path}')
 
 

@@ -50,4 +50,5 @@ def main(paths: list) -> int:
 
 
 if __name__ == '__main__':
+    if not sys.argv[1:] or {'-h', '--help'} & set(sys.argv[1:]): print(__doc__); sys.exit(0)
     sys.exit(main(sys.argv[1:]))

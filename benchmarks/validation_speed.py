@@ -34,17 +34,16 @@ inference mode, where composite operators such as `item` decompose into the ones
 calls, views included: on a GPU each is a kernel launch or at least a dispatch) and `host_looks` (counted as on a
 GPU: on a CPU run `greedy_keep` is given the GPU's 4 rounds per look; calls that wait for the device: `nonzero`,
 `equal`, `item`, `tolist` and copies to the host; on a CPU run every tensor is a host tensor, so `tolist` calls are
-all counted as `tolist_host`, bookkeeping included). The JSON goes to `<out>/validation_speed_<device>.json`, named after the device
-found at run time (`device_tag()`), with torch version, date and this exact command; `--tag` adds a suffix (e.g.
-`_before`).
+all counted as `tolist_host`, bookkeeping included). The JSON goes to `<out>/validation_speed_<device>_<commit>[_<tag>].json`
+(`common.write_result`: torch version, GPU, date, commit and this exact command).
 
 `--baseline REV` (a git revision of this repository, e.g. `7a13c73`, the post-processing before the batched NMS)
-also loads that revision's `lucid_nb/` (from `git archive`, as the package `lucid_nb_baseline`) and, after every run,
+also loads that revision's `lucid_nb/` (`common.load_baseline`: from `git archive`, as the package `lucid_nb_<rev>`) and, after every run,
 post-processes the same outputs with it — alternating, so that both see the same machine load — and checks that it
 gives the same results bytes as the run. Its times are under `baseline_*` in each case (timed the way
 `validation_step` times `update`).
 """
-import argparse, collections, contextlib, importlib, io, json, os, shlex, statistics, subprocess, sys, tarfile, tempfile, time
+import argparse, collections, contextlib, os, shlex, statistics, sys, tempfile, time
 from pathlib import Path
 
 import lightning.pytorch as L
@@ -52,7 +51,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from lucid_nb.core import device_tag, env_info
+from common import device_of, env, load_baseline, write_result
 from lucid_nb.data import YoloData
 from lucid_nb.metrics import nms
 from lucid_nb.trainer import LitYolo, quiet_lightning
@@ -113,22 +112,6 @@ class Counts(TorchDispatchMode):
         if name == '_to_copy' and (kwargs or {}).get('device') == torch.device('cpu') and args[0].device.type != 'cpu':
             self.looks['to_host'] += 1
         return func(*args, **(kwargs or {}))
-
-
-def load_baseline(rev: str, package: str = 'lucid_nb_baseline'):
-    "The `lucid_nb.metrics` module of git revision `rev` (or of a folder holding a `lucid_nb/` exported from one, for a machine whose clone lacks it), imported as `<package>.metrics` (one package name per revision)."
-    root = Path(__file__).resolve().parent.parent
-    if (Path(rev) / 'lucid_nb').is_dir():
-        r = subprocess.run(['tar', '-c', '-C', rev, 'lucid_nb'], capture_output=True)
-    else: r = subprocess.run(['git', 'archive', rev, 'lucid_nb'], cwd=root, capture_output=True)
-    if r.returncode: raise SystemExit(f"--baseline {rev}: its lucid_nb/ could not be read: {r.stderr.decode().strip()}")
-    tar = r.stdout
-    d = Path(tempfile.mkdtemp(prefix='lucid_nb_baseline_'))
-    with tarfile.open(fileobj=io.BytesIO(tar)) as t:
-        for m in t.getmembers():
-            if m.name.endswith('.py'): m.name = m.name.replace('lucid_nb/', f'{package}/', 1); t.extract(m, d)
-    sys.path.insert(0, str(d))
-    return importlib.import_module(f'{package}.metrics')
 
 
 @contextlib.contextmanager
@@ -258,8 +241,8 @@ def main(argv=None):
     res = dict(what=f'one validation of the 32 embedded validation images (YoloData defaults), nano LitYolo, Trainer.validate '
                     f'({a.precision}), Validator(conf={h.conf}, iou={h.iou}, max_det={h.max_det}); median of runs after warm-up',
                command=shlex.join([Path(sys.executable).name, *sys.argv]) if argv is None else shlex.join(['validation_speed.py', *argv]),
-               device=device_tag() if device.type == 'cuda' else 'cpu', device_name=env_info()['device'], precision=a.precision,
-               torch_threads=torch.get_num_threads(), load_average_before=os.getloadavg(), env=env_info(),
+               device=device_of(device.type == 'cuda'), device_name=env()['device'], precision=a.precision,
+               torch_threads=torch.get_num_threads(), load_average_before=os.getloadavg(),
                baseline=a.baseline, cases={})
     base = load_baseline(a.baseline) if a.baseline else None
     for case in cases:
@@ -285,9 +268,7 @@ def main(argv=None):
               + ' | '.join(f"{k} {v * 1e3:.0f} ms" for k, v in r['median_s'].items()), flush=True)
     res['load_average_after'] = os.getloadavg()  # other processes on a small machine skew CPU numbers
     tmp.cleanup()
-    out = Path(a.out); out.mkdir(parents=True, exist_ok=True)
-    path = out / f"validation_speed_{res['device']}{a.tag}.json"
-    path.write_text(json.dumps(res, indent=1) + '\n')
+    path = write_result('validation_speed', res, res['device'], a.tag, out=a.out)
     print(f"wrote {path}")
 
 
