@@ -1,9 +1,9 @@
 """No import loops: every module imports only from modules below it (allocator → core → coco → augment → loader → data | model →
-heads → loss / metrics / optim → recorder → trainer → predict → cli), at the top of the file or inside a function."""
+heads → masks → loss / metrics / optim → recorder → trainer → predict → cli), at the top of the file or inside a function."""
 import re
 from pathlib import Path
 
-LAYER = dict(allocator=-1, core=0, coco=1, augment=1.25, loader=1.5, data=1.75, model=1, heads=2, loss=3, metrics=3, optim=3, recorder=4, trainer=5, predict=6, cli=7)
+LAYER = dict(allocator=-1, core=0, coco=1, augment=1.25, loader=1.5, data=1.75, model=1, heads=2, loss=3, metrics=3, masks=2.5, optim=3, recorder=4, trainer=5, predict=6, cli=7)
 PKG = Path(__file__).resolve().parent.parent / 'lucid_nb'
 
 

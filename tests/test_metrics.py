@@ -1,4 +1,4 @@
-"""Checks of `lucid_nb.metrics` beyond `nbs/07b_metrics.ipynb` (which teaches and checks NMS against its reference on small
+"""Checks of `lucid_nb.masks` and `lucid_nb.metrics` beyond `nbs/07a_masks.ipynb` and `nbs/07b_metrics.ipynb` (which teaches and checks NMS against its reference on small
 inputs, the crop windows, `unletterbox_masks` against a float64 reference, the rectangle round trip, RLE against
 pycocotools on ellipses, perfect and empty COCOeval, the full path fed with the ground truth and spoilt predictions,
 equal JSON bytes): brute-force NMS parity over many seeds, modes and chunk sizes, properties of the greedy answer,
@@ -17,10 +17,10 @@ from pycocotools.cocoeval import COCOeval
 from lucid_nb.core import EMBEDDED_ANNOTATIONS, MASK_STRIDE
 from lucid_nb.core import test_bytes_equal as assert_bytes_equal
 from lucid_nb.loss import crop_mask
-from lucid_nb.metrics import (COCO80_IDS, STAT_NAMES, Validator, box_iou, coco_evaluate, coco_results, load_coco,
-                              batch_mask_runs, mask_runs, mask_runs_full, masks_to_rle, nms, nms_reference, proto_masks, quiet, results_bytes, rle_encode,
-                              rle_extent, rle_runs, rle_strings,
-                              unletterbox_boxes, unletterbox_masks, write_results)
+from lucid_nb.masks import (batch_mask_runs, mask_runs, mask_runs_full, masks_to_rle, proto_masks, rle_encode, rle_extent, rle_runs,
+                            rle_strings, unletterbox_boxes, unletterbox_masks)
+from lucid_nb.metrics import (COCO80_IDS, STAT_NAMES, Validator, box_iou, coco_evaluate, coco_results, load_coco, nms, nms_reference,
+                              quiet, results_bytes, write_results)
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA GPU')
 
@@ -513,7 +513,7 @@ def _old_nms(boxes, scores, conf=0.001, iou=0.7, max_det=300, max_nms=30000, mul
 
 
 def _old_rle_encode(masks):
-    from lucid_nb.metrics import rle_chars, rle_runs
+    from lucid_nb.masks import rle_chars, rle_runs
     n, H, W = masks.shape
     if n == 0: return []
     counts, runs = rle_runs(masks)
@@ -525,7 +525,7 @@ def _old_rle_encode(masks):
 
 
 def _old_masks_to_rle(coef, proto, boxes, letterbox, orig_hw, max_pixels=2**25):
-    from lucid_nb.metrics import crop_window
+    from lucid_nb.masks import crop_window
     ob, out = unletterbox_boxes(boxes, letterbox, orig_hw), []
     H, W = (int(v) for v in torch.as_tensor(orig_hw).tolist())
     step = max(1, max_pixels // (H * W))
