@@ -30,7 +30,7 @@ WRAPPER = """import atexit, sys
 atexit.register(lambda: print('exit-probe: last atexit', flush=True))
 from lucid_nb.cli import enable_bytecode_cache, main
 enable_bytecode_cache()                       # as `main` does, before the heavy imports
-import lucid_nb.trainer as T
+import lucid_nb.command as T
 command = T.main
 def traced():
     try: command()

@@ -24,7 +24,7 @@ from lucid_nb.cli import collector_paused, enable_bytecode_cache, lean_imports
 enable_bytecode_cache()
 if sys.argv[1] == 'unfrozen': gc.disable()
 with lean_imports(), (collector_paused() if sys.argv[1] == 'paused' else contextlib.nullcontext()):
-    from lucid_nb.trainer import cli_main
+    from lucid_nb.command import cli_main
 made = gc.get_count()[0] if sys.argv[1] == 'unfrozen' else None   # containers made since the collector went off
 gc.enable()
 imports = time.perf_counter() - T0

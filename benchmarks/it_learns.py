@@ -15,7 +15,7 @@ matplotlib.use('Agg')
 import matplotlib.pyplot as plt
 
 from lucid_nb.core import EMBEDDED_ANNOTATIONS, EMBEDDED_IMAGES, device_tag, env_info, repo_root
-from lucid_nb.trainer import cli_main
+from lucid_nb.command import cli_main
 
 
 def main(argv=None):

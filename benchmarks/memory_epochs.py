@@ -76,7 +76,7 @@ def main():
     from lucid_nb.allocator import ALLOCATOR_VARIABLES, allocator_defaults
     allocator_defaults()   # the allocator `lucid` sets up (its fit here runs in this process, not through `lucid`)
     import lucid_nb
-    from lucid_nb.trainer import cli_main
+    from lucid_nb.command import cli_main
     from lucid_nb.core import device_tag, env_info
     if not torch.cuda.is_available(): raise SystemExit('memory_epochs: reads the CUDA allocator; run it on a CUDA GPU')
     peaks = EpochPeaks()

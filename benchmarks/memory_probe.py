@@ -103,7 +103,7 @@ def main():
     p = argparse.ArgumentParser(); p.add_argument('--out', default='benchmarks/results')
     p.add_argument('--tag', default='', help='result file suffix, e.g. the option probed (memory_probe_<device>_<tag>.json)')
     p.add_argument('extra', nargs='*'); a = p.parse_args()
-    from lucid_nb.trainer import cli_main
+    from lucid_nb.command import cli_main
     from lucid_nb.core import device_tag, env_info
     if not torch.cuda.is_available(): raise SystemExit('memory_probe: reads the CUDA allocator; run it on a CUDA GPU')
     torch.cuda.memory._record_memory_history(max_entries=MAX_EVENTS)

@@ -21,7 +21,7 @@ def main():
     t = {'python start to main': time.perf_counter() - T0}; s = time.perf_counter()
     import torch, lightning
     t['import torch, lightning'] = time.perf_counter() - s; s = time.perf_counter()
-    from lucid_nb.trainer import cli_main
+    from lucid_nb.command import cli_main
     from lucid_nb.core import device_tag, env_info
     t['import lucid_nb.trainer'] = time.perf_counter() - s; s = time.perf_counter()
     if torch.cuda.is_available(): torch.cuda.init(); torch.zeros(1, device='cuda')

@@ -19,7 +19,7 @@ from lightning.pytorch.callbacks import Callback
 from torch.profiler import ProfilerActivity, profile
 
 from lucid_nb.core import device_tag, env_info, repo_root
-from lucid_nb.trainer import cli_main
+from lucid_nb.command import cli_main
 
 PARTS = ('forward_loss', 'backward', 'optimizer_ema', 'total')
 

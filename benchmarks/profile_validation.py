@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from lucid_nb.core import device_tag, env_info
-from lucid_nb.trainer import cli_main
+from lucid_nb.command import cli_main
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -93,7 +93,7 @@ def main():
     work = Path(tempfile.mkdtemp(prefix='startup_lean_'))
     lean = make_lean(work / 'venv', a.leave_out)
     env = dict(os.environ, PYTHONPATH=str(ROOT))   # the checkout itself; nothing else from outside the venv
-    warm = 'from lucid_nb.cli import enable_bytecode_cache; enable_bytecode_cache(); import lucid_nb.trainer, lucid_nb.recorder'
+    warm = 'from lucid_nb.cli import enable_bytecode_cache; enable_bytecode_cache(); import lucid_nb.command, lucid_nb.recorder'
     subprocess.run([str(lean), '-c', warm], check=True, cwd=ROOT, env=env)   # the venv's paths: their bytecode cached once
     runs = []
     for k in range(a.rounds):

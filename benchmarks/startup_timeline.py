@@ -16,7 +16,7 @@ with lean_imports():   # as the `lucid` command imports them
     import torch; mark('torch')
     import torchmetrics; mark('torchmetrics')
     import lightning.pytorch; mark('lightning')
-    import lucid_nb.trainer as T; mark('lucid_nb.trainer')
+    import lucid_nb.command as T; mark('lucid_nb.command')
 def wrap(cls, name, limit=3):
     orig = getattr(cls, name); n = [0]
     def w(*a, **k):

@@ -55,7 +55,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from lucid_nb.core import device_tag, env_info
 from lucid_nb.data import YoloData
 from lucid_nb.metrics import nms
-from lucid_nb.trainer import LitYolo, quiet_lightning
+from lucid_nb.command import quiet_lightning
+from lucid_nb.trainer import LitYolo
 
 TIMES = ('forward', 'postprocess', 'evaluate')   # the parts of `LitYolo.val_seconds`
 
