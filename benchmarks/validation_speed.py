@@ -54,7 +54,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from common import device_of, env, load_baseline, write_result
 from lucid_nb.data import YoloData
 from lucid_nb.metrics import nms
-from lucid_nb.trainer import LitYolo, quiet_lightning
+from lucid_nb.command import quiet_lightning
+from lucid_nb.trainer import LitYolo
 
 TIMES = ('forward', 'postprocess', 'evaluate')   # the parts of `LitYolo.val_seconds`
 

@@ -88,12 +88,12 @@ def run()->int:
     "Run the `lucid` command of `sys.argv` in this process and return its exit status: `lucid export` goes to `lucid_nb.predict`, every other subcommand to Lightning's CLI."
     enable_bytecode_cache()
     allocator_defaults()   # before anything can touch the GPU
-    with lean_imports(), collector_paused(): from lucid_nb.trainer import main as trainer_main
+    with lean_imports(), collector_paused(): from lucid_nb.command import main as command_main
     job = None
     if sys.argv[1:2] == ['export']:   # not a Lightning subcommand: `lucid export --ckpt_path CKPT --format onnx|torchscript`
         from lucid_nb.predict import export_main
         job = lambda: export_main(sys.argv[2:])
-    try: trainer_main(job); return 0
+    try: command_main(job); return 0
     except SystemExit as e: return exit_status(e.code)
 
 def main():

@@ -17,7 +17,8 @@ from .core import *
 from .data import image_batch, load_rgb, pil_rgb
 from .heads import yolo_seg
 from .metrics import Validator
-from .trainer import draw_instances, note, read_checkpoint
+from .draw import draw_instances
+from .runs import note, read_checkpoint
 
 # %% auto #0
 __all__ = ['OUTPUT_NAMES', 'Predictor', 'ema_state_dict', 'load', 'Detections', 'as_rgb', 'to_detections', 'ExportNet',

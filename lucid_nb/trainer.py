@@ -1,4 +1,4 @@
-"""`LitYolo`, the EMA of its weights, atomic checkpoints, COCO validation, run artifacts and the `lucid` command line.
+"""`LitYolo`: the training step, COCO validation, prediction, the callbacks of a run and what several GPUs need.
 
 Docs: https://lucid-nb.github.io/lucid_nb/trainer.html.md"""
 
@@ -6,198 +6,31 @@ Docs: https://lucid-nb.github.io/lucid_nb/trainer.html.md"""
 
 # %% ../nbs/08c_trainer.ipynb #44dd294e
 from __future__ import annotations
-import concurrent.futures, contextlib, csv, datetime, gc, hashlib, importlib.util, io, json, logging, math, os, shutil, signal, socket, sys, time, warnings, zipfile
+import contextlib, gc, json, math, time
 from pathlib import Path
-from weakref import proxy
 from typing import Literal
-import numpy as np, torch
+import torch
 import lightning.pytorch as L
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint, BasePredictionWriter, TQDMProgressBar
-from lightning.pytorch.strategies import DDPStrategy, Strategy
-from lightning_utilities.core.apply_func import apply_to_collection
-from lightning.pytorch.cli import LightningCLI, LightningArgumentParser
-from lightning.pytorch.utilities import rank_zero_only
-from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
-from jsonargparse import Namespace
+from lightning.pytorch.callbacks import Callback, BasePredictionWriter, TQDMProgressBar
+from lightning.pytorch.strategies import DDPStrategy
 from torch import nn, Tensor
 from fastcore.basics import patch
 from .core import *
 from .allocator import expandable_segments
-from .coco import BadInputError
-from .data import YoloData, load_rgb
+from .data import load_rgb
 from .model import SCALES
 from .heads import yolo_seg
 from .loss import SegLoss
-from .optim import CapturedUpdate, build_optimizer, build_schedule
-from .metrics import Validator, write_results, SUMMARY_NAMES, CocoStats
+from .optim import build_optimizer, build_schedule
+from .ema import ModelEMA
 from .recorder import Recorder, model_outputs
-from pycocotools import mask as mask_utils
-import matplotlib.pyplot as plt
-from PIL import Image, ImageDraw
+from .metrics import Validator, write_results, CocoStats
+from .draw import draw_results, save_jpeg
+from .runs import AtomicCheckpoint, EpochSummary, RunArtifacts, gather_objects, say, _now, _run_dir
 
 # %% auto #0
-__all__ = ['PALETTE', 'HELP', 'LOCK_NAME', 'USER_ERRORS', 'ModelEMA', 'EmaUpdate', 'AtomicCheckpoint', 'link_or_copy', 'LitYolo',
-           'StepLossBar', 'default_val_group_pixels', 'write_predictions', 'gather_objects', 'merge_results',
-           'PredictionWriter', 'say', 'fit_state_hashes', 'write_json_atomic', 'data_wait', 'val_data_wait',
-           'checkpoint_seconds', 'process_age', 'val_labels_grid', 'start_labels_grid', 'RunArtifacts', 'FrozenHeap',
-           'epoch_line', 'EpochSummary', 'class_ap_table', 'QuietLightning', 'quiet_lightning', 'read_metrics_csv',
-           'plot_curves', 'draw_instances', 'instances_of', 'draw_results', 'tile_size', 'fit_tile', 'image_grid',
-           'save_jpeg', 'draw_train_batch', 'draw_val_batch', 'OneLineParser', 'LucidCLI', 'add_tensorboard',
-           'default_callbacks', 'cli_main', 'save_figure', 'note', 'RunFolderInUse', 'read_lock', 'lock_owner_alive',
-           'acquire_run_lock', 'run_lock', 'resume_hint', 'read_checkpoint', 'one_line', 'main', 'ddp_blocker',
-           'broadcast_buffers', 'rank_state_hashes', 'DistributedRun']
-
-# %% ../nbs/08c_trainer.ipynb #ea5ecba6
-class ModelEMA(nn.Module):
-    "Exponential moving average of a model's parameters and buffers."
-    def __init__(self,
-                 model:nn.Module,     # the live model (read, never modified)
-                 factory,             # callable building a fresh model of the same architecture
-                 decay:float=0.9999,  # final decay
-                 tau:float=2000.,     # ramp length in updates
-                ):
-        super().__init__()
-        self.module = factory()
-        self.module.load_state_dict(model.state_dict())
-        self.module.eval().requires_grad_(False)
-        self.decay, self.tau, self.updates = decay, tau, 0
-        device = next(self.module.parameters(), torch.empty(0)).device   # the average's: a graph must advance the count
-        self.register_buffer('count', torch.zeros((), dtype=torch.float64, device=device), persistent=False)  # `updates` on the device
-
-    def get_extra_state(self): return {'updates': self.updates}
-    def set_extra_state(self, state):
-        self.updates = int(state['updates'])
-        self.count.fill_(self.updates)
-
-    def current_decay(self)->float: return self.decay * (1 - math.exp(-self.updates / self.tau))
-
-    @torch.no_grad()
-    def update(self, model:nn.Module):
-        "Move the average one step towards `model`."
-        self.updates += 1
-        self.update_tensors(model)
-
-    @torch.no_grad()
-    def update_tensors(self, model:nn.Module):
-        "The device part of `update`: count, decay and the average, with no host value (recordable)."
-        self.count += 1
-        d = self.decay * (1 - torch.exp(-self.count / self.tau))       # float64, on the device
-        ema_float, live_float, ema_other, live_other = self.paired_state(model)
-        torch._foreach_mul_(ema_float, d.float())
-        torch._foreach_add_(ema_float, torch._foreach_mul(live_float, (1 - d).float()))
-        if ema_other: torch._foreach_copy_(ema_other, live_other)
-
-    def recordable(self, model:nn.Module)->'EmaUpdate':
-        "This average's update towards `model`, as an update the recorder can record and check (`06b_recorder`)."
-        return EmaUpdate(self, model)
-
-    def paired_state(self, model:nn.Module)->tuple[list,list,list,list]:
-        "The EMA's and `model`'s state tensors paired by name, floating point and not; cached while none of them moves."
-        mods = getattr(self, '_modules_of', None)
-        if mods is None or mods[0] is not model: mods = self._modules_of = (model, list(self.module.modules()), list(model.modules()))
-        key = module_pointers(mods[1]) + module_pointers(mods[2])
-        if getattr(self, '_pairs_key', None) != key:
-            ema, live = self.module.state_dict(), model.state_dict()
-            fl = [k for k, v in ema.items() if v.is_floating_point()]
-            other = [k for k in ema if not ema[k].is_floating_point()]
-            self._pairs = ([ema[k] for k in fl], [live[k] for k in fl], [ema[k] for k in other], [live[k] for k in other])
-            self._pairs_key = key
-        return self._pairs
-
-    def __getstate__(self):  # copies and pickles leave the cache (and the live model it points to) behind
-        return {k: v for k, v in self.__dict__.items() if k not in ('_modules_of', '_pairs', '_pairs_key')}
-
-class EmaUpdate(CapturedUpdate):
-    "`ModelEMA.update_tensors` in the interface of an optimiser's recordable update (`05_optim`): no gradients, no host values."
-    reference = 'ModelEMA.update'
-    def __init__(self, ema:ModelEMA, model:nn.Module):
-        self.opt, self.model = ema, model
-        self.modules = list(ema.module.modules()), list(model.modules())
-    def settings(self)->tuple: return (self.opt.decay, self.opt.tau)
-    def state(self)->list[Tensor]:
-        "The tensors the update writes: the average's, then the device count."
-        ema_float, _, ema_other, _ = self.opt.paired_state(self.model)
-        return [*ema_float, *ema_other, self.opt.count]
-    def counters(self)->list[Tensor]: return []
-    def pointers(self)->tuple:
-        return module_pointers(self.modules[0]) + module_pointers(self.modules[1]) + (self.opt.count.data_ptr(),)
-    def run(self, grads:list[Tensor]): self.opt.update_tensors(self.model)
-    def blocker(self)->str|None:
-        "Why no graph can replay this update: its tensors on several devices (a count on the CPU would be baked in)."
-        ema_float, live_float, _, _ = self.opt.paired_state(self.model)
-        devices = sorted({str(t.device) for t in (*ema_float, *live_float, self.opt.count)})
-        if len(devices) == 1: return None
-        return f"the EMA's tensors are on {' and '.join(devices)}: move the ModelEMA and the model to one device"
-
-# %% ../nbs/08c_trainer.ipynb #cbbc85fc
-class AtomicCheckpoint(ModelCheckpoint):
-    """`ModelCheckpoint` that writes `last.ckpt` every epoch, each checkpoint to a temporary file renamed into place,
-    in a background thread: the state is copied to the host at once, the file written while training goes on."""
-    save_seconds = 0.   # host seconds the training loop spent on checkpoints so far (`timing.json` reports them per epoch)
-    _writer, _error = None, None
-
-    def _save_checkpoint(self, trainer, filepath):
-        t0, tmp = time.perf_counter(), f"{filepath}.tmp"
-        self._raise_error()
-        twin = self._last_checkpoint_saved if self._last_global_step_saved == trainer.global_step else ''
-        if twin and twin != filepath:   # the state of this step is written already (`best`, then `last`): link it
-            if trainer.is_global_zero: self._submit(lambda: link_or_copy(twin, tmp), tmp, filepath)
-        elif type(trainer.strategy).save_checkpoint is not Strategy.save_checkpoint:   # a strategy with its own saving
-            trainer.save_checkpoint(tmp, self.save_weights_only)   # written here; only the rename is queued
-            if trainer.is_global_zero: self._submit(lambda: None, tmp, filepath)
-        else:   # as `Trainer.save_checkpoint`, the file written in the background
-            state = trainer._checkpoint_connector.dump_checkpoint(self.save_weights_only)   # every process: its hooks
-            if trainer.is_global_zero:
-                state = apply_to_collection(state, Tensor, lambda t: t.detach().to('cpu', copy=True))   # this step's values
-                self._submit(lambda: trainer.strategy.checkpoint_io.save_checkpoint(state, tmp), tmp, filepath)
-            trainer.strategy.barrier("AtomicCheckpoint")
-        self._last_global_step_saved, self._last_checkpoint_saved = trainer.global_step, filepath
-        if trainer.is_global_zero:
-            for logger in trainer.loggers: logger.after_save_checkpoint(proxy(self))
-        self.save_seconds += time.perf_counter() - t0
-
-    def _submit(self, write, tmp:str, filepath:str):
-        "Queue `write` (which makes `tmp`) and the rename onto `filepath`; one at a time, in order."
-        def job():
-            try:
-                for old in Path(filepath).parent.glob('*.ckpt.tmp'):   # a killed run's leftovers; no write of ours is open
-                    if str(old) != tmp: old.unlink(missing_ok=True)
-                write(); os.replace(tmp, filepath)
-            except BaseException as e:
-                self._error = self._error or e; Path(tmp).unlink(missing_ok=True)   # the first failure is the one to tell
-        if self._writer is None: self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix='lucid_nb-checkpoint')
-        self._writer.submit(job)
-
-    def wait(self):
-        "Block until every queued checkpoint is on disk; raise the error of one that failed."
-        if self._writer is not None: self._writer.shutdown(wait=True); self._writer = None
-        self._raise_error()
-
-    def _raise_error(self):
-        if self._error is not None:
-            e, self._error = self._error, None
-            raise RuntimeError(f"writing a checkpoint into {self.dirpath} failed: {e}") from e
-
-    def _remove_checkpoint(self, trainer, filepath):
-        self.wait(); super()._remove_checkpoint(trainer, filepath)   # never under a write in flight
-
-    def on_fit_end(self, trainer, module): self.wait()
-    def teardown(self, trainer, module, stage): self.wait()
-    def on_exception(self, trainer, module, exception):
-        try: self.wait()   # the finished epochs' checkpoints land before the run ends
-        except RuntimeError as e: note(str(e))
-
-def link_or_copy(src, dst):
-    "A hard link `dst` of file `src`; a copy where the filesystem cannot link."
-    try: os.link(src, dst)
-    except OSError: shutil.copyfile(src, dst)
-
-# %% ../nbs/08c_trainer.ipynb #15ce8912
-@patch
-def on_train_epoch_end(self:AtomicCheckpoint, trainer, module):
-    ModelCheckpoint.on_train_epoch_end(self, trainer, module)
-    if self.save_last and not self._should_skip_saving_checkpoint(trainer):  # skipped: this step is saved already
-        self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+__all__ = ['LitYolo', 'StepLossBar', 'default_val_group_pixels', 'merge_results', 'PredictionWriter', 'FrozenHeap', 'ddp_blocker',
+           'broadcast_buffers', 'DistributedRun', 'default_callbacks']
 
 # %% ../nbs/08c_trainer.ipynb #235f0363
 class LitYolo(L.LightningModule):
@@ -400,10 +233,6 @@ def _validate_batch(self:LitYolo, batch:dict):
     self.validator.update(out, batch)
     self.val_seconds['forward'] += t1 - t0; self.val_seconds['postprocess'] += _now(self.trainer) - t1
 
-def _run_dir(trainer)->Path:
-    d = getattr(trainer, 'lucid_run_dir', None) or Path(trainer.log_dir or trainer.default_root_dir)   # see `DistributedRun`
-    d.mkdir(parents=True, exist_ok=True); return d
-
 # `lucid test` scores the validation split (or the given validation set) exactly as validation does
 LitYolo.on_test_epoch_start, LitYolo.test_step = LitYolo.on_validation_epoch_start, LitYolo.validation_step
 
@@ -427,21 +256,7 @@ def on_validation_epoch_end(self:LitYolo):
     else: line['predictions_sha256'] = write_results(run/'predictions.json', self.validator.results)
     with open(run/'val_metrics.jsonl', 'a') as f: f.write(json.dumps(dict(**line, **metrics)) + '\n')
 
-def write_predictions(trainer, module)->list|None:
-    "The COCO results of the fit's last validation into the run folder's `predictions.json` (once); them, or None."
-    results = getattr(module, 'pending_predictions', None)
-    if results is None: return None
-    write_results(_run_dir(trainer)/'predictions.json', results); module.pending_predictions = None
-    return results
-
 # %% ../nbs/08c_trainer.ipynb #de7b9dbb
-def gather_objects(obj)->list:
-    "`obj` from every process, in rank order; `[obj]` when no process group runs."
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()): return [obj]
-    out = [None] * torch.distributed.get_world_size()
-    torch.distributed.all_gather_object(out, obj)
-    return out
-
 def merge_results(parts:list[tuple],  # per process: (COCO results, image ids, lists of one item per result...) of its images
                   order:list[int],    # image ids in the loader order of one process
                  )->tuple:            # results, image ids and the lists of one item per result, in that order
@@ -497,568 +312,12 @@ class PredictionWriter(BasePredictionWriter):
             save_jpeg(draw_results(load_rgb(f), by_image.get(i, []), dm.class_names, dm.cat_ids), out/f'{name}.jpg')
         say(trainer, f"predict: {len(results)} detections on {len(files)} images -> {out}/ (predictions.json sha256 {sha[:12]})")
 
-# %% ../nbs/08c_trainer.ipynb #3aa39449
-def say(trainer, msg:str):
-    "Print a line to stdout; through the progress bar's `print` while it is on, so the line does not land inside the bar's."
-    bar = trainer.progress_bar_callback
-    (bar.print if bar is not None else print)(msg)
-
-def fit_state_hashes(trainer, module)->dict:
-    "Byte hashes of everything a resumed or replayed run must reproduce."
-    sched = trainer.lr_scheduler_configs[0].scheduler if trainer.lr_scheduler_configs else None
-    h = state_hashes(model=module.model, optimizer=trainer.optimizers[0] if trainer.optimizers else None,
-                     scheduler=sched, ema=module.ema, loss=module.last_losses)
-    preds = _run_dir(trainer)/'predictions.json'
-    if preds.exists(): h['predictions'] = hashlib.sha256(preds.read_bytes()).hexdigest()
-    return h
-
-def write_json_atomic(path:Path, obj):
-    "Write `obj` as JSON to `path` through a temporary file and a rename."
-    atomic_write(path, json.dumps(obj, indent=1, sort_keys=True).encode())
-
-def _now(trainer)->float:
-    "Host clock after the training device has finished its queued work."
-    dev = trainer.strategy.root_device
-    if dev.type == 'cuda': torch.cuda.synchronize(dev)
-    return time.perf_counter()
-
-def data_wait(trainer)->float|None:
-    "Seconds the training loop has waited for batches so far (from `YoloLoader.wait_seconds`), None if unknown."
-    return getattr(trainer.train_dataloader, 'wait_seconds', None)
-
-def val_data_wait(trainer)->float:
-    "Seconds validation has waited for batches so far (its loaders' `wait_seconds`)."
-    loaders = trainer.val_dataloaders
-    return sum(getattr(ld, 'wait_seconds', 0.) for ld in (loaders if isinstance(loaders, (list, tuple)) else [loaders]) if ld is not None)
-
-def checkpoint_seconds(trainer)->float:
-    "Seconds the run's `AtomicCheckpoint`s have spent writing checkpoints so far."
-    return sum(cb.save_seconds for cb in trainer.callbacks if isinstance(cb, AtomicCheckpoint))
-
-def process_age()->float|None:
-    "Seconds since this process started (Linux, 10 ms resolution), None where `/proc` cannot tell."
-    try:
-        started = int(Path('/proc/self/stat').read_text().rsplit(')', 1)[1].split()[19]) / os.sysconf('SC_CLK_TCK')
-        return float(Path('/proc/uptime').read_text().split()[0]) - started
-    except (OSError, ValueError, IndexError): return None
-
-def val_labels_grid(dm, n:int=8)->tuple[list,np.ndarray]:
-    "The first `n` validation images (`load_rgb`) and the grid of their ground truth (`draw_val_batch`)."
-    images = [load_rgb(r.path) for r in dm.val_records[:n]]
-    return images, draw_val_batch(dm, n=n, images=images)
-
-def start_labels_grid(trainer)->concurrent.futures.Future|None:
-    "`val_labels_grid` of the fit's `YoloData` drawn in a thread (rank 0), so it is ready at the fit's end; None without one."
-    dm = trainer.datamodule
-    if not trainer.is_global_zero or not isinstance(dm, YoloData): return None
-    try: dm.val_coco()   # built here, so the thread only reads it
-    except RuntimeError: return None   # not set up: nothing to draw
-    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix='lucid_nb-drawing')
-    try: return pool.submit(val_labels_grid, dm)
-    finally: pool.shutdown(wait=False)   # the thread ends with its one task
-
-class RunArtifacts(Callback):
-    "State hashes, a phase-by-phase timing, curves and sample predictions written to the run folder at the end of fit."
-    def on_fit_start(self, trainer, module):
-        self.t_fit, self.epochs, self.validations, self.startup, self.ended = _now(trainer), [], [], None, None
-        self.t_first, self.first_step = None, None
-        age = process_age()
-        self.t_process = None if age is None else time.perf_counter() - age
-        self.labels = start_labels_grid(trainer)   # model-independent: drawn while the fit runs
-
-    def on_train_epoch_start(self, trainer, module):
-        self.t_epoch, self.t_train, self.wait0 = _now(trainer), None, data_wait(trainer)
-        self._close_epoch(trainer, self.t_epoch)
-        self.ckpt0, self.vwait0 = checkpoint_seconds(trainer), val_data_wait(trainer)
-
-    def _close_epoch(self, trainer, t:float):
-        "The last epoch's checkpoint writes (at its validation's end and its own end) and its end to `t` (the next start or fit end)."
-        if self.ended is None: return
-        t_end, ckpt0 = self.ended; self.ended = None
-        self.epochs[-1].update(boundary_seconds=t - t_end, checkpoint_seconds=checkpoint_seconds(trainer) - ckpt0)
-
-    def on_train_batch_start(self, trainer, module, batch, batch_idx):
-        if self.startup is None:   # once per fit
-            self.startup = _now(trainer) - (self.t_process or self.t_fit)
-            if trainer.is_global_zero:
-                dm = trainer.datamodule
-                save_jpeg(draw_train_batch(batch, dm.class_names if dm is not None else None), _run_dir(trainer)/'train_batch.jpg')
-            self.t_first = _now(trainer)   # the first step starts after its drawing
-
-    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
-        if self.first_step is None and self.t_first is not None: self.first_step = _now(trainer) - self.t_first
-        if batch_idx == trainer.num_training_batches - 1: self.t_train = _now(trainer)  # one sync per epoch
-
-    def on_validation_end(self, trainer, module):
-        if not trainer.sanity_checking and hasattr(self, 'validations'): self.validations.append(dict(module.val_seconds))
-
-    def on_train_epoch_end(self, trainer, module):
-        # Lightning runs the epoch's validation before this hook: `seconds` includes it when the epoch validates;
-        # `train_seconds` ends with the epoch's last training batch (data, steps, EMA updates)
-        t, wait = _now(trainer), data_wait(trainer)
-        e = dict(epoch=trainer.current_epoch, seconds=t - self.t_epoch, steps=trainer.num_training_batches,
-                 train_seconds=(self.t_train or t) - self.t_epoch,
-                 data_wait_seconds=None if wait is None or self.wait0 is None else wait - self.wait0)
-        if self.validations and self.validations[-1].get('epoch') is None:
-            self.validations[-1].update(epoch=trainer.current_epoch, data_wait=val_data_wait(trainer) - self.vwait0)
-            e['validation'] = self.validations[-1]
-        self.epochs.append(e); self.ended = (t, self.ckpt0)   # `_close_epoch` adds `boundary_seconds`, `checkpoint_seconds`
-
-    def on_exception(self, trainer, module, exception):
-        "A fit that fails or is stopped keeps its last validation's predictions."
-        if not trainer.is_global_zero: return
-        try: write_predictions(trainer, module)
-        except OSError as e: note(f"predictions.json of the last validation not written: {e}")
-
-    def on_fit_end(self, trainer, module):
-        ranks = rank_state_hashes(trainer, module)   # every process takes part; {} on one
-        if not trainer.is_global_zero: return
-        t_end, run = _now(trainer), _run_dir(trainer)
-        self._close_epoch(trainer, t_end)
-        dev = trainer.strategy.root_device
-        mem = torch.cuda.max_memory_reserved(dev) / 2**20 if dev.type == 'cuda' else None
-        parts, t = {}, time.perf_counter()
-        def part(name):   # the seconds since the last part ended
-            nonlocal t
-            now = time.perf_counter(); parts[name], t = now - t, now
-        results = write_predictions(trainer, module); part('predictions')   # before the hashes, which include its bytes
-        write_json_atomic(run/'state_hashes.json', dict(**fit_state_hashes(trainer, module), **ranks, env=env_info()))
-        part('state_hashes')
-        csv_path = run/'metrics.csv'
-        if csv_path.exists(): plt.close(save_figure(plot_curves(csv_path), run/'curves.png', tight=False))
-        part('curves')
-        preds = run/'predictions.json'
-        if results is None and preds.exists(): results = json.loads(preds.read_text())   # a fit that did not validate
-        if results is not None:
-            labels = getattr(self, 'labels', None)
-            try: images, grid = labels.result() if labels is not None else val_labels_grid(trainer.datamodule)
-            except BadInputError as e: note(f"val_batch_labels.jpg and val_batch_pred.jpg not drawn: {e}")   # not worth a fit's end
-            else:
-                save_jpeg(grid, run/'val_batch_labels.jpg')
-                save_jpeg(draw_val_batch(trainer.datamodule, results, n=len(images), images=images), run/'val_batch_pred.jpg')
-        part('val_drawings')
-        dm = trainer.datamodule
-        write_json_atomic(run/'timing.json', dict(
-            process_start_to_fit_start=None if self.t_process is None else self.t_fit - self.t_process,
-            data_setup_seconds=getattr(dm, 'setup_seconds', None), startup_seconds=self.startup,
-            first_step_seconds=self.first_step, fit_seconds=t_end - self.t_fit, fit_end_seconds=time.perf_counter() - t_end, fit_end_parts=parts,
-            epochs=self.epochs, peak_reserved_mib=mem))
-
 # %% ../nbs/08c_trainer.ipynb #4973c3fa
 class FrozenHeap(Callback):
     "The objects alive at fit start out of the cyclic collector's walks (`gc.freeze`) until fit ends or fails."
     def on_fit_start(self, trainer, module): gc.freeze()
     def on_fit_end(self, trainer, module): gc.unfreeze()
     def on_exception(self, trainer, module, exception): gc.unfreeze()
-
-# %% ../nbs/08c_trainer.ipynb #52ce82d3
-def epoch_line(trainer, validated:bool=True)->str:
-    "The epoch's mean loss terms and, if it `validated`, its validation mAP50-95 (box, mask), from `callback_metrics`."
-    m = {k: float(v) for k, v in trainer.callback_metrics.items()}
-    terms = ' '.join(f"{k[6:-6]} {v:.3f}" for k, v in m.items() if k.startswith('train/') and k.endswith('_epoch'))
-    val = (f"  mAP50-95 box {m['mAP50-95(B)']:.4f} mask {m['mAP50-95(M)']:.4f}" if validated and 'mAP50-95(M)' in m else '')
-    return f"epoch {trainer.current_epoch + 1}/{trainer.max_epochs}  loss {terms or '-'}{val}"
-
-class EpochSummary(Callback):
-    "Prints `epoch_line` at the end of every training epoch, and the per-class AP table and the run folder after fit."
-    def on_train_epoch_start(self, trainer, module): self.t0, self.validated = time.perf_counter(), False
-    def on_validation_end(self, trainer, module): self.validated = getattr(self, 'validated', False) or not trainer.sanity_checking
-    @rank_zero_only
-    def on_train_epoch_end(self, trainer, module):
-        say(trainer, f"{epoch_line(trainer, getattr(self, 'validated', True))}  {time.perf_counter() - getattr(self, 't0', time.perf_counter()):.1f} s")
-    @rank_zero_only
-    def on_fit_end(self, trainer, module):
-        run, stats = _run_dir(trainer), getattr(module, 'last_val_stats', None)
-        if stats is not None and trainer.datamodule is not None:   # the last validation's own COCOeval, not another
-            dm = trainer.datamodule
-            print(class_ap_table(dm.val_coco(), stats.per_class, dm.class_names, dm.cat_ids))
-        print(f"Results saved to {run}", flush=True)
-
-# %% ../nbs/08c_trainer.ipynb #dd34d68e
-def class_ap_table(coco_gt, per_class:dict, class_names:list, cat_ids:list)->str:
-    "Per-class box and mask AP50-95 (`CocoStats.per_class` of a validation) of the classes in the ground truth, and their mean."
-    box, mask = per_class.get('bbox', {}), per_class.get('segm', {})   # a class without detections scores 0
-    n = {c: len(coco_gt.getAnnIds(catIds=[c], iscrowd=False)) for c in cat_ids}
-    rows = [(name, n[c], box.get(c, 0.), mask.get(c, 0.)) for name, c in zip(class_names, cat_ids) if n[c]]
-    mean = lambda i: np.mean([r[i] for r in rows if r[i] >= 0]) if rows else 0.
-    lines = [f"{'class':<16}{'instances':>10}{'box AP50-95':>13}{'mask AP50-95':>14}",
-             f"{'all':<16}{sum(r[1] for r in rows):>10}{mean(2):>13.4f}{mean(3):>14.4f}"]
-    return '\n'.join(lines + [f"{name[:15]:<16}{k:>10}{b:>13.4f}{m:>14.4f}" for name, k, b, m in rows])
-
-# %% ../nbs/08c_trainer.ipynb #0b95467e
-class QuietLightning(logging.Filter):
-    "Drops Lightning's cloud adverts and its note that `configure_callbacks` replaces the Trainer's default callbacks."
-    DROP = ('💡 Tip', 'The following callbacks returned in `LightningModule.configure_callbacks` will override')
-    def filter(self, record)->bool: return not str(record.getMessage()).startswith(self.DROP)
-
-def quiet_lightning():
-    "Install `QuietLightning` on the loggers of Lightning's `rank_zero_info` (once)."
-    for name in ('lightning.pytorch.utilities.rank_zero', 'lightning.fabric.utilities.rank_zero'):
-        log = logging.getLogger(name)
-        if not any(isinstance(f, QuietLightning) for f in log.filters): log.addFilter(QuietLightning())
-
-# %% ../nbs/08c_trainer.ipynb #15863fd7
-def read_metrics_csv(path)->dict:
-    "Columns of Lightning's `metrics.csv` as {name: [(epoch, value), ...]}, empty cells skipped."
-    cols = {}
-    with open(path) as f:
-        for row in csv.DictReader(f):
-            for k, v in row.items():
-                if v not in ('', None) and k not in ('epoch', 'step'): cols.setdefault(k, []).append((int(row['epoch']), float(v)))
-    return cols
-
-def plot_curves(path)->plt.Figure:
-    "Loss terms per epoch and validation mAP per epoch from a run's `metrics.csv`."
-    cols = read_metrics_csv(path)
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 3.8))
-    fig.subplots_adjust(left=.085, right=.99, bottom=.13, top=.92, wspace=.22)   # fixed margins: no layout pass at fit end
-    for k in sorted(c for c in cols if c.startswith('train/') and c.endswith('_epoch')):
-        e, v = zip(*cols[k]); a1.plot(e, v, marker='.', label=k[6:-6])
-    a1.set(xlabel='epoch', ylabel='loss term (gain-weighted)', title='training loss', yscale='log'); a1.legend()
-    for k in SUMMARY_NAMES:
-        if k in cols: e, v = zip(*cols[k]); a2.plot(e, v, marker='.', label=k)
-    a2.set(xlabel='epoch', ylabel='COCO mAP', title='validation (EMA weights)'); a2.legend()
-    return fig
-
-# %% ../nbs/08c_trainer.ipynb #ea40e0a1
-PALETTE = [tuple(int(255 * c) for c in rgb) for rgb in plt.get_cmap('tab20').colors]
-
-def draw_instances(img:np.ndarray,          # (H,W,3) uint8 RGB
-                   boxes,                   # (n,4) xyxy in the pixels of img
-                   labels:list,             # n label strings
-                   colours:list,            # n indices into PALETTE (e.g. class ids)
-                   masks=None,              # (n,H,W) bool, or None
-                   alpha:float=.45,         # mask opacity
-                  )->np.ndarray:            # (H,W,3) uint8, a drawn copy
-    "Masks (blended), boxes and labels drawn on a copy of `img` with PIL."
-    out = img.copy()
-    flat = out.reshape(-1, 3)
-    for k, m in enumerate(masks if masks is not None else []):
-        c, i = np.array(PALETTE[colours[k] % len(PALETTE)], np.float32), np.flatnonzero(m)   # one pass over the mask
-        flat[i] = (flat[i] * (1 - alpha) + c * alpha).astype(np.uint8)
-    im = Image.fromarray(out); d = ImageDraw.Draw(im)
-    lw = max(1, round(sum(img.shape[:2]) / 600))
-    for (x1, y1, x2, y2), label, k in zip(np.asarray(boxes, np.float32).reshape(-1, 4).tolist(), labels, colours):
-        c = PALETTE[k % len(PALETTE)]
-        d.rectangle((x1, y1, x2, y2), outline=c, width=lw)
-        if label:
-            l, t, r, b = d.textbbox((x1, y1), label)
-            y = y1 - (b - t) - 2 if y1 - (b - t) - 2 >= 0 else y1
-            d.rectangle((x1, y, x1 + r - l + 3, y + b - t + 2), fill=c); d.text((x1 + 1, y - (t - y1)), label, fill=(255, 255, 255))
-    return np.asarray(im)
-
-def instances_of(anns:list, class_names:list|None, cat_ids, hw:tuple, to_mask=None, min_score:float=0.25, top:int|None=None)->tuple:
-    "COCO results or annotations of one image as (boxes xyxy, labels, class indices, (n,H,W) bool masks); the `top` best, best last."
-    anns = sorted((a for a in anns if a.get('score', 1) >= min_score), key=lambda a: a.get('score', 1))[-top if top else 0:]
-    cls = [list(cat_ids).index(a['category_id']) if cat_ids is not None else a['category_id'] for a in anns]
-    boxes = np.array([(x, y, x + w, y + h) for x, y, w, h in (a['bbox'] for a in anns)], np.float32).reshape(-1, 4)
-    labels = [f"{class_names[c] if class_names else c}" + (f" {a['score']:.2f}" if 'score' in a else '') for c, a in zip(cls, anns)]
-    decode = to_mask or (lambda a: mask_utils.decode(a['segmentation']))
-    masks = np.array([decode(a) for a in anns if 'segmentation' in a], bool).reshape(-1, *hw)
-    return boxes, labels, cls, masks if len(masks) == len(anns) else None
-
-def draw_results(img:np.ndarray, results:list, class_names:list|None=None, cat_ids=None, min_score:float=0.25)->np.ndarray:
-    "COCO results (masks, boxes, class names, scores) drawn on a copy of `img` (H,W,3) uint8."
-    boxes, labels, cls, masks = instances_of(results, class_names, cat_ids, img.shape[:2], min_score=min_score)
-    return draw_instances(img, boxes, labels, cls, masks)
-
-def tile_size(H:int, W:int, size:int)->tuple[float,int,int]:
-    "The scale and (h, w) of an H×W image whose long side becomes `size`."
-    r = size / max(H, W)
-    return r, max(1, round(H * r)), max(1, round(W * r))
-
-def fit_tile(img:np.ndarray, boxes:np.ndarray, masks, size:int)->tuple:
-    "An image (long side to `size`) with its xyxy boxes and (n,H,W) bool masks resized alike."
-    r, h, w = tile_size(*img.shape[:2], size)
-    img = np.asarray(Image.fromarray(img).resize((w, h), Image.BILINEAR))
-    if masks is not None: masks = np.array([np.asarray(Image.fromarray(m).resize((w, h), Image.NEAREST)) for m in masks], bool).reshape(-1, h, w)
-    return img, np.asarray(boxes, np.float32).reshape(-1, 4) * r, masks
-
-def image_grid(tiles:list[np.ndarray], size:int, ncols:int=4)->np.ndarray:
-    "Tiles of at most `size`×`size` pasted row by row on a grey canvas."
-    nrows, ncols = -(-len(tiles) // ncols), min(ncols, len(tiles))
-    out = np.full((nrows * size, ncols * size, 3), 114, np.uint8)
-    for k, t in enumerate(tiles):
-        r, c = divmod(k, ncols); out[r * size:r * size + t.shape[0], c * size:c * size + t.shape[1]] = t
-    return out
-
-def save_jpeg(img:np.ndarray, path, quality:int=85):
-    "Write an (H,W,3) uint8 image as JPEG through a temporary file and a rename."
-    buf = io.BytesIO(); Image.fromarray(img).save(buf, format='JPEG', quality=quality)
-    atomic_write(path, buf.getvalue())
-
-# %% ../nbs/08c_trainer.ipynb #cc89579a
-def draw_train_batch(batch:dict, class_names:list|None=None, n:int=16, size:int=320)->np.ndarray:
-    "The first `n` images of a training batch (on any device) with their valid targets, as one grid image."
-    img = batch['img'][:n].detach()
-    img = (img * 255 if img.is_floating_point() else img).clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
-    valid, boxes, cls = (batch[k][:n].cpu().numpy() for k in ('valid', 'boxes', 'cls'))
-    S, tiles = img.shape[1], []
-    for b in range(len(img)):
-        k = np.nonzero(valid[b])[0]
-        f = S // batch['masks'].shape[-1]
-        masks = batch['masks'][b, k].cpu().numpy().astype(bool).repeat(f, 1).repeat(f, 2)
-        c = cls[b, k].tolist()
-        t, bx, m = fit_tile(img[b], boxes[b, k], masks, size)
-        tiles.append(draw_instances(t, bx, [class_names[i] if class_names else str(i) for i in c], c, m))
-    return image_grid(tiles, size)
-
-def draw_val_batch(dm, results:list|None=None, n:int=8, size:int=320, top:int=30,
-                   images:list|None=None,  # the first `n` validation images, if already loaded (`load_rgb`)
-                   )->np.ndarray:
-    "The first `n` validation images with their ground truth (`results` None) or with their `top` best `results`, as one grid image."
-    gt, tiles = dm.val_coco(), []
-    by_image = {}
-    for r in results or []: by_image.setdefault(r['image_id'], []).append(r)
-    decode = gt.annToMask if results is None else (lambda a: mask_utils.decode(a['segmentation']))
-    for k, rec in enumerate(dm.val_records[:n]):
-        img = load_rgb(rec.path) if images is None else images[k]
-        (H, W), (r, h, w) = img.shape[:2], tile_size(*img.shape[:2], size)
-        rows = np.minimum(((np.arange(h) + .5) / r).astype(int), H - 1)   # nearest pixel of each tile row
-        cols = np.minimum(((np.arange(w) + .5) / r).astype(int), W - 1)
-        anns = gt.imgToAnns.get(rec.image_id, []) if results is None else by_image.get(rec.image_id, [])
-        boxes, labels, cls, masks = instances_of([a for a in anns if not a.get('iscrowd')], dm.class_names, dm.cat_ids,
-                                                 (h, w), lambda a: decode(a)[rows][:, cols],  # at tile size
-                                                 top=None if results is None else top)
-        t, bx, _ = fit_tile(img, boxes, None, size)
-        tiles.append(draw_instances(t, bx, labels, cls, masks))
-    return image_grid(tiles, size)
-
-# %% ../nbs/08c_trainer.ipynb #d9baf6c2
-class OneLineParser(LightningArgumentParser):
-    "LightningCLI's parser, whose usage errors are one line on stderr and exit status 2."
-    def error(self, message:str, ex:Exception|None=None):
-        if not self.exit_on_error or os.environ.get('LUCID_DEBUG'): return super().error(message, ex)
-        prog = (getattr(ex, 'subcommand_parser', None) or self).prog.replace(' [options]', '')
-        sys.stderr.write(f"lucid: error: {' '.join(str(message).split())} (`{prog} --help` lists every option)\n")
-        sys.exit(2)
-
-# %% ../nbs/08c_trainer.ipynb #ec8e719d
-class LucidCLI(LightningCLI):
-    "`lucid`: LightningCLI for `LitYolo` + `YoloData`."
-    def add_arguments_to_parser(self, parser):
-        parser.link_arguments('data', 'model.num_classes', compute_fn=self.data_classes, apply_on='instantiate')
-        parser.add_argument('--tensorboard', type=bool, default=False,
-                            help='Also write TensorBoard logs into the run folder (needs the tensorboard package).')
-
-    def data_classes(self, data:YoloData)->int:
-        "The number of classes: the checkpoint's classes when predicting on plain images, else the training JSON's (which must be the checkpoint's)."
-        saved = getattr(self, 'ckpt_extra', None) or {}
-        if data.hparams.predict_images and 'class_names' in saved: data.set_classes(saved['cat_ids'], saved['class_names'])
-        elif 'cat_ids' in saved and list(saved['cat_ids']) != list(data.cat_ids):
-            raise ValueError(f"the checkpoint was trained on category ids {list(saved['cat_ids'])}, the data has {list(data.cat_ids)}: "
-                             "its classes would be read as others by position. Give data with the checkpoint's categories, or fit a new model")
-        return data.num_classes
-
-    def before_instantiate_classes(self):
-        "Without `--trainer.logger`, a given `--trainer.default_root_dir` is where runs go (Lightning's convention)."
-        cfg = self.config.get(self.subcommand, self.config) if self.subcommand else self.config
-        root, given = cfg.trainer.get('default_root_dir'), getattr(self, 'given_trainer_options', set())
-        if root and 'logger' not in given and isinstance(cfg.trainer.get('logger'), Namespace):
-            cfg.trainer.logger.init_args.save_dir = str(root)
-
-    def after_instantiate_classes(self):
-        "CSV logs always; TensorBoard logs beside them in the run folder with `--tensorboard true`."
-        cfg = self.config.get(self.subcommand, self.config) if self.subcommand else self.config
-        if cfg.get('tensorboard'): add_tensorboard(self.trainer)
-        # `--ckpt_path` of another architecture: the check that loading makes, made before anything runs
-        if self.ckpt_hparams: self.model.on_load_checkpoint({'hyper_parameters': self.ckpt_hparams})
-
-def add_tensorboard(trainer)->bool:
-    "Add a TensorBoard logger writing into the run folder's `tensorboard/`, unless there is one or no logger at all."
-    from lightning.pytorch.loggers import TensorBoardLogger
-    if importlib.util.find_spec('tensorboard') is None:
-        raise ValueError("--tensorboard true: the tensorboard package is not installed (pip install tensorboard)")
-    if not trainer.loggers or any(isinstance(l, TensorBoardLogger) for l in trainer.loggers): return False
-    trainer.loggers = [*trainer.loggers, TensorBoardLogger(trainer.loggers[0].log_dir, name='tensorboard', version='')]
-    return True
-
-def default_callbacks()->list:
-    return [AtomicCheckpoint(monitor='mAP50-95(M)', mode='max', filename='best', save_last=True, save_top_k=1),
-            RunArtifacts(), PredictionWriter(), EpochSummary(), DistributedRun(), FrozenHeap()]
-
-@patch
-def configure_callbacks(self:LitYolo):
-    "Checkpoints, run artifacts, the prediction writer, the step-loss progress bar, and the recorder with a `capture_*` option."
-    h, extra = self.hparams, []
-    if self.recorder is None and (h.capture_segment_heads or h.capture_optimizer_step or h.capture_train_step):
-        self.recorder = Recorder(head=h.capture_segment_heads, optimizer=h.capture_optimizer_step, step=h.capture_train_step)
-    bar = self._trainer.progress_bar_callback if self._trainer is not None else None
-    if type(bar) is TQDMProgressBar: extra.append(StepLossBar(bar.refresh_rate))
-    return default_callbacks() + ([self.recorder] if self.recorder is not None else []) + extra
-
-HELP = {'description': "lucid: YOLO-style instance segmentation (lucid_nb). Subcommands: fit, validate, test, predict "
-                        "(Lightning's), and export (`lucid export --help`).",
-        'fit': {'description': "Train. With no --config: the nano model (--model.size n) on the embedded coco128 data, "
-                               "640 px, batch 4, for 10 epochs (--trainer.max_epochs); the run folder is runs/lucid/version_N, "
-                               "or under --trainer.default_root_dir."},
-        'predict': {'description': "Predict with --ckpt_path CKPT on --data.predict_images PATH (a folder, a glob or one "
-                                   "image file; no annotations needed) or, without it, on the validation images; writes "
-                                   "predict/<image>.jpg for every image and predict/predictions.json into the run folder."}}
-
-def cli_main(args:list|None=None, run:bool=True)->LucidCLI:
-    "Entry point of the `lucid` command."
-    warnings.filterwarnings('ignore', message='.*module\\(s\\) in eval mode.*')  # the EMA copy is in eval mode on purpose
-    warnings.filterwarnings('ignore', message='.*LeafSpec.*')
-    warnings.filterwarnings('ignore', message=".*args parameter is intended to run from within Python.*")  # notebooks, tests
-    quiet_lightning()
-    return LucidCLI(LitYolo, YoloData, args=args, run=run, save_config_kwargs={'overwrite': True}, auto_configure_optimizers=False,
-                    parser_class=OneLineParser,
-                    parser_kwargs=HELP,
-                    trainer_defaults={'max_epochs': 10, 'logger': {'class_path': 'lightning.pytorch.loggers.CSVLogger',
-                                                                  'init_args': {'save_dir': 'runs', 'name': 'lucid'}}})
-
-# %% ../nbs/08c_trainer.ipynb #779a416b
-def save_figure(fig, path, tight:bool=True)->plt.Figure:
-    "Save `fig` through a temporary file and a rename, cropped to what is drawn if `tight` (one more drawing pass); returns it."
-    buf = io.BytesIO(); fig.savefig(buf, format=Path(path).suffix[1:], dpi=100, bbox_inches='tight' if tight else None)
-    atomic_write(path, buf.getvalue())
-    return fig
-
-# %% ../nbs/08c_trainer.ipynb #dfda702c
-LOCK_NAME = 'lucid.lock'
-
-@rank_zero_only
-def note(msg:str):
-    "One line for the user on stderr (from rank 0)."
-    print(f"lucid: {msg}", file=sys.stderr, flush=True)
-
-class RunFolderInUse(RuntimeError): "A live run holds the run folder's lock."
-
-def read_lock(lock:Path)->dict:
-    "What a lock says; `{}` when it is missing or unreadable."
-    try: return json.loads(lock.read_text())
-    except (OSError, ValueError): return {}
-
-def lock_owner_alive(owner:dict)->bool:
-    "Whether the run that wrote a lock may still be running (always, for a run on another host)."
-    if not owner.get('pid'): return False
-    if owner.get('host') != socket.gethostname(): return True
-    try: os.kill(int(owner['pid']), 0)
-    except ProcessLookupError: return False
-    except PermissionError: pass   # alive, another user's
-    return True
-
-# %% ../nbs/08c_trainer.ipynb #c3fb1cc1
-def _holder(owner:dict)->str: return f"pid {owner.get('pid')} on {owner.get('host')}, started {owner.get('started')}"
-
-def acquire_run_lock(run:Path)->dict:
-    "Create `run/lucid.lock` naming this process, taking over a lock whose process is gone; returns what it wrote."
-    run.mkdir(parents=True, exist_ok=True)
-    lock, tmp = run/LOCK_NAME, run/f'{LOCK_NAME}.{os.getpid()}.tmp'
-    me = dict(pid=os.getpid(), host=socket.gethostname(), command=' '.join(sys.argv),
-              started=datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M:%S UTC'))
-    tmp.write_text(json.dumps(me))
-    try:
-        for _ in range(3):
-            try: os.link(tmp, lock); return me
-            except FileExistsError: owner = read_lock(lock)
-            if lock_owner_alive(owner):
-                raise RunFolderInUse(f"{run} is in use by another run ({_holder(owner)}): wait for it to end or give "
-                                     f"this run another --trainer.logger version; if that run is gone, delete {lock}")
-            note(f"{run}: taking over the lock of a run that is gone ({_holder(owner)})")
-            lock.unlink(missing_ok=True)
-        raise RunFolderInUse(f"{run}: another run keeps taking its lock {lock}")
-    finally: tmp.unlink(missing_ok=True)
-
-@contextlib.contextmanager
-def run_lock(run:Path):
-    "Hold the lock of the run folder `run` for the `with` block; released also on exceptions and signals."
-    me = acquire_run_lock(run)
-    try: yield me
-    finally:
-        if read_lock(run/LOCK_NAME) == me: (run/LOCK_NAME).unlink(missing_ok=True)
-
-# %% ../nbs/08c_trainer.ipynb #30d045dc
-def resume_hint(trainer)->str:
-    "How to go on after a stopped run: the checkpoint of its last finished epoch, if there is one."
-    if trainer.state.fn != 'fit': return 'run it again'
-    ck = trainer.checkpoint_callback
-    last = (ck.last_model_path if ck else '') or trainer.ckpt_path
-    if last and Path(last).is_file(): return f"{last} holds the last finished epoch: resume with the same options and --ckpt_path {last}"
-    return 'no epoch had finished, so there is no checkpoint to resume from: run it again'
-
-@patch
-def _run_subcommand(self:LucidCLI, subcommand:str):
-    "Run `subcommand` holding the run folder's lock; a run stopped by SIGTERM or Ctrl-C says so and how to resume."
-    run = _run_dir(self.trainer) if rank_zero_only.rank == 0 else None   # DDP: the others learn rank 0's folder at setup
-    fresh = run is not None and not any(run.iterdir())
-    with run_lock(run) if run is not None else contextlib.nullcontext(), warnings.catch_warnings():
-        if fresh: warnings.filterwarnings('ignore', message='Experiment logs directory .* exists and is not empty')  # our lock
-        try: LightningCLI._run_subcommand(self, subcommand)
-        except SystemExit as e:  # SIGTERMException after SIGTERM; Lightning's sys.exit(1) after Ctrl-C
-            if not self.trainer.interrupted: raise
-            sig, status = ('SIGTERM', 128 + signal.SIGTERM) if isinstance(e, SIGTERMException) else ('Ctrl-C', 1)
-            note(f"{subcommand} stopped by {sig} before it finished; {resume_hint(self.trainer)}")
-            raise SystemExit(status) from None
-
-# %% ../nbs/08c_trainer.ipynb #3d1a2fc7
-@patch
-def parse_arguments(self:LucidCLI, parser, args):
-    "Parse as LightningCLI does, and remember which model options the command line and `--config` gave."
-    LightningCLI.parse_arguments(self, parser, args)
-    given = parser.parse_object(args, defaults=False) if isinstance(args, (dict, Namespace)) else parser.parse_args(args, defaults=False)
-    pre = f"{given.subcommand}." if given.get('subcommand') else ''
-    model, data = given.get(f"{pre}model"), given.get(f"{pre}data")
-    self.given_model_options = set(model.keys()) if model else set()
-    self.given_data_options = set(data.keys()) if isinstance(data, Namespace) else set()
-    trainer = given.get(f"{pre}trainer")
-    self.given_trainer_options = {k.split('.')[0] for k in trainer.keys()} if isinstance(trainer, Namespace) else set()
-
-# %% ../nbs/08c_trainer.ipynb #eecc4ead
-def read_checkpoint(path)->dict:
-    "Load a Lightning checkpoint on the CPU; a file that is none raises an error naming it and what is wrong."
-    p = Path(path)
-    if not p.is_file(): raise FileNotFoundError(f"--ckpt_path {p}: {'a folder, not a file' if p.is_dir() else 'no such file'}")
-    with open(p, 'rb') as f: magic = f.read(4)
-    try: ckpt = torch.load(p, map_location='cpu', weights_only=True)
-    except Exception as e:
-        why = ('is not a checkpoint (not a PyTorch archive)' if magic != b'PK\x03\x04' else
-               f'is truncated ({p.stat().st_size} bytes, the archive has no end): an interrupted copy?' if not zipfile.is_zipfile(p)
-               else f'is damaged or was not written by lucid ({type(e).__name__})')
-        raise ValueError(f"--ckpt_path {p} {why}") from e
-    if not isinstance(ckpt, dict) or 'state_dict' not in ckpt:
-        raise ValueError(f"--ckpt_path {p} is not a Lightning checkpoint: it holds no 'state_dict'")
-    return ckpt
-
-# %% ../nbs/08c_trainer.ipynb #4248039a
-@patch
-def _parse_ckpt_path(self:LucidCLI):
-    "Model options (and, for `predict`, the image size) from the `--ckpt_path` checkpoint where the command line and `--config` gave none."
-    self.ckpt_hparams, self.ckpt_extra, sub = {}, {}, self.config.get('subcommand')
-    path = self.config[sub].get('ckpt_path') if sub else None
-    if not path or path in ('last', 'best', 'hpc') or '://' in str(path) or str(path).startswith('registry'): return
-    ckpt = read_checkpoint(path)
-    saved, self.ckpt_extra = ckpt.get('hyper_parameters') or {}, ckpt.get('lucid') or {}
-    if sub == 'predict' and 'imgsz' in self.ckpt_extra and 'imgsz' not in self.given_data_options:
-        self.config = self.parser.parse_object({sub: {'data': {'imgsz': self.ckpt_extra['imgsz']}}}, self.config)
-    model = self.config[sub].model   # num_classes: linked from the data, checked against the checkpoint later
-    taken = {k: v for k, v in saved.items() if k in model and k != 'num_classes' and k not in self.given_model_options}
-    changed = ', '.join(f"{k}={v!r}" for k, v in taken.items() if v != model[k]) or 'none that differ from the defaults'
-    self.config = self.parser.parse_object({sub: {'model': taken}}, self.config)
-    note(f"model options taken from {path}: {changed} (options given on the command line or in --config win)")
-    self.ckpt_hparams = saved
-
-# %% ../nbs/08c_trainer.ipynb #f4cc842c
-@patch
-def instantiate_classes(self:LucidCLI):
-    "Instantiate as LightningCLI does; an error of the data inside the `num_classes` link is raised as itself."
-    try: LightningCLI.instantiate_classes(self)
-    except ValueError as e:
-        if e.__cause__ is None or 'compute_fn of link' not in str(e): raise
-        raise e.__cause__ from None
-
-USER_ERRORS = (ValueError, OSError, RunFolderInUse, MisconfigurationException)
-
-def one_line(e:BaseException)->str: return '; '.join(l.strip() for l in str(e).splitlines() if l.strip()) or type(e).__name__
-
-def main(run=None):  # what to run (default: `cli_main`, the Lightning subcommands)
-    "The `lucid` command: exit status 0 on success, 2 after a user error (one line), 143 after SIGTERM, 1 after Ctrl-C."
-    try: (run or cli_main)()
-    except USER_ERRORS as e:
-        if os.environ.get('LUCID_DEBUG') == '1': raise
-        note(f"error: {one_line(e)} (LUCID_DEBUG=1 shows the traceback)")
-        sys.exit(2)
 
 # %% ../nbs/08c_trainer.ipynb #8acd65ee
 def ddp_blocker(trainer, module, stage:str)->str|None:
@@ -1083,15 +342,6 @@ def broadcast_buffers(model:nn.Module, src:int=0):
         torch.distributed.broadcast(flat, src)
         for b, f in zip(group, flat.split([b.numel() for b in group])): b.copy_(f.view_as(b))
 
-def rank_state_hashes(trainer, module)->dict:
-    "Under DDP `{'ranks': [...]}`: every process's model, optimiser, scheduler and EMA hashes (they must agree); {} on one process."
-    if trainer.world_size == 1: return {}
-    mine = {k: v for k, v in fit_state_hashes(trainer, module).items() if k in ('model', 'optimizer', 'scheduler', 'ema')}
-    ranks = gather_objects(mine)
-    if differ := [k for k in mine if len({r[k] for r in ranks}) > 1]:
-        note(f"the {len(ranks)} processes end with different {', '.join(differ)} hashes (state_hashes.json 'ranks'); DDP should keep them equal")
-    return {'ranks': ranks}
-
 class DistributedRun(Callback):
     "What several processes need: one run folder, a setup lucid supports, and the same BatchNorm statistics (so the same EMA) on each."
     def setup(self, trainer, module, stage:str):
@@ -1103,3 +353,18 @@ class DistributedRun(Callback):
         if trainer.world_size > 1: broadcast_buffers(module.model)   # runs before `LitYolo.on_train_batch_end`'s EMA update
 
 
+
+# %% ../nbs/08c_trainer.ipynb #b31efe7c
+def default_callbacks()->list:
+    return [AtomicCheckpoint(monitor='mAP50-95(M)', mode='max', filename='best', save_last=True, save_top_k=1),
+            RunArtifacts(), PredictionWriter(), EpochSummary(), DistributedRun(), FrozenHeap()]
+
+@patch
+def configure_callbacks(self:LitYolo):
+    "Checkpoints, run artifacts, the prediction writer, the step-loss progress bar, and the recorder with a `capture_*` option."
+    h, extra = self.hparams, []
+    if self.recorder is None and (h.capture_segment_heads or h.capture_optimizer_step or h.capture_train_step):
+        self.recorder = Recorder(head=h.capture_segment_heads, optimizer=h.capture_optimizer_step, step=h.capture_train_step)
+    bar = self._trainer.progress_bar_callback if self._trainer is not None else None
+    if type(bar) is TQDMProgressBar: extra.append(StepLossBar(bar.refresh_rate))
+    return default_callbacks() + ([self.recorder] if self.recorder is not None else []) + extra

@@ -5,7 +5,7 @@ import json, os, sys
 from pathlib import Path
 
 from lucid_nb.recorder import EagerGraphs, Recorder
-from lucid_nb.trainer import cli_main
+from lucid_nb.command import cli_main
 
 cli = cli_main(sys.argv[1:], run=False)
 cli.model.recorder = Recorder(backend=EagerGraphs(), head=True, optimizer=True)

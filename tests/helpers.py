@@ -11,7 +11,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from lucid_nb.core import digest, state_hashes
 from lucid_nb.loss import SegLoss
 from lucid_nb.recorder import model_outputs
-from lucid_nb.trainer import cli_main
+from lucid_nb.command import cli_main
 from lucid_nb.cli import run
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -6,7 +6,7 @@ import pytest
 PROBE = textwrap.dedent("""
     import atexit, sys, threading, time
     atexit.register(lambda: print('atexit ran', flush=True))
-    import lucid_nb.trainer as T
+    import lucid_nb.command as T
     done, command = threading.Event(), T.main
     def traced(*args):
         try: command(*args)

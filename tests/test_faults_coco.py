@@ -8,7 +8,7 @@ import numpy as np, pytest
 from PIL import Image
 
 import lucid_nb.data as data
-import lucid_nb.trainer as trainer
+import lucid_nb.command as command
 from lucid_nb.core import digest
 from test_data import _edit_json, dm_for, make_coco
 from test_faults_data import perfect_mask_map
@@ -143,9 +143,9 @@ def test_checkpoint_of_other_categories_is_refused(coco):
     dm = dm_for(coco)
     cli = types.SimpleNamespace(ckpt_extra=dict(cat_ids=[7, 42, 1000], class_names=['a', 'b', 'c']))
     with pytest.raises(ValueError, match=r'trained on category ids \[7, 42, 1000\], the data has \[3, 17, 90\]'):
-        trainer.LucidCLI.data_classes(cli, dm)
+        command.LucidCLI.data_classes(cli, dm)
     cli.ckpt_extra['cat_ids'] = [3, 17, 90]
-    assert trainer.LucidCLI.data_classes(cli, dm) == 3
+    assert command.LucidCLI.data_classes(cli, dm) == 3
 
 
 # ---- files to predict, drawings at fit end ----

@@ -10,7 +10,8 @@ from lightning.pytorch.callbacks import Callback
 
 from lucid_nb.allocator import allocator_defaults
 from lucid_nb.core import EMBEDDED_ANNOTATIONS, EMBEDDED_IMAGES
-from lucid_nb.trainer import LOCK_NAME, cli_main, read_checkpoint
+from lucid_nb.command import cli_main
+from lucid_nb.runs import LOCK_NAME, read_checkpoint
 
 from helpers import LUCID, fit, hashes_only, lucid_main, tiny
 

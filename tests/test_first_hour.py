@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from lucid_nb.trainer import cli_main
+from lucid_nb.command import cli_main
 
 from helpers import TINY, lucid_main
 

@@ -16,7 +16,7 @@ from lucid_nb.heads import yolo_seg
 from lucid_nb.core import digest
 from lucid_nb.optim import build_optimizer, build_schedule
 from lucid_nb.recorder import CudaGraphs, EmaRegion, HeadRegion, StepRegion, UpdateRegion, pool_allocated
-from lucid_nb.trainer import ModelEMA
+from lucid_nb.ema import ModelEMA
 
 from helpers import StepLosses, StopAfterFirstEpoch, fit, hashes_only, tiny, train_trace
 from helpers import test_traces_equal as traces_equal   # (not collected as a test)
@@ -87,7 +87,7 @@ def test_cross_process_hashes(tmp_path):
     for arm, extra, arm_env in (('native', (), env), ('replay', CAPTURE, env), ('whole_step', WHOLE, env),
                                 ('native_expandable', (), expandable), ('whole_step_expandable', WHOLE, expandable)):
         runs = tmp_path / arm
-        args = [sys.executable, '-c', 'import sys; from lucid_nb.trainer import cli_main; cli_main(sys.argv[1:])',
+        args = [sys.executable, '-c', 'import sys; from lucid_nb.command import cli_main; cli_main(sys.argv[1:])',
                 *tiny(runs, *GPU, '--trainer.deterministic', 'warn', *extra)]
         r = subprocess.run(args, capture_output=True, text=True, env=arm_env, cwd=Path(__file__).parent.parent)
         assert r.returncode == 0, r.stderr[-3000:]

@@ -12,7 +12,9 @@ from lucid_nb.data import YoloData
 from lucid_nb.loader import YoloLoader
 from lucid_nb.metrics import results_bytes
 from lightning.pytorch.callbacks import Callback
-from lucid_nb.trainer import AtomicCheckpoint, LitYolo, cli_main
+from lucid_nb.command import cli_main
+from lucid_nb.runs import AtomicCheckpoint
+from lucid_nb.trainer import LitYolo
 
 from helpers import tiny, StopAfterFirstEpoch, fit, hashes_only
 
@@ -159,7 +161,7 @@ def test_bf16_mixed_fit_and_validate(tmp_path):
 def test_tensorboard_only_when_asked(tmp_path):
     "TensorBoard is opt-in (`--tensorboard true`): its writer costs seconds at fit end; a missing package is a clear error."
     import importlib.util
-    from lucid_nb.trainer import add_tensorboard
+    from lucid_nb.command import add_tensorboard
     cli = cli_main(tiny(tmp_path)[1:], run=False)
     assert len(cli.trainer.loggers) == 1
     if importlib.util.find_spec('tensorboard') is None:
@@ -183,7 +185,8 @@ def test_timing_has_every_phase(reference):
 
 def test_labels_grid_is_drawn_from_fit_start(reference, tmp_path):
     "val_batch_labels.jpg comes from the thread started with the fit, and is the grid drawn directly from the data."
-    from lucid_nb.trainer import RunArtifacts, save_jpeg, val_labels_grid
+    from lucid_nb.draw import save_jpeg, val_labels_grid
+    from lucid_nb.runs import RunArtifacts
     cli, run, _ = reference
     artifacts = next(cb for cb in cli.trainer.callbacks if isinstance(cb, RunArtifacts))
     assert artifacts.labels is not None and artifacts.labels.done()

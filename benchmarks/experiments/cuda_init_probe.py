@@ -33,7 +33,7 @@ with lean_imports():
     if mode == 'torchthread': th = threading.Thread(target=torch_init, daemon=True); th.start()
     import torchmetrics; mark('torchmetrics')
     import lightning.pytorch; mark('lightning')
-    import lucid_nb.trainer; mark('lucid_nb.trainer')
+    import lucid_nb.command; mark('lucid_nb.command')
 if th: th.join(); mark('joined')
 torch.cuda.init(); mark('torch.cuda.init')
 x = torch.empty(1, device='cuda'); torch.cuda.synchronize(); mark('first tensor')

@@ -16,7 +16,7 @@ import cProfile, collections, glob, io, json, os, pstats, sys, time
 from lucid_nb.cli import enable_bytecode_cache; enable_bytecode_cache()
 import torch
 import lucid_nb.metrics as M
-import lucid_nb.trainer as T
+import lucid_nb.command as T
 
 EP = collections.defaultdict(lambda: collections.defaultdict(float))   # validation epoch -> name -> seconds or count
 epoch, looks = [0], [0]                                                  # the epoch validating; host looks so far
