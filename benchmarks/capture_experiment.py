@@ -10,12 +10,11 @@ its references, and the recorder retries a failed recording with parameter alias
 """
 import sys, torch
 from pathlib import Path
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / 'tests'))
 from lucid_nb.core import synth_batch
 from lucid_nb.heads import yolo_seg
 from lucid_nb.loss import SegLoss
 from lucid_nb.recorder import HeadRegion, model_outputs
-from helpers import train_trace
+from lucid_nb.testing import train_trace
 torch.backends.cudnn.benchmark = False
 case = sys.argv[1]
 M = 100 if case == 'C' else 16

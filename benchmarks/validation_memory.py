@@ -25,9 +25,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / 'tests'))   # helpers.TensorBytes, shared with the tests
 import validation_speed as vs
-from helpers import TensorBytes
+from lucid_nb.testing import TensorBytes
 import lucid_nb.metrics as M
 from lucid_nb.core import device_tag, env_info
 from lucid_nb.data import YoloData

@@ -3,7 +3,7 @@ heads → loss / metrics / optim → recorder → trainer → predict → cli), 
 import re
 from pathlib import Path
 
-LAYER = dict(allocator=-1, core=0, coco=1, augment=1.25, loader=1.5, data=1.75, model=1, heads=2, loss=3, metrics=3, optim=3, recorder=4, trainer=5, predict=6, cli=7)
+LAYER = dict(allocator=-1, core=0, coco=1, augment=1.25, loader=1.5, data=1.75, model=1, heads=2, loss=3, metrics=3, optim=3, graphs=3.5, recorder=4, trainer=5, predict=6, cli=7, testing=8)
 PKG = Path(__file__).resolve().parent.parent / 'lucid_nb'
 
 
