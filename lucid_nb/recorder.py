@@ -1,4 +1,4 @@
-"""Named regions of the training step — the segment head's prediction calls and their backward (`--model.capture_segment_heads true`), the optimiser update (`--model.capture_optimizer_step true`), the whole forward, loss and backward and the EMA update (`--model.capture_train_step true`) — recorded into CUDA graphs and replayed every step, bit for bit as native.
+"""Named regions of the training step — the segment head's prediction calls and their backward (`--model.capture_segment_heads true`), the optimiser update (`--model.capture_optimizer_step true`), the whole forward, loss and backward and the EMA update (`--model.capture_train_step true`) — recorded into CUDA graphs at their first use in a fit and replayed every step, bit for bit as native.
 
 Docs: https://lucid-nb.github.io/lucid_nb/recorder.html.md"""
 
@@ -6,357 +6,26 @@ Docs: https://lucid-nb.github.io/lucid_nb/recorder.html.md"""
 
 # %% ../nbs/06b_recorder.ipynb #9a9d3be6
 from __future__ import annotations
-import contextlib, functools, json, logging, operator, time, traceback
+import contextlib, functools, json, logging, operator, traceback
 from pathlib import Path
 import torch
 from torch import nn, Tensor
-from torch.autograd.function import once_differentiable
-from torch.nn.utils.stateless import _reparametrize_module
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
+from fastcore.basics import patch
 from .core import *
+from .graphs import *
 from .optim import CapturedUpdate, captured_update, state_ready, update_blocker
 
 # %% auto #0
-__all__ = ['MIN_TORCH', 'log', 'STEP_INPUTS', 'autocast_state', 'head_autocast', 'CudaGraphs', 'pool_allocated', 'nothing_kept',
-           'spent', 'spent_since', 'EagerGraphs', 'input_signature', 'alignment', 'grad_layout', 'non_overlapping',
-           'empty_with_layout', 'ModuleGraphs', 'HeadGraphs', 'HeadReplay', 'graph_blocker', 'head_blocker',
-           'fit_blocker', 'precision_blocker', 'head_fit_blocker', 'replay_blocker', 'call_blocker', 'Region',
-           'HeadRegion', 'UpdateMismatch', 'UpdateGraphs', 'record_checked', 'update_fit_blocker', 'UpdateRegion',
-           'step_inputs', 'StepGraphs', 'StepReplay', 'step_fit_blocker', 'step_call_blocker', 'StepRegion',
-           'EmaRegion', 'Recorder', 'model_outputs']
+__all__ = ['MIN_TORCH', 'log', 'fit_blocker', 'precision_blocker', 'head_fit_blocker', 'Region', 'HeadRegion', 'model_outputs',
+           'record_checked', 'update_fit_blocker', 'UpdateRegion', 'step_fit_blocker', 'StepRegion', 'EmaRegion',
+           'Recorder']
 
-# %% ../nbs/06b_recorder.ipynb #f7c422cf
-def autocast_state(device_type:str)->dict:
-    "The surrounding autocast dtype and on/off state of `device_type`, weight-cast cache off, as `torch.autocast` keywords."
-    return dict(enabled=torch.is_autocast_enabled(device_type), dtype=torch.get_autocast_dtype(device_type),
-                cache_enabled=False)
-
-def head_autocast(device_type:str)->torch.autocast:
-    "The head's autocast region: `autocast_state` entered."
-    return torch.autocast(device_type, **autocast_state(device_type))
-
-# %% ../nbs/06b_recorder.ipynb #415ab208
-class CudaGraphs:
-    "Recorder backend of the GPU: CUDA graphs captured on one side stream, sharing one memory pool."
-    name = 'cuda'
-    def __init__(self, warmup_iters:int=3):  # warm-up runs before capture (as `make_graphed_callables`)
-        self.warmup_iters, self.stream, self.pool = warmup_iters, None, None   # pool: a `torch.cuda.MemPool`
-        self.spent = dict(warm_up=0., capture=0.)   # seconds so far, by phase
-
-    def warm_up(self, fn):
-        "Run `fn` `warmup_iters` times on the capture stream."
-        t0 = time.perf_counter()
-        self.stream = self.stream or torch.cuda.Stream()
-        self.stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(self.stream):
-            for _ in range(self.warmup_iters): fn()
-        torch.cuda.current_stream().wait_stream(self.stream)
-        torch.cuda.synchronize(); torch.cuda.empty_cache()   # the warm-up's freed blocks: not held beside the graph's pool
-        self.spent['warm_up'] += time.perf_counter() - t0
-
-    def capture(self, fn)->tuple:
-        "Record `fn`; return the graph and what `fn` returned (the graph's static outputs)."
-        t0 = time.perf_counter()
-        graph, self.pool = torch.cuda.CUDAGraph(), self.pool or torch.cuda.MemPool()
-        with torch.cuda.graph(graph, pool=self.pool.id, stream=self.stream, capture_error_mode='thread_local'):
-            out = fn()
-        self.spent['capture'] += time.perf_counter() - t0   # instantiation included: it ends the `with`
-        return graph, out
-
-    @contextlib.contextmanager
-    def lending(self):
-        "Run the block on the capture stream, its memory from the graphs' pool; it must free all it allocates (checked)."
-        if self.pool is None: yield; return   # nothing recorded yet
-        self.stream.wait_stream(torch.cuda.current_stream())   # the last replay is done with the pool's memory
-        try:
-            with torch.cuda.stream(self.stream), torch.cuda.use_mem_pool(self.pool), \
-                 nothing_kept(lambda: pool_allocated(self.pool), "the block lent the recorded graphs' memory pool"):
-                yield
-        finally: torch.cuda.current_stream().wait_stream(self.stream)  # the next replay waits for the block
-
-    def forget_pool(self): self.pool = None
-
-    def replay(self, graph): graph.replay()
-    def rng_state(self)->Tensor: return torch.cuda.get_rng_state()
-    def set_rng_state(self, state:Tensor): torch.cuda.set_rng_state(state)
-    def memory_reserved(self)->int:
-        "Reserved CUDA memory after returning the allocator's unused cache (so a difference is the recording's own)."
-        torch.cuda.synchronize(); torch.cuda.empty_cache()
-        return torch.cuda.memory_reserved()
-
-def pool_allocated(pool)->int:
-    "Bytes allocated (in use) in a CUDA memory pool."
-    return sum(seg['allocated_size'] for seg in torch.cuda.memory_snapshot(pool.id))
-
-@contextlib.contextmanager
-def nothing_kept(allocated, what:str):
-    "Raise if `allocated()` is larger after the block than before it (not checked when the block raises)."
-    before = allocated()
-    yield
-    if (kept := allocated() - before) > 0:
-        raise RuntimeError(f"{what} kept {kept} bytes allocated there after it ended; the next replay would overwrite "
-                           "them. Please report this; run without --model.capture_train_step meanwhile")
-
-def spent(backend)->dict:
-    "A backend's seconds so far by phase (warm-up, capture), if it counts them."
-    return dict(getattr(backend, 'spent', {}))
-
-def spent_since(backend, before:dict)->dict:
-    "`{phase}_seconds` of a backend since `spent` gave `before`."
-    return {f'{k}_seconds': v - before.get(k, 0.) for k, v in spent(backend).items()}
-
-class _EagerGraph:
-    "A recorded function and the tensors of its first run, which every replay overwrites."
-    def __init__(self, fn, static): self.fn, self.static = fn, static
-    def replay(self):
-        fresh = self.fn()
-        with torch.no_grad():
-            for s, f in zip(self.static, fresh):
-                if s is not None: s.detach().copy_(f)
-
-class EagerGraphs:
-    "CPU stand-in for `CudaGraphs`: replay re-runs the function and copies its results into the first run's tensors."
-    name = 'eager'
-    def __init__(self, warmup_iters:int=1): self.warmup_iters, self.spent = warmup_iters, dict(warm_up=0., capture=0.)
-    def warm_up(self, fn):
-        t0 = time.perf_counter()
-        for _ in range(self.warmup_iters): fn()
-        self.spent['warm_up'] += time.perf_counter() - t0
-    def capture(self, fn)->tuple:
-        t0 = time.perf_counter()
-        out = fn()
-        self.spent['capture'] += time.perf_counter() - t0
-        return _EagerGraph(fn, out), out
-    def replay(self, graph:_EagerGraph): graph.replay()
-    def rng_state(self)->Tensor: return torch.get_rng_state()
-    def set_rng_state(self, state:Tensor): torch.set_rng_state(state)
-    def memory_reserved(self)->int: return 0
-
-# %% ../nbs/06b_recorder.ipynb #0cd580bc
-def _signature(t:Tensor)->tuple: return (tuple(t.shape), t.stride(), t.dtype, t.device, t.requires_grad)
-
-def input_signature(feats:list[Tensor])->tuple:
-    "Shapes, strides, dtypes, devices and grad flags of the feature maps: what a recording is valid for."
-    return tuple(map(_signature, feats))
-
-def alignment(device:torch.device)->int:
-    "Bytes to which PyTorch's allocator aligns every block on `device` (CUDA caching allocator: 512; CPU: 64)."
-    return 512 if device.type == 'cuda' else 64
-
-def grad_layout(g:Tensor)->tuple:
-    "What a gradient kernel may depend on besides the values: strides, and the address modulo the allocator's alignment."
-    return (g.stride(), g.data_ptr() % alignment(g.device))
-
-def non_overlapping(shape, stride)->bool:
-    "Whether no two elements of a strided layout share memory (dims sorted by stride, each must step past the others)."
-    span = 1
-    for st, n in sorted((st, n) for n, st in zip(shape, stride) if n > 1):
-        if st < span: return False
-        span += (n - 1) * st
-    return True
-
-def empty_with_layout(like:Tensor, layout:tuple|None)->Tensor:
-    "A zero tensor shaped and typed as `like`, with `layout`'s strides and address alignment (contiguous if None)."
-    if layout is None: return torch.zeros_like(like, memory_format=torch.contiguous_format)
-    stride, offset = layout
-    span = 1 + sum((n - 1) * st for n, st in zip(like.shape, stride))
-    align = alignment(like.device)
-    base = torch.zeros(span + align // like.element_size(), dtype=like.dtype, device=like.device)
-    shift = ((offset - base.data_ptr() % align) % align) // like.element_size()
-    return base.as_strided(like.shape, stride, shift)
-
-def _describe(sig:tuple)->str: return f"{'×'.join(map(str, sig[0]))} {str(sig[2]).replace('torch.', '')}"
-
-class ModuleGraphs:
-    "What recordings of a module's forward and backward share: its trainable parameters (or aliases), buffers, addresses."
-    def __init__(self, module:nn.Module, backend, alias_params:bool=False):
-        self.backend, self.released, self.generation, self.pending = backend, False, 0, False
-        self.modules, self.buffers = tuple(module.modules()), tuple(module.buffers())
-        self.params = tuple(p for p in module.parameters() if p.requires_grad)
-        self.aliases = {n: p.detach().requires_grad_() for n, p in module.named_parameters() if p.requires_grad} \
-            if alias_params else {}
-        self.pointers = self.current_pointers()
-
-    def current_pointers(self)->tuple:
-        "Addresses and trainability of the module's parameters and buffers (a replay is valid while they are unchanged)."
-        return module_pointers(self.modules, with_grad=True)
-
-    def weights(self)->tuple:
-        "What the recorded backward differentiates: the parameters, or their aliases."
-        return tuple(self.aliases.values()) if self.aliases else self.params
-
-    def swapped(self, module:nn.Module):
-        "A context in which `module` computes with the aliases (if any) instead of its parameters."
-        return _reparametrize_module(module, self.aliases) if self.aliases else contextlib.nullcontext()
-
-    @contextlib.contextmanager
-    def buffers_kept(self):
-        "Run a block that moves the module's BatchNorm statistics, then copy every buffer back in place."
-        kept = [b.detach().clone() for b in self.buffers]
-        try: yield
-        finally:
-            with torch.no_grad():
-                for b, k in zip(self.buffers, kept): b.copy_(k)
-
-    @contextlib.contextmanager
-    def recording(self):
-        "Around a recording: buffers and RNG state put back after it; its time and reserved memory in `seconds`, `reserved_bytes`."
-        t0, mem0 = time.perf_counter(), self.backend.memory_reserved()
-        rng = self.backend.rng_state()
-        with self.buffers_kept():
-            try: yield
-            finally: self.backend.set_rng_state(rng)
-        self.seconds, self.reserved_bytes = time.perf_counter() - t0, self.backend.memory_reserved() - mem0
-
-    statics = ('fwd_graph', 'bwd_graph', 'static_in', 'static_out', 'static_grads')  # what `release` drops
-    def release(self):
-        "Drop the graphs and static buffers (their memory returns to PyTorch's allocator)."
-        self.released, self.pending = True, False
-        for name in self.statics: setattr(self, name, None)
-        self.grad_inputs, self.aliases = (), {}
-
-class HeadGraphs(ModuleGraphs):
-    "The head's prediction calls and their backward, recorded for one input signature; replayed through `HeadReplay`."
-    statics = ModuleGraphs.statics + ('static_gout',)
-    def __init__(self,
-                 head:nn.Module,      # a head with `predict(feats) -> {name: output}` in native call order
-                 feats:list[Tensor],  # the feature maps of the batch that is being recorded
-                 backend,             # `CudaGraphs()` or `EagerGraphs()`
-                 grad_layouts=None,   # per output, `grad_layout` of the gradient the loss sends back (None: contiguous)
-                 alias_params:bool=False): # differentiate fresh aliases of the parameters while recording (see below)
-        super().__init__(head, backend, alias_params)
-        self.head, self.grad_layouts = head, grad_layouts
-        self.device_type = feats[0].device.type
-        self.autocast = autocast_state(self.device_type)
-        self.signature = input_signature(feats)
-        self.static_in = tuple(torch.empty_strided(f.shape, f.stride(), dtype=f.dtype, device=f.device) for f in feats)
-        with torch.no_grad():
-            for s, f in zip(self.static_in, feats): s.copy_(f)
-        for s, f in zip(self.static_in, feats): s.requires_grad_(f.requires_grad)
-        self.grad_inputs = tuple(s for s in self.static_in if s.requires_grad) + self.weights()
-        self._outs, self.native_backwards = None, 0
-        self.seconds, self.reserved_bytes = self._record()
-
-    def _forward(self)->tuple:
-        with torch.enable_grad(), torch.autocast(self.device_type, **self.autocast), self.swapped(self.head):
-            out = self.head.predict(list(self.static_in))
-        self.names, self._outs = tuple(out), tuple(out.values())
-        return self._outs
-
-    def _backward(self)->tuple:
-        return torch.autograd.grad(self._outs, self.grad_inputs, self.static_gout, allow_unused=True)
-
-    def _warm_up_step(self):
-        outs = self._forward()
-        torch.autograd.grad(outs, self.grad_inputs, [torch.zeros_like(o) for o in outs], allow_unused=True)
-
-    def _record(self)->tuple[float,int]:
-        with self.recording():
-            try:
-                self.backend.warm_up(self._warm_up_step)
-                self.fwd_graph, outs = self.backend.capture(self._forward)
-                self.static_out = tuple(o.detach() for o in outs)
-                layouts = self.grad_layouts or [None] * len(outs)
-                self.static_gout = tuple(empty_with_layout(o, l) for o, l in zip(outs, layouts))
-                self.grad_layouts = tuple(grad_layout(g) for g in self.static_gout)
-                self.bwd_graph, grads = self.backend.capture(self._backward)
-                self.static_grads = tuple(grads)
-            finally: self._outs = None  # keep only detached static outputs: no capture-time autograd graph stays alive
-        return self.seconds, self.reserved_bytes
-
-    def mismatch(self, feats:list[Tensor])->str|None:
-        "Why `feats` cannot be replayed (another shape, stride, dtype or grad requirement), or None."
-        sig = input_signature(feats)
-        if sig == self.signature: return None
-        return (f"input changed from {', '.join(map(_describe, self.signature))} to {', '.join(map(_describe, sig))} "
-                "(a partial last batch or another image size); such steps run natively")
-
-    def forward(self, feats:tuple[Tensor,...])->tuple[Tensor,...]:
-        "Copy `feats` into the static inputs, replay the forward graph, return copies of the outputs."
-        with torch.no_grad():
-            for s, f in zip(self.static_in, feats):
-                if s.data_ptr() != f.data_ptr(): s.copy_(f)
-        self.backend.replay(self.fwd_graph)
-        self.generation += 1
-        self.pending = True
-        return tuple(o.clone() for o in self.static_out)
-
-    def backward(self, generation:int, grad_outputs:tuple)->tuple:
-        "Gradients of the feature maps (None where not required) and of `params`, for the forward `generation`."
-        if self.released: raise RuntimeError("capture_segment_heads: backward through a head recording that was "
-                                             "released (fit ended or failed); its graph cannot be replayed")
-        if generation != self.generation or not self.pending:
-            raise RuntimeError("capture_segment_heads: the recorded head runs one backward per forward, for the latest "
-                               "forward only (retain_graph or an older graph's backward is not supported); "
-                               "run without --model.capture_segment_heads for this")
-        self.pending = False
-        if any(g is None or grad_layout(g) != l for g, l in zip(grad_outputs, self.grad_layouts)):
-            self.native_backwards += 1
-            grads = self._native_backward(grad_outputs)
-        else:
-            with torch.no_grad():
-                for s, g in zip(self.static_gout, grad_outputs): s.copy_(g)
-            self.backend.replay(self.bwd_graph)
-            grads = tuple(None if g is None else g.clone() for g in self.static_grads)
-        it = iter(grads)
-        return tuple(next(it) if s.requires_grad else None for s in self.static_in) + tuple(it)
-
-    def _native_backward(self, grad_outputs:tuple)->tuple:
-        "The native backward of the outputs that have gradients: re-run the head on the saved inputs and differentiate."
-        if all(g is None for g in grad_outputs): return (None,) * len(self.grad_inputs)
-        x = [s.detach().requires_grad_(s.requires_grad) for s in self.static_in]
-        with self.buffers_kept():  # restored after the backward: BatchNorm saves its running buffers for it
-            with torch.enable_grad(), torch.autocast(self.device_type, **self.autocast):
-                outs = tuple(self.head.predict(x).values())
-            used = [(o, g) for o, g in zip(outs, grad_outputs) if g is not None]
-            return torch.autograd.grad([o for o, _ in used], [xi for xi in x if xi.requires_grad] + list(self.params),
-                                       [g for _, g in used], allow_unused=True)
-
-
-class HeadReplay(torch.autograd.Function):
-    "Autograd node of one replayed head call; its inputs are the feature maps and the head's trainable parameters."
-    @staticmethod
-    def forward(ctx, graphs:HeadGraphs, *feats_and_params):
-        ctx.set_materialize_grads(False)
-        ctx.graphs = graphs
-        outs = graphs.forward(feats_and_params[:len(graphs.signature)])
-        ctx.generation = graphs.generation
-        return outs
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, *grad_outputs):
-        return (None, *ctx.graphs.backward(ctx.generation, grad_outputs))
-
-# %% ../nbs/06b_recorder.ipynb #d2f7cef9
+# %% ../nbs/06b_recorder.ipynb #d014a40b
 MIN_TORCH = (2, 9)
 
 def _torch_version()->tuple[int,int]: return tuple(int(v) for v in torch.__version__.split('+')[0].split('.')[:2])
-
-def _hooked(m:nn.Module)->bool:
-    return any(getattr(m, a, None) for a in ('_forward_hooks', '_forward_pre_hooks', '_backward_hooks', '_backward_pre_hooks'))
-
-def graph_blocker(module:nn.Module, prefix:str)->str|None:
-    "Why the modules of `module` (named from `prefix`) cannot be recorded into a graph that replays their forward and backward, or None."
-    from torch.nn.modules import module as _m
-    if _m._global_forward_hooks or _m._global_forward_pre_hooks or _m._global_backward_hooks:
-        return "global module hooks are registered; they would run only while recording"
-    for name, m in module.named_modules(prefix=prefix):
-        if isinstance(m, nn.SyncBatchNorm): return f"{name} is a SyncBatchNorm"
-        if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.momentum is None:
-            return f"{name} has momentum=None (a cumulative average reads num_batches_tracked on the host)"
-        if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0:
-            return f"{name} is a dropout (p={m.p}); a replayed graph draws a different random stream"
-        if _hooked(m): return f"{name} has module hooks; they would run only while recording"
-    if any(b.requires_grad for b in module.buffers()): return f"a {prefix} buffer requires grad"
-    return None
-
-def head_blocker(head:nn.Module)->str|None:
-    "Why this head cannot be recorded, or None."
-    if not callable(getattr(head, 'predict', None)):
-        return f"{type(head).__name__} has no predict(feats) method listing its prediction calls"
-    return graph_blocker(head, 'head')
 
 def fit_blocker(trainer, module, backend=None)->str|None:
     "Why this fit can record no region (checked once, at fit start), or None."
@@ -384,24 +53,7 @@ def head_fit_blocker(trainer, module, head:nn.Module, backend=None)->str|None:
     "Why this fit cannot record the head, or None."
     return precision_blocker(trainer, module, backend) or head_blocker(head)
 
-def replay_blocker(module:nn.Module, recorded:nn.Module, graphs, what:str, other:str, second:str)->str|None:
-    "Why a replay of `recorded`'s graphs cannot stand in for this call of `module`, or None; `what`, `other`, `second` name the cases."
-    if module is not recorded: return f"{other} (e.g. a copy)"
-    if not module.training: return f"{what} is in eval mode"
-    if not torch.is_grad_enabled(): return "grad mode is off"
-    if torch.is_anomaly_enabled(): return "anomaly detection is on (torch.is_anomaly_enabled(), e.g. --trainer.detect_anomaly)"
-    if graphs is None: return None
-    if graphs.pending: return second
-    if autocast_state(graphs.device_type) != graphs.autocast:
-        return f"autocast changed from {graphs.autocast} to {autocast_state(graphs.device_type)}"
-    return None
-
-def call_blocker(head:nn.Module, recorded:nn.Module, graphs:HeadGraphs|None)->str|None:
-    "Why this head call must run natively (checked on every call), or None."
-    return replay_blocker(head, recorded, graphs, 'the head', "the head called is not the model's own head",
-                          "a second head call before the backward of the first (its saved activations would be overwritten)")
-
-# %% ../nbs/06b_recorder.ipynb #70ba06ed
+# %% ../nbs/06b_recorder.ipynb #6f84e70c
 log = logging.getLogger('lucid_nb.recorder')
 
 class Region:
@@ -414,14 +66,11 @@ class Region:
         self.shared = None             # a `CudaGraphs` the Recorder shares between regions (one memory pool)
         self.graphs, self.blocked = None, None
         self.reset_stats()
-
     def reset_stats(self): self.replayed, self.native, self.reasons, self.recordings, self.record_error = 0, 0, {}, [], None
-
     def note(self, reason:str):
         "Count a reason for a native call; say it the first time."
         if reason not in self.reasons: log.warning(f"{self.option}: {self.what} runs natively: {reason}")
         self.reasons[reason] = self.reasons.get(reason, 0) + 1
-
     def begin(self, blocked:str|None=None):
         "Forget any recording and statistics; record at the next call unless `blocked` says why not."
         self.release(); self.reset_stats()
@@ -429,180 +78,127 @@ class Region:
         self.backend_ = self.backend or ((self.shared or CudaGraphs()) if blocked is None else None)
         if blocked: self.note(blocked); self.reasons[blocked] = 0  # said once now; counted per call later
 
-    def failed(self, e:Exception)->str:
-        "Keep a recording error's traceback (for recorder.json); return its first line."
-        self.record_error = traceback.format_exc()
-        return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+# %% ../nbs/06b_recorder.ipynb #49b8b2ac
+@patch
+def failed(self:Region, e:Exception)->str:
+    "Keep a recording error's traceback (for recorder.json); return its first line."
+    self.record_error = traceback.format_exc()
+    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
 
-    def record_graphs(self, make)->str|None:
-        "Record with `make(alias_params)`: plainly, else differentiating parameter aliases; return why neither worked, or None."
-        errors, before = [], spent(self.backend_)
-        for alias_params in (False, True):
-            try:
-                self.graphs = make(alias_params)
-                break
-            except Exception as e: errors.append(self.failed(e))  # the whole chain is kept: the first error matters
-        else:
-            self.blocked = f"recording failed ({errors[0]})"
-            return self.blocked
-        self.recordings.append(dict(seconds=self.graphs.seconds, reserved_mib=self.graphs.reserved_bytes / 2**20,
-                                    parameter_aliases=alias_params, first_attempt_error=errors[0] if errors else None,
-                                    **spent_since(self.backend_, before)))
-        return None
+@patch
+def record_graphs(self:Region, make)->str|None:
+    "Record with `make(alias_params)`: plainly, else differentiating parameter aliases; return why neither worked, or None."
+    errors, before = [], spent(self.backend_)
+    for alias_params in (False, True):
+        try:
+            self.graphs = make(alias_params)
+            break
+        except Exception as e: errors.append(self.failed(e))  # the whole chain is kept: the first error matters
+    else:
+        self.blocked = f"recording failed ({errors[0]})"
+        return self.blocked
+    self.recordings.append(dict(seconds=self.graphs.seconds, reserved_mib=self.graphs.reserved_bytes / 2**20,
+                                parameter_aliases=alias_params, first_attempt_error=errors[0] if errors else None,
+                                **spent_since(self.backend_, before)))
+    return None
 
-    def new_batch(self):
-        "A new training batch: a replayed forward whose backward never ran (e.g. a skipped step) is given up."
-        if self.graphs is not None: self.graphs.pending = False
+# %% ../nbs/06b_recorder.ipynb #af6d4da9
+@patch
+def new_batch(self:Region):
+    "A new training batch: a replayed forward whose backward never ran (e.g. a skipped step) is given up."
+    if self.graphs is not None: self.graphs.pending = False
 
-    def report(self)->dict:
-        return dict(backend=getattr(self.backend_, 'name', None), blocked=self.blocked, native_reasons=dict(self.reasons),
-                    recordings=list(self.recordings), record_error=self.record_error)
+@patch
+def report(self:Region)->dict:
+    return dict(backend=getattr(self.backend_, 'name', None), blocked=self.blocked, native_reasons=dict(self.reasons),
+                recordings=list(self.recordings), record_error=self.record_error)
 
-    def release(self):
-        "Drop the recording (idempotent)."
-        if self.graphs is not None: self.graphs.release()
-        self.graphs = None
+@patch
+def release(self:Region):
+    "Drop the recording (idempotent)."
+    if self.graphs is not None: self.graphs.release()
+    self.graphs = None
 
+# %% ../nbs/06b_recorder.ipynb #e339fe30
 class HeadRegion(Region):
     "The segment head's prediction calls and backward: recorded at the first training batch, replayed every step."
     graphs_type, option, what = HeadGraphs, 'capture_segment_heads', 'the head'
     def __init__(self, backend=None, head:str='model.head', max_records:int=3):  # head: attribute path in the module
         super().__init__(backend, max_records)
         self.head_path, self.head = head, None
-
     def reset_stats(self):
         super().reset_stats()
         self.probes, self.native_backwards, self.layouts, self.probed, self.probe_signature = 0, 0, None, False, None
-
     def start(self, head:nn.Module, blocked:str|None=None):
         "Record `head` at its next call unless `blocked` says why not."
         self.begin(blocked); self.head = head
-
     def fit_start(self, trainer, module):
         head = operator.attrgetter(self.head_path)(module)
         self.start(head, head_fit_blocker(trainer, module, head, self.backend))
-
-    def predict(self, head:nn.Module, feats:list[Tensor])->dict[str,Tensor]:
-        "The head's prediction calls on `feats`: replayed when possible, else native (`head.predict`)."
-        why = self.blocked or call_blocker(head, self.head, self.graphs)
-        if why is None and self.graphs is not None:
-            why = self.graphs.mismatch(feats)
-            if why is None and self.graphs.current_pointers() != self.graphs.pointers:
-                log.warning("capture_segment_heads: the head's parameters or buffers were replaced; recording again")
-                self.release()
-        if why is None and self.graphs is None:
-            if not self.probed or self.probe_signature != input_signature(feats): return self.probe(head, feats)
-            why = self.record(head, feats)
-        if why is not None:
-            self.note(why); self.native += 1
-            return head.predict(feats)
-        self.replayed += 1
-        return dict(zip(self.graphs.names, HeadReplay.apply(self.graphs, *feats, *self.graphs.params)))
-
-    def probe(self, head:nn.Module, feats:list[Tensor])->dict[str,Tensor]:
-        "Run the head natively and learn, during its backward, the layout of each output's gradient (for `record`)."
-        self.probes, self.probed, self.probe_signature = self.probes + 1, False, input_signature(feats)
-        raw = head.predict(feats)
-        self.layouts = layouts = [None] * len(raw)
-        for i, out in enumerate(raw.values()):
-            if out.requires_grad: out.register_hook(functools.partial(self._learn_layout, layouts, i))
-        return raw
-
-    def _learn_layout(self, layouts:list, i:int, grad:Tensor):
-        layouts[i] = grad_layout(grad) if non_overlapping(grad.shape, grad.stride()) else None
-        self.probed = True
-
-    def record(self, head:nn.Module, feats:list[Tensor])->str|None:
-        "Record the head on `feats`; return why it could not, or None."
-        if len(self.recordings) >= self.max_records:
-            self.blocked = f"the head's parameters kept moving; stopped after {self.max_records} recordings"
-            return self.blocked
-        return self.record_graphs(lambda alias_params: self.graphs_type(head, feats, self.backend_, self.layouts, alias_params))
-
     def report(self)->dict:
         "What the head region did in this fit."
         backwards = self.native_backwards + (self.graphs.native_backwards if self.graphs is not None else 0)
         return dict(super().report(), replayed_calls=self.replayed, layout_probe_calls=self.probes,
                     native_calls=self.native, native_backwards_of_replayed_calls=backwards)
-
     def summary(self)->str:
         return (f"{self.replayed} head calls replayed, {self.probes} native to learn gradient layouts, "
                 f"{self.native} native fallbacks")
-
     def release(self):
         if self.graphs is not None: self.native_backwards += self.graphs.native_backwards
         super().release()
 
-# %% ../nbs/06b_recorder.ipynb #7d8a2764
-def _same_bytes(a:Tensor, b:Tensor)->bool: return a.dtype == b.dtype and a.shape == b.shape and tensor_bytes(a) == tensor_bytes(b)
+# %% ../nbs/06b_recorder.ipynb #880eceda
+@patch
+def predict(self:HeadRegion, head:nn.Module, feats:list[Tensor])->dict[str,Tensor]:
+    "The head's prediction calls on `feats`: replayed when possible, else native (`head.predict`)."
+    why = self.blocked or call_blocker(head, self.head, self.graphs)
+    if why is None and self.graphs is not None:
+        why = self.graphs.mismatch(feats)
+        if why is None and self.graphs.current_pointers() != self.graphs.pointers:
+            log.warning("capture_segment_heads: the head's parameters or buffers were replaced; recording again")
+            self.release()
+    if why is None and self.graphs is None:
+        if not self.probed or self.probe_signature != input_signature(feats): return self.probe(head, feats)
+        why = self.record(head, feats)
+    if why is not None:
+        self.note(why); self.native += 1
+        return head.predict(feats)
+    self.replayed += 1
+    return dict(zip(self.graphs.names, HeadReplay.apply(self.graphs, *feats, *self.graphs.params)))
 
-def _copy_all(dst:list[Tensor], src:list[Tensor]):
-    with torch.no_grad():
-        for d, s in zip(dst, src): d.copy_(s)
+# %% ../nbs/06b_recorder.ipynb #f32cc758
+@patch
+def probe(self:HeadRegion, head:nn.Module, feats:list[Tensor])->dict[str,Tensor]:
+    "Run the head natively and learn, during its backward, the layout of each output's gradient (for `record`)."
+    self.probes, self.probed, self.probe_signature = self.probes + 1, False, input_signature(feats)
+    raw = head.predict(feats)
+    self.layouts = layouts = [None] * len(raw)
+    for i, out in enumerate(raw.values()):
+        if out.requires_grad: out.register_hook(functools.partial(self._learn_layout, layouts, i))
+    return raw
 
-class UpdateMismatch(RuntimeError): pass
+@patch
+def _learn_layout(self:HeadRegion, layouts:list, i:int, grad:Tensor):
+    layouts[i] = grad_layout(grad) if non_overlapping(grad.shape, grad.stride()) else None
+    self.probed = True
 
-class UpdateGraphs:
-    "One recording of an optimiser's update, reading static gradient buffers; replayed through `replay`."
-    def __init__(self, update:CapturedUpdate, grads:list[Tensor], backend, pattern:tuple):
-        self.update, self.backend, self.pattern, self.released, self.applied = update, backend, pattern, False, False
-        self.settings, self.pointers = update.settings(), update.pointers()
-        self.static_grads = [torch.empty_strided(g.shape, g.stride(), dtype=g.dtype, device=g.device) for g in grads]
-        self.graph = None
+@patch
+def record(self:HeadRegion, head:nn.Module, feats:list[Tensor])->str|None:
+    "Record the head on `feats`; return why it could not, or None."
+    if len(self.recordings) >= self.max_records:
+        self.blocked = f"the head's parameters kept moving; stopped after {self.max_records} recordings"
+        return self.blocked
+    return self.record_graphs(lambda alias_params: self.graphs_type(head, feats, self.backend_, self.layouts, alias_params))
 
-    def _run(self)->tuple: self.update.run(self.static_grads); return ()
+# %% ../nbs/06b_recorder.ipynb #a4ea51ff
+def model_outputs(model:nn.Module, img:Tensor, recorder=None)->dict: # recorder: a `Recorder` or `HeadRegion`
+    "The segmentation model's training output, the head's prediction calls replayed by `recorder` when it can."
+    feats = model.features(img)
+    with head_autocast(img.device.type):
+        raw = recorder.predict(model.head, feats) if recorder is not None else model.head.predict(feats)
+    return model.head.assemble(raw)
 
-    def load(self, grads:list[Tensor]):
-        "Copy this step's gradients into the static buffers and write this step's scheduled values."
-        if grads:
-            with torch.no_grad(): torch._foreach_copy_(self.static_grads, grads)
-        self.update.refresh()
-
-    def record(self, grads:list[Tensor], native):
-        "Apply this step's update natively (`native()`), then record and replay it; raise `UpdateMismatch` if they differ."
-        t0, mem0 = time.perf_counter(), self.backend.memory_reserved()
-        state, counters = self.update.state(), self.update.counters()
-        if grads:   # before `native`: SGD may edit .grad
-            with torch.no_grad(): torch._foreach_copy_(self.static_grads, grads)
-        kept = [t.detach().clone() for t in state + counters]
-        native(); self.applied = True
-        want = [t.detach().clone() for t in state + counters]
-        ok = False
-        try:
-            _copy_all(state + counters, kept)
-            self.update.refresh()
-            self.backend.warm_up(self._run); _copy_all(state, kept)
-            self.graph, _ = self.backend.capture(self._run); _copy_all(state, kept)
-            self.backend.replay(self.graph)
-            bad = [i for i, (t, w) in enumerate(zip(state + counters, want)) if not _same_bytes(t, w)]
-            reference = getattr(self.update, 'reference', f"{type(self.update.opt).__name__}.step")
-            if bad: raise UpdateMismatch(f"the recorded update differs from {reference} in "
-                                         f"{len(bad)} of {len(want)} parameter and state tensors on this device")
-            ok = True
-        finally:
-            if not ok: _copy_all(state + counters, want)    # keep the native result
-        self.seconds, self.reserved_bytes = time.perf_counter() - t0, self.backend.memory_reserved() - mem0
-
-    def stale(self, opt)->str|None:
-        "Why this recording no longer fits `opt` (moved tensors, changed settings): record again."
-        if opt is not self.update.opt: return "the optimiser is another one"
-        if self.update.settings() != self.settings:
-            return "the optimiser's settings changed (a value baked into the recording, or which parameters share a step count)"
-        if self.update.pointers() != self.pointers: return "parameters or optimiser state were replaced (e.g. load_state_dict)"
-        return None
-
-    def mismatch(self, pattern:tuple)->str|None:
-        "Why this step must run natively: another set of parameters has gradients."
-        if pattern == self.pattern: return None
-        return (f"the parameters with a gradient changed ({sum(pattern)} of {len(pattern)}, {sum(self.pattern)} when "
-                "recorded); such steps run natively")
-
-    def replay(self, grads:list[Tensor]):
-        self.load(grads); self.backend.replay(self.graph)
-
-    def release(self): self.released, self.graph, self.static_grads = True, None, []
-
-# %% ../nbs/06b_recorder.ipynb #24ee6ef2
+# %% ../nbs/06b_recorder.ipynb #1b7e203f
 def record_checked(region:Region, update:CapturedUpdate, grads:list[Tensor], pattern:tuple, native,
                    moving:str)->bool:  # moving: what keeps moving when recordings run out ("the optimiser's tensors")
     "Record `update` in `region` (unless its `blocker()` says why not), checked against `native()`, which is applied either way; whether it replays from now on."
@@ -624,6 +220,7 @@ def record_checked(region:Region, update:CapturedUpdate, grads:list[Tensor], pat
                                   **spent_since(region.backend_, before)))
     return True
 
+# %% ../nbs/06b_recorder.ipynb #9130d27b
 def _grad_pattern(opt)->tuple: return tuple(p.grad is not None for g in opt.param_groups for p in g['params'])
 
 def update_fit_blocker(trainer, module, backend=None)->str|None:
@@ -639,243 +236,141 @@ def _hook_blocker(opt)->str|None:
        or _o._global_optimizer_post_hooks: return "optimizer step hooks are registered; they would not run on replay"
     return None
 
+# %% ../nbs/06b_recorder.ipynb #c2c6b8a7
 class UpdateRegion(Region):
     "The optimiser's update: recorded at the first step that has optimiser state, replayed every step."
     option, what = 'capture_optimizer_step', 'the update'
     def reset_stats(self): super().reset_stats(); self.state_steps, self.recorded = 0, 0
     def start(self, blocked:str|None=None): self.begin(blocked)
     def fit_start(self, trainer, module): self.start(update_fit_blocker(trainer, module, self.backend))
-
-    def step(self, opt, closure=None, native=None):
-        "One optimiser step: the closure natively, then the update replayed when possible, else `native` (opt's step)."
-        native = native or opt.step
-        why = self.blocked or update_blocker(opt) or _hook_blocker(opt)
-        if why is not None:
-            self.note(why); self.native += 1
-            return native(closure)
-        loss = None
-        if closure is not None:
-            with torch.enable_grad(): loss = closure()
-        pattern = _grad_pattern(opt)
-        if self.graphs is not None and (again := self.graphs.stale(opt)):
-            log.warning(f"capture_optimizer_step: {again}; recording again")
-            self.release()
-        params = [[p for p in g['params'] if p.grad is not None] for g in opt.param_groups]
-        grads = [p.grad for ps in params for p in ps]
-        if self.graphs is None:
-            if not state_ready(opt, [p for ps in params for p in ps]):
-                self.state_steps += 1
-                if self.state_steps > 1: self.note("the optimiser has no state after its first step")
-                native(); return loss
-            return self.record(opt, params, grads, pattern, native) or loss
-        if why := self.graphs.mismatch(pattern):
-            self.note(why); self.native += 1
-            native(); return loss
-        self.graphs.replay(grads); self.replayed += 1
-        return loss
-
-    def record(self, opt, params, grads, pattern, native):
-        "Record the update on this step's gradients; the step is applied either way (natively if recording fails)."
-        if record_checked(self, captured_update(opt, params), grads, pattern, native, "the optimiser's tensors"):
-            self.recorded += 1
-
     def report(self)->dict:
         "What the update region did in this fit."
         return dict(super().report(), replayed_steps=self.replayed, recorded_steps=self.recorded,
                     native_steps=self.native, first_steps_creating_state=self.state_steps)
-
     def summary(self)->str:
         return (f"{self.replayed} optimiser updates replayed, {self.recorded} recorded (checked against the native "
                 f"step), {self.state_steps} native creating the state, {self.native} native fallbacks")
 
-# %% ../nbs/06b_recorder.ipynb #50f5c9fd
-STEP_INPUTS = ('img', 'cls', 'boxes', 'valid', 'masks')   # what the model (img) and `SegLoss` read of a padded batch
+# %% ../nbs/06b_recorder.ipynb #141046bd
+@patch
+def step(self:UpdateRegion, opt, closure=None, native=None):
+    "One optimiser step: the closure natively, then the update replayed when possible, else `native` (opt's step)."
+    native = native or opt.step
+    why = self.blocked or update_blocker(opt) or _hook_blocker(opt)
+    if why is not None:
+        self.note(why); self.native += 1
+        return native(closure)
+    loss = None
+    if closure is not None:
+        with torch.enable_grad(): loss = closure()
+    pattern = _grad_pattern(opt)
+    if self.graphs is not None and (again := self.graphs.stale(opt)):
+        log.warning(f"capture_optimizer_step: {again}; recording again")
+        self.release()
+    params = [[p for p in g['params'] if p.grad is not None] for g in opt.param_groups]
+    grads = [p.grad for ps in params for p in ps]
+    if self.graphs is None:
+        if not state_ready(opt, [p for ps in params for p in ps]):
+            self.state_steps += 1
+            if self.state_steps > 1: self.note("the optimiser has no state after its first step")
+            native(); return loss
+        return self.record(opt, params, grads, pattern, native) or loss
+    if why := self.graphs.mismatch(pattern):
+        self.note(why); self.native += 1
+        native(); return loss
+    self.graphs.replay(grads); self.replayed += 1
+    return loss
 
-def step_inputs(batch:dict)->dict[str,Tensor]:
-    "The tensors of a padded batch that a training step reads."
-    return {k: batch[k] for k in STEP_INPUTS}
+# %% ../nbs/06b_recorder.ipynb #59cbf83d
+@patch
+def record(self:UpdateRegion, opt, params, grads, pattern, native):
+    "Record the update on this step's gradients; the step is applied either way (natively if recording fails)."
+    if record_checked(self, captured_update(opt, params), grads, pattern, native, "the optimiser's tensors"):
+        self.recorded += 1
 
-def _describe_batch(sig:tuple)->str: return ', '.join(f"{k} {_describe(s)}" for k, s in zip(STEP_INPUTS, sig))
-
-class StepGraphs(ModuleGraphs):
-    "A training step's forward (model, loss, sum) and its backward to every parameter, recorded for one batch signature."
-    statics = ModuleGraphs.statics + ('static_seed',)
-    def __init__(self,
-                 model:nn.Module,   # the trained network: its parameters get the gradients, its buffers are kept
-                 step_fn,           # step_fn(batch) -> (terms: {name: 0-dim loss}, total: the loss backpropagated)
-                 batch:dict,        # the padded batch being recorded (`step_inputs`)
-                 backend,           # `CudaGraphs()` or `EagerGraphs()`
-                 alias_params:bool=False): # differentiate fresh aliases of the parameters while recording (as the head)
-        super().__init__(model, backend, alias_params)
-        self.model, self.step_fn = model, step_fn
-        inputs = step_inputs(batch)
-        self.signature = input_signature(list(inputs.values()))
-        self.device_type = inputs['img'].device.type
-        self.autocast = autocast_state(self.device_type)
-        self.static_in = {k: torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device=v.device) for k, v in inputs.items()}
-        _copy_all(list(self.static_in.values()), list(inputs.values()))
-        self.grad_inputs, self._total = self.weights(), None
-        self.seconds, self.reserved_bytes = self._record()
-
-    def _forward(self)->tuple:
-        with torch.enable_grad(), torch.autocast(self.device_type, **self.autocast), self.swapped(self.model):
-            terms, total = self.step_fn(dict(self.static_in))
-        self.names, self._total = tuple(terms), total
-        return (*(t.detach() for t in terms.values()), total.detach())
-
-    def _grad(self, seed:Tensor)->tuple:
-        with torch.autocast(self.device_type, enabled=False):   # as Lightning's backward: outside the autocast region
-            return torch.autograd.grad(self._total, self.grad_inputs, seed, allow_unused=True)
-
-    def _warm_up_step(self): self._forward(); self._grad(torch.ones_like(self._total))
-    def _backward(self)->tuple: return self._grad(self.static_seed)
-
-    def _record(self)->tuple[float,int]:
-        with self.recording():
-            try:
-                self.backend.warm_up(self._warm_up_step)
-                self.fwd_graph, outs = self.backend.capture(self._forward)
-                self.static_out = tuple(outs)
-                self.static_seed = torch.zeros_like(self._total)
-                self.bwd_graph, grads = self.backend.capture(self._backward)
-                self.static_grads = tuple(grads)
-            finally: self._total = None   # no capture-time autograd graph stays alive
-        return self.seconds, self.reserved_bytes
-
-    def mismatch(self, batch:dict)->str|None:
-        "Why `batch` cannot be replayed (another shape, stride or dtype of an input), or None."
-        sig = input_signature(list(step_inputs(batch).values()))
-        if sig == self.signature: return None
-        return (f"the batch changed from {_describe_batch(self.signature)} to {_describe_batch(sig)} (a partial last "
-                "batch or another image size); such steps run natively")
-
-    def forward(self, batch:dict)->tuple[Tensor,...]:
-        "Copy the batch into the static inputs, replay the forward graph, return copies of the loss terms and total."
-        with torch.no_grad():
-            for k, s in self.static_in.items():
-                if s.data_ptr() != batch[k].data_ptr(): s.copy_(batch[k])
-        self.backend.replay(self.fwd_graph)
-        self.generation += 1
-        self.pending = True
-        return tuple(o.clone() for o in self.static_out)
-
-    def backward(self, generation:int, seed:Tensor|None)->tuple:
-        "Every parameter's gradient (None where the loss does not reach it) for the forward `generation`."
-        if self.released: raise RuntimeError("capture_train_step: backward through a step recording that was released "
-                                             "(fit ended or failed); its graph cannot be replayed")
-        if generation != self.generation or not self.pending:
-            raise RuntimeError("capture_train_step: the recorded step runs one backward per forward, for the latest "
-                               "forward only (retain_graph or an older graph's backward is not supported); "
-                               "run without --model.capture_train_step for this")
-        self.pending = False
-        if seed is None: return (None,) * len(self.params)
-        with torch.no_grad(): self.static_seed.copy_(seed)
-        self.backend.replay(self.bwd_graph)
-        return self.static_grads     # kept here, so AccumulateGrad copies them into `.grad`
-
-
-class StepReplay(torch.autograd.Function):
-    "Autograd node of one replayed training step: inputs the model's trainable parameters; outputs the loss terms and total."
-    @staticmethod
-    def forward(ctx, graphs:StepGraphs, batch:dict, *params):
-        ctx.set_materialize_grads(False)
-        ctx.graphs = graphs
-        outs = graphs.forward(batch)
-        ctx.generation = graphs.generation
-        ctx.mark_non_differentiable(*outs[:-1])
-        return outs
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, *grad_outputs):
-        return (None, None, *ctx.graphs.backward(ctx.generation, grad_outputs[-1]))
-
-# %% ../nbs/06b_recorder.ipynb #2dfc8f8e
+# %% ../nbs/06b_recorder.ipynb #d026fa9a
 def step_fit_blocker(trainer, module, model:nn.Module, backend=None)->str|None:
     "Why this fit cannot record the training step, or None."
     return precision_blocker(trainer, module, backend) or graph_blocker(model, 'model')
 
-def step_call_blocker(model:nn.Module, recorded:nn.Module, graphs:StepGraphs|None)->str|None:
-    "Why this training step must run natively (checked on every step), or None."
-    return replay_blocker(model, recorded, graphs, 'the model', 'the model trained is not the recorded one',
-                          'a second training forward before the backward of the first')
-
+# %% ../nbs/06b_recorder.ipynb #da5687ba
 class StepRegion(Region):
     "The whole training forward and backward: recorded at the first training batch, replayed every step."
     option, what = 'capture_train_step', 'the step'
     def __init__(self, backend=None, model:str='model', max_records:int=3):  # model: attribute path in the module
         super().__init__(backend, max_records)
         self.model_path, self.model = model, None
-
     def start(self, model:nn.Module, blocked:str|None=None):
         "Record `model`'s step at its next call unless `blocked` says why not."
         self.begin(blocked); self.model = model
-
     def fit_start(self, trainer, module):
         model = operator.attrgetter(self.model_path)(module)
         self.start(model, step_fit_blocker(trainer, module, model, self.backend))
-
-    def losses(self, model:nn.Module, step_fn, batch:dict, native_fn=None)->tuple[dict,Tensor]:
-        "The step's loss terms and total: replayed when possible, else `native_fn(batch)` (default `step_fn`)."
-        why = self.blocked or step_call_blocker(model, self.model, self.graphs)
-        if why is None and self.graphs is not None:
-            why = self.graphs.mismatch(batch)
-            if why is None and self.graphs.current_pointers() != self.graphs.pointers:
-                log.warning("capture_train_step: the model's parameters or buffers were replaced; recording again")
-                self.release()
-        if why is None and self.graphs is None: why = self.record(model, step_fn, batch)
-        if why is not None:
-            self.note(why); self.native += 1
-            return (native_fn or step_fn)(batch)
-        self.replayed += 1
-        *terms, total = StepReplay.apply(self.graphs, batch, *self.graphs.params)
-        return dict(zip(self.graphs.names, terms)), total
-
-    def record(self, model:nn.Module, step_fn, batch:dict)->str|None:
-        "Record the step on `batch`; return why it could not, or None."
-        if len(self.recordings) >= self.max_records:
-            self.blocked = f"the model's parameters kept moving; stopped after {self.max_records} recordings"
-            return self.blocked
-        return self.record_graphs(lambda alias_params: StepGraphs(model, step_fn, batch, self.backend_, alias_params))
-
     def report(self)->dict:
         "What the step region did in this fit."
         return dict(super().report(), replayed_steps=self.replayed, native_steps=self.native)
-
     def summary(self)->str: return f"{self.replayed} training steps replayed, {self.native} native"
 
-# %% ../nbs/06b_recorder.ipynb #77cd57bd
+# %% ../nbs/06b_recorder.ipynb #163b35b3
+@patch
+def losses(self:StepRegion, model:nn.Module, step_fn, batch:dict, native_fn=None)->tuple[dict,Tensor]:
+    "The step's loss terms and total: replayed when possible, else `native_fn(batch)` (default `step_fn`)."
+    why = self.blocked or step_call_blocker(model, self.model, self.graphs)
+    if why is None and self.graphs is not None:
+        why = self.graphs.mismatch(batch)
+        if why is None and self.graphs.current_pointers() != self.graphs.pointers:
+            log.warning("capture_train_step: the model's parameters or buffers were replaced; recording again")
+            self.release()
+    if why is None and self.graphs is None: why = self.record(model, step_fn, batch)
+    if why is not None:
+        self.note(why); self.native += 1
+        return (native_fn or step_fn)(batch)
+    self.replayed += 1
+    *terms, total = StepReplay.apply(self.graphs, batch, *self.graphs.params)
+    return dict(zip(self.graphs.names, terms)), total
+
+# %% ../nbs/06b_recorder.ipynb #a318889e
+@patch
+def record(self:StepRegion, model:nn.Module, step_fn, batch:dict)->str|None:
+    "Record the step on `batch`; return why it could not, or None."
+    if len(self.recordings) >= self.max_records:
+        self.blocked = f"the model's parameters kept moving; stopped after {self.max_records} recordings"
+        return self.blocked
+    return self.record_graphs(lambda alias_params: StepGraphs(model, step_fn, batch, self.backend_, alias_params))
+
+# %% ../nbs/06b_recorder.ipynb #35b6a279
 class EmaRegion(Region):
     "The EMA update after each optimiser step: recorded at the first update (checked against it), replayed every step."
     option, what = 'capture_train_step', 'the EMA update'
     def start(self, blocked:str|None=None): self.begin(blocked)
     def fit_start(self, trainer, module): self.start(fit_blocker(trainer, module, self.backend))
-
-    def update(self, ema, model:nn.Module):
-        "One EMA update of `ema` towards `model`: replayed when possible, else `ema.update(model)`."
-        why = self.blocked or (None if callable(getattr(ema, 'recordable', None)) else
-                               f"{type(ema).__name__} has no recordable(model) update")
-        if why is not None:
-            self.note(why); self.native += 1
-            return ema.update(model)
-        if self.graphs is not None and (again := self.graphs.stale(ema)):
-            log.warning(f"capture_train_step: the EMA update: {again}; recording again")
-            self.release()
-        if self.graphs is None: return self.record(ema, model)
-        ema.updates += 1
-        self.graphs.replay([]); self.replayed += 1
-
-    def record(self, ema, model:nn.Module):
-        "Record the update; it is applied either way (natively if it cannot be recorded, or the recording differs)."
-        record_checked(self, ema.recordable(model), [], (), lambda: ema.update(model), "the EMA's tensors")
-
     def report(self)->dict:
         return dict(super().report(), replayed_updates=self.replayed, native_updates=self.native)
-
     def summary(self)->str:
         return f"{self.replayed} EMA updates replayed, {len(self.recordings)} recorded (checked), {self.native} native"
 
-# %% ../nbs/06b_recorder.ipynb #c671a6ee
+# %% ../nbs/06b_recorder.ipynb #3214d4d4
+@patch
+def update(self:EmaRegion, ema, model:nn.Module):
+    "One EMA update of `ema` towards `model`: replayed when possible, else `ema.update(model)`."
+    why = self.blocked or (None if callable(getattr(ema, 'recordable', None)) else
+                           f"{type(ema).__name__} has no recordable(model) update")
+    if why is not None:
+        self.note(why); self.native += 1
+        return ema.update(model)
+    if self.graphs is not None and (again := self.graphs.stale(ema)):
+        log.warning(f"capture_train_step: the EMA update: {again}; recording again")
+        self.release()
+    if self.graphs is None: return self.record(ema, model)
+    ema.updates += 1
+    self.graphs.replay([]); self.replayed += 1
+
+@patch
+def record(self:EmaRegion, ema, model:nn.Module):
+    "Record the update; it is applied either way (natively if it cannot be recorded, or the recording differs)."
+    record_checked(self, ema.recordable(model), [], (), lambda: ema.update(model), "the EMA's tensors")
+
+# %% ../nbs/06b_recorder.ipynb #ab346b42
 class Recorder(Callback):
     "Records named regions of the training step ('head', 'optimizer', 'step', 'ema') at their first use in a fit; replays them."
     def __init__(self,
@@ -892,81 +387,85 @@ class Recorder(Callback):
         if step:
             self.regions['step'] = StepRegion(backend, model_path, max_records)
             self.regions['ema'] = EmaRegion(backend, max_records)
-
     def predict(self, head:nn.Module, feats:list[Tensor])->dict[str,Tensor]:
         "The head's prediction calls, through the 'head' region if there is one."
         r = self.regions.get('head')
         return head.predict(feats) if r is None else r.predict(head, feats)
-
     def train_step(self, model:nn.Module, step_fn, batch:dict)->tuple[dict,Tensor]:
         "`step_fn(batch, recorder)`'s loss terms and total: through the 'step' region if there is one, else natively with this recorder's head region."
         native = lambda b: step_fn(b, self)
         r = self.regions.get('step')
         return native(batch) if r is None else r.losses(model, lambda b: step_fn(b, None), batch, native)
-
     def ema_update(self, ema, model:nn.Module):
         "One EMA update towards `model`, through the 'ema' region if there is one."
         r = self.regions.get('ema')
         if r is None: ema.update(model)
         else: r.update(ema, model)
 
-    @contextlib.contextmanager
-    def stepping(self, opt:torch.optim.Optimizer):
-        "While the block runs, `opt.step` goes through the 'optimizer' region (its previous `step` is put back after)."
-        r = self.regions.get('optimizer')
-        if r is None: yield; return
-        own, native = vars(opt).get('step'), opt.step   # an LR scheduler keeps its own wrapper on the instance
-        opt.step = lambda closure=None: r.step(opt, closure, native)
-        try: yield
-        finally:
-            if own is None: del opt.step
-            else: opt.step = own
+# %% ../nbs/06b_recorder.ipynb #c0fe79f3
+@patch
+@contextlib.contextmanager
+def stepping(self:Recorder, opt:torch.optim.Optimizer):
+    "While the block runs, `opt.step` goes through the 'optimizer' region (its previous `step` is put back after)."
+    r = self.regions.get('optimizer')
+    if r is None: yield; return
+    own, native = vars(opt).get('step'), opt.step   # an LR scheduler keeps its own wrapper on the instance
+    opt.step = lambda closure=None: r.step(opt, closure, native)
+    try: yield
+    finally:
+        if own is None: del opt.step
+        else: opt.step = own
 
-    def on_fit_start(self, trainer, module):
-        if 'step' in self.regions:   # one memory pool for the graphs replayed one after the other in every step
-            shared = CudaGraphs()
-            for name in ('step', 'optimizer', 'ema'): self.regions[name].shared = shared
-        for r in self.regions.values(): r.fit_start(trainer, module)
+# %% ../nbs/06b_recorder.ipynb #55c5cb15
+@patch
+def on_fit_start(self:Recorder, trainer, module):
+    if 'step' in self.regions:   # one memory pool for the graphs replayed one after the other in every step
+        shared = CudaGraphs()
+        for name in ('step', 'optimizer', 'ema'): self.regions[name].shared = shared
+    for r in self.regions.values(): r.fit_start(trainer, module)
 
-    def on_train_batch_start(self, trainer, module, batch, batch_idx):
-        for name in ('head', 'step'):
-            if name in self.regions: self.regions[name].new_batch()
+@patch
+def on_train_batch_start(self:Recorder, trainer, module, batch, batch_idx):
+    for name in ('head', 'step'):
+        if name in self.regions: self.regions[name].new_batch()
 
-    def on_load_checkpoint(self, trainer, module, checkpoint): self.release()
+@patch
+def on_load_checkpoint(self:Recorder, trainer, module, checkpoint): self.release()
 
-    def lending(self):
-        "Where validation runs: while the whole step replays from CUDA graphs, in their pool (`CudaGraphs.lending`)."
-        r = self.regions.get('step')
-        lend = getattr(r.backend_, 'lending', None) if r is not None and r.graphs is not None else None
-        return contextlib.nullcontext() if lend is None else lend()
+@patch
+def lending(self:Recorder):
+    "Where validation runs: while the whole step replays from CUDA graphs, in their pool (`CudaGraphs.lending`)."
+    r = self.regions.get('step')
+    lend = getattr(r.backend_, 'lending', None) if r is not None and r.graphs is not None else None
+    return contextlib.nullcontext() if lend is None else lend()
 
-    def report(self)->dict:
-        "What each region did in this fit."
-        return {name: r.report() for name, r in self.regions.items()}
+@patch
+def report(self:Recorder)->dict:
+    "What each region did in this fit."
+    return {name: r.report() for name, r in self.regions.items()}
 
-    def on_fit_end(self, trainer, module):
-        for r in self.regions.values():
-            rec = r.recordings
-            rank_zero_info(f"{r.option}: {r.summary()}" + (f"; recorded in {sum(x['seconds'] for x in rec):.2f} s, "
-                           f"{sum(x['reserved_mib'] for x in rec):.0f} MiB more reserved" if rec else ''))
-        run = trainer.log_dir or trainer.default_root_dir   # asked on every process: under DDP `log_dir` is a collective
-        if trainer.is_global_zero and run:
-            atomic_write(Path(run)/'recorder.json',
-                         json.dumps(self.report(), indent=1, sort_keys=True).encode())
-        self.release()
+# %% ../nbs/06b_recorder.ipynb #72f1f6e2
+@patch
+def on_fit_end(self:Recorder, trainer, module):
+    for r in self.regions.values():
+        rec = r.recordings
+        rank_zero_info(f"{r.option}: {r.summary()}" + (f"; recorded in {sum(x['seconds'] for x in rec):.2f} s, "
+                       f"{sum(x['reserved_mib'] for x in rec):.0f} MiB more reserved" if rec else ''))
+    run = trainer.log_dir or trainer.default_root_dir   # asked on every process: under DDP `log_dir` is a collective
+    if trainer.is_global_zero and run:
+        atomic_write(Path(run)/'recorder.json',
+                     json.dumps(self.report(), indent=1, sort_keys=True).encode())
+    self.release()
 
-    def teardown(self, trainer, module, stage): self.release()
-    def on_exception(self, trainer, module, exception): self.release()
-    def release(self):
-        "Drop every region's recording and the graphs' memory pools (idempotent)."
-        for r in self.regions.values():
-            r.release()
-            if isinstance(getattr(r, 'backend_', None), CudaGraphs): r.backend_.forget_pool()
+@patch
+def teardown(self:Recorder, trainer, module, stage): self.release()
 
-# %% ../nbs/06b_recorder.ipynb #cf30554a
-def model_outputs(model:nn.Module, img:Tensor, recorder=None)->dict: # recorder: a `Recorder` or `HeadRegion`
-    "The segmentation model's training output, the head's prediction calls replayed by `recorder` when it can."
-    feats = model.features(img)
-    with head_autocast(img.device.type):
-        raw = recorder.predict(model.head, feats) if recorder is not None else model.head.predict(feats)
-    return model.head.assemble(raw)
+@patch
+def on_exception(self:Recorder, trainer, module, exception): self.release()
+
+@patch
+def release(self:Recorder):
+    "Drop every region's recording and the graphs' memory pools (idempotent)."
+    for r in self.regions.values():
+        r.release()
+        if isinstance(getattr(r, 'backend_', None), CudaGraphs): r.backend_.forget_pool()

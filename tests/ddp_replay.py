@@ -4,7 +4,8 @@ recorder's report to `$DDP_REPORT/rank<N>.json`."""
 import json, os, sys
 from pathlib import Path
 
-from lucid_nb.recorder import EagerGraphs, Recorder
+from lucid_nb.graphs import EagerGraphs
+from lucid_nb.recorder import Recorder
 from lucid_nb.command import cli_main
 
 cli = cli_main(sys.argv[1:], run=False)

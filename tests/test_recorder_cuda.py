@@ -15,7 +15,8 @@ from lucid_nb.core import synth_batch
 from lucid_nb.heads import yolo_seg
 from lucid_nb.core import digest
 from lucid_nb.optim import build_optimizer, build_schedule
-from lucid_nb.recorder import CudaGraphs, EmaRegion, HeadRegion, StepRegion, UpdateRegion, pool_allocated
+from lucid_nb.graphs import CudaGraphs, pool_allocated
+from lucid_nb.recorder import EmaRegion, HeadRegion, StepRegion, UpdateRegion
 from lucid_nb.ema import ModelEMA
 
 from helpers import StepLosses, StopAfterFirstEpoch, fit, hashes_only, tiny, train_trace
