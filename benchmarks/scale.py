@@ -1,0 +1,452 @@
+"""At real scale (thousands of training images, batch 32-64), how many training images a second does lucid sustain,
+natively and with the whole step replayed from CUDA graphs, against Ultralytics yolo11n-seg, and where does it go?
+
+Stages (each takes `--n N --root DIR`: the data set `<DIR>/n<N>`, made when missing):
+
+    make     N training images made from the 96 embedded training images (`lucid_nb/embedded/coco128`, sorted by file
+             name: first 96 train, last 32 val): new names, new bytes (decoded and re-encoded as JPEG, quality 95 down to
+             70 by copy, a comment naming the copy), a COCO JSON with new image and annotation ids; the 32 validation
+             images as they are; and the same set in Ultralytics' YOLO-seg layout (`ul/data.yaml`, `ul/images/{train,val}`
+             linking to those files, `ul/labels/{train,val}/*.txt`: class = the category's place among the categories
+             sorted by id, normalised polygons, a multi-part mask joined into one outline by zero-width bridges, crowd
+             regions left out). `manifest.json` last: a folder with the same N and recipe is kept as it is.
+    fit      alternating processes per round and batch size: `native` (lucid fit, `configs/coco128-seg-n.yaml`, the GPU
+             configuration), `step` (`--model.capture_train_step true`), `ul` (Ultralytics' public API, offline as
+             `.ulcmp/run.py` runs it; left out, with a line, where `ultralytics` does not import), E epochs. Steady state:
+             the training images of epochs 1..E-1 over their training seconds (validation excluded). Per run also each
+             epoch's data wait (lucid: `timing.json`; Ultralytics: host seconds between a batch's end and the next one's
+             start), whole-process seconds, peak reserved memory; lucid's state hashes (native and step must be equal
+             at each batch size). Mosaic: `--close-mosaic 0` (default) keeps it on in every epoch for both trainers, the
+             state of most of a long training (with E=3 the configuration's default, 10, turns it off for both).
+    loader   `YoloData.train_dataloader()` alone, the GPU configuration's data settings (RAM cache, prefetch, mosaic,
+             affine, flip; HSV runs on the device in lucid, so not here), at `--batch` (64) with 8 and 16 workers: images/s
+             of the epochs after a warm-up epoch; with `--fit FIT.json`, over the steady-state images/s of each arm there.
+    profile  a short `lucid fit` with `scale_profile.KernelProfile` (a callback): warm-up, a timed window, then
+             torch.profiler over K steps with forward / loss / backward / optimizer / ema ranges; kernel time per image
+             by part and by kernel family (gemm/conv, batchnorm, elementwise, copy/cast, reduction, other), top kernels.
+             `--capture`: the whole step replayed (kernel total and families only). On a CPU: operators' CPU time.
+
+    python benchmarks/scale.py make --n 16384
+    python benchmarks/scale.py fit --n 4096 --batch 32 64 [--rounds 1] [--epochs 3] [--arms native,step,ul] [-- lucid args]
+    python benchmarks/scale.py loader --n 4096 [--batch 64] [--workers 8 16] [--fit benchmarks/results/scale_...fit....json]
+    python benchmarks/scale.py profile --n 4096 [--batch 64] [--capture]
+    python benchmarks/scale.py --smoke     # everything tiny on this CPU (8 images, 64 px, batch 2), results in a temp folder
+
+On the GPU machine, one device call (carry `.ulcmp` and `.whl`; put the commit run in LUCID_NB_COMMIT: the copied
+`.git` may be stale). Estimate on an H200, N=4096, ~230 images/s: install 15 s, make 10 s, loader 30 s, profile 2 x 35 s,
+fit 6 runs of 60-75 s (start-up 5 s, RAM cache 3-7 s, 3 epochs of 4,096 images, 3 validations) = ~400 s: ~8.7 min. Each
+stage has a time limit and its files are copied to $OUT/results after it; the fit's limit ends the call by 9 minutes
+(a run still going then is lost, those before it are in the file):
+
+    export LUCID_NB_COMMIT=<commit> PYTHONUNBUFFERED=1; python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl >/dev/null && export PYTHONPATH=$PWD:/tmp/site PATH=/tmp/site/bin:$PATH && mkdir -p $OUT/results && S="python3 benchmarks/scale.py" && c() { cp benchmarks/results/scale_* $OUT/results/ 2>/dev/null; echo "== $1 done at $SECONDS s"; } && $S make --n 4096 && c make && { timeout 75 $S loader --n 4096; c loader; timeout 75 $S profile --n 4096; c profile; timeout 75 $S profile --n 4096 --capture; c capture; timeout $((535 - SECONDS)) $S fit --n 4096 --batch 32 64 --loader "$(ls benchmarks/results/scale_*_loader_n4096_b64.json 2>/dev/null | head -1)"; c fit; }
+
+JSON (`benchmarks/results/scale_<device>_<commit>_<stage>_n<N>[...].json`, with `env`: torch, GPU, date, commit):
+`make` returns the manifest (counts, seconds); `fit`: `runs` (arm, batch, round, images_per_s, per-epoch rows with
+images, train seconds, data wait, validation seconds; process seconds, peak reserved MiB, lucid hashes) and `summary`
+per batch: per arm median (min-max) of images/s, process seconds, data wait, peak; per round each lucid arm's images/s
+over Ultralytics'; whether every lucid run at that batch ended with the same hashes. `loader`: per worker count, images/s
+per epoch, setup seconds, and the ratio to each fit arm's consumption. `profile`: `scale_profile.analyse`'s keys
+(`total_us_per_image`, `by_part_us_per_image`, `by_family_us_per_image`, `top`...), the timed window's images/s.
+"""
+import argparse, contextlib, io, json, multiprocessing, os, shutil, statistics, subprocess, sys, tempfile, time
+from pathlib import Path
+
+from reference_run import LUCID, ROOT, run_lucid, spread   # benchmarks/ is sys.path[0] when this file runs
+
+BENCH = Path(__file__).resolve().parent
+RESULTS = BENCH / 'results'
+SRC = ROOT / 'lucid_nb' / 'embedded' / 'coco128'
+CONFIG = ROOT / 'configs' / 'coco128-seg-n.yaml'
+RECIPE = 1            # of `make`: a manifest of another recipe is made again
+N_TRAIN = 96          # the embedded split: first 96 by file name train, the last 32 validate
+SMOKE_LUCID = ['--trainer.accelerator', 'cpu', '--trainer.precision', '32-true', '--data.workers', '0', '--data.imgsz', '64']
+
+
+# TODO(common): use benchmarks.common.write_result
+def _write_result(script: str, payload: dict, device: str | None = None, tag: str = '') -> Path:
+    "Atomic JSON at `RESULTS/<script>_<device>_<commit>[_tag].json`, with `env` (torch, GPU, date, commit)."
+    from lucid_nb.core import device_tag, env_info
+    env = env_info()
+    path = RESULTS / f"{script}_{device or device_tag()}_{env['commit']}{'_' + tag if tag else ''}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.', suffix='.tmp')
+    with os.fdopen(fd, 'w') as f: json.dump({**payload, 'env': env}, f, indent=1)
+    os.replace(tmp, path); return path
+
+
+# ---------------------------------------------------------------------------------------------------------------- make
+def _encode(job):
+    "Decode a source image (kept per worker process), write it as a JPEG at `quality` with a comment naming the copy."
+    from PIL import Image, ImageOps
+    k, src, dst, quality = job
+    im = _encode.cache.get(src)
+    if im is None:
+        im = ImageOps.exif_transpose(Image.open(src)); im = im if im.mode in ('RGB', 'L') else im.convert('RGB')
+        _encode.cache[src] = im
+    im.save(dst, 'JPEG', quality=quality, comment=f'lucid_nb scale copy {k}'.encode())
+    return k, im.width, im.height
+_encode.cache = {}
+
+
+def _outline(polys):
+    "One outline of a multi-part polygon: each next part entered at its point nearest the outline's end, and left there."
+    import numpy as np
+    out = polys[0]
+    for p in polys[1:]:
+        j = int(((p - out[-1]) ** 2).sum(1).argmin())
+        out = np.concatenate([out, np.roll(p, -j, 0), p[j:j + 1], out[-1:]])
+    return out
+
+
+def _yolo_label(anns, w, h, cls) -> str:
+    "YOLO-seg lines of one image's COCO annotations (polygons only; crowd regions left out, as in training)."
+    import numpy as np
+    lines = []
+    for a in anns:
+        seg = a.get('segmentation')
+        if a.get('iscrowd') or not isinstance(seg, list): continue
+        polys = [np.asarray(p, float).reshape(-1, 2) for p in seg if len(p) >= 6]
+        if not polys: continue
+        xy = (_outline(polys) / (w, h)).clip(0, 1).reshape(-1)
+        lines.append(f"{cls[a['category_id']]} " + ' '.join(f'{v:.6f}' for v in xy))
+    return ''.join(l + '\n' for l in lines)
+
+
+def make(n: int, root: Path, workers: int | None = None) -> dict:
+    "The data set of `n` training images in `root/n<n>` (see the module's docstring); its manifest."
+    out, t0 = root / f'n{n}', time.perf_counter()
+    man = out / 'manifest.json'
+    if man.exists():
+        m = json.loads(man.read_text())
+        if (m.get('n'), m.get('recipe')) == (n, RECIPE): print(f'make: {out} has {n} images already'); return m
+    if out.exists(): shutil.rmtree(out)
+    d = json.loads((SRC / 'annotations' / 'instances_train2017.json').read_text())
+    images = sorted(d['images'], key=lambda i: i['file_name'])
+    train, val = images[:N_TRAIN], images[N_TRAIN:]
+    anns = {}
+    for a in d['annotations']: anns.setdefault(a['image_id'], []).append(a)
+    cats = sorted(d['categories'], key=lambda c: c['id'])
+    cls = {c['id']: i for i, c in enumerate(cats)}
+    for p in ('train', 'val', 'ul/images/train', 'ul/images/val', 'ul/labels/train', 'ul/labels/val'): (out / p).mkdir(parents=True)
+    names = [f'{k:06d}.jpg' for k in range(n)]
+    jobs = [(k, str(SRC / 'images' / train[k % N_TRAIN]['file_name']), str(out / 'train' / names[k]), 95 - (k // N_TRAIN) % 26)
+            for k in range(n)]
+    with multiprocessing.get_context('fork').Pool(workers or os.cpu_count()) as pool:
+        sizes = {k: (w, h) for k, w, h in pool.imap_unordered(_encode, jobs, chunksize=32)}
+    coco_images, coco_anns, aid = [], [], 1
+    labels = {i['id']: _yolo_label(anns.get(i['id'], []), i['width'], i['height'], cls) for i in images}
+    for k, name in enumerate(names):
+        src = train[k % N_TRAIN]; w, h = sizes[k]
+        if (w, h) != (src['width'], src['height']): raise SystemExit(f"make: {src['file_name']} decodes as {w}x{h}, its entry says "
+                                                                     f"{src['width']}x{src['height']}")
+        coco_images.append(dict(id=k + 1, file_name=name, width=w, height=h))
+        for a in anns.get(src['id'], []): coco_anns.append(dict(a, id=aid, image_id=k + 1)); aid += 1
+        os.symlink(f'../../../train/{name}', out / 'ul/images/train' / name)
+        if labels[src['id']]: (out / 'ul/labels/train' / f'{name[:-4]}.txt').write_text(labels[src['id']])
+    for i in val:
+        shutil.copyfile(SRC / 'images' / i['file_name'], out / 'val' / i['file_name'])
+        os.symlink(f"../../../val/{i['file_name']}", out / 'ul/images/val' / i['file_name'])
+        if labels[i['id']]: (out / 'ul/labels/val' / f"{Path(i['file_name']).stem}.txt").write_text(labels[i['id']])
+    head = {k: d[k] for k in ('info', 'licenses') if k in d}
+    (out / 'train.json').write_text(json.dumps(dict(head, images=coco_images, annotations=coco_anns, categories=d['categories'])))
+    val_ids = {i['id'] for i in val}
+    (out / 'val.json').write_text(json.dumps(dict(head, images=val, categories=d['categories'],
+                                                  annotations=[a for a in d['annotations'] if a['image_id'] in val_ids])))
+    (out / 'ul/data.yaml').write_text(f"path: {json.dumps(str(out / 'ul'))}\ntrain: images/train\nval: images/val\nnames:\n"
+                                      + ''.join(f'  {i}: {json.dumps(c["name"])}\n' for i, c in enumerate(cats)))
+    m = dict(n=n, recipe=RECIPE, folder=str(out), train_images=n, train_instances=len(coco_anns), val_images=len(val),
+             ul_label_lines=sum(labels[train[k % N_TRAIN]['id']].count('\n') for k in range(n)),
+             seconds=round(time.perf_counter() - t0, 2), processes=workers or os.cpu_count())
+    man.write_text(json.dumps(m, indent=1))
+    _write_result('scale', dict(what='the data set at scale (made by `make`)', stage='make', **m), tag=f'make_n{n}')
+    print(f"make: {n} training images, {len(coco_anns)} instances, into {out} in {m['seconds']:.1f} s")
+    return m
+
+
+def lucid_data_args(ds: Path) -> list:
+    return ['--data.train_images', str(ds / 'train'), '--data.train_annotations', str(ds / 'train.json'),
+            '--data.val_images', str(ds / 'val'), '--data.val_annotations', str(ds / 'val.json')]
+
+
+def config_data(smoke: bool) -> dict:
+    "The GPU configuration's `data` settings (the smoke run's CPU overrides applied)."
+    import yaml
+    cfg = yaml.safe_load(CONFIG.read_text())['data']
+    return {**cfg, 'workers': 0, 'imgsz': 64} if smoke else cfg
+
+
+# ----------------------------------------------------------------------------------------------------------------- fit
+def steady(epochs: list) -> dict:
+    "Images/s of the epochs after the first (all of them with one epoch), from rows with `images` and `train_seconds`."
+    later = epochs[1:] or epochs
+    images, seconds = sum(e['images'] for e in later), sum(e['train_seconds'] for e in later)
+    return dict(images_per_s=images / seconds if seconds else None, steady_images=images, steady_train_seconds=seconds,
+                steady_data_wait_seconds=sum(e['data_wait_seconds'] or 0 for e in later))
+
+
+def fit_lucid(arm: str, batch: int, ds: Path, a, work: Path) -> dict:
+    extra = [*lucid_data_args(ds), '--trainer.max_epochs', str(a.epochs), '--data.close_mosaic', str(a.close_mosaic),
+             *(SMOKE_LUCID if a.smoke else []), *a.extra]
+    try: r = run_lucid(arm, batch, work, extra)
+    except SystemExit as e: return dict(error=str(e)[-3000:])
+    epochs = [dict(epoch=e['epoch'], steps=e['steps'], images=e['steps'] * batch, train_seconds=e['train_seconds'],
+                   data_wait_seconds=e.get('data_wait_seconds'), validation_seconds=e['seconds'] - e['train_seconds'])
+              for e in r['timing']['epochs']]
+    keep = ('command', 'process_seconds', 'fit_seconds', 'startup_seconds', 'data_setup_seconds', 'first_step_seconds',
+            'recording_seconds', 'fit_end_seconds', 'peak_reserved_mib', 'hashes', 'fallback_lines')
+    return dict(**{k: r[k] for k in keep}, **steady(epochs), epochs=epochs)
+
+
+def fit_ul(batch: int, ds: Path, a, work: Path) -> dict:
+    cfg, out = config_data(a.smoke), work / f'ul_b{batch}.json'
+    args = [sys.executable, str(Path(__file__).resolve()), '_ul', '--data', str(ds / 'ul' / 'data.yaml'), '--batch', str(batch),
+            '--epochs', str(a.epochs), '--imgsz', str(cfg['imgsz']), '--workers', str(cfg['workers']),
+            '--close-mosaic', str(a.close_mosaic), '--cache', a.ul_cache, '--project', str(work / 'ul'), '--json', str(out)]
+    t0 = time.perf_counter()
+    r = subprocess.run(args, capture_output=True, text=True, cwd=ROOT)
+    wall = time.perf_counter() - t0
+    if r.returncode or not out.exists(): return dict(error=(r.stdout + r.stderr)[-3000:])
+    res = json.loads(out.read_text())
+    return dict(command=' '.join(args[1:]), process_seconds=wall, **steady(res['epochs']), **res)
+
+
+def ul_main(a):
+    "One Ultralytics run (a separate process): yolo11n-seg from its YAML, offline, epoch and batch times; a JSON."
+    t_start = time.perf_counter()
+    os.environ.setdefault('YOLO_OFFLINE', '1'); os.environ.setdefault('YOLO_AUTOINSTALL', 'false')
+    os.environ.setdefault('ULTRALYTICS_SKIP_REQUIREMENTS_CHECKS', '1')
+    os.environ.setdefault('YOLO_CONFIG_DIR', tempfile.mkdtemp(prefix='ycfg'))
+    if (ROOT / '.ulcmp' / 'stub').is_dir(): sys.path.insert(0, str(ROOT / '.ulcmp' / 'stub'))   # polars stand-in
+    import torch, ultralytics
+    from ultralytics.utils import SETTINGS
+    SETTINGS.update({'sync': False})
+    import ultralytics.engine.trainer as _tr, ultralytics.utils.checks as _ck, ultralytics.data.utils as _du
+    _tr.check_amp = lambda model: True          # would download weights; offline it returns True as well
+    _ck.check_font = _du.check_font = lambda *x, **k: None
+    from ultralytics import YOLO
+    cuda = torch.cuda.is_available()
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    epochs, last = [], [0.]
+    def epoch_start(tr):
+        sync(); last[0] = time.perf_counter()
+        epochs.append(dict(epoch=tr.epoch, t0=last[0], batches=0, data_wait_seconds=0.))   # an epoch redone (NaN) comes twice
+    def batch_start(tr): epochs[-1]['data_wait_seconds'] += time.perf_counter() - last[0]
+    def batch_end(tr): last[0] = time.perf_counter(); epochs[-1]['batches'] += 1
+    def epoch_end(tr):
+        sync(); e = epochs[-1]; e['t1'] = time.perf_counter()
+        e['train_seconds'], e['images'] = e['t1'] - e['t0'], len(tr.train_loader.dataset)
+    def fit_epoch_end(tr):   # after validation and checkpoints; called again by the final evaluation (best.pt): not kept
+        sync(); epochs[-1].setdefault('validation_seconds', time.perf_counter() - epochs[-1]['t1'])
+    model = YOLO('yolo11n-seg.yaml')
+    for name, fn in (('on_train_epoch_start', epoch_start), ('on_train_batch_start', batch_start), ('on_train_batch_end', batch_end),
+                     ('on_train_epoch_end', epoch_end), ('on_fit_epoch_end', fit_epoch_end)): model.add_callback(name, fn)
+    t_train = time.perf_counter()
+    model.train(data=a.data, epochs=a.epochs, imgsz=a.imgsz, batch=a.batch, device=0 if cuda else 'cpu', seed=0,
+                workers=a.workers, pretrained=False, plots=False, close_mosaic=a.close_mosaic,
+                cache=False if a.cache == 'none' else a.cache, project=a.project, name='r', exist_ok=True)
+    sync()
+    for e in epochs: e.pop('t0', None); e.pop('t1', None)
+    Path(a.json).write_text(json.dumps(dict(
+        ultralytics=ultralytics.__version__, torch=torch.__version__, cache=a.cache, close_mosaic=a.close_mosaic,
+        workers=a.workers, imgsz=a.imgsz, setup_seconds=t_train - t_start, train_call_seconds=time.perf_counter() - t_train,
+        epochs=epochs, peak_reserved_mib=torch.cuda.max_memory_reserved() / 2**20 if cuda else None), indent=1))
+
+
+def summarize(runs: list, arms: list, batches: list) -> dict:
+    "Per batch: each arm's median (min-max), each lucid arm's images/s over Ultralytics' per round, hash equality."
+    keys = ('images_per_s', 'process_seconds', 'steady_data_wait_seconds', 'peak_reserved_mib', 'startup_seconds')
+    s = {}
+    for b in batches:
+        ok = [r for r in runs if r['batch'] == b and 'error' not in r]
+        by = {arm: [r for r in ok if r['arm'] == arm] for arm in arms}
+        sb = {arm: {k: spread([r.get(k) for r in rs]) for k in keys} for arm, rs in by.items()}
+        ul = {r['round']: r['images_per_s'] for r in by.get('ul', [])}
+        sb['over_ul'] = {arm: [r['images_per_s'] / ul[r['round']] if ul.get(r['round']) else None for r in rs]
+                         for arm, rs in by.items() if arm != 'ul'} if ul else None
+        lucid = [r for r in ok if 'hashes' in r]
+        sb['lucid_hashes_equal'] = len({json.dumps(r['hashes'], sort_keys=True) for r in lucid}) == 1 if lucid else None
+        sb['lucid_hashes'] = sorted({r['hashes'].get('all', '')[:12] for r in lucid})
+        sb['failed_runs'] = [(r['arm'], r['round']) for r in runs if r['batch'] == b and 'error' in r]
+        s[f'b{b}'] = sb
+    return s
+
+
+def fit(a, ds: Path) -> Path:
+    arms = a.arms.split(',')
+    if 'ul' in arms and not _ul_importable(): arms.remove('ul'); print('fit: ultralytics does not import here: the ul arm is left out')
+    if not arms: raise SystemExit('fit: no arm to run')
+    loader_res = json.loads(Path(a.loader).read_text()) if a.loader else None
+    runs, path = [], None
+    for rnd in range(a.first_round, a.first_round + a.rounds):
+        for b in a.batch:
+            for arm in arms:
+                work = Path(a.root) / 'runs' / f'n{a.n}' / f'b{b}' / f'round{rnd}'
+                r = fit_ul(b, ds, a, work) if arm == 'ul' else fit_lucid(arm, b, ds, a, work)
+                r = dict(arm=arm, batch=b, round=rnd, **r); runs.append(r)
+                if 'error' in r: print(f'round {rnd} b{b} {arm:>6}: FAILED\n{r["error"][-1500:]}', flush=True)
+                else: print(f"round {rnd} b{b} {arm:>6}: {r['images_per_s']:7.1f} images/s steady, process {r['process_seconds']:.1f} s, "
+                            f"data wait {r['steady_data_wait_seconds']:.2f} s, peak {r['peak_reserved_mib'] or 0:.0f} MiB"
+                            + (f", hashes {r['hashes']['all'][:12]}" if 'hashes' in r else ''), flush=True)
+                summary = summarize(runs, arms, a.batch)   # after every run: a call cut short keeps what ran
+                path = _write_result('scale', dict(
+                    what='steady-state training images/s at scale: lucid native / whole step replayed / Ultralytics, '
+                         'alternating processes', stage='fit', n=a.n, batches=a.batch, epochs=a.epochs, arms=arms,
+                    rounds=a.rounds, first_round=a.first_round, close_mosaic=a.close_mosaic, ul_cache=a.ul_cache,
+                    extra_args=a.extra, command=' '.join([sys.executable, *sys.argv]), summary=summary, runs=runs,
+                    loader=loader_res and loader_over_fit(loader_res['rows'], summary, loader_res['batch_size'], a.loader)),
+                    tag=f'fit_n{a.n}{a.tag}')
+    for b in a.batch:
+        sb = summary[f'b{b}']
+        cells = '  '.join(f"{arm} {sb[arm]['images_per_s']['median']:.1f} ({sb[arm]['images_per_s']['min']:.1f}-"
+                          f"{sb[arm]['images_per_s']['max']:.1f})" for arm in arms if sb[arm]['images_per_s'])
+        over = '  '.join(f"{arm}/ul {statistics.median(x for x in v if x):.2f}x" for arm, v in (sb['over_ul'] or {}).items() if any(v))
+        print(f"batch {b}: images/s {cells}  {over}  lucid hashes equal: {sb['lucid_hashes_equal']}")
+    if loader_res: print_loader_over_fit(loader_over_fit(loader_res['rows'], summary, loader_res['batch_size'], a.loader))
+    print(f'-> {path}'); return path
+
+
+def _ul_importable() -> bool:
+    r = subprocess.run([sys.executable, '-c', 'import ultralytics'], capture_output=True, cwd=ROOT,
+                       env={**os.environ, 'YOLO_OFFLINE': '1', 'YOLO_CONFIG_DIR': tempfile.mkdtemp(prefix='ycfg')})
+    return r.returncode == 0
+
+
+# -------------------------------------------------------------------------------------------------------------- loader
+def loader(a, ds: Path) -> Path:
+    from lucid_nb.data import YoloData
+    cfg, rows = config_data(a.smoke), []
+    for w in a.workers:
+        dm = YoloData(**{**cfg, 'batch_size': a.batch, 'workers': w, 'close_mosaic': a.close_mosaic, 'max_epochs': a.loader_epochs},
+                      train_images=str(ds / 'train'), train_annotations=str(ds / 'train.json'),
+                      val_images=str(ds / 'val'), val_annotations=str(ds / 'val.json'))
+        t0 = time.perf_counter()
+        with contextlib.redirect_stdout(io.StringIO()): dm.setup('fit')
+        setup, ld, rates = time.perf_counter() - t0, dm.train_dataloader(), []
+        for e in range(a.loader_epochs):
+            ld.set_epoch(e); n, t = 0, time.perf_counter()
+            for b in ld: n += len(b['img'])
+            rates.append(n / (time.perf_counter() - t))
+        dm.teardown()
+        later = rates[1:] or rates
+        rows.append(dict(workers=w, images_per_s=statistics.median(later), images_per_s_each_epoch=rates,
+                         images_per_epoch=n, setup_seconds=setup))
+        print(f"loader: {w:>2} workers, batch {a.batch}: {statistics.median(later):7.1f} images/s after warm-up "
+              f"(epochs {', '.join(f'{x:.0f}' for x in rates)}; setup {setup:.1f} s)", flush=True)
+    res = dict(what='training loader alone (YoloData.train_dataloader, GPU configuration data settings)', stage='loader',
+               n=a.n, batch_size=a.batch, epochs=a.loader_epochs, close_mosaic=a.close_mosaic, data=cfg,
+               cpu_count=os.cpu_count(), load_average=list(os.getloadavg()), rows=rows,
+               command=' '.join([sys.executable, *sys.argv]))
+    if a.fit: res['fit'] = print_loader_over_fit(loader_over_fit(rows, json.loads(Path(a.fit).read_text())['summary'], a.batch, a.fit))
+    path = _write_result('scale', res, tag=f'loader_n{a.n}_b{a.batch}{a.tag}'); print(f'-> {path}'); return path
+
+
+def loader_over_fit(rows: list, fit_summary: dict, batch: int, name: str) -> dict:
+    "Each worker count's loader images/s over each fit arm's steady-state images/s at `batch` (its median)."
+    arms = fit_summary.get(f'b{batch}') or {}
+    need = {arm: v['images_per_s']['median'] for arm, v in arms.items() if isinstance(v, dict) and v.get('images_per_s')}
+    return dict(file=str(name), batch_size=batch, fit_images_per_s=need, loader_images_per_s={r['workers']: r['images_per_s'] for r in rows},
+                loader_over_fit={r['workers']: {arm: r['images_per_s'] / x for arm, x in need.items()} for r in rows})
+
+
+def print_loader_over_fit(c: dict) -> dict:
+    if not c['fit_images_per_s']: print(f"no steady-state images/s at batch {c['batch_size']} to compare the loader with")
+    for w, q in c['loader_over_fit'].items():
+        print(f"loader, {w} workers, over the fit's steady state at batch {c['batch_size']}: " + '  '.join(f'{arm} {x:.2f}x' for arm, x in q.items()))
+    return c
+
+
+# ------------------------------------------------------------------------------------------------------------- profile
+def profile(a, ds: Path) -> Path:
+    with tempfile.TemporaryDirectory(prefix='scale_profile_') as tmp:
+        out = Path(tmp) / 'profile.json'
+        cb = dict(class_path='scale_profile.KernelProfile',
+                  init_args=dict(out=str(out), warmup=a.warmup, timed=a.timed, steps=a.steps, parts=not a.capture))
+        args = [sys.executable, '-c', LUCID, 'fit', '--config', str(CONFIG), *lucid_data_args(ds), '--data.batch_size', str(a.batch),
+                '--data.close_mosaic', str(a.close_mosaic), '--trainer.max_epochs', '1000',
+                '--trainer.max_steps', str(a.warmup + a.timed + a.steps + 1), '--trainer.limit_val_batches', '0',
+                '--trainer.enable_checkpointing', 'false', '--trainer.enable_progress_bar', 'false', '--trainer.logger', 'false',
+                '--trainer.default_root_dir', tmp, '--trainer.callbacks', json.dumps(cb),
+                *(['--model.capture_train_step', 'true'] if a.capture else []), *(SMOKE_LUCID if a.smoke else []), *a.extra]
+        env = {**os.environ, 'PYTHONPATH': os.pathsep.join([str(BENCH), *filter(None, [os.environ.get('PYTHONPATH')])])}
+        t0 = time.perf_counter()
+        r = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, env=env)
+        if r.returncode or not out.exists(): raise SystemExit(f'profile: lucid fit failed:\n{r.stderr[-4000:]}')
+        res = json.loads(out.read_text())
+    res.update(what=f"training step kernel time per image, {'the whole step replayed' if a.capture else 'native'}", stage='profile',
+               n=a.n, capture=a.capture, process_seconds=time.perf_counter() - t0, lucid_args=args[3:],
+               fallback_lines=[l for l in r.stderr.splitlines() if 'capture_' in l])
+    print(f"profile b{a.batch}{' capture' if a.capture else ''}: {res['total_us_per_image']:.1f} us/image ({res['clock']}), "
+          f"timed {res['timed_images_per_s']:.1f} images/s; parts {res['by_part_us_per_image']}; families {res['by_family_us_per_image']}")
+    path = _write_result('scale', res, tag=f"profile_n{a.n}_b{a.batch}{'_capture' if a.capture else ''}{a.tag}")
+    print(f'-> {path}'); return path
+
+
+# ---------------------------------------------------------------------------------------------------------------- main
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0].replace('\n', ' '))
+    p.add_argument('--smoke', action='store_true', help='every stage tiny on the CPU (8 images, 64 px, batch 2), results in a temp folder')
+    sub = p.add_subparsers(dest='stage')
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument('--n', type=int, default=4096, help='training images (default 4096)')
+    common.add_argument('--root', default='/tmp/lucid_scale', help='folder of the data sets (n<N>/) and runs')
+    common.add_argument('--close-mosaic', type=int, default=0, help='epochs at the end without mosaic, both trainers (default 0: mosaic always)')
+    common.add_argument('--tag', default='', help='appended to the result file name (e.g. _r1 for a later round)')
+    common.add_argument('--smoke', action='store_true', help=argparse.SUPPRESS)
+    common.add_argument('extra', nargs='*', help='extra `lucid fit` arguments, after --')
+    sub.add_parser('make', parents=[common]).add_argument('--processes', type=int, help='encoding processes (default: CPU count)')
+    f = sub.add_parser('fit', parents=[common])
+    f.add_argument('--batch', type=int, nargs='+', default=[32, 64]); f.add_argument('--epochs', type=int, default=3)
+    f.add_argument('--rounds', type=int, default=1); f.add_argument('--first-round', type=int, default=0)
+    f.add_argument('--arms', default='native,step,ul')
+    f.add_argument('--loader', help="a `loader` result: its images/s over each arm's steady state at the loader's batch")
+    f.add_argument('--ul-cache', default='none', choices=('none', 'ram', 'disk'), help="Ultralytics' image cache (default: its own, none)")
+    l = sub.add_parser('loader', parents=[common])
+    l.add_argument('--batch', type=int, default=64); l.add_argument('--workers', type=int, nargs='+', default=[8, 16])
+    l.add_argument('--loader-epochs', type=int, default=2, help='epochs, the first a warm-up (default 2)')
+    l.add_argument('--fit', help="a `fit` result: the loader's images/s over each arm's steady state at this batch")
+    q = sub.add_parser('profile', parents=[common])
+    q.add_argument('--batch', type=int, default=64); q.add_argument('--capture', action='store_true')
+    q.add_argument('--warmup', type=int, default=8); q.add_argument('--timed', type=int, default=10)
+    q.add_argument('--steps', type=int, default=5, help='profiled steps (K)')
+    u = sub.add_parser('_ul')   # one Ultralytics run, in its own process (fit_ul)
+    for k in ('--data', '--cache', '--project', '--json'): u.add_argument(k, required=True)
+    for k in ('--batch', '--epochs', '--imgsz', '--workers', '--close-mosaic'): u.add_argument(k, type=int, required=True)
+    return p
+
+
+def smoke(p: argparse.ArgumentParser):
+    "Every stage tiny on this CPU into a temporary folder; the ul arm only where ultralytics imports."
+    global RESULTS
+    tmp = Path(tempfile.mkdtemp(prefix='scale_smoke_')); RESULTS = tmp / 'results'
+    os.environ.setdefault('OMP_NUM_THREADS', '1')   # a shared small CPU: one thread per process avoids stalls
+    root = ['--n', '8', '--root', str(tmp), '--smoke']
+    t0 = time.perf_counter()
+    for argv in (['make', *root], ['make', *root],       # the second finds the manifest
+                 ['loader', *root, '--batch', '2', '--workers', '0', '2'],
+                 ['fit', *root, '--batch', '2', '--epochs', '2', '--loader', 'LAST'],
+                 ['loader', *root, '--batch', '2', '--workers', '2', '--fit', 'LAST'],
+                 ['profile', *root, '--batch', '2', '--warmup', '1', '--timed', '1', '--steps', '2'],
+                 ['profile', *root, '--batch', '2', '--warmup', '1', '--timed', '1', '--steps', '2', '--capture']):
+        a = p.parse_args([x if x != 'LAST' else str(last) for x in argv])
+        print(f"== smoke: scale.py {' '.join(argv)}", flush=True)
+        last = run(a)
+    print(f'smoke: every stage ran in {time.perf_counter() - t0:.0f} s; results in {RESULTS}')
+
+
+def run(a):
+    if a.stage == '_ul': return ul_main(a)
+    m = make(a.n, Path(a.root), getattr(a, 'processes', None))
+    ds = Path(m['folder'])
+    return {'make': lambda: m, 'fit': lambda: fit(a, ds), 'loader': lambda: loader(a, ds), 'profile': lambda: profile(a, ds)}[a.stage]()
+
+
+def main(argv=None):
+    p = parser()
+    a = p.parse_args(argv)
+    if a.smoke and a.stage is None: return smoke(p)
+    if a.stage is None: p.error('give a stage (make, fit, loader, profile) or --smoke')
+    run(a)
+
+
+if __name__ == '__main__':
+    main()
