@@ -51,7 +51,8 @@ per epoch, setup seconds, and the ratio to each fit arm's consumption. `profile`
 import argparse, contextlib, io, json, multiprocessing, os, shutil, statistics, subprocess, sys, tempfile, time
 from pathlib import Path
 
-from reference_run import LUCID, ROOT, run_lucid, spread   # benchmarks/ is sys.path[0] when this file runs
+from common import write_result   # benchmarks/ is sys.path[0] when this file runs
+from reference_run import LUCID, ROOT, run_lucid, spread
 
 BENCH = Path(__file__).resolve().parent
 RESULTS = BENCH / 'results'
@@ -62,16 +63,9 @@ N_TRAIN = 96          # the embedded split: first 96 by file name train, the las
 SMOKE_LUCID = ['--trainer.accelerator', 'cpu', '--trainer.precision', '32-true', '--data.workers', '0', '--data.imgsz', '64']
 
 
-# TODO(common): use benchmarks.common.write_result
 def _write_result(script: str, payload: dict, device: str | None = None, tag: str = '') -> Path:
-    "Atomic JSON at `RESULTS/<script>_<device>_<commit>[_tag].json`, with `env` (torch, GPU, date, commit)."
-    from lucid_nb.core import device_tag, env_info
-    env = env_info()
-    path = RESULTS / f"{script}_{device or device_tag()}_{env['commit']}{'_' + tag if tag else ''}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.', suffix='.tmp')
-    with os.fdopen(fd, 'w') as f: json.dump({**payload, 'env': env}, f, indent=1)
-    os.replace(tmp, path); return path
+    "`common.write_result` into `RESULTS` (a temporary folder under `--smoke`)."
+    return write_result(script, payload, device, tag, out=RESULTS)
 
 
 # ---------------------------------------------------------------------------------------------------------------- make
