@@ -6,8 +6,10 @@ Docs: https://lucid-nb.github.io/lucid_nb/command.html.md"""
 
 # %% ../nbs/10a_command.ipynb #0d0572cb
 from __future__ import annotations
-import contextlib, importlib.util, logging, os, signal, sys, warnings
+import contextlib, importlib.util, logging, os, signal, sys, threading, warnings
 from pathlib import Path
+import torch
+from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.cli import LightningCLI, LightningArgumentParser
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
@@ -20,7 +22,7 @@ from .trainer import LitYolo
 
 # %% auto #0
 __all__ = ['HELP', 'USER_ERRORS', 'OneLineParser', 'LucidCLI', 'add_tensorboard', 'cli_main', 'QuietLightning', 'quiet_lightning',
-           'resume_hint', 'one_line', 'main']
+           'checkpoint_epoch', 'resume_hint', 'StopSignals', 'one_line', 'main']
 
 # %% ../nbs/10a_command.ipynb #d9baf6c2
 class OneLineParser(LightningArgumentParser):
@@ -105,27 +107,70 @@ def quiet_lightning():
         if not any(isinstance(f, QuietLightning) for f in log.filters): log.addFilter(QuietLightning())
 
 # %% ../nbs/10a_command.ipynb #30d045dc
+def checkpoint_epoch(path)->int|None:
+    "The epoch (0-based) a checkpoint file holds, read from it (memory-mapped, tensors not read); None if it cannot be read."
+    try: return int(torch.load(path, map_location='cpu', weights_only=True, mmap=True)['epoch'])
+    except Exception: return None
+
 def resume_hint(trainer)->str:
-    "How to go on after a stopped run: the checkpoint of its last finished epoch, if there is one."
+    "How to go on after a stopped run: the checkpoint of its last finished epoch, if there is one, and that epoch."
     if trainer.state.fn != 'fit': return 'run it again'
     ck = trainer.checkpoint_callback
-    last = (ck.last_model_path if ck else '') or trainer.ckpt_path
-    if last and Path(last).is_file(): return f"{last} holds the last finished epoch: resume with the same options and --ckpt_path {last}"
+    here = Path(ck.dirpath)/f"{ck.CHECKPOINT_NAME_LAST}{ck.FILE_EXTENSION}" if ck is not None and ck.dirpath else None
+    for last in (here, trainer.ckpt_path):   # this run's last.ckpt; else the one it resumed from
+        if last and Path(last).is_file() and (epoch := checkpoint_epoch(last)) is not None:
+            if epoch + 1 >= trainer.max_epochs:
+                return f"{last} holds epoch {epoch + 1}/{trainer.max_epochs}, the last: the training finished, the run's end (state_hashes.json, curves) was not written"
+            return (f"{last} holds epoch {epoch + 1}/{trainer.max_epochs}, the last finished: "
+                    f"resume with the same options and --ckpt_path {last}")
     return 'no epoch had finished, so there is no checkpoint to resume from: run it again'
+
+class StopSignals(Callback):
+    "SIGINT (Ctrl-C) handled as SIGTERM while the fit loop runs: Lightning's SIGTERM flag set, the run stopped after the current step; a second Ctrl-C, or one outside the fit loop, raises `KeyboardInterrupt` at once."
+    def __init__(self): super().__init__(); self.trainer, self.armed, self.ctrl_c = None, False, False
+    def on_train_start(self, trainer, module): self.trainer, self.armed = trainer, True   # Lightning's flag is reset before
+    def __call__(self, signum, frame):
+        if self.ctrl_c or not self.armed: raise KeyboardInterrupt
+        self.ctrl_c = True
+        self.trainer._signal_connector.received_sigterm = True   # what Lightning's SIGTERM handler sets
+
+    @contextlib.contextmanager
+    def installed(self, trainer):
+        "This handler for SIGINT and this callback in `trainer` inside the `with` block (in the main thread only)."
+        if threading.current_thread() is not threading.main_thread(): yield self; return
+        trainer.callbacks.append(self)
+        old = signal.signal(signal.SIGINT, self)
+        try: yield self
+        finally:
+            signal.signal(signal.SIGINT, old)
+            if self in trainer.callbacks: trainer.callbacks.remove(self)
+
+def _stop_line(subcommand:str, sig:str, trainer)->str:
+    return f"{subcommand} stopped by {sig} before it finished; {resume_hint(trainer)}"
 
 @patch
 def _run_subcommand(self:LucidCLI, subcommand:str):
     "Run `subcommand` holding the run folder's lock; a run stopped by SIGTERM or Ctrl-C says so and how to resume."
     run = _run_dir(self.trainer) if rank_zero_only.rank == 0 else None   # DDP: the others learn rank 0's folder at setup
     fresh = run is not None and not any(run.iterdir())
-    with run_lock(run) if run is not None else contextlib.nullcontext(), warnings.catch_warnings():
+    stops = StopSignals()
+    with run_lock(run) if run is not None else contextlib.nullcontext(), warnings.catch_warnings(), stops.installed(self.trainer):
         if fresh: warnings.filterwarnings('ignore', message='Experiment logs directory .* exists and is not empty')  # our lock
         try: LightningCLI._run_subcommand(self, subcommand)
-        except SystemExit as e:  # SIGTERMException after SIGTERM; Lightning's sys.exit(1) after Ctrl-C
+        except KeyboardInterrupt:   # a Ctrl-C outside the trainer's own handling
+            if os.environ.get('LUCID_DEBUG') == '1': raise
+            note(_stop_line(subcommand, 'Ctrl-C', self.trainer)); raise SystemExit(1) from None
+        except SystemExit as e:  # SIGTERMException after SIGTERM or a first Ctrl-C; Lightning's sys.exit(1) after a second
             if not self.trainer.interrupted: raise
-            sig, status = ('SIGTERM', 128 + signal.SIGTERM) if isinstance(e, SIGTERMException) else ('Ctrl-C', 1)
-            note(f"{subcommand} stopped by {sig} before it finished; {resume_hint(self.trainer)}")
+            sigterm = isinstance(e, SIGTERMException) and not stops.ctrl_c
+            sig, status = ('SIGTERM', 128 + signal.SIGTERM) if sigterm else ('Ctrl-C', 1)
+            note(_stop_line(subcommand, sig, self.trainer))
             raise SystemExit(status) from None
+        if stops.ctrl_c or self.trainer.received_sigterm:   # it came after the last check: the fit ended as it would have
+            sig, status = ('Ctrl-C', 1) if stops.ctrl_c else ('SIGTERM', 128 + signal.SIGTERM)
+            done = f"all {self.trainer.max_epochs} epochs" if subcommand == 'fit' else 'its work'
+            note(f"{subcommand} received {sig} as it ended, after {done}: it finished, and its results are in {run}")
+            raise SystemExit(status)
 
 # %% ../nbs/10a_command.ipynb #3d1a2fc7
 @patch

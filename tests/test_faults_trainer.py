@@ -243,3 +243,37 @@ def test_malformed_annotations_reported_once(tmp_path, monkeypatch, capsys):
     assert err.count('malformed JSON') == 1 and 'compute_fn' not in err and 'Traceback' not in err
     monkeypatch.setenv('LUCID_DEBUG', '1')
     with pytest.raises(ValueError, match='malformed JSON at line 1'): lucid_main(monkeypatch, *args)
+
+
+# ---- signals timed against the epoch line (issue 39) ----
+
+def start_lucid(tmp: Path, *extra, epochs: int = 3, version: str = 'v', env: dict | None = None) -> subprocess.Popen:
+    "A tiny `lucid fit` subprocess whose stdout arrives line by line (unbuffered)."
+    env = {**os.environ, 'PYTHONUNBUFFERED': '1', 'OMP_NUM_THREADS': '1',
+           'PYTHONPATH': os.pathsep.join([str(TESTS), os.environ.get('PYTHONPATH', '')]), **(env or {})}
+    return subprocess.Popen([str(LUCID), *tiny(tmp, *extra, epochs=epochs, version=version)], cwd=tmp, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def signal_at_line(proc: subprocess.Popen, prefix: str, sig) -> tuple[str, str]:
+    "Send `sig` the moment a stdout line starting with `prefix` arrives; the process's stdout and stderr to its end."
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if line.startswith(prefix): proc.send_signal(sig); break
+    out, err = proc.communicate(timeout=300)
+    return ''.join(seen) + out, err
+
+
+@pytest.mark.parametrize('epoch', [1, 2])
+def test_ctrl_c_right_after_the_epoch_line_keeps_the_epoch(tmp_path, epoch):
+    "Ctrl-C within milliseconds of `epoch N/3` (before that epoch's checkpoint is written) stops as SIGTERM does: epoch N is saved, and the stop line says so."
+    proc = start_lucid(tmp_path)
+    out, err = signal_at_line(proc, f'epoch {epoch}/3', signal.SIGINT)
+    last = ckpts(tmp_path / 'runs' / 'tiny' / 'v') / 'last.ckpt'
+    last_line = err.strip().splitlines()[-1]
+    assert proc.returncode == 1, err[-3000:]
+    assert 'stopped by Ctrl-C' in last_line and f'{last} holds epoch {epoch}/3' in last_line, last_line
+    assert f'--ckpt_path {last}' in last_line and 'Traceback' not in err
+    assert load(last)['epoch'] == epoch - 1
+    assert not (last.parent.parent / LOCK_NAME).exists()
