@@ -100,6 +100,17 @@ def on_train_epoch_end(self:AtomicCheckpoint, trainer, module):
     if self.save_last and not self._should_skip_saving_checkpoint(trainer):  # skipped: this step is saved already
         self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
 
+# %% ../nbs/08b_runs.ipynb #7cea11be
+@patch
+def on_load_checkpoint(self:AtomicCheckpoint, trainer, module, checkpoint:dict):
+    "Refuse to resume a fit from a checkpoint of its last epoch."
+    if trainer.state.fn != 'fit': return
+    current = checkpoint.get('loops', {}).get('fit_loop', {}).get('epoch_progress', {}).get('current', {})
+    done = current.get('processed', checkpoint.get('epoch', -2) + 1)   # epochs finished (saved at an epoch's end)
+    if trainer.max_epochs is not None and trainer.max_epochs >= 1 and done >= trainer.max_epochs:
+        raise ValueError(f"--ckpt_path {trainer.ckpt_path}: the run is complete: {done} epochs; raise `--trainer.max_epochs` "
+                         "to continue, or use `--model.weights` to start a new run from it")
+
 # %% ../nbs/08b_runs.ipynb #dfda702c
 LOCK_NAME = 'lucid.lock'
 

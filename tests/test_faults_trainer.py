@@ -277,3 +277,23 @@ def test_ctrl_c_right_after_the_epoch_line_keeps_the_epoch(tmp_path, epoch):
     assert f'--ckpt_path {last}' in last_line and 'Traceback' not in err
     assert load(last)['epoch'] == epoch - 1
     assert not (last.parent.parent / LOCK_NAME).exists()
+
+
+# ---- resuming into a run folder (issue 39) ----
+
+@pytest.fixture(scope='module')
+def one_epoch(tmp_path_factory):
+    "A finished 1-epoch tiny run in `runs/tiny/v`: its last.ckpt is the hard link of its best.ckpt."
+    tmp = tmp_path_factory.mktemp('one')
+    cli, run, h = fit(tmp, epochs=1, version='v')
+    assert os.path.samefile(ckpts(run) / 'last.ckpt', ckpts(run) / 'best.ckpt')
+    return run
+
+
+def test_resuming_a_complete_run_is_refused(one_epoch, tmp_path, monkeypatch, capsys):
+    last = ckpts(one_epoch) / 'last.ckpt'
+    assert lucid_main(monkeypatch, *tiny(tmp_path, '--ckpt_path', str(last), epochs=1)) == 2
+    last_line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last_line.startswith(f'lucid: error: --ckpt_path {last}: the run is complete: 1 epochs; raise `--trainer.max_epochs`'), last_line
+    assert '--model.weights' in last_line
+    assert not list(tmp_path.rglob('*.ckpt')) and not list(tmp_path.rglob('state_hashes.json'))
