@@ -35,7 +35,10 @@ class AtomicCheckpoint(ModelCheckpoint):
     """`ModelCheckpoint` that writes `last.ckpt` every epoch, each checkpoint to a temporary file renamed into place,
     in a background thread: the state is copied to the host at once, the file written while training goes on."""
     save_seconds = 0.   # host seconds the training loop spent on checkpoints so far (`timing.json` reports them per epoch)
-    _writer, _error = None, None
+    _writer, _error, _resumed_from = None, None, None
+
+    def __init__(self, *args, enable_version_counter:bool=False, **kwargs):   # `last.ckpt` and `best.ckpt`, never `last-v1.ckpt`
+        super().__init__(*args, enable_version_counter=enable_version_counter, **kwargs)
 
     def _save_checkpoint(self, trainer, filepath):
         t0, tmp = time.perf_counter(), f"{filepath}.tmp"
@@ -103,13 +106,27 @@ def on_train_epoch_end(self:AtomicCheckpoint, trainer, module):
 # %% ../nbs/08b_runs.ipynb #7cea11be
 @patch
 def on_load_checkpoint(self:AtomicCheckpoint, trainer, module, checkpoint:dict):
-    "Refuse to resume a fit from a checkpoint of its last epoch."
+    "Refuse to resume a fit from a checkpoint of its last epoch; remember where the resumed checkpoint lies."
     if trainer.state.fn != 'fit': return
+    self._resumed_from = trainer.ckpt_path
     current = checkpoint.get('loops', {}).get('fit_loop', {}).get('epoch_progress', {}).get('current', {})
     done = current.get('processed', checkpoint.get('epoch', -2) + 1)   # epochs finished (saved at an epoch's end)
     if trainer.max_epochs is not None and trainer.max_epochs >= 1 and done >= trainer.max_epochs:
         raise ValueError(f"--ckpt_path {trainer.ckpt_path}: the run is complete: {done} epochs; raise `--trainer.max_epochs` "
                          "to continue, or use `--model.weights` to start a new run from it")
+
+@patch
+def load_state_dict(self:AtomicCheckpoint, state_dict:dict):
+    "Lightning's; a run folder moved since the state was saved (the resumed checkpoint lies in this folder) keeps its best and last."
+    old, here = state_dict.get('dirpath'), self.dirpath
+    src = self._resumed_from
+    if old and here and old != here and src and Path(src).resolve().parent == Path(here).resolve():
+        move = lambda p: str(Path(here)/Path(p).relative_to(old)) if p and Path(p).is_relative_to(old) else p
+        state_dict = dict(state_dict, dirpath=here, best_model_path=move(state_dict.get('best_model_path')),
+                          kth_best_model_path=move(state_dict.get('kth_best_model_path')),
+                          last_model_path=move(state_dict.get('last_model_path')),
+                          best_k_models={move(k): v for k, v in state_dict.get('best_k_models', {}).items()})
+    ModelCheckpoint.load_state_dict(self, state_dict)
 
 # %% ../nbs/08b_runs.ipynb #dfda702c
 LOCK_NAME = 'lucid.lock'

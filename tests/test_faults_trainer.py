@@ -297,3 +297,25 @@ def test_resuming_a_complete_run_is_refused(one_epoch, tmp_path, monkeypatch, ca
     assert last_line.startswith(f'lucid: error: --ckpt_path {last}: the run is complete: 1 epochs; raise `--trainer.max_epochs`'), last_line
     assert '--model.weights' in last_line
     assert not list(tmp_path.rglob('*.ckpt')) and not list(tmp_path.rglob('state_hashes.json'))
+
+
+def best_epoch(run: Path) -> int:
+    "The first epoch with the highest mask mAP50-95 in the run folder's val_metrics.jsonl."
+    lines = [json.loads(l) for l in (run / 'val_metrics.jsonl').read_text().splitlines()]
+    return max(lines, key=lambda l: (l['mAP50-95(M)'], -l['epoch']))['epoch']
+
+
+def test_last_ckpt_stays_the_newest_epoch_across_resumes_and_moves(one_epoch, tmp_path):
+    "Resumed into its own folder from a last.ckpt that is best.ckpt's link, then moved and resumed again: never `-v1`."
+    shutil.copytree(one_epoch.parent, tmp_path / 'runs' / 'tiny')
+    run = tmp_path / 'runs' / 'tiny' / 'v'
+    fit(tmp_path, ckpt=str(ckpts(run) / 'last.ckpt'), epochs=2, version='v')
+    assert sorted(p.name for p in ckpts(run).iterdir()) == ['best.ckpt', 'last.ckpt']
+    assert load(ckpts(run) / 'last.ckpt')['epoch'] == 1
+    fit(tmp_path, ckpt=str(ckpts(run) / 'last.ckpt'), epochs=3, version='v')      # a second resume
+    assert load(ckpts(run) / 'last.ckpt')['epoch'] == 2
+    moved = run.rename(run.parent / 'w')
+    fit(tmp_path, ckpt=str(ckpts(moved) / 'last.ckpt'), epochs=4, version='w')    # the folder moved
+    assert sorted(p.name for p in ckpts(moved).iterdir()) == ['best.ckpt', 'last.ckpt']
+    assert load(ckpts(moved) / 'last.ckpt')['epoch'] == 3
+    assert load(ckpts(moved) / 'best.ckpt')['epoch'] == best_epoch(moved)       # the best score survived the move
