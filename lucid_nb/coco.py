@@ -6,7 +6,7 @@ Docs: https://lucid-nb.github.io/lucid_nb/coco.html.md"""
 
 # %% ../nbs/01a_coco.ipynb #d80c67f0
 from __future__ import annotations
-import hashlib, io, json, logging, threading
+import hashlib, io, json, logging, math, threading
 from collections import Counter
 from contextlib import redirect_stdout
 from dataclasses import dataclass, field
@@ -123,9 +123,20 @@ class ImageRecord:
     entry: int = -1          # index of the JSON 'images' entry it was read from
 
 # %% ../nbs/01a_coco.ipynb #483cdeab
+def _non_finite(a:dict)->str|None:
+    "The first field of annotation `a` (bbox, area, a polygon) holding NaN or an infinity, as `name value`; None if there is none."
+    bad = lambda v: isinstance(v, float) and not math.isfinite(v)
+    seg = a.get('segmentation')
+    fields = [('bbox', a.get('bbox')), ('area', a.get('area'))] + [
+        (f'segmentation polygon {k}', p) for k, p in enumerate(seg if isinstance(seg, list) else [])]
+    for name, v in fields:
+        if bad(v) or (isinstance(v, list) and any(map(bad, v))): return f"{name} {v}"
+    return None
+
 def _instance(a:dict, hw:tuple, lut:dict)->Instance|tuple|None:
     "An `Instance`, None for a crowd region, or `(reason, detail)` for a bad annotation."
     H, W = hw
+    if (where := _non_finite(a)): return 'NaN or infinite number', where   # NaN passes every comparison below
     if a.get('iscrowd', 0): return None
     if a.get('category_id') not in lut: return 'unknown category id', f"category_id {a.get('category_id')!r}"
     try: x, y, w, h = (float(v) for v in a['bbox'])

@@ -12,6 +12,7 @@ from pycocotools.cocoeval import COCOeval
 import lucid_nb.data as data
 import lucid_nb.loader as loader
 from lucid_nb.core import EMBEDDED_IMAGES, digest
+from lucid_nb.coco import BadInputError
 from test_data import _edit_json, dm_for, make_coco
 
 
@@ -250,3 +251,32 @@ def test_disk_cache_sees_a_new_orientation(coco, tmp_path, caplog):
     assert again.report.notes['disk cache rebuilt (stale)'] == 1 and epoch_digests(again) == ref
     third = run()
     assert third.report.notes['disk cache reused'] == 7 and third.report.counts == {'EXIF orientation applied': 1}
+
+
+# ---- NaN and infinities in annotations (issue 39) ----
+
+NON_FINITE = {  # name: (edit of annotation 2, what the message shows)
+    'NaN x': (dict(bbox=[float('nan'), 5, 10, 10]), 'bbox [nan, 5, 10, 10]'),
+    'NaN y': (dict(bbox=[5, float('nan'), 10, 10]), 'bbox [5, nan'),
+    'inf width': (dict(bbox=[5, 5, float('inf'), 10]), 'bbox [5, 5, inf'),
+    'NaN polygon': (dict(segmentation=[[1, 1, 5, float('nan'), 9, 9]]), 'segmentation polygon 0'),
+    'inf area': (dict(area=float('-inf')), 'area -inf'),
+}
+
+
+@pytest.mark.parametrize('policy', ['skip', 'error'])
+@pytest.mark.parametrize('fault', NON_FINITE)
+def test_non_finite_annotation_is_bad_input(coco, caplog, fault, policy):
+    "JSON's NaN or Infinity anywhere in an annotation is reported with file and id (NaN x and y passed every check)."
+    edit, shown = NON_FINITE[fault]
+    imgs, ann = coco
+    _edit_json(ann, lambda d: next(a for a in d['annotations'] if a['id'] == 2).update(edit))
+    if policy == 'error':
+        with pytest.raises(BadInputError, match='NaN or infinite number') as e: dm_for(coco, on_bad_input='error').setup()
+        assert 'annotation 2' in str(e.value) and shown in str(e.value)
+        return
+    dm = dm_for(coco); dm.setup()
+    assert dm.report.counts == {'NaN or infinite number': 1}, dm.report.problems
+    where, *_ = dm.report.problems[0]
+    assert 'annotation 2' in where and where.split()[0].endswith(('.jpg', '.png'))
+    assert any(where in r.getMessage() and shown in r.getMessage() for r in caplog.records), caplog.text
