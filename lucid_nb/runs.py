@@ -13,6 +13,7 @@ import numpy as np, torch
 import matplotlib.pyplot as plt
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.strategies import Strategy
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_only
 from lightning_utilities.core.apply_func import apply_to_collection
 from torch import Tensor
@@ -24,11 +25,11 @@ from .metrics import write_results
 from .draw import draw_train_batch, draw_val_batch, plot_curves, save_figure, save_jpeg, val_labels_grid
 
 # %% auto #0
-__all__ = ['LOCK_NAME', 'AtomicCheckpoint', 'link_or_copy', 'note', 'RunFolderInUse', 'read_lock', 'lock_owner_alive',
-           'acquire_run_lock', 'run_lock', 'read_checkpoint', 'write_predictions', 'gather_objects',
-           'rank_state_hashes', 'say', 'fit_state_hashes', 'write_json_atomic', 'data_wait', 'val_data_wait',
-           'checkpoint_seconds', 'process_age', 'start_labels_grid', 'RunArtifacts', 'epoch_line', 'EpochSummary',
-           'class_ap_table']
+__all__ = ['LOCK_NAME', 'AtomicCheckpoint', 'CheckpointWriteError', 'free_space', 'write_checkpoint_file', 'wait_for_checkpoints',
+           'link_or_copy', 'note', 'RunFolderInUse', 'read_lock', 'lock_owner_alive', 'acquire_run_lock', 'run_lock',
+           'read_checkpoint', 'write_predictions', 'gather_objects', 'rank_state_hashes', 'say', 'fit_state_hashes',
+           'write_json_atomic', 'data_wait', 'val_data_wait', 'checkpoint_seconds', 'process_age', 'start_labels_grid',
+           'RunArtifacts', 'epoch_line', 'EpochSummary', 'class_ap_table']
 
 # %% ../nbs/08b_runs.ipynb #cbbc85fc
 class AtomicCheckpoint(ModelCheckpoint):
@@ -53,7 +54,9 @@ class AtomicCheckpoint(ModelCheckpoint):
             state = trainer._checkpoint_connector.dump_checkpoint(self.save_weights_only)   # every process: its hooks
             if trainer.is_global_zero:
                 state = apply_to_collection(state, Tensor, lambda t: t.detach().to('cpu', copy=True))   # this step's values
-                self._submit(lambda: trainer.strategy.checkpoint_io.save_checkpoint(state, tmp), tmp, filepath)
+                io = trainer.strategy.checkpoint_io   # Lightning's own stages the file in $TMPDIR: written here, beside its name
+                self._submit((lambda: write_checkpoint_file(state, tmp)) if type(io) is TorchCheckpointIO else
+                             (lambda: io.save_checkpoint(state, tmp)), tmp, filepath)
             trainer.strategy.barrier("AtomicCheckpoint")
         self._last_global_step_saved, self._last_checkpoint_saved = trainer.global_step, filepath
         if trainer.is_global_zero:
@@ -80,7 +83,11 @@ class AtomicCheckpoint(ModelCheckpoint):
     def _raise_error(self):
         if self._error is not None:
             e, self._error = self._error, None
-            raise RuntimeError(f"writing a checkpoint into {self.dirpath} failed: {e}") from e
+            raise CheckpointWriteError(f"writing a checkpoint into {self.dirpath} failed: {e} ({free_space(self.dirpath)}); "
+                                       "the fit stopped, last.ckpt holds the last epoch written") from e
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx): self._raise_error()   # a failed write stops the fit at once
+    def on_validation_start(self, trainer, module): self.wait()   # the last epoch's file is on disk before this epoch can end
 
     def _remove_checkpoint(self, trainer, filepath):
         self.wait(); super()._remove_checkpoint(trainer, filepath)   # never under a write in flight
@@ -89,7 +96,27 @@ class AtomicCheckpoint(ModelCheckpoint):
     def teardown(self, trainer, module, stage): self.wait()
     def on_exception(self, trainer, module, exception):
         try: self.wait()   # the finished epochs' checkpoints land before the run ends
-        except RuntimeError as e: note(str(e))
+        except CheckpointWriteError as e: note(str(e))
+
+class CheckpointWriteError(OSError): "A checkpoint could not be written (a user's problem: the disk, the folder)."
+
+def free_space(folder)->str:
+    "Free space of the file system of `folder`, in words."
+    folder = Path(folder)
+    while not folder.exists() and folder != folder.parent: folder = folder.parent   # one not made yet: its file system
+    try: return f"{shutil.disk_usage(folder).free / 2**20:.0f} MB free there"
+    except OSError: return 'free space unknown'
+
+def write_checkpoint_file(state:dict, path):
+    "`torch.save` of `state` into the file `path` (its folder made if need be), flushed to the disk."
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, 'wb') as f:
+        torch.save(state, f); f.flush(); os.fsync(f.fileno())
+
+def wait_for_checkpoints(trainer):
+    "Block until the run's checkpoints are on disk; raise `CheckpointWriteError` if one could not be written."
+    for cb in trainer.callbacks:
+        if isinstance(cb, AtomicCheckpoint): cb.wait()
 
 def link_or_copy(src, dst):
     "A hard link `dst` of file `src`; a copy where the filesystem cannot link."
@@ -337,6 +364,7 @@ class RunArtifacts(Callback):
     def on_fit_end(self, trainer, module):
         ranks = rank_state_hashes(trainer, module)   # every process takes part; {} on one
         if not trainer.is_global_zero: return
+        wait_for_checkpoints(trainer)   # nothing is recorded for an epoch that is in no checkpoint
         t_end, run = _now(trainer), _run_dir(trainer)
         self._close_epoch(trainer, t_end)
         dev = trainer.strategy.root_device
@@ -385,6 +413,7 @@ class EpochSummary(Callback):
         say(trainer, f"{epoch_line(trainer, getattr(self, 'validated', True))}  {time.perf_counter() - getattr(self, 't0', time.perf_counter()):.1f} s")
     @rank_zero_only
     def on_fit_end(self, trainer, module):
+        wait_for_checkpoints(trainer)   # "Results saved" only when they are
         run, stats = _run_dir(trainer), getattr(module, 'last_val_stats', None)
         if stats is not None and trainer.datamodule is not None:   # the last validation's own COCOeval, not another
             dm = trainer.datamodule

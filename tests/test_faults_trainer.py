@@ -70,15 +70,26 @@ class FullDisk(Callback):
     "Every checkpoint write fails, as on a full disk."
     def setup(self, trainer, module, stage):
         def fail(*a, **k): raise OSError(28, 'No space left on device')
-        trainer.strategy.checkpoint_io.save_checkpoint = fail
+        trainer.strategy.checkpoint_io.save_checkpoint = fail   # a strategy's own writer
+        self.patch.setattr('lucid_nb.runs.write_checkpoint_file', fail)   # lucid's, beside the target
+    def __init__(self, monkeypatch): self.patch = monkeypatch
 
 
-def test_a_failed_background_write_fails_the_fit(tmp_path):
-    "The checkpoint writer's error reaches the fit (at the next save or its end), naming the folder; the old file stays."
+def test_a_failed_background_write_fails_the_fit(tmp_path, monkeypatch):
+    "The checkpoint writer's error stops the fit, naming the folder and its free space; the old file stays."
     d = tmp_path / 'runs' / 'tiny' / 'v' / 'checkpoints'; d.mkdir(parents=True); (d / 'last.ckpt').write_bytes(b'previous')
-    with pytest.raises(RuntimeError, match=r'writing a checkpoint into .*checkpoints failed: \[Errno 28\] No space left'):
-        fit(tmp_path, callbacks=[FullDisk()], epochs=1, version='v')
+    with pytest.raises(OSError, match=r'writing a checkpoint into .*checkpoints failed: \[Errno 28\] No space left on device \(\d+ MB free there\)'):
+        fit(tmp_path, callbacks=[FullDisk(monkeypatch)], epochs=1, version='v')
     assert (d / 'last.ckpt').read_bytes() == b'previous' and not (d / 'best.ckpt').exists() and not list(d.glob('*.tmp'))
+    assert not (d.parent / 'state_hashes.json').exists()
+
+
+def test_checkpoints_are_not_staged_in_tmpdir(tmp_path, monkeypatch):
+    "A full or missing $TMPDIR does not stop the checkpoints, which are written beside their names."
+    import tempfile
+    monkeypatch.setattr(tempfile, 'tempdir', str(tmp_path / 'no-such-tmpdir'))
+    cli, run, h = fit(tmp_path, epochs=1, version='v')
+    assert load(ckpts(run) / 'last.ckpt')['epoch'] == 0 and 'all' in h
 
 
 def test_leftover_tmp_files_are_removed(three_epochs):
@@ -319,3 +330,19 @@ def test_last_ckpt_stays_the_newest_epoch_across_resumes_and_moves(one_epoch, tm
     assert sorted(p.name for p in ckpts(moved).iterdir()) == ['best.ckpt', 'last.ckpt']
     assert load(ckpts(moved) / 'last.ckpt')['epoch'] == 3
     assert load(ckpts(moved) / 'best.ckpt')['epoch'] == best_epoch(moved)       # the best score survived the move
+
+
+@pytest.mark.parametrize('epoch', [0, 2], ids=['full from the start', 'full at the last epoch'])
+def test_full_disk_stops_the_fit_in_one_line(tmp_path, epoch):
+    "A checkpoint that cannot be written stops the fit at once, in one line naming the folder and its free space; no state hashes, no 'Results saved'."
+    proc = start_lucid(tmp_path, '--trainer.callbacks', 'helpers.FullDisk', env={'FULL_DISK_EPOCH': str(epoch)})
+    out, err = proc.communicate(timeout=300)
+    run = tmp_path / 'runs' / 'tiny' / 'v'
+    last_line = err.strip().splitlines()[-1]
+    assert proc.returncode == 2, err[-3000:]
+    assert last_line.startswith(f'lucid: error: writing a checkpoint into {ckpts(run)} failed: [Errno 28] No space left on device ('), last_line
+    assert ' MB free there' in last_line and 'Traceback' not in err
+    assert out.count('epoch ') == epoch + 1, out                     # no epoch trained after the failed write
+    assert 'Results saved' not in out and not (run / 'state_hashes.json').exists()
+    assert not list(ckpts(run).glob('*.tmp'))
+    if epoch: assert load(ckpts(run) / 'last.ckpt')['epoch'] == epoch - 1   # the last epoch written
