@@ -21,8 +21,9 @@ from .runs import RunFolderInUse, note, read_checkpoint, run_lock, _run_dir
 from .trainer import LitYolo
 
 # %% auto #0
-__all__ = ['HELP', 'USER_ERRORS', 'OneLineParser', 'LucidCLI', 'add_tensorboard', 'cli_main', 'QuietLightning', 'quiet_lightning',
-           'checkpoint_epoch', 'resume_hint', 'StopSignals', 'one_line', 'main']
+__all__ = ['RESUME_FIXED', 'HELP', 'USER_ERRORS', 'OneLineParser', 'LucidCLI', 'refuse_resume_changes', 'add_tensorboard',
+           'cli_main', 'QuietLightning', 'quiet_lightning', 'checkpoint_epoch', 'resume_hint', 'StopSignals',
+           'one_line', 'main']
 
 # %% ../nbs/10a_command.ipynb #d9baf6c2
 class OneLineParser(LightningArgumentParser):
@@ -63,6 +64,17 @@ class LucidCLI(LightningCLI):
         if cfg.get('tensorboard'): add_tensorboard(self.trainer)
         # `--ckpt_path` of another architecture: the check that loading makes, made before anything runs
         if self.ckpt_hparams: self.model.on_load_checkpoint({'hyper_parameters': self.ckpt_hparams})
+        if self.subcommand == 'fit' and self.ckpt_hparams: refuse_resume_changes(self.model.hparams, self.ckpt_hparams, self.given_model_options)
+
+RESUME_FIXED = ('optimizer', 'lr', 'momentum', 'weight_decay', 'warmup_epochs', 'warmup_bias_lr', 'warmup_momentum', 'lrf', 'cosine')
+
+def refuse_resume_changes(hparams, saved:dict, given:set):
+    "A resumed fit continues the checkpoint's optimiser and schedule: a different value given for one of them is an error, not ignored."
+    diff = [f"--model.{k} {hparams[k]!r} (the checkpoint's: {saved[k]!r})" for k in RESUME_FIXED
+            if k in given and k in saved and hparams[k] != saved[k]]
+    if diff: raise ValueError(f"{', '.join(diff)}: a resumed fit (--ckpt_path) continues the checkpoint's optimiser and "
+                              "learning-rate schedule and cannot change them; leave them out, or start a new run from the "
+                              "checkpoint with --model.weights")
 
 def add_tensorboard(trainer)->bool:
     "Add a TensorBoard logger writing into the run folder's `tensorboard/`, unless there is one or no logger at all."

@@ -346,3 +346,13 @@ def test_full_disk_stops_the_fit_in_one_line(tmp_path, epoch):
     assert 'Results saved' not in out and not (run / 'state_hashes.json').exists()
     assert not list(ckpts(run).glob('*.tmp'))
     if epoch: assert load(ckpts(run) / 'last.ckpt')['epoch'] == epoch - 1   # the last epoch written
+
+
+def test_resume_refuses_an_optimiser_option_it_cannot_honour(one_epoch, tmp_path, monkeypatch, capsys):
+    "`--model.lr 0.05` on resume was ignored while config.yaml and hparams.yaml recorded it: now one line, exit 2."
+    last = ckpts(one_epoch) / 'last.ckpt'
+    assert lucid_main(monkeypatch, *tiny(tmp_path, '--ckpt_path', str(last), '--model.lr', '0.05', epochs=2)) == 2
+    last_line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last_line.startswith("lucid: error: --model.lr 0.05 (the checkpoint's: 0.01)") and '--model.weights' in last_line, last_line
+    assert not list(tmp_path.rglob('*.ckpt')) and not list(tmp_path.rglob('hparams.yaml'))
+    assert lucid_main(monkeypatch, *tiny(tmp_path, '--ckpt_path', str(last), '--model.lr', '0.01', epochs=2)) == 0   # the same value: fine
