@@ -191,6 +191,10 @@ def setup(self:YoloData, stage:str|None=None):
     if self._train is not None or (stage == 'predict' and self.hparams.predict_images): return
     h, t0 = self.hparams, time.perf_counter()
     images, annotations = self._paths()
+    for k, folder in (('train_images', images), ('val_images', h.val_images)):   # named once, not once per image in it
+        if folder is not None and not Path(folder).is_dir():
+            raise FileNotFoundError(f"{k} {folder}: {'not a folder' if Path(folder).exists() else 'no such folder'} "
+                                    f"(the folder the file_names of {k.replace('images', 'annotations')} are read from)")
     d = self._train_json(); cat_ids = coco_categories(d)[0]
     recs = read_records(d, images, cat_ids, self.report, annotations.name)
     if h.val_images is None: (tr, va), self._val_json = self._split(d, recs), d
@@ -224,6 +228,16 @@ def summary(self:YoloData)->str:
     inst = lambda ds: sum(len(r.instances) for r in ds.records)
     return (f"lucid_nb data: train {len(tr)} images ({inst(tr)} instances), val {len(va)} images ({inst(va)} instances), "
             f"{self.num_classes} classes; imgsz {h.imgsz}, cache {h.cache!r}, prepared in {self.setup_seconds:.1f} s\n{self.report}")
+
+@patch
+def __str__(self:YoloData)->str:
+    "The data in one line, reading nothing."
+    # Lightning's `LightningDataModule.__str__` calls every `*_dataloader` method to print their sizes: it reads the
+    # data, starts prefetch threads nobody stops (at exit: `terminate called without an active exception`) and fails
+    # on a `YoloLoader` (`'dict' object has no attribute 'available'`). jsonargparse calls it to word the error of a
+    # link's `compute_fn` (`lucid`'s `num_classes` link), so the message of that error would be lost in a traceback.
+    h = self.hparams
+    return f"YoloData({h.train_images or 'embedded coco128'}, imgsz={h.imgsz}, batch_size={h.batch_size})"
 
 @patch(as_prop=True)
 def val_records(self:YoloData)->list[ImageRecord]:

@@ -1,0 +1,63 @@
+"""The first day, part 2 (issue 40): a one-line error where the input is wrong, a warning where the result is doubtful,
+the right behaviour where `lucid` can know better."""
+import json, os, subprocess, sys, textwrap
+from pathlib import Path
+
+import pytest
+
+from lucid_nb.core import EMBEDDED_ANNOTATIONS, EMBEDDED_IMAGES
+from lightning.pytorch.loggers import Logger
+
+from helpers import LUCID, TINY, lucid_main
+
+KEEP = (1, 3, 62)   # person, car, chair: a 3-class dataset cut out of the embedded coco128
+
+
+def _lucid(*args, cwd, env=None, timeout=600):
+    return subprocess.run([str(LUCID), *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                          env=dict(os.environ, OMP_NUM_THREADS='1', **(env or {})))
+
+
+def _errors(stderr: str) -> list:
+    return [l for l in stderr.splitlines() if 'error' in l.lower() or 'Traceback' in l or 'terminate' in l or 'Abort' in l]
+
+
+@pytest.fixture(scope='module')
+def three(tmp_path_factory):
+    "A checkpoint of one tiny epoch on 3 COCO classes, its annotations file and the folder it ran in."
+    d = tmp_path_factory.mktemp('three')
+    coco = json.loads(Path(EMBEDDED_ANNOTATIONS).read_text())
+    coco['categories'] = [c for c in coco['categories'] if c['id'] in KEEP]
+    coco['annotations'] = [a for a in coco['annotations'] if a['category_id'] in KEEP]
+    (d / 'three.json').write_text(json.dumps(coco))
+    r = _lucid('fit', *TINY, '--trainer.max_epochs', '1', '--data.train_images', str(EMBEDDED_IMAGES),
+               '--data.train_annotations', 'three.json', cwd=d)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return d, d / 'runs' / 'lucid' / 'version_0' / 'checkpoints' / 'last.ckpt'
+
+
+@pytest.mark.parametrize('sub', ['validate', 'predict', 'fit'])
+def test_checkpoint_of_other_classes_is_one_line(three, sub):
+    "Lightning's `LightningDataModule.__str__`, called while jsonargparse words the link's error, crashed (and left threads that aborted fit)."
+    d, ckpt = three
+    r = _lucid(sub, *TINY, '--trainer.max_epochs', '2', '--data.train_images', str(EMBEDDED_IMAGES),
+               '--data.train_annotations', str(EMBEDDED_ANNOTATIONS), '--ckpt_path', str(ckpt), cwd=d)
+    assert r.returncode == 2, r.stderr[-3000:]
+    errors = _errors(r.stderr)
+    assert len(errors) == 1 and errors[0].startswith('lucid: error: the checkpoint was trained on category ids [1, 3, 62]'), r.stderr[-3000:]
+    assert len(r.stderr.splitlines()) < 8 and sorted(p.name for p in (d / 'runs' / 'lucid').iterdir()) == ['version_0']
+
+
+def test_datamodule_prints_without_reading():
+    from lucid_nb.data import YoloData
+    dm = YoloData(imgsz=64)
+    assert str(dm) == 'YoloData(embedded coco128, imgsz=64, batch_size=4)' and dm._train is None and dm._loaders == []
+
+
+def test_missing_images_folder_is_named_once(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert lucid_main(monkeypatch, 'fit', *TINY, '--data.train_images', str(tmp_path / 'nope'),
+                      '--data.train_annotations', str(EMBEDDED_ANNOTATIONS)) == 2
+    out = capsys.readouterr()
+    assert f"train_images {tmp_path / 'nope'}: no such folder" in out.err and 'missing file' not in out.out + out.err
+    assert len(out.err.splitlines()) < 6, out.err
