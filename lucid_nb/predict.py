@@ -6,7 +6,7 @@ Docs: https://lucid-nb.github.io/lucid_nb/predict.html.md"""
 
 # %% ../nbs/09_predict.ipynb #2210c3fe
 from __future__ import annotations
-import argparse, time
+import argparse, importlib.util, json, time
 from pathlib import Path
 import numpy as np, torch
 from PIL import Image
@@ -21,8 +21,9 @@ from .draw import draw_instances
 from .runs import note, read_checkpoint
 
 # %% auto #0
-__all__ = ['OUTPUT_NAMES', 'Predictor', 'ema_state_dict', 'load', 'Detections', 'as_rgb', 'to_detections', 'ExportNet',
-           'export_input', 'export_model', 'run_exported', 'export_check', 'export_main']
+__all__ = ['WEAK_MAP', 'OUTPUT_NAMES', 'ONNX_NEEDS', 'Predictor', 'ema_state_dict', 'load', 'weak_checkpoint', 'Detections',
+           'as_rgb', 'to_detections', 'ExportNet', 'export_input', 'export_model', 'onnx_metadata', 'add_onnx_metadata',
+           'run_exported', 'export_check', 'export_main']
 
 # %% ../nbs/09_predict.ipynb #2705249e
 class Predictor:
@@ -62,8 +63,22 @@ def load(path,                      # a `lucid` checkpoint (`last.ckpt`, `best.c
     K = hp.get('num_classes', 80)
     names = extra.get('class_names') or [str(k) for k in range(K)]
     cat_ids = extra.get('cat_ids') or list(range(K))
-    return Predictor(net.to(device or 'cpu'), names, cat_ids, imgsz or extra.get('imgsz', 640), conf,
-                     hp.get('iou', 0.7), hp.get('max_det', 300))
+    p = Predictor(net.to(device or 'cpu'), names, cat_ids, imgsz or extra.get('imgsz', 640), conf, hp.get('iou', 0.7), hp.get('max_det', 300))
+    p.weak = weak_checkpoint(ckpt)   # why its detections will mean little, or None
+    return p
+
+WEAK_MAP = 1e-3   # a last validation's mAP50-95 (box and mask) below this: the network has learnt nothing yet
+
+def weak_checkpoint(ckpt:dict)->str|None:
+    "Why a checkpoint's detections will mean little: its own last validation scored mAP50-95 below `WEAK_MAP`; None when it scored more or there is no score."
+    val = (ckpt.get('lucid') or {}).get('val')   # box and mask (`on_save_checkpoint`)
+    if val is None:   # a checkpoint written before: the score its checkpoint callback saw last (mask mAP50-95)
+        val = {k: st['current_score'] for k, st in (ckpt.get('callbacks') or {}).items()
+               if 'Checkpoint' in k and isinstance(st, dict) and st.get('current_score') is not None}
+    scores = [float(v) for v in val.values()]
+    if not scores or max(scores) >= WEAK_MAP: return None
+    return (f"the checkpoint's last validation scored mAP50-95 {max(scores):.4f} (epoch {ckpt.get('epoch', '?')}): its "
+            "detections are unlikely to mean anything; train it longer")
 
 # %% ../nbs/09_predict.ipynb #5463e053
 class Detections:
@@ -136,18 +151,40 @@ def export_input(imgsz:int, image=TEST_IMG)->Tensor:
     return image_batch([as_rgb(image)], imgsz)['img'].float() / 255
 
 # %% ../nbs/09_predict.ipynb #3f480035
+ONNX_NEEDS = ('onnx', 'onnxscript')   # `torch.onnx.export` imports them; onnxruntime only runs the check
+
 def export_model(p:Predictor, fmt:str, path)->Path:
-    "Write `p`'s network as ONNX (`torch.onnx.export`, dynamo first) or TorchScript (`torch.jit.trace`)."
+    "Write `p`'s network as ONNX (`torch.onnx.export`, dynamo first; any batch size, `onnx_metadata` in it) or TorchScript (`torch.jit.trace`)."
     net, x, path = ExportNet(p.net).cpu(), export_input(p.imgsz), Path(path)
+    if fmt == 'onnx' and (missing := [m for m in ONNX_NEEDS if importlib.util.find_spec(m) is None]):
+        raise ValueError(f"--format onnx needs {' and '.join(missing)}, which are not installed: pip install 'lucid_nb[export]'")
     with torch.no_grad():
         if fmt == 'torchscript': torch.jit.trace(net, x).save(str(path))
         elif fmt == 'onnx':
-            try: torch.onnx.export(net, (x,), str(path), dynamo=True, input_names=['img'], output_names=list(OUTPUT_NAMES))
-            except Exception as e:   # onnxscript missing, or an op the dynamo exporter cannot take
+            names = dict(input_names=['img'], output_names=list(OUTPUT_NAMES))
+            try: torch.onnx.export(net, (x,), str(path), dynamo=True, dynamic_shapes=({0: torch.export.Dim('batch', min=1, max=4096)},), **names)
+            except Exception as e:   # an op the dynamo exporter cannot take
                 note(f"export: the dynamo ONNX exporter failed ({type(e).__name__}); using the classic one")
-                torch.onnx.export(net, (x,), str(path), dynamo=False, input_names=['img'], output_names=list(OUTPUT_NAMES), opset_version=17)
+                torch.onnx.export(net, (x,), str(path), dynamo=False, opset_version=17, **names,
+                                  dynamic_axes={n: {0: 'batch'} for n in ('img', *OUTPUT_NAMES)})
+            add_onnx_metadata(path, onnx_metadata(p))
         else: raise ValueError(f"--format {fmt!r}: use onnx or torchscript")
     return path
+
+def onnx_metadata(p:Predictor)->dict:
+    "What an ONNX file's user needs besides the network (`metadata_props`, strings): class names, COCO ids, input size, outputs."
+    return dict(names=json.dumps(p.class_names), category_ids=json.dumps(p.cat_ids), imgsz=str(p.imgsz), task='segment',
+                input='img: (batch,3,imgsz,imgsz) float32 RGB in [0,1], letterboxed', outputs=','.join(OUTPUT_NAMES),
+                producer='lucid_nb')
+
+def add_onnx_metadata(path, props:dict):
+    "Set `props` as the ONNX file's `metadata_props`; the weights stay in their external `.data` file."
+    import onnx
+    m = onnx.load(str(path), load_external_data=False)
+    old = {e.key: e.value for e in m.metadata_props}
+    del m.metadata_props[:]
+    onnx.helper.set_model_props(m, {**old, **props})
+    onnx.save(m, str(path))
 
 # %% ../nbs/09_predict.ipynb #a1f89dcf
 def run_exported(path, fmt:str, x:Tensor)->list[np.ndarray]|None:
@@ -180,9 +217,10 @@ def export_main(argv:list[str]|None=None)->Path:
     ap.add_argument('--image', default=str(TEST_IMG), help='image of the check against PyTorch (default: one embedded COCO image)')
     a = ap.parse_args(argv)
     p = load(a.ckpt_path, imgsz=a.imgsz)
+    if p.weak: note(f"warning: {p.weak}")
     out = Path(a.output or Path(a.ckpt_path).with_suffix(f'.{a.format}'))   # ONNX: weights in `<out>.data` beside it
     t0 = time.perf_counter(); export_model(p, a.format, out)
-    print(f"export: {out} ({a.format}, input (1,3,{p.imgsz},{p.imgsz}) float32 RGB 0..1, outputs {', '.join(OUTPUT_NAMES)}; "
+    print(f"export: {out} ({a.format}, input ({'batch' if a.format == 'onnx' else 1},3,{p.imgsz},{p.imgsz}) float32 RGB 0..1, outputs {', '.join(OUTPUT_NAMES)}; "
           f"{sum(f.stat().st_size for f in (out, out.with_name(out.name + '.data')) if f.exists()) / 2**20:.1f} MiB in {time.perf_counter() - t0:.1f} s)")
     diff = export_check(p, out, a.format, a.image)
     if diff is None: print("export: check skipped: onnxruntime is not installed (pip install 'lucid_nb[export]' or pip install onnxruntime)")

@@ -61,3 +61,50 @@ def test_missing_images_folder_is_named_once(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr()
     assert f"train_images {tmp_path / 'nope'}: no such folder" in out.err and 'missing file' not in out.out + out.err
     assert len(out.err.splitlines()) < 6, out.err
+
+
+def test_export_warns_about_a_checkpoint_that_scored_nothing(three, tmp_path):
+    d, ckpt = three
+    e = _lucid('export', '--ckpt_path', str(ckpt), '--format', 'torchscript', '--output', str(tmp_path / 'net.torchscript'), cwd=d)
+    assert e.returncode == 0 and "lucid: warning: the checkpoint's last validation scored mAP50-95 0.0000" in e.stderr, e.stderr[-3000:]
+    from lucid_nb.predict import weak_checkpoint
+    assert weak_checkpoint({'lucid': {'val': {'mAP50-95(B)': 0.2, 'mAP50-95(M)': 0.1}}}) is None
+    assert weak_checkpoint({'callbacks': {'AtomicCheckpoint{...}': {'current_score': 0.0}}}) is not None   # written before 'val'
+
+
+HIDE_ONNX = textwrap.dedent("""
+    import sys
+    sys.modules.update(onnxscript=None, onnx=None)     # as if the [export] extra were not installed
+    sys.argv = ['lucid', *sys.argv[1:]]
+    from lucid_nb.cli import main
+    main()
+""")
+
+
+def test_onnx_without_the_extra_is_one_line(three, tmp_path):
+    d, ckpt = three
+    r = subprocess.run([sys.executable, '-c', HIDE_ONNX, 'export', '--ckpt_path', str(ckpt), '--output', str(tmp_path / 'x.onnx')],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stderr[-3000:]
+    errors = _errors(r.stderr)
+    assert len(errors) == 1 and "pip install 'lucid_nb[export]'" in errors[0] and 'onnxscript' in errors[0], r.stderr[-3000:]
+
+
+def test_onnx_has_a_batch_axis_and_the_class_names(three, tmp_path):
+    pytest.importorskip('onnxscript'); onnx = pytest.importorskip('onnx'); ort = pytest.importorskip('onnxruntime')
+    import numpy as np, torch
+    from lucid_nb.heads import yolo_seg
+    from lucid_nb.predict import ExportNet, Predictor, export_input, export_main, export_model
+    d, ckpt = three
+    out = export_main(['--ckpt_path', str(ckpt), '--output', str(tmp_path / 'net.onnx')])
+    meta = {p.key: p.value for p in onnx.load(str(out), load_external_data=False).metadata_props}
+    assert json.loads(meta['names']) == ['person', 'car', 'chair'] and json.loads(meta['category_ids']) == list(KEEP)
+    assert meta['imgsz'] == '64'
+    torch.manual_seed(0)   # the tiny checkpoint's outputs are not finite (see the report of issue 40): a fresh network's are
+    p = Predictor(yolo_seg('n', 3), ['a', 'b', 'c'], [1, 2, 3], imgsz=64)
+    out = export_model(p, 'onnx', tmp_path / 'fresh.onnx')
+    x = torch.cat([export_input(64), export_input(64).flip(-1)])
+    got = ort.InferenceSession(str(out), providers=['CPUExecutionProvider']).run(None, {'img': x.numpy()})
+    with torch.no_grad(): ref = ExportNet(p.net)(x)
+    assert [g.shape[0] for g in got] == [2] * 4
+    assert max(float(np.abs(g - r.numpy()).max()) for g, r in zip(got, ref)) < 1e-3
