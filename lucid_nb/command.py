@@ -6,7 +6,7 @@ Docs: https://lucid-nb.github.io/lucid_nb/command.html.md"""
 
 # %% ../nbs/10a_command.ipynb #0d0572cb
 from __future__ import annotations
-import contextlib, importlib.util, logging, os, signal, sys, threading, warnings
+import contextlib, functools, importlib.util, logging, os, shutil, signal, sys, threading, warnings
 from pathlib import Path
 import torch
 from lightning.pytorch.callbacks import Callback
@@ -17,17 +17,24 @@ from jsonargparse import Namespace
 from fastcore.basics import patch
 from .core import *
 from .data import YoloData
-from .runs import RunFolderInUse, note, read_checkpoint, run_lock, _run_dir
-from .trainer import LitYolo
+from .runs import LOCK_NAME, RunFolderInUse, note, read_checkpoint, run_folder, run_lock, _run_dir
+from .trainer import DATA_SOURCE, LitYolo
+from .predict import weak_checkpoint
 
 # %% auto #0
-__all__ = ['RESUME_FIXED', 'HELP', 'USER_ERRORS', 'OneLineParser', 'LucidCLI', 'refuse_resume_changes', 'add_tensorboard',
-           'cli_main', 'QuietLightning', 'quiet_lightning', 'checkpoint_epoch', 'resume_hint', 'StopSignals',
-           'one_line', 'main']
+__all__ = ['RESUME_FIXED', 'HELP', 'UNUSED_RUN_FILES', 'USER_ERRORS', 'OneLineParser', 'LucidCLI', 'refuse_resume_changes',
+           'run_logger', 'add_tensorboard', 'cli_main', 'QuietLightning', 'quiet_lightning', 'checkpoint_epoch',
+           'resume_hint', 'StopSignals', 'remove_unused_run_folder', 'one_line', 'main']
 
 # %% ../nbs/10a_command.ipynb #d9baf6c2
 class OneLineParser(LightningArgumentParser):
-    "LightningCLI's parser, whose usage errors are one line on stderr and exit status 2."
+    "LightningCLI's parser, whose usage errors are one line on stderr and exit status 2, and which expands no abbreviated option."
+    def __init__(self, *args, **kwargs):
+        # argparse (and jsonargparse 4, whose 5.0 changes the default) takes an unambiguous prefix for the option:
+        # `--trainer.max_epoch 1` set `max_epochs` without a word. LightningCLI builds the main parser and each
+        # subcommand's with `parser_class` (`init_parser`), so every one of them is an `OneLineParser`.
+        super().__init__(*args, **{'allow_abbrev': False, **kwargs})
+
     def error(self, message:str, ex:Exception|None=None):
         if not self.exit_on_error or os.environ.get('LUCID_DEBUG'): return super().error(message, ex)
         prog = (getattr(ex, 'subcommand_parser', None) or self).prog.replace(' [options]', '')
@@ -47,7 +54,7 @@ class LucidCLI(LightningCLI):
         saved = getattr(self, 'ckpt_extra', None) or {}
         if data.hparams.predict_images and 'class_names' in saved: data.set_classes(saved['cat_ids'], saved['class_names'])
         elif 'cat_ids' in saved and list(saved['cat_ids']) != list(data.cat_ids):
-            raise ValueError(f"the checkpoint was trained on category ids {list(saved['cat_ids'])}, the data has {list(data.cat_ids)}: "
+            raise ValueError(f"the checkpoint was trained on category ids {_ids(saved['cat_ids'])}, the data has {_ids(data.cat_ids)}: "
                              "its classes would be read as others by position. Give data with the checkpoint's categories, or fit a new model")
         return data.num_classes
 
@@ -59,8 +66,10 @@ class LucidCLI(LightningCLI):
             cfg.trainer.logger.init_args.save_dir = str(root)
 
     def after_instantiate_classes(self):
-        "CSV logs always; TensorBoard logs beside them in the run folder with `--tensorboard true`."
+        "CSV logs always, first among the loggers; TensorBoard logs beside them in the run folder with `--tensorboard true`."
         cfg = self.config.get(self.subcommand, self.config) if self.subcommand else self.config
+        init = self.config_init.get(self.subcommand, self.config_init) if self.subcommand else self.config_init
+        run_logger(self.trainer, init.trainer.get('logger'), cfg.trainer.get('default_root_dir'))
         if cfg.get('tensorboard'): add_tensorboard(self.trainer)
         # `--ckpt_path` of another architecture: the check that loading makes, made before anything runs
         if self.ckpt_hparams: self.model.on_load_checkpoint({'hyper_parameters': self.ckpt_hparams})
@@ -75,6 +84,21 @@ def refuse_resume_changes(hparams, saved:dict, given:set):
     if diff: raise ValueError(f"{', '.join(diff)}: a resumed fit (--ckpt_path) continues the checkpoint's optimiser and "
                               "learning-rate schedule and cannot change them; leave them out, or start a new run from the "
                               "checkpoint with --model.weights")
+
+def _ids(ids:list)->str:
+    ids = list(ids); return f"{ids}" if len(ids) <= 12 else f"[{', '.join(map(str, ids[:10]))}, … {ids[-1]}] ({len(ids)} classes)"
+
+def run_logger(trainer, given, root=None):
+    "Put a CSV logger (the given one, or one writing under `root` or `runs/lucid`) first among the trainer's loggers, so the run folder is its version folder whatever other loggers there are; returns it, None when logging is off."
+    from lightning.pytorch.loggers import CSVLogger, Logger
+    given = [l for l in (given if isinstance(given, (list, tuple)) else [given]) if isinstance(l, Logger)]
+    if not given: return None   # --trainer.logger false: Lightning's `default_root_dir` is the run folder
+    csv = next((l for l in given if isinstance(l, CSVLogger)), None) or CSVLogger(root or 'runs', name='lucid')
+    trainer.lucid_csv = csv     # `run_folder` (08b_runs): also under `fast_dev_run`, which swaps the loggers for a DummyLogger
+    # Lightning's `trainer.log_dir` is the first logger's: a W&B logger's is None, so its `save_dir` became the run folder,
+    # one folder for every run, and without the CSV `curves.png` was never drawn
+    if not trainer.fast_dev_run: trainer.loggers = [csv, *(l for l in trainer.loggers if l is not csv)]
+    return csv
 
 def add_tensorboard(trainer)->bool:
     "Add a TensorBoard logger writing into the run folder's `tensorboard/`, unless there is one or no logger at all."
@@ -184,6 +208,33 @@ def _run_subcommand(self:LucidCLI, subcommand:str):
             note(f"{subcommand} received {sig} as it ended, after {done}: it finished, and its results are in {run}")
             raise SystemExit(status)
 
+# %% ../nbs/10a_command.ipynb #af32153d
+UNUSED_RUN_FILES = ('config.yaml', 'hparams.yaml', LOCK_NAME)   # what a command writes before it has done anything
+
+def remove_unused_run_folder(run:Path, made:list[Path])->bool:
+    "Remove the run folder `run` if it holds no file but `UNUSED_RUN_FILES`, and the folders of `made` above it left empty; whether it did."
+    if not run.is_dir() or any(p.is_file() and p.name not in UNUSED_RUN_FILES for p in run.rglob('*')): return False
+    shutil.rmtree(run, ignore_errors=True)
+    for p in made:
+        if p != run:
+            with contextlib.suppress(OSError): p.rmdir()   # only when empty
+    return True
+
+def _no_unused_folder(run_subcommand):
+    "`LucidCLI._run_subcommand` that, when the command fails, removes the run folder it made if nothing was written into it."
+    @functools.wraps(run_subcommand)
+    def wrapped(self, subcommand:str):
+        run = run_folder(self.trainer) if rank_zero_only.rank == 0 else None
+        made = [p for p in (run, *run.parents) if not p.exists()] if run is not None else []   # what this command creates
+        fresh = run is not None and (not run.exists() or not any(run.iterdir()))
+        try: return run_subcommand(self, subcommand)
+        except BaseException:
+            if fresh: remove_unused_run_folder(run, made)
+            raise
+    return wrapped
+
+LucidCLI._run_subcommand = _no_unused_folder(LucidCLI._run_subcommand)
+
 # %% ../nbs/10a_command.ipynb #3d1a2fc7
 @patch
 def parse_arguments(self:LucidCLI, parser, args):
@@ -206,14 +257,27 @@ def _parse_ckpt_path(self:LucidCLI):
     if not path or path in ('last', 'best', 'hpc') or '://' in str(path) or str(path).startswith('registry'): return
     ckpt = read_checkpoint(path)
     saved, self.ckpt_extra = ckpt.get('hyper_parameters') or {}, ckpt.get('lucid') or {}
-    if sub == 'predict' and 'imgsz' in self.ckpt_extra and 'imgsz' not in self.given_data_options:
-        self.config = self.parser.parse_object({sub: {'data': {'imgsz': self.ckpt_extra['imgsz']}}}, self.config)
+    if sub in ('validate', 'test', 'predict'): self._take_checkpoint_data(sub, path, ckpt)
+    if sub == 'predict' and (why := weak_checkpoint(ckpt)): note(f"warning: {why}")
     model = self.config[sub].model   # num_classes: linked from the data, checked against the checkpoint later
     taken = {k: v for k, v in saved.items() if k in model and k != 'num_classes' and k not in self.given_model_options}
     changed = ', '.join(f"{k}={v!r}" for k, v in taken.items() if v != model[k]) or 'none that differ from the defaults'
     self.config = self.parser.parse_object({sub: {'model': taken}}, self.config)
     note(f"model options taken from {path}: {changed} (options given on the command line or in --config win)")
     self.ckpt_hparams = saved
+
+@patch
+def _take_checkpoint_data(self:LucidCLI, sub:str, path, ckpt:dict):
+    "`validate`, `test`, `predict`: the checkpoint's image size unless `--data.imgsz` is given, and its data where no data option names any; one line says what was taken."
+    extra, given, data = self.ckpt_extra, self.given_data_options, self.config[sub].data
+    taken = {'imgsz': extra['imgsz']} if 'imgsz' in extra and 'imgsz' not in given else {}
+    src = extra.get('data') or {k: v for k, v in (ckpt.get('datamodule_hyper_parameters') or {}).items() if k in DATA_SOURCE}
+    if src and not given & set(DATA_SOURCE) and not data.get('predict_images'): taken |= {k: src[k] for k in DATA_SOURCE if k in src}
+    changed = {k: v for k, v in taken.items() if v != data.get(k)}
+    if not changed: return
+    self.config = self.parser.parse_object({sub: {'data': changed}}, self.config)
+    what = 'image size and data' if changed.keys() - {'imgsz'} else 'image size'
+    note(f"{sub} with the checkpoint's {what}: {', '.join(f'{k}={v}' for k, v in changed.items())} (--data.* options given win)")
 
 # %% ../nbs/10a_command.ipynb #f4cc842c
 @patch

@@ -27,9 +27,9 @@ from .draw import draw_train_batch, draw_val_batch, plot_curves, save_figure, sa
 # %% auto #0
 __all__ = ['LOCK_NAME', 'AtomicCheckpoint', 'CheckpointWriteError', 'free_space', 'write_checkpoint_file', 'wait_for_checkpoints',
            'link_or_copy', 'note', 'RunFolderInUse', 'read_lock', 'lock_owner_alive', 'acquire_run_lock', 'run_lock',
-           'read_checkpoint', 'write_predictions', 'gather_objects', 'rank_state_hashes', 'say', 'fit_state_hashes',
-           'write_json_atomic', 'data_wait', 'val_data_wait', 'checkpoint_seconds', 'process_age', 'start_labels_grid',
-           'RunArtifacts', 'epoch_line', 'EpochSummary', 'class_ap_table']
+           'read_checkpoint', 'run_folder', 'write_predictions', 'gather_objects', 'rank_state_hashes', 'say',
+           'fit_state_hashes', 'write_json_atomic', 'data_wait', 'val_data_wait', 'checkpoint_seconds', 'process_age',
+           'start_labels_grid', 'RunArtifacts', 'epoch_line', 'EpochSummary', 'class_ap_table']
 
 # %% ../nbs/08b_runs.ipynb #cbbc85fc
 class AtomicCheckpoint(ModelCheckpoint):
@@ -91,6 +91,13 @@ class AtomicCheckpoint(ModelCheckpoint):
 
     def _remove_checkpoint(self, trainer, filepath):
         self.wait(); super()._remove_checkpoint(trainer, filepath)   # never under a write in flight
+
+    def setup(self, trainer, module, stage):
+        # Lightning puts checkpoints into the first logger's folder; under `fast_dev_run` (a DummyLogger, no folder) into
+        # `default_root_dir`, the working directory: they go into the run folder as in any run (`run_folder`)
+        if self.dirpath is None and trainer.fast_dev_run and getattr(trainer, 'lucid_csv', None) is not None:
+            self.dirpath = str(run_folder(trainer)/'checkpoints')
+        super().setup(trainer, module, stage)
 
     def on_fit_end(self, trainer, module): self.wait()
     def teardown(self, trainer, module, stage): self.wait()
@@ -226,9 +233,16 @@ def read_checkpoint(path)->dict:
     return ckpt
 
 # %% ../nbs/08b_runs.ipynb #5d084199
+def run_folder(trainer)->Path:
+    "Where the run's files go: `trainer.lucid_run_dir` once `DistributedRun` has set it up, else the run logger's version folder (`lucid_csv`, see `10a_command`), else `trainer.log_dir`, else `default_root_dir`."
+    if d := getattr(trainer, 'lucid_run_dir', None): return d   # see `DistributedRun`
+    csv = getattr(trainer, 'lucid_csv', None)
+    # Lightning's `fast_dev_run` swaps the loggers for a `DummyLogger`, whose `log_dir` is None: its run would write into `default_root_dir`, the working directory
+    if csv is not None: return Path(trainer.strategy.broadcast(csv.log_dir))   # a collective under DDP, as `trainer.log_dir` is
+    return Path(trainer.log_dir or trainer.default_root_dir)
+
 def _run_dir(trainer)->Path:
-    d = getattr(trainer, 'lucid_run_dir', None) or Path(trainer.log_dir or trainer.default_root_dir)   # see `DistributedRun`
-    d.mkdir(parents=True, exist_ok=True); return d
+    d = run_folder(trainer); d.mkdir(parents=True, exist_ok=True); return d
 
 def write_predictions(trainer, module)->list|None:
     "The COCO results of the fit's last validation into the run folder's `predictions.json` (once); them, or None."

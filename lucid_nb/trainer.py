@@ -26,11 +26,11 @@ from .ema import ModelEMA
 from .recorder import Recorder, model_outputs
 from .metrics import Validator, write_results, CocoStats
 from .draw import draw_results, save_jpeg
-from .runs import AtomicCheckpoint, EpochSummary, RunArtifacts, gather_objects, say, _now, _run_dir
+from .runs import AtomicCheckpoint, EpochSummary, RunArtifacts, gather_objects, run_folder, say, _now, _run_dir
 
 # %% auto #0
-__all__ = ['LitYolo', 'StepLossBar', 'default_val_group_pixels', 'merge_results', 'PredictionWriter', 'FrozenHeap', 'ddp_blocker',
-           'broadcast_buffers', 'DistributedRun', 'default_callbacks']
+__all__ = ['DATA_SOURCE', 'LitYolo', 'StepLossBar', 'default_val_group_pixels', 'merge_results', 'PredictionWriter', 'FrozenHeap',
+           'ddp_blocker', 'broadcast_buffers', 'DistributedRun', 'default_callbacks']
 
 # %% ../nbs/08c_trainer.ipynb #235f0363
 class LitYolo(L.LightningModule):
@@ -283,9 +283,16 @@ def score_validation(self:LitYolo)->CocoStats:
 # %% ../nbs/08c_trainer.ipynb #8143446b
 @patch
 def on_save_checkpoint(self:LitYolo, checkpoint:dict):
-    "Store the classes and the image size of the data with the weights."
+    "Store with the weights the classes, the image size and the data (absolute paths), and the scores of the last validation."
     dm = self.trainer.datamodule if self._trainer is not None else None
-    if dm is not None: checkpoint['lucid'] = dict(class_names=list(dm.class_names), cat_ids=list(dm.cat_ids), imgsz=dm.hparams.imgsz)
+    if dm is None: return
+    h, absolute = dm.hparams, lambda p: None if p is None else str(Path(p).absolute())
+    checkpoint['lucid'] = dict(class_names=list(dm.class_names), cat_ids=list(dm.cat_ids), imgsz=h.imgsz,
+                               data={k: absolute(h[k]) for k in DATA_SOURCE[:4]} | dict(val_count=h.val_count))
+    if (stats := getattr(self, 'last_val_stats', None)) is not None:
+        checkpoint['lucid']['val'] = {k: float(v) for k, v in stats.summary().items()}
+
+DATA_SOURCE = ('train_images', 'train_annotations', 'val_images', 'val_annotations', 'val_count')   # what data a checkpoint was trained and validated on
 
 # %% ../nbs/08c_trainer.ipynb #921548c1
 @patch
@@ -346,7 +353,7 @@ class DistributedRun(Callback):
     "What several processes need: one run folder, a setup lucid supports, and the same BatchNorm statistics (so the same EMA) on each."
     def setup(self, trainer, module, stage:str):
         trainer.lucid_run_dir = None     # `trainer.log_dir` asks every process (a collective): ask once, here, where all do
-        trainer.lucid_run_dir = Path(trainer.log_dir or trainer.default_root_dir)
+        trainer.lucid_run_dir = run_folder(trainer)
         if why := ddp_blocker(trainer, module, stage): raise ValueError(why)
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):

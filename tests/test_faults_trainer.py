@@ -187,6 +187,7 @@ def test_stale_lock_is_taken_over(tmp_path, monkeypatch, capsys):
 def test_lock_released_after_an_error(tmp_path, monkeypatch, capsys):
     "An error inside the run (here the schedule's, raised while fit sets up) still releases the folder."
     run = tmp_path / 'runs' / 'tiny' / 'v'
+    run.mkdir(parents=True); (run / 'kept.txt').write_text('')   # a folder with files is kept (an unused new one is removed)
     assert lucid_main(monkeypatch, *tiny(tmp_path, version='v', epochs=-1)) == 2
     assert 'max_epochs=-1' in capsys.readouterr().err.strip().splitlines()[-1]
     assert run.is_dir() and not (run / LOCK_NAME).exists()

@@ -54,13 +54,19 @@ def test_datamodule_prints_without_reading():
     assert str(dm) == 'YoloData(embedded coco128, imgsz=64, batch_size=4)' and dm._train is None and dm._loaders == []
 
 
-def test_missing_images_folder_is_named_once(tmp_path, monkeypatch, capsys):
-    monkeypatch.chdir(tmp_path)
-    assert lucid_main(monkeypatch, 'fit', *TINY, '--data.train_images', str(tmp_path / 'nope'),
-                      '--data.train_annotations', str(EMBEDDED_ANNOTATIONS)) == 2
-    out = capsys.readouterr()
-    assert f"train_images {tmp_path / 'nope'}: no such folder" in out.err and 'missing file' not in out.out + out.err
-    assert len(out.err.splitlines()) < 6, out.err
+def test_validate_and_test_take_the_checkpoint_size_and_data(three):
+    "No data options: the checkpoint's data at its image size (it was the embedded coco128 at 640 px), said in one line."
+    d, ckpt = three
+    for sub in ('validate', 'test'):
+        r = _lucid(sub, '--trainer.accelerator', 'cpu', '--trainer.enable_progress_bar', 'false', '--ckpt_path', str(ckpt), cwd=d)
+        assert r.returncode == 0, r.stderr[-3000:]
+        said = [l for l in r.stderr.splitlines() if "checkpoint's image size and data" in l]
+        assert len(said) == 1 and 'imgsz=64' in said[0] and 'three.json' in said[0], r.stderr[-3000:]
+        assert '3 classes; imgsz 64' in r.stdout
+    given = _lucid('validate', '--trainer.accelerator', 'cpu', '--trainer.enable_progress_bar', 'false', '--ckpt_path', str(ckpt),
+                   '--data.imgsz', '96', '--data.train_images', str(EMBEDDED_IMAGES), '--data.train_annotations', 'three.json',
+                   '--data.val_count', '4', cwd=d)
+    assert given.returncode == 0 and "checkpoint's image size" not in given.stderr and '3 classes; imgsz 96' in given.stdout
 
 
 def test_export_warns_about_a_checkpoint_that_scored_nothing(three, tmp_path):
@@ -70,6 +76,77 @@ def test_export_warns_about_a_checkpoint_that_scored_nothing(three, tmp_path):
     from lucid_nb.predict import weak_checkpoint
     assert weak_checkpoint({'lucid': {'val': {'mAP50-95(B)': 0.2, 'mAP50-95(M)': 0.1}}}) is None
     assert weak_checkpoint({'callbacks': {'AtomicCheckpoint{...}': {'current_score': 0.0}}}) is not None   # written before 'val'
+
+
+def test_predict_warns_about_a_checkpoint_that_scored_nothing(three):
+    d, ckpt = three
+    r = _lucid('predict', '--trainer.accelerator', 'cpu', '--trainer.enable_progress_bar', 'false', '--ckpt_path', str(ckpt),
+               '--data.predict_images', str(Path(EMBEDDED_IMAGES) / '000000000009.jpg'), cwd=d)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert len([l for l in r.stderr.splitlines() if l.startswith("lucid: warning: the checkpoint's last validation scored")]) == 1
+
+
+def test_abbreviated_options_are_refused(tmp_path, monkeypatch, capsys):
+    "argparse expanded `--trainer.max_epoch` to `--trainer.max_epochs` without a word, in every subcommand."
+    monkeypatch.chdir(tmp_path)
+    for args in (['fit', '--trainer.max_epoch', '1'], ['validate', '--data.imgs', '64'], ['fit', '--trainer.logger.init_args.save_d', 'x']):
+        assert lucid_main(monkeypatch, *args) == 2
+        err = capsys.readouterr().err
+        assert len(err.splitlines()) == 1 and err.startswith('lucid: error:') and args[1].split('.')[-1] in err, err
+    assert not (tmp_path / 'runs').exists()
+
+
+def test_missing_images_folder_is_named_once(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert lucid_main(monkeypatch, 'fit', *TINY, '--data.train_images', str(tmp_path / 'nope'),
+                      '--data.train_annotations', str(EMBEDDED_ANNOTATIONS)) == 2
+    out = capsys.readouterr()
+    assert f"train_images {tmp_path / 'nope'}: no such folder" in out.err and 'missing file' not in out.out + out.err
+    assert len(out.err.splitlines()) < 6, out.err
+
+
+@pytest.mark.parametrize('bad', [['--data.batch_size', '200'], ['--data.val_count', '200'], ['--trainer.max_epochs', '0']])
+def test_failed_command_leaves_no_run_folder(tmp_path, monkeypatch, capsys, bad):
+    "Errors found once the subcommand runs (data set-up, the schedule) used to leave an empty runs/lucid/version_N."
+    monkeypatch.chdir(tmp_path)
+    assert lucid_main(monkeypatch, 'fit', *TINY, *bad) == 2
+    assert 'lucid: error:' in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / 'runs' / 'lucid' / 'version_0').mkdir(parents=True)
+    (tmp_path / 'runs' / 'lucid' / 'version_0' / 'mine.txt').write_text('kept')
+    assert lucid_main(monkeypatch, 'fit', *TINY, *bad) == 2          # another folder's files are never touched
+    assert [p.name for p in (tmp_path / 'runs' / 'lucid').iterdir()] == ['version_0']
+
+
+def test_fast_dev_run_writes_into_a_run_folder(tmp_path):
+    "Lightning's fast_dev_run swaps the loggers for a DummyLogger (log_dir None): the run's files landed in the working directory."
+    r = _lucid('fit', *TINY, '--trainer.fast_dev_run', 'true', cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert [p.name for p in tmp_path.iterdir()] == ['runs']
+    assert (tmp_path / 'runs' / 'lucid' / 'version_0' / 'state_hashes.json').is_file()
+
+
+class FlatLogger(Logger):
+    "A logger like W&B's: a `save_dir`, no `log_dir`."
+    def __init__(self, save_dir: str): super().__init__(); self._save_dir = save_dir
+    @property
+    def name(self): return 'flat'
+    @property
+    def version(self): return 0
+    @property
+    def save_dir(self): return self._save_dir
+    def log_metrics(self, metrics, step=None): pass
+    def log_hyperparams(self, params, *args, **kwargs): pass
+
+
+def test_another_logger_does_not_move_the_run_folder(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    logger = json.dumps({'class_path': 'test_first_day.FlatLogger', 'init_args': {'save_dir': str(tmp_path / 'flat')}})
+    assert lucid_main(monkeypatch, 'fit', *TINY, '--trainer.max_epochs', '1', '--trainer.logger', logger) == 0, capsys.readouterr().err[-2000:]
+    run = tmp_path / 'runs' / 'lucid' / 'version_0'
+    assert {'curves.png', 'metrics.csv', 'state_hashes.json', 'checkpoints'} <= {p.name for p in run.iterdir()}
+    assert not (tmp_path / 'flat').exists() or not any((tmp_path / 'flat').rglob('*'))
+    assert f"Results saved to {Path('runs') / 'lucid' / 'version_0'}" in capsys.readouterr().out
 
 
 HIDE_ONNX = textwrap.dedent("""
