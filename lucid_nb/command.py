@@ -11,13 +11,15 @@ from pathlib import Path
 import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.cli import LightningCLI, LightningArgumentParser
+from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 from jsonargparse import Namespace
 from fastcore.basics import patch
 from .core import *
 from .data import YoloData
-from .runs import LOCK_NAME, RunFolderInUse, note, read_checkpoint, run_folder, run_lock, _run_dir
+from .weights import read_weights
+from .runs import LOCK_NAME, RunFolderInUse, SafeCheckpointIO, note, read_checkpoint, run_folder, run_lock, _run_dir
 from .trainer import DATA_SOURCE, LitYolo
 from .predict import weak_checkpoint
 
@@ -74,6 +76,9 @@ class LucidCLI(LightningCLI):
         # `--ckpt_path` of another architecture: the check that loading makes, made before anything runs
         if self.ckpt_hparams: self.model.on_load_checkpoint({'hyper_parameters': self.ckpt_hparams})
         if self.subcommand == 'fit' and self.ckpt_hparams: refuse_resume_changes(self.model.hparams, self.ckpt_hparams, self.given_model_options)
+        # Lightning's own reading of `--ckpt_path` through the one safe reader (`08b_runs`)
+        s = self.trainer.strategy
+        if type(s.checkpoint_io) is TorchCheckpointIO: s.checkpoint_io = SafeCheckpointIO()
 
 RESUME_FIXED = ('optimizer', 'lr', 'momentum', 'weight_decay', 'warmup_epochs', 'warmup_bias_lr', 'warmup_momentum', 'lrf', 'cosine')
 
@@ -251,6 +256,11 @@ def parse_arguments(self:LucidCLI, parser, args):
 # %% ../nbs/10a_command.ipynb #4248039a
 @patch
 def _parse_ckpt_path(self:LucidCLI):
+    "Options from the `--ckpt_path` checkpoint (`_ckpt_options`), then from the `--model.weights` file (`_weights_options`)."
+    self._ckpt_options(); self._weights_options()
+
+@patch
+def _ckpt_options(self:LucidCLI):
     "Model options (and, for `predict`, the image size) from the `--ckpt_path` checkpoint where the command line and `--config` gave none."
     self.ckpt_hparams, self.ckpt_extra, sub = {}, {}, self.config.get('subcommand')
     path = self.config[sub].get('ckpt_path') if sub else None
@@ -260,7 +270,7 @@ def _parse_ckpt_path(self:LucidCLI):
     if sub in ('validate', 'test', 'predict'): self._take_checkpoint_data(sub, path, ckpt)
     if sub == 'predict' and (why := weak_checkpoint(ckpt)): note(f"warning: {why}")
     model = self.config[sub].model   # num_classes: linked from the data, checked against the checkpoint later
-    taken = {k: v for k, v in saved.items() if k in model and k != 'num_classes' and k not in self.given_model_options}
+    taken = {k: v for k, v in saved.items() if k in model and k not in ('num_classes', 'weights') and k not in self.given_model_options}
     changed = ', '.join(f"{k}={v!r}" for k, v in taken.items() if v != model[k]) or 'none that differ from the defaults'
     self.config = self.parser.parse_object({sub: {'model': taken}}, self.config)
     note(f"model options taken from {path}: {changed} (options given on the command line or in --config win)")
@@ -278,6 +288,23 @@ def _take_checkpoint_data(self:LucidCLI, sub:str, path, ckpt:dict):
     self.config = self.parser.parse_object({sub: {'data': changed}}, self.config)
     what = 'image size and data' if changed.keys() - {'imgsz'} else 'image size'
     note(f"{sub} with the checkpoint's {what}: {', '.join(f'{k}={v}' for k, v in changed.items())} (--data.* options given win)")
+
+def _weights_options(self:LucidCLI):
+    "`--model.weights`: read (safely) up front; its size where `--model.size` was not given, an error where another was; not read with `--ckpt_path`."
+    sub = self.config.get('subcommand')   # None: `run=False` (notebooks, tests), whose config has no subcommand level
+    cfg, wrap = (self.config[sub], lambda d: {sub: d}) if sub else (self.config, lambda d: d)
+    path = cfg.model.get('weights')
+    if not path: return
+    if cfg.get('ckpt_path'):
+        note(f"--model.weights {path} is not read: --ckpt_path {cfg.ckpt_path} restores the network")
+        self.config = self.parser.parse_object(wrap({'model': {'weights': None}}), self.config); return
+    w, size = read_weights(path), cfg.model.size
+    if w.scale == size: return
+    if 'size' in self.given_model_options:
+        raise ValueError(f"--model.weights {path} holds a size {w.scale} network ({w.title}), and --model.size is {size}: "
+                         f"give --model.size {w.scale}, or leave it out to take the file's")
+    self.config = self.parser.parse_object(wrap({'model': {'size': w.scale}}), self.config)
+    note(f"--model.size {w.scale}: taken from --model.weights {path} ({w.title})")
 
 # %% ../nbs/10a_command.ipynb #f4cc842c
 @patch

@@ -18,6 +18,7 @@ from .data import image_batch, load_rgb, pil_rgb
 from .heads import yolo_seg
 from .metrics import Validator
 from .draw import draw_instances
+from .weights import load_weights, read_weights
 from .runs import note, read_checkpoint
 
 # %% auto #0
@@ -50,17 +51,23 @@ def ema_state_dict(ckpt:dict)->dict:
     pre = 'ema.module.'
     return {k[len(pre):]: v for k, v in ckpt['state_dict'].items() if k.startswith(pre)}
 
-def load(path,                      # a `lucid` checkpoint (`last.ckpt`, `best.ckpt`)
+def load(path,                      # a `lucid` checkpoint (`last.ckpt`, `best.ckpt`) or an Ultralytics YOLO11-seg one (`yolo11n-seg.pt`)
          device:str|None=None,      # None: the CPU
-         imgsz:int|None=None,       # None: the checkpoint's training size
+         imgsz:int|None=None,       # None: the checkpoint's training size (an Ultralytics file: 640)
          conf:float=0.25,           # score threshold
+         option:str='lucid_nb.load',   # how error messages name the file's source
         )->Predictor:
-    "A `Predictor` from a checkpoint file: `lucid_nb.load('best.ckpt').predict(images)`."
-    ckpt = read_checkpoint(path)
-    hp, extra = ckpt.get('hyper_parameters') or {}, ckpt.get('lucid') or {}
-    net = yolo_seg(hp.get('size', 'n'), hp.get('num_classes', 80))
-    net.load_state_dict(ema_state_dict(ckpt)); net.requires_grad_(False)
-    K = hp.get('num_classes', 80)
+    "A `Predictor` from a checkpoint file: `lucid_nb.load('best.ckpt').predict(images)`; read by `03a_weights`' safe reader."
+    w = read_weights(path, option)
+    net = yolo_seg(w.scale, w.num_classes)
+    if w.kind == 'ultralytics':   # its own network, whole; its class names; ids 0..K-1
+        report = load_weights(net, w)
+        if not report.complete: note(report.line)
+        names = w.names if w.names and len(w.names) == w.num_classes else [str(k) for k in range(w.num_classes)]
+        return Predictor(net.requires_grad_(False).to(device or 'cpu'), names, list(range(w.num_classes)), imgsz or 640, conf)
+    hp, extra = w.ckpt.get('hyper_parameters') or {}, w.ckpt.get('lucid') or {}
+    net.load_state_dict(w.state); net.requires_grad_(False)
+    K = w.num_classes
     names = extra.get('class_names') or [str(k) for k in range(K)]
     cat_ids = extra.get('cat_ids') or list(range(K))
     p = Predictor(net.to(device or 'cpu'), names, cat_ids, imgsz or extra.get('imgsz', 640), conf, hp.get('iou', 0.7), hp.get('max_det', 300))
@@ -210,15 +217,18 @@ def export_main(argv:list[str]|None=None)->Path:
     "`lucid export`: write a checkpoint's network as ONNX or TorchScript and check it against PyTorch on a real image."
     ap = argparse.ArgumentParser(prog='lucid export', description="Write a checkpoint's network (EMA weights) as ONNX or "
                                  "TorchScript and check it against PyTorch on a real image.")
-    ap.add_argument('--ckpt_path', required=True, help='a lucid checkpoint (last.ckpt, best.ckpt)')
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument('--ckpt_path', help='a lucid checkpoint (last.ckpt, best.ckpt)')
+    src.add_argument('--model.weights', dest='weights', help='an Ultralytics YOLO11-seg checkpoint (yolo11n-seg.pt) or a lucid checkpoint')
     ap.add_argument('--format', choices=('onnx', 'torchscript'), default='onnx', help='file format (default: onnx)')
     ap.add_argument('--imgsz', type=int, default=None, help="input side (default: the checkpoint's training size)")
     ap.add_argument('--output', default=None, help='file to write (default: beside the checkpoint, .onnx or .torchscript)')
     ap.add_argument('--image', default=str(TEST_IMG), help='image of the check against PyTorch (default: one embedded COCO image)')
     a = ap.parse_args(argv)
-    p = load(a.ckpt_path, imgsz=a.imgsz)
+    path, option = (a.ckpt_path, '--ckpt_path') if a.ckpt_path else (a.weights, '--model.weights')
+    p = load(path, imgsz=a.imgsz, option=option)
     if p.weak: note(f"warning: {p.weak}")
-    out = Path(a.output or Path(a.ckpt_path).with_suffix(f'.{a.format}'))   # ONNX: weights in `<out>.data` beside it
+    out = Path(a.output or Path(path).with_suffix(f'.{a.format}'))   # ONNX: weights in `<out>.data` beside it
     t0 = time.perf_counter(); export_model(p, a.format, out)
     print(f"export: {out} ({a.format}, input ({'batch' if a.format == 'onnx' else 1},3,{p.imgsz},{p.imgsz}) float32 RGB 0..1, outputs {', '.join(OUTPUT_NAMES)}; "
           f"{sum(f.stat().st_size for f in (out, out.with_name(out.name + '.data')) if f.exists()) / 2**20:.1f} MiB in {time.perf_counter() - t0:.1f} s)")

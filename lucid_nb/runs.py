@@ -12,6 +12,7 @@ from weakref import proxy
 import numpy as np, torch
 import matplotlib.pyplot as plt
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.strategies import Strategy
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_only
@@ -20,6 +21,7 @@ from torch import Tensor
 from fastcore.basics import patch
 from .core import *
 from .coco import BadInputError
+from .weights import safe_load
 from .data import YoloData
 from .metrics import write_results
 from .draw import draw_train_batch, draw_val_batch, plot_curves, save_figure, save_jpeg, val_labels_grid
@@ -27,9 +29,10 @@ from .draw import draw_train_batch, draw_val_batch, plot_curves, save_figure, sa
 # %% auto #0
 __all__ = ['LOCK_NAME', 'AtomicCheckpoint', 'CheckpointWriteError', 'free_space', 'write_checkpoint_file', 'wait_for_checkpoints',
            'link_or_copy', 'note', 'RunFolderInUse', 'read_lock', 'lock_owner_alive', 'acquire_run_lock', 'run_lock',
-           'read_checkpoint', 'run_folder', 'write_predictions', 'gather_objects', 'rank_state_hashes', 'say',
-           'fit_state_hashes', 'write_json_atomic', 'data_wait', 'val_data_wait', 'checkpoint_seconds', 'process_age',
-           'start_labels_grid', 'RunArtifacts', 'epoch_line', 'EpochSummary', 'class_ap_table']
+           'read_checkpoint', 'SafeCheckpointIO', 'run_folder', 'write_predictions', 'gather_objects',
+           'rank_state_hashes', 'say', 'fit_state_hashes', 'write_json_atomic', 'data_wait', 'val_data_wait',
+           'checkpoint_seconds', 'process_age', 'start_labels_grid', 'RunArtifacts', 'epoch_line', 'EpochSummary',
+           'class_ap_table']
 
 # %% ../nbs/08b_runs.ipynb #cbbc85fc
 class AtomicCheckpoint(ModelCheckpoint):
@@ -217,20 +220,18 @@ def run_lock(run:Path):
         if read_lock(run/LOCK_NAME) == me: (run/LOCK_NAME).unlink(missing_ok=True)
 
 # %% ../nbs/08b_runs.ipynb #eecc4ead
-def read_checkpoint(path)->dict:
-    "Load a Lightning checkpoint on the CPU; a file that is none raises an error naming it and what is wrong."
-    p = Path(path)
-    if not p.is_file(): raise FileNotFoundError(f"--ckpt_path {p}: {'a folder, not a file' if p.is_dir() else 'no such file'}")
-    with open(p, 'rb') as f: magic = f.read(4)
-    try: ckpt = torch.load(p, map_location='cpu', weights_only=True)
-    except Exception as e:
-        why = ('is not a checkpoint (not a PyTorch archive)' if magic != b'PK\x03\x04' else
-               f'is truncated ({p.stat().st_size} bytes, the archive has no end): an interrupted copy?' if not zipfile.is_zipfile(p)
-               else f'is damaged or was not written by lucid ({type(e).__name__})')
-        raise ValueError(f"--ckpt_path {p} {why}") from e
+def read_checkpoint(path, option:str='--ckpt_path')->dict:
+    "Load a Lightning checkpoint on the CPU with `safe_load` (weights only); a file that is none, or would run code, raises an error naming it and what is wrong."
+    ckpt = safe_load(path, option)
     if not isinstance(ckpt, dict) or 'state_dict' not in ckpt:
-        raise ValueError(f"--ckpt_path {p} is not a Lightning checkpoint: it holds no 'state_dict'")
+        raise ValueError(f"{option} {Path(path)} is not a Lightning checkpoint: it holds no 'state_dict'")
     return ckpt
+
+class SafeCheckpointIO(TorchCheckpointIO):
+    "Lightning's checkpoint I/O whose reading of a local file is `read_checkpoint` (weights only, one-line errors)."
+    def load_checkpoint(self, path, map_location=None, weights_only=None)->dict:
+        if '://' in str(path): return super().load_checkpoint(path, map_location, weights_only=True)
+        return read_checkpoint(path)
 
 # %% ../nbs/08b_runs.ipynb #5d084199
 def run_folder(trainer)->Path:

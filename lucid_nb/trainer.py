@@ -20,13 +20,14 @@ from .allocator import expandable_segments
 from .data import load_rgb
 from .model import SCALES
 from .heads import yolo_seg
+from .weights import TransferReport, load_weights, read_weights
 from .loss import SegLoss
 from .optim import build_optimizer, build_schedule
 from .ema import ModelEMA
 from .recorder import Recorder, model_outputs
 from .metrics import Validator, write_results, CocoStats
 from .draw import draw_results, save_jpeg
-from .runs import AtomicCheckpoint, EpochSummary, RunArtifacts, gather_objects, run_folder, say, _now, _run_dir
+from .runs import AtomicCheckpoint, EpochSummary, RunArtifacts, gather_objects, note, run_folder, say, _now, _run_dir
 
 # %% auto #0
 __all__ = ['DATA_SOURCE', 'LitYolo', 'StepLossBar', 'default_val_group_pixels', 'merge_results', 'PredictionWriter', 'FrozenHeap',
@@ -95,19 +96,25 @@ class LitYolo(L.LightningModule):
         CUDA graphs at the first training batch and replay it every step (`06b_recorder`); implies the two options
         above (they cover the steps the whole-step recording cannot, e.g. a partial last batch). Bit-identical to
         native training. Off by default.
+    weights : str | None
+        Start the network from this file: an Ultralytics YOLO11-seg checkpoint (`yolo11n-seg.pt`, n/s/m; the size must
+        be this one's) or a lucid checkpoint's EMA weights — not its optimiser, schedule or epoch (that is
+        `--ckpt_path`). Every tensor whose shape fits is taken, the others (another class count) stay freshly
+        initialised, and one line says which (`03a_weights`). The EMA starts from the loaded weights.
     """
     def __init__(self, size:Literal['n', 's', 'm']='n', num_classes:int=80, optimizer:Literal['sgd', 'adamw', 'musgd']='sgd', lr:float=0.01, momentum:float=0.937,
                  weight_decay:float=5e-4, warmup_epochs:float=3.0, warmup_bias_lr:float=0.1,
                  warmup_momentum:float=0.8, lrf:float=0.01, cosine:bool=False, box:float=7.5, cls:float=0.5,
                  dfl:float=1.5, seg:float=7.5, ema_decay:float=0.9999, ema_tau:float=2000.0, conf:float=0.001,
                  iou:float=0.7, max_det:int=300, val_group_pixels:int|None=None, capture_segment_heads:bool=False,
-                 capture_optimizer_step:bool=False, capture_train_step:bool=False):
+                 capture_optimizer_step:bool=False, capture_train_step:bool=False, weights:str|None=None):
         super().__init__()
         if size not in SCALES: raise ValueError(f"--model.size={size!r} is not a model size; allowed values: {', '.join(SCALES)}")
         if val_group_pixels is not None and val_group_pixels < 1:
             raise ValueError(f"--model.val_group_pixels={val_group_pixels} must be at least 1, or left unset (`default_val_group_pixels`)")
         self.save_hyperparameters()
         self.model = self.build_model()
+        if weights: self.start_from(weights)   # before the EMA's copy: the average starts from the loaded weights
         self.ema = ModelEMA(self.model, self.build_model, ema_decay, ema_tau)
         self.loss_fn = SegLoss(num_classes, box=box, cls=cls, dfl=dfl, seg=seg)
         self.validator = None   # built at the first validation, when the datamodule's categories are known
@@ -121,6 +128,16 @@ class LitYolo(L.LightningModule):
                 if k in saved and saved[k] != self.hparams[k]]
         if diff: raise ValueError(f"--ckpt_path: the checkpoint does not match this model: it has {', '.join(diff)}; "
                                   "use the checkpoint's settings (its run folder holds config.yaml) or another checkpoint")
+
+    def start_from(self, path)->TransferReport:
+        "Load `--model.weights` into the network (every tensor that fits) and say in one line what was taken."
+        w = read_weights(path)
+        if w.scale != self.hparams.size:
+            raise ValueError(f"--model.weights {path} holds a size {w.scale} network ({w.title}), and --model.size is "
+                             f"{self.hparams.size}: give --model.size {w.scale} (or leave it out: lucid takes the file's)")
+        report = load_weights(self.model, w)
+        note(report.line)
+        return report
 
     def build_model(self)->nn.Module:
         "A fresh network of this module's size and class count (the model, and the EMA's copy)."

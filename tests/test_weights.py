@@ -1,0 +1,204 @@
+"""`--model.weights` and the safe reader (`nbs/03a_weights.ipynb`): Ultralytics parity on a fixture written by real
+Ultralytics, the size check, the class-count transfer, refused code-running pickles on every path (`--model.weights`,
+`--ckpt_path` and Lightning's own read of it, `lucid_nb.load`), and starting a fit from a lucid checkpoint."""
+import json, os, pickle, subprocess
+from pathlib import Path
+
+import pytest, torch
+from lightning.pytorch.callbacks import Callback
+
+import lucid_nb
+from lucid_nb.core import EMBEDDED_IMAGES
+from lucid_nb.heads import yolo_seg
+from lucid_nb.runs import SafeCheckpointIO
+from lucid_nb.trainer import LitYolo
+from lucid_nb.weights import (PARITY_RTOL, UnsafeCheckpoint, load_weights, parity, pickle_globals, read_weights,
+                              write_ultralytics_layout)
+
+from helpers import LUCID, cli_main, fit, lucid_main, tiny
+
+FIX = Path(__file__).resolve().parent / 'fixtures'
+ULTRA = FIX / 'yolo11n-seg-random.pt'           # written by real Ultralytics 8.4.190 (make_ultralytics_fixture.py)
+OUTPUTS = FIX / 'yolo11n-seg-random.outputs.pt'  # its head outputs on a fixed input, computed by Ultralytics
+
+
+@pytest.fixture(scope='module')
+def ckpt(tmp_path_factory):
+    "The last checkpoint of a 1-epoch tiny lucid run."
+    _, run, _ = fit(tmp_path_factory.mktemp('run'), epochs=1)
+    return run / 'checkpoints' / 'last.ckpt'
+
+
+# ---- Ultralytics: parity, sizes, the size check ----
+
+def test_ultralytics_fixture_matches_its_recorded_outputs():
+    w = read_weights(ULTRA)
+    assert (w.kind, w.scale, w.num_classes) == ('ultralytics', 'n', 80)
+    net = yolo_seg('n')
+    assert load_weights(net, w).complete
+    diffs = parity(net, torch.load(OUTPUTS, weights_only=True))
+    assert set(diffs) == {*(f'{b}{i}' for b in ('box', 'cls', 'coef') for i in range(3)), 'proto', 'decoded'}
+    assert max(diffs.values()) < PARITY_RTOL, diffs   # float32 rounding of attention's scale and the DFL sum only
+
+
+@pytest.mark.parametrize('size', ['s', 'm'])
+def test_generated_s_and_m_files_load_fully(tmp_path, size):
+    torch.manual_seed(0)
+    src = yolo_seg(size)
+    f = write_ultralytics_layout(src, tmp_path / f'yolo11{size}-seg.pt')
+    assert any(n.startswith('ultralytics.nn.modules.') for n in pickle_globals(f))
+    w = read_weights(f)
+    assert w.scale == size and w.kind == 'ultralytics'
+    dst = yolo_seg(size)
+    assert load_weights(dst, w).complete
+    for k, v in src.state_dict().items():
+        assert torch.equal(dst.state_dict()[k], v.half().float() if v.is_floating_point() else v), k
+
+
+def test_size_mismatch_is_one_line(tmp_path):
+    r = subprocess.run([str(LUCID), *tiny(tmp_path, '--model.weights', str(ULTRA), '--model.size', 's')], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=300)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and lines[-1].startswith(f'lucid: error: --model.weights {ULTRA} holds a size n network'), r.stderr[-2000:]
+    assert 'Traceback' not in r.stderr and '--model.size n' in lines[-1]
+
+
+def test_size_comes_from_the_file_when_not_given(tmp_path, capsys):
+    f = write_ultralytics_layout(yolo_seg('s'), tmp_path / 's.pt')
+    cli = cli_main(tiny(tmp_path, '--model.weights', str(f))[1:], run=False)
+    assert cli.model.hparams.size == 's'
+    assert '--model.size s: taken from --model.weights' in capsys.readouterr().err
+
+
+# ---- another class count ----
+
+def test_three_classes_take_every_tensor_that_fits(capsys):
+    torch.manual_seed(0)
+    fresh = {k: v.clone() for k, v in yolo_seg('n', 3).state_dict().items()}
+    torch.manual_seed(0)
+    m = LitYolo(num_classes=3, weights=str(ULTRA))
+    lines = [l for l in capsys.readouterr().err.splitlines() if 'weights:' in l]
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(f'lucid: weights: 509 of 560 tensors taken from {ULTRA}') and \
+        'shape differs (80 classes in the file, 3 here): head.cls.{0,1,2}.0.1.conv' in lines[0], lines[0]
+    w, sd = read_weights(ULTRA), m.model.state_dict()
+    differ = [k for k in sd if w.state[k].shape != sd[k].shape]
+    assert len(differ) == 51 and all(k.startswith('head.cls.') for k in differ)
+    assert all(torch.equal(sd[k], fresh[k]) for k in differ)                     # freshly initialised
+    assert all(torch.equal(sd[k], w.state[k]) for k in sd if k not in differ)    # the rest from the file
+    assert all(torch.equal(m.ema.module.state_dict()[k], v) for k, v in sd.items())   # the EMA starts there
+
+
+def test_fit_from_ultralytics_takes_the_class_names_of_the_data(tmp_path, capsys):
+    cli, run, _ = fit(tmp_path, '--model.weights', str(ULTRA), epochs=1)
+    assert f'lucid: weights: 560 of 560 tensors taken from {ULTRA}' in capsys.readouterr().err
+    c = torch.load(run / 'checkpoints' / 'last.ckpt', map_location='cpu', weights_only=True)
+    assert c['lucid']['class_names'][:2] == ['person', 'bicycle']   # the data's, not the file's '0', '1'
+
+
+# ---- a lucid checkpoint as weights ----
+
+class AtStart(Callback):
+    "What the fit starts from: epoch, step, optimiser state, EMA weights and updates."
+    def on_train_start(self, trainer, module):
+        self.seen = dict(epoch=trainer.current_epoch, step=trainer.global_step, opt_state=len(trainer.optimizers[0].state),
+                         ema={k: v.clone() for k, v in module.ema.module.state_dict().items()},
+                         model={k: v.clone() for k, v in module.model.state_dict().items()}, updates=module.ema.updates)
+
+
+def test_our_checkpoint_loads_weights_only(ckpt):
+    assert all(not n.startswith('ultralytics.') for n in pickle_globals(ckpt))
+    c = torch.load(ckpt, map_location='cpu', weights_only=True)   # no stand-ins, no extra globals
+    assert c['epoch'] == 0 and any(k.startswith('ema.module.') for k in c['state_dict'])
+
+
+def test_fit_from_lucid_checkpoint_starts_fresh(ckpt, tmp_path):
+    saved = torch.load(ckpt, map_location='cpu', weights_only=True)
+    ema = {k[len('ema.module.'):]: v for k, v in saved['state_dict'].items() if k.startswith('ema.module.')}
+    at = AtStart()
+    cli, run, _ = fit(tmp_path, '--model.weights', str(ckpt), callbacks=[at], epochs=1)
+    s = at.seen
+    assert (s['epoch'], s['step'], s['opt_state'], s['updates']) == (0, 0, 0, 0)   # not resumed: fresh optimiser and schedule
+    assert all(torch.equal(s['ema'][k], v) for k, v in ema.items())                 # the EMA is the loaded weights
+    assert all(torch.equal(s['model'][k], v) for k, v in ema.items())
+    assert saved['epoch'] == 0 and cli.trainer.current_epoch == 1
+
+
+def test_validate_with_weights_scores_what_ckpt_path_scores(ckpt, tmp_path, monkeypatch):
+    scores = {}
+    for how in ('--ckpt_path', '--model.weights'):
+        d = tmp_path / how.strip('-')
+        assert lucid_main(monkeypatch, *tiny(d, how, str(ckpt), sub='validate')) == 0
+        scores[how] = json.loads(next((d / 'runs').rglob('val_metrics.jsonl')).read_text().splitlines()[-1])
+    assert scores['--ckpt_path']['mAP50-95(M)'] == scores['--model.weights']['mAP50-95(M)']
+    assert scores['--ckpt_path']['mAP50(B)'] == scores['--model.weights']['mAP50(B)']
+
+
+def test_weights_with_ckpt_path_is_not_read(ckpt, tmp_path, monkeypatch, capsys):
+    "A run resumed with its first options and `--ckpt_path`: the checkpoint restores the network; the weights file is not read."
+    gone = tmp_path / 'gone.pt'
+    assert lucid_main(monkeypatch, *tiny(tmp_path, '--model.weights', str(gone), '--ckpt_path', str(ckpt), sub='validate')) == 0
+    assert f'lucid: --model.weights {gone} is not read: --ckpt_path {ckpt} restores the network' in capsys.readouterr().err
+
+
+# ---- predict, export and the Python API accept the weights ----
+
+def test_predict_export_and_load_accept_weights(tmp_path, monkeypatch):
+    images = tmp_path / 'images'; images.mkdir()
+    for p in sorted(EMBEDDED_IMAGES.glob('*.jpg'))[:2]: (images / p.name).write_bytes(p.read_bytes())
+    assert lucid_main(monkeypatch, 'predict', '--model.weights', str(ULTRA), '--data.predict_images', str(images),
+                      '--data.imgsz', '64', '--trainer.accelerator', 'cpu', '--trainer.logger', 'false',
+                      '--trainer.default_root_dir', str(tmp_path / 'out'), '--trainer.enable_progress_bar', 'false') == 0
+    assert (tmp_path / 'out' / 'predict' / 'predictions.json').is_file()
+    out = tmp_path / 'net.torchscript'
+    assert lucid_main(monkeypatch, 'export', '--model.weights', str(ULTRA), '--format', 'torchscript', '--imgsz', '64',
+                      '--output', str(out)) == 0 and out.is_file()
+    p = lucid_nb.load(ULTRA, imgsz=64, conf=0.0)
+    assert len(p.class_names) == 80 and p.imgsz == 64
+    assert len(p.predict(sorted(images.glob('*.jpg'))[0])) == 1
+
+
+# ---- code-running pickles are refused on every path ----
+
+class Payload:
+    "Unpickling this runs a shell command that creates `target`."
+    def __init__(self, target): self.target = target
+    def __reduce__(self): return (os.system, (f'touch {self.target}',))
+
+
+@pytest.fixture(params=['pt', 'ckpt'])
+def evil(request, tmp_path):
+    "A crafted file: a bare pickle (`.pt`) or a torch archive (`.ckpt`) whose loading would create `pwned`."
+    f, target = tmp_path / f'evil.{request.param}', tmp_path / 'pwned'
+    obj = {'state_dict': {}, 'model': Payload(target)}
+    if request.param == 'pt':
+        with open(f, 'wb') as fh: pickle.dump(obj, fh)
+    else: torch.save(obj, f)
+    return f, target
+
+
+@pytest.mark.parametrize('how', ['--model.weights', '--ckpt_path'])
+def test_evil_file_refused_by_the_cli(evil, how, tmp_path, monkeypatch, capsys):
+    f, target = evil
+    sub = 'fit' if how == '--model.weights' else 'validate'
+    assert lucid_main(monkeypatch, *tiny(tmp_path, how, str(f), sub=sub)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f'lucid: error: {how} {f}: refused: its pickle would call posix.system'), err
+    assert not target.exists()
+
+
+def test_evil_file_refused_by_load_and_export(evil, monkeypatch, capsys):
+    f, target = evil
+    with pytest.raises(UnsafeCheckpoint, match='refused: its pickle would call posix.system'): lucid_nb.load(f)
+    assert lucid_main(monkeypatch, 'export', '--ckpt_path', str(f)) == 2
+    assert 'refused' in capsys.readouterr().err.strip().splitlines()[-1]
+    assert not target.exists()
+
+
+def test_lightning_reads_ckpt_path_through_the_safe_reader(evil, tmp_path):
+    "Lightning's own read of `--ckpt_path` (its strategy's checkpoint I/O) is `read_checkpoint`, also when lucid's up-front read is skipped."
+    f, target = evil
+    cli = cli_main(tiny(tmp_path)[1:], run=False)
+    assert isinstance(cli.trainer.strategy.checkpoint_io, SafeCheckpointIO)
+    with pytest.raises(UnsafeCheckpoint): cli.trainer.fit(cli.model, cli.datamodule, ckpt_path=str(f))
+    assert not target.exists()
