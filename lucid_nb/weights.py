@@ -233,7 +233,7 @@ def load_weights(net:nn.Module, weights:Weights)->TransferReport:
     return TransferReport(weights, taken, differ, missing, len(own), K)
 
 # %% ../nbs/03a_weights.ipynb #1a2d898a
-PARITY_RTOL = 1e-4   # of each output's largest magnitude: float32 rounding of the two orders above (measured: 1.9e-6 at most)
+PARITY_RTOL = 1e-3   # of each output's largest magnitude: float32 rounding of the two orders above (measured: 2e-5 at most)
 
 def parity(net:nn.Module, reference:dict)->dict:
     "Largest difference of `net`'s raw head outputs and decoded output from a recorded Ultralytics run, relative to each output's largest magnitude."
