@@ -19,7 +19,7 @@ from fastcore.basics import patch
 from .core import *
 from .data import YoloData
 from .weights import read_weights
-from .runs import LOCK_NAME, RunFolderInUse, SafeCheckpointIO, note, read_checkpoint, run_folder, run_lock, _run_dir
+from .runs import LOCK_NAME, RunFolderInUse, SafeCheckpointIO, local_checkpoint, note, read_checkpoint, run_folder, run_lock, _run_dir
 from .trainer import DATA_SOURCE, LitYolo
 from .predict import weak_checkpoint
 
@@ -264,7 +264,9 @@ def _ckpt_options(self:LucidCLI):
     "Model options (and, for `predict`, the image size) from the `--ckpt_path` checkpoint where the command line and `--config` gave none."
     self.ckpt_hparams, self.ckpt_extra, sub = {}, {}, self.config.get('subcommand')
     path = self.config[sub].get('ckpt_path') if sub else None
-    if not path or path in ('last', 'best', 'hpc') or '://' in str(path) or str(path).startswith('registry'): return
+    if not path or path in ('last', 'best', 'hpc'): return   # Lightning's names of this run's own checkpoints
+    if (local := local_checkpoint(path)) != path:   # a `file://` URL: its path; other URLs are refused (`08b_runs`)
+        self.config = self.parser.parse_object({sub: {'ckpt_path': local}}, self.config); path = local
     ckpt = read_checkpoint(path)
     saved, self.ckpt_extra = ckpt.get('hyper_parameters') or {}, ckpt.get('lucid') or {}
     if sub in ('validate', 'test', 'predict'): self._take_checkpoint_data(sub, path, ckpt)
@@ -289,6 +291,7 @@ def _take_checkpoint_data(self:LucidCLI, sub:str, path, ckpt:dict):
     what = 'image size and data' if changed.keys() - {'imgsz'} else 'image size'
     note(f"{sub} with the checkpoint's {what}: {', '.join(f'{k}={v}' for k, v in changed.items())} (--data.* options given win)")
 
+@patch
 def _weights_options(self:LucidCLI):
     "`--model.weights`: read (safely) up front; its size where `--model.size` was not given, an error where another was; not read with `--ckpt_path`."
     sub = self.config.get('subcommand')   # None: `run=False` (notebooks, tests), whose config has no subcommand level

@@ -6,7 +6,7 @@ Docs: https://lucid-nb.github.io/lucid_nb/runs.html.md"""
 
 # %% ../nbs/08b_runs.ipynb #12ca6a79
 from __future__ import annotations
-import concurrent.futures, contextlib, datetime, hashlib, json, os, shutil, socket, sys, time, zipfile
+import concurrent.futures, contextlib, datetime, hashlib, json, os, shutil, socket, sys, time, urllib.parse, zipfile
 from pathlib import Path
 from weakref import proxy
 import numpy as np, torch
@@ -14,7 +14,6 @@ import matplotlib.pyplot as plt
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.strategies import Strategy
-from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_only
 from lightning_utilities.core.apply_func import apply_to_collection
 from torch import Tensor
@@ -29,10 +28,10 @@ from .draw import draw_train_batch, draw_val_batch, plot_curves, save_figure, sa
 # %% auto #0
 __all__ = ['LOCK_NAME', 'AtomicCheckpoint', 'CheckpointWriteError', 'free_space', 'write_checkpoint_file', 'wait_for_checkpoints',
            'link_or_copy', 'note', 'RunFolderInUse', 'read_lock', 'lock_owner_alive', 'acquire_run_lock', 'run_lock',
-           'read_checkpoint', 'SafeCheckpointIO', 'run_folder', 'write_predictions', 'gather_objects',
-           'rank_state_hashes', 'say', 'fit_state_hashes', 'write_json_atomic', 'data_wait', 'val_data_wait',
-           'checkpoint_seconds', 'process_age', 'start_labels_grid', 'RunArtifacts', 'epoch_line', 'EpochSummary',
-           'class_ap_table']
+           'read_checkpoint', 'local_checkpoint', 'SafeCheckpointIO', 'run_folder', 'write_predictions',
+           'gather_objects', 'rank_state_hashes', 'say', 'fit_state_hashes', 'write_json_atomic', 'data_wait',
+           'val_data_wait', 'checkpoint_seconds', 'process_age', 'start_labels_grid', 'RunArtifacts', 'epoch_line',
+           'EpochSummary', 'class_ap_table']
 
 # %% ../nbs/08b_runs.ipynb #cbbc85fc
 class AtomicCheckpoint(ModelCheckpoint):
@@ -227,11 +226,19 @@ def read_checkpoint(path, option:str='--ckpt_path')->dict:
         raise ValueError(f"{option} {Path(path)} is not a Lightning checkpoint: it holds no 'state_dict'")
     return ckpt
 
+def local_checkpoint(path, option:str='--ckpt_path')->str:
+    "The local file a checkpoint source names: a `file://` URL is its path; another URL, or a model-registry name, is refused."
+    s = str(path)
+    if s.startswith('file://'): return urllib.parse.unquote(urllib.parse.urlparse(s).path)
+    if '://' in s or s.startswith('registry'):
+        raise ValueError(f"{option} {s}: lucid reads checkpoints from local files only, each through its safe reader; "
+                         "download the file yourself and give its path")
+    return s
+
 class SafeCheckpointIO(TorchCheckpointIO):
-    "Lightning's checkpoint I/O whose reading of a local file is `read_checkpoint` (weights only, one-line errors)."
+    "Lightning's checkpoint I/O whose reading is `read_checkpoint` of a local file (weights only, one-line errors), whatever form the path has."
     def load_checkpoint(self, path, map_location=None, weights_only=None)->dict:
-        if '://' in str(path): return super().load_checkpoint(path, map_location, weights_only=True)
-        return read_checkpoint(path)
+        return read_checkpoint(local_checkpoint(path))
 
 # %% ../nbs/08b_runs.ipynb #5d084199
 def run_folder(trainer)->Path:

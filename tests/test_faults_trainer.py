@@ -207,6 +207,24 @@ def test_bad_checkpoint_file(reference, tmp_path, kind, says):
     assert 'Traceback' not in r.stderr and 'weights_only' not in r.stderr
 
 
+@pytest.mark.parametrize('source', ['http://127.0.0.1:9/last.ckpt', 'https://example.invalid/last.ckpt', 'registry:my-model'])
+def test_remote_checkpoint_is_refused_in_one_line(tmp_path, monkeypatch, capsys, source):
+    "Lightning would download a URL (weights_only=False before torch 2.6) or ask its registry: lucid reads local files only."
+    assert lucid_main(monkeypatch, *tiny(tmp_path, '--ckpt_path', source, sub='validate')) == 2
+    last_line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last_line.startswith(f'lucid: error: --ckpt_path {source}: lucid reads checkpoints from local files only'), last_line
+    assert 'download the file yourself' in last_line
+
+
+def test_file_url_is_read_as_its_path(reference, tmp_path, capsys):
+    "A `file://` checkpoint goes through the same reading as a path: its options are taken, and Lightning gets the path."
+    ckpt = ckpts(reference[1]) / 'best.ckpt'   # trained with max_det 20
+    cli = cli_main(validate_args(tmp_path, ckpt.as_uri()))
+    assert f'model options taken from {ckpt}' in capsys.readouterr().err
+    assert cli.model.hparams.max_det == 20 and detections_per_image(cli) == 20
+    assert cli.trainer.ckpt_path == str(ckpt)
+
+
 # ---- options given with --ckpt_path ----
 
 def validate_args(tmp: Path, ckpt: Path, *extra) -> list:
