@@ -19,9 +19,8 @@ from fastcore.basics import patch
 from .core import *
 from .data import YoloData
 from .weights import read_weights
-from .runs import LOCK_NAME, RunFolderInUse, SafeCheckpointIO, local_checkpoint, note, read_checkpoint, run_folder, run_lock, _run_dir
+from .runs import LOCK_NAME, RunFolderInUse, SafeCheckpointIO, local_checkpoint, note, read_checkpoint, run_folder, run_lock, weak_checkpoint, _run_dir
 from .trainer import DATA_SOURCE, LitYolo
-from .predict import weak_checkpoint
 
 # %% auto #0
 __all__ = ['RESUME_FIXED', 'HELP', 'UNUSED_RUN_FILES', 'USER_ERRORS', 'OneLineParser', 'LucidCLI', 'refuse_resume_changes',

@@ -19,12 +19,12 @@ from .heads import yolo_seg
 from .metrics import Validator
 from .draw import draw_instances
 from .weights import load_weights, read_weights
-from .runs import note, read_checkpoint
+from .runs import note, read_checkpoint, weak_checkpoint
 
 # %% auto #0
-__all__ = ['WEAK_MAP', 'OUTPUT_NAMES', 'ONNX_NEEDS', 'Predictor', 'ema_state_dict', 'load', 'weak_checkpoint', 'Detections',
-           'as_rgb', 'to_detections', 'ExportNet', 'export_input', 'export_model', 'onnx_metadata', 'add_onnx_metadata',
-           'run_exported', 'export_check', 'export_main']
+__all__ = ['OUTPUT_NAMES', 'ONNX_NEEDS', 'Predictor', 'load', 'Detections', 'as_rgb', 'to_detections', 'ExportNet',
+           'export_input', 'export_model', 'onnx_metadata', 'add_onnx_metadata', 'run_exported', 'export_check',
+           'export_main']
 
 # %% ../nbs/09_predict.ipynb #2705249e
 class Predictor:
@@ -40,17 +40,13 @@ class Predictor:
                 ):
         self.net, self.class_names, self.cat_ids = net.eval(), list(class_names), list(cat_ids)
         self.imgsz, self.conf, self.iou, self.max_det = imgsz, conf, iou, max_det
+        self.weak = None   # why its detections will mean little (`runs.weak_checkpoint`), or None
 
     @property
     def device(self)->torch.device: return next(self.net.parameters()).device
     def __repr__(self): return f"Predictor({len(self.class_names)} classes, imgsz {self.imgsz}, conf {self.conf}, {self.device})"
 
 # %% ../nbs/09_predict.ipynb #e926beac
-def ema_state_dict(ckpt:dict)->dict:
-    "The EMA network's weights of a `lucid` checkpoint."
-    pre = 'ema.module.'
-    return {k[len(pre):]: v for k, v in ckpt['state_dict'].items() if k.startswith(pre)}
-
 def load(path,                      # a `lucid` checkpoint (`last.ckpt`, `best.ckpt`) or an Ultralytics YOLO11-seg one (`yolo11n-seg.pt`)
          device:str|None=None,      # None: the CPU
          imgsz:int|None=None,       # None: the checkpoint's training size (an Ultralytics file: 640)
@@ -71,21 +67,9 @@ def load(path,                      # a `lucid` checkpoint (`last.ckpt`, `best.c
     names = extra.get('class_names') or [str(k) for k in range(K)]
     cat_ids = extra.get('cat_ids') or list(range(K))
     p = Predictor(net.to(device or 'cpu'), names, cat_ids, imgsz or extra.get('imgsz', 640), conf, hp.get('iou', 0.7), hp.get('max_det', 300))
-    p.weak = weak_checkpoint(ckpt)   # why its detections will mean little, or None
+    p.weak = weak_checkpoint(w.ckpt)
     return p
 
-WEAK_MAP = 1e-3   # a last validation's mAP50-95 (box and mask) below this: the network has learnt nothing yet
-
-def weak_checkpoint(ckpt:dict)->str|None:
-    "Why a checkpoint's detections will mean little: its own last validation scored mAP50-95 below `WEAK_MAP`; None when it scored more or there is no score."
-    val = (ckpt.get('lucid') or {}).get('val')   # box and mask (`on_save_checkpoint`)
-    if val is None:   # a checkpoint written before: the score its checkpoint callback saw last (mask mAP50-95)
-        val = {k: st['current_score'] for k, st in (ckpt.get('callbacks') or {}).items()
-               if 'Checkpoint' in k and isinstance(st, dict) and st.get('current_score') is not None}
-    scores = [float(v) for v in val.values()]
-    if not scores or max(scores) >= WEAK_MAP: return None
-    return (f"the checkpoint's last validation scored mAP50-95 {max(scores):.4f} (epoch {ckpt.get('epoch', '?')}): its "
-            "detections are unlikely to mean anything; train it longer")
 
 # %% ../nbs/09_predict.ipynb #5463e053
 class Detections:

@@ -26,12 +26,12 @@ from .metrics import write_results
 from .draw import draw_train_batch, draw_val_batch, plot_curves, save_figure, save_jpeg, val_labels_grid
 
 # %% auto #0
-__all__ = ['LOCK_NAME', 'AtomicCheckpoint', 'CheckpointWriteError', 'free_space', 'write_checkpoint_file', 'wait_for_checkpoints',
-           'link_or_copy', 'note', 'RunFolderInUse', 'read_lock', 'lock_owner_alive', 'acquire_run_lock', 'run_lock',
-           'read_checkpoint', 'local_checkpoint', 'SafeCheckpointIO', 'run_folder', 'write_predictions',
-           'gather_objects', 'rank_state_hashes', 'say', 'fit_state_hashes', 'write_json_atomic', 'data_wait',
-           'val_data_wait', 'checkpoint_seconds', 'process_age', 'start_labels_grid', 'RunArtifacts', 'epoch_line',
-           'EpochSummary', 'class_ap_table']
+__all__ = ['LOCK_NAME', 'WEAK_MAP', 'AtomicCheckpoint', 'CheckpointWriteError', 'free_space', 'write_checkpoint_file',
+           'wait_for_checkpoints', 'link_or_copy', 'note', 'RunFolderInUse', 'read_lock', 'lock_owner_alive',
+           'acquire_run_lock', 'run_lock', 'read_checkpoint', 'local_checkpoint', 'SafeCheckpointIO', 'weak_checkpoint',
+           'run_folder', 'write_predictions', 'gather_objects', 'rank_state_hashes', 'say', 'fit_state_hashes',
+           'write_json_atomic', 'data_wait', 'val_data_wait', 'checkpoint_seconds', 'process_age', 'start_labels_grid',
+           'RunArtifacts', 'epoch_line', 'EpochSummary', 'class_ap_table']
 
 # %% ../nbs/08b_runs.ipynb #cbbc85fc
 class AtomicCheckpoint(ModelCheckpoint):
@@ -57,7 +57,7 @@ class AtomicCheckpoint(ModelCheckpoint):
             if trainer.is_global_zero:
                 state = apply_to_collection(state, Tensor, lambda t: t.detach().to('cpu', copy=True))   # this step's values
                 io = trainer.strategy.checkpoint_io   # Lightning's own stages the file in $TMPDIR: written here, beside its name
-                self._submit((lambda: write_checkpoint_file(state, tmp)) if type(io) is TorchCheckpointIO else
+                self._submit((lambda: write_checkpoint_file(state, tmp)) if type(io).save_checkpoint is TorchCheckpointIO.save_checkpoint else
                              (lambda: io.save_checkpoint(state, tmp)), tmp, filepath)
             trainer.strategy.barrier("AtomicCheckpoint")
         self._last_global_step_saved, self._last_checkpoint_saved = trainer.global_step, filepath
@@ -239,6 +239,20 @@ class SafeCheckpointIO(TorchCheckpointIO):
     "Lightning's checkpoint I/O whose reading is `read_checkpoint` of a local file (weights only, one-line errors), whatever form the path has."
     def load_checkpoint(self, path, map_location=None, weights_only=None)->dict:
         return read_checkpoint(local_checkpoint(path))
+
+# %% ../nbs/08b_runs.ipynb #weakckpt0cd
+WEAK_MAP = 1e-3   # a last validation's mAP50-95 (box and mask) below this: the network has learnt nothing yet
+
+def weak_checkpoint(ckpt:dict)->str|None:
+    "Why a checkpoint's detections will mean little: its own last validation scored mAP50-95 below `WEAK_MAP`; None when it scored more or there is no score."
+    val = (ckpt.get('lucid') or {}).get('val')   # box and mask (`on_save_checkpoint`)
+    if val is None:   # a checkpoint written before: the score its checkpoint callback saw last (mask mAP50-95)
+        val = {k: st['current_score'] for k, st in (ckpt.get('callbacks') or {}).items()
+               if 'Checkpoint' in k and isinstance(st, dict) and st.get('current_score') is not None}
+    scores = [float(v) for v in val.values()]
+    if not scores or max(scores) >= WEAK_MAP: return None
+    return (f"the checkpoint's last validation scored mAP50-95 {max(scores):.4f} (epoch {ckpt.get('epoch', '?')}): its "
+            "detections are unlikely to mean anything; train it longer")
 
 # %% ../nbs/08b_runs.ipynb #5d084199
 def run_folder(trainer)->Path:
