@@ -300,18 +300,23 @@ def write_ultralytics_layout(net:nn.Module, path)->Path:
                        args={'task': 'segment', 'imgsz': 640}, stride=torch.tensor([8., 16., 32.]), task='segment')
     # pickle needs each class importable by its name: empty modules of those names, for the length of the save
     classes = {type(r) for r in _walk(model)}
-    added = {}
+    added, replaced = {}, []
     for c in classes:
         parts = c.__module__.split('.')
         for j in range(1, len(parts) + 1):
             mn = '.'.join(parts[:j])
             if mn not in sys.modules: added[mn] = sys.modules[mn] = types.ModuleType(mn)
-        setattr(sys.modules[c.__module__], c.__qualname__, c)
+        mod = sys.modules[c.__module__]   # torch's own modules too: their classes are put back after the save
+        replaced.append((mod, c.__qualname__, vars(mod).get(c.__qualname__, replaced)))
+        setattr(mod, c.__qualname__, c)
     try:
         torch.save({'date': '2025-01-01T00:00:00', 'version': 'lucid layout', 'license': 'AGPL-3.0 License', 'docs': '',
                     'epoch': -1, 'best_fitness': None, 'model': model, 'ema': None, 'updates': None, 'optimizer': None,
                     'train_args': {'task': 'segment', 'imgsz': 640}, 'train_metrics': {}, 'train_results': {}}, path)
     finally:
+        for mod, name, was in reversed(replaced):
+            if was is replaced: delattr(mod, name)
+            else: setattr(mod, name, was)
         for mn in added: sys.modules.pop(mn, None)
     return Path(path)
 

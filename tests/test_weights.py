@@ -1,7 +1,7 @@
 """`--model.weights` and the safe reader (`nbs/03a_weights.ipynb`): Ultralytics parity on a fixture written by real
 Ultralytics, the size check, the class-count transfer, refused code-running pickles on every path (`--model.weights`,
 `--ckpt_path` and Lightning's own read of it, `lucid_nb.load`), and starting a fit from a lucid checkpoint."""
-import json, os, pickle, subprocess
+import json, os, pickle, subprocess, tempfile
 from pathlib import Path
 
 import pytest, torch
@@ -53,6 +53,16 @@ def test_generated_s_and_m_files_load_fully(tmp_path, size):
     assert load_weights(dst, w).complete
     for k, v in src.state_dict().items():
         assert torch.equal(dst.state_dict()[k], v.half().float() if v.is_floating_point() else v), k
+
+
+def test_writing_the_layout_leaves_torch_as_it_was():
+    "The writer names its records after torch's classes for the save only: torch's modules hold their own classes after it."
+    import sys, torch.nn.modules.container as container, torch.nn.modules.conv as conv
+    before = {m: dict(vars(sys.modules[m])) for m in ('torch.nn.modules.container', 'torch.nn.modules.conv')}
+    write_ultralytics_layout(yolo_seg('n'), Path(tempfile.mkdtemp()) / 'n.pt')
+    assert container.ModuleList is torch.nn.ModuleList and conv.Conv2d is torch.nn.Conv2d
+    for m, d in before.items(): assert dict(vars(sys.modules[m])) == d, m
+    assert pickle.loads(pickle.dumps(torch.nn.ModuleList([torch.nn.Conv2d(1, 1, 1)])))   # pickles by those names again
 
 
 def test_size_mismatch_is_one_line(tmp_path):
