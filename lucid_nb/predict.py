@@ -6,7 +6,7 @@ Docs: https://lucid-nb.github.io/lucid_nb/predict.html.md"""
 
 # %% ../nbs/09_predict.ipynb #2210c3fe
 from __future__ import annotations
-import argparse, importlib.util, json, time
+import argparse, importlib.util, json, tempfile, time
 from pathlib import Path
 import numpy as np, torch
 from PIL import Image
@@ -24,7 +24,7 @@ from .runs import note, read_checkpoint, weak_checkpoint
 # %% auto #0
 __all__ = ['OUTPUT_NAMES', 'ONNX_NEEDS', 'Predictor', 'load', 'Detections', 'as_rgb', 'to_detections', 'ExportNet',
            'export_input', 'export_model', 'onnx_metadata', 'add_onnx_metadata', 'run_exported', 'export_check',
-           'export_main']
+           'check_export_options', 'export_main']
 
 # %% ../nbs/09_predict.ipynb #2705249e
 class Predictor:
@@ -196,6 +196,16 @@ def export_check(p:Predictor, path, fmt:str, image=TEST_IMG)->tuple[float,float]
     diffs = [(float(np.abs(a - b).max()), float(np.abs(a).max()) or 1.) for a, b in zip(ref, got)]
     return max(d for d, _ in diffs), max(d / m for d, m in diffs)
 
+# %% ../nbs/09_predict.ipynb #exportopts0cd
+def check_export_options(imgsz:int|None, out:Path):
+    "`lucid export`'s options, checked before anything is read or built: `imgsz` a positive multiple of 32, `out` a file this process can write."
+    if imgsz is not None and (imgsz < 32 or imgsz % 32):
+        raise ValueError(f"--imgsz {imgsz}: the input side must be a positive multiple of 32, the network's largest stride "
+                         f"(e.g. {max(32, round(imgsz / 32) * 32)})")
+    try:
+        with tempfile.NamedTemporaryFile(dir=Path(out).parent, prefix=f'.{Path(out).name}.', suffix='.probe'): pass
+    except OSError as e: raise OSError(f"lucid export: cannot write {out}: {e.strerror or e}") from None
+
 # %% ../nbs/09_predict.ipynb #15193b43
 def export_main(argv:list[str]|None=None)->Path:
     "`lucid export`: write a checkpoint's network as ONNX or TorchScript and check it against PyTorch on a real image."
@@ -210,9 +220,10 @@ def export_main(argv:list[str]|None=None)->Path:
     ap.add_argument('--image', default=str(TEST_IMG), help='image of the check against PyTorch (default: one embedded COCO image)')
     a = ap.parse_args(argv)
     path, option = (a.ckpt_path, '--ckpt_path') if a.ckpt_path else (a.weights, '--model.weights')
+    out = Path(a.output or Path(path).with_suffix(f'.{a.format}'))   # ONNX: weights in `<out>.data` beside it
+    check_export_options(a.imgsz, out)
     p = load(path, imgsz=a.imgsz, option=option)
     if p.weak: note(f"warning: {p.weak}")
-    out = Path(a.output or Path(path).with_suffix(f'.{a.format}'))   # ONNX: weights in `<out>.data` beside it
     t0 = time.perf_counter(); export_model(p, a.format, out)
     print(f"export: {out} ({a.format}, input ({'batch' if a.format == 'onnx' else 1},3,{p.imgsz},{p.imgsz}) float32 RGB 0..1, outputs {', '.join(OUTPUT_NAMES)}; "
           f"{sum(f.stat().st_size for f in (out, out.with_name(out.name + '.data')) if f.exists()) / 2**20:.1f} MiB in {time.perf_counter() - t0:.1f} s)")

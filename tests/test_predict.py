@@ -109,3 +109,16 @@ def test_export_round_trip(monkeypatch, tmp_path, ckpt, capsys, fmt):
         assert 'onnxruntime is not installed' in said; return
     rel = float(said.split(' of the output')[0].rsplit('(', 1)[1])
     assert 'max abs difference vs PyTorch' in said and rel < 1e-4
+
+
+@pytest.mark.parametrize('case', ['imgsz', 'unwritable'])
+def test_export_options_are_checked_in_one_line(monkeypatch, tmp_path, ckpt, capsys, case):
+    "A size the network cannot tile and a file that cannot be written are one line each, before anything is built."
+    (blocker := tmp_path / 'a-file').write_text('')
+    args = ['--imgsz', '100'] if case == 'imgsz' else ['--format', 'torchscript', '--output', str(blocker / 'model.torchscript')]
+    assert lucid_main(monkeypatch, 'export', '--ckpt_path', str(ckpt), *args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    says = ('--imgsz 100: the input side must be a positive multiple of 32' if case == 'imgsz' else
+            f'lucid export: cannot write {blocker / "model.torchscript"}')
+    assert err[-1].startswith(f'lucid: error: {says}'), err
+    assert 'Traceback' not in '\n'.join(err)
