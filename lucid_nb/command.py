@@ -23,9 +23,10 @@ from .runs import LOCK_NAME, RunFolderInUse, SafeCheckpointIO, local_checkpoint,
 from .trainer import DATA_SOURCE, LitYolo
 
 # %% auto #0
-__all__ = ['RESUME_FIXED', 'HELP', 'UNUSED_RUN_FILES', 'USER_ERRORS', 'OneLineParser', 'LucidCLI', 'refuse_resume_changes',
-           'run_logger', 'add_tensorboard', 'cli_main', 'QuietLightning', 'quiet_lightning', 'checkpoint_epoch',
-           'resume_hint', 'StopSignals', 'remove_unused_run_folder', 'one_line', 'main']
+__all__ = ['RESUME_FIXED', 'HELP', 'RUN_RECORDS', 'UNUSED_RUN_FILES', 'USER_ERRORS', 'OneLineParser', 'LucidCLI',
+           'refuse_resume_changes', 'run_logger', 'add_tensorboard', 'cli_main', 'QuietLightning', 'quiet_lightning',
+           'checkpoint_epoch', 'resume_hint', 'StopSignals', 'refuse_earlier_run', 'remove_unused_run_folder',
+           'one_line', 'main']
 
 # %% ../nbs/10a_command.ipynb #d9baf6c2
 class OneLineParser(LightningArgumentParser):
@@ -188,10 +189,21 @@ class StopSignals(Callback):
 def _stop_line(subcommand:str, sig:str, trainer)->str:
     return f"{subcommand} stopped by {sig} before it finished; {resume_hint(trainer)}"
 
+RUN_RECORDS = ('metrics.csv', 'val_metrics.jsonl', 'timing.json', 'state_hashes.json', 'predictions.json')   # a run's own files
+
+def refuse_earlier_run(run:Path):
+    "A new fit (no `--ckpt_path`) into a run folder that holds an earlier run (its checkpoints or records) is an error: the two runs would mix."
+    found = sorted(str(p.relative_to(run)) for p in [*run.glob('checkpoints/*.ckpt'), *(run/n for n in RUN_RECORDS)] if p.is_file())
+    if found: raise ValueError(
+        f"{run} holds an earlier run ({', '.join(found[:3])}{', ...' if len(found) > 3 else ''}): a new fit would mix "
+        "the two. Resume it with --ckpt_path " + str(run/'checkpoints'/'last.ckpt') + ", or give another logger version "
+        "(none: the next version_N)")
+
 @patch
 def _run_subcommand(self:LucidCLI, subcommand:str):
     "Run `subcommand` holding the run folder's lock; a run stopped by SIGTERM or Ctrl-C says so and how to resume."
     run = _run_dir(self.trainer) if rank_zero_only.rank == 0 else None   # DDP: the others learn rank 0's folder at setup
+    if subcommand == 'fit' and run is not None and not self.config[subcommand].get('ckpt_path'): refuse_earlier_run(run)
     fresh = run is not None and not any(run.iterdir())
     stops = StopSignals()
     with run_lock(run) if run is not None else contextlib.nullcontext(), warnings.catch_warnings(), stops.installed(self.trainer):

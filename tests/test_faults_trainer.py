@@ -225,6 +225,18 @@ def test_file_url_is_read_as_its_path(reference, tmp_path, capsys):
     assert cli.trainer.ckpt_path == str(ckpt)
 
 
+def test_new_fit_into_a_finished_run_folder_is_refused(reference, tmp_path, monkeypatch, capsys):
+    "A fit without --ckpt_path into the version folder of a finished run would mix the two runs' files: one line, nothing written."
+    run = reference[1]                       # <root>/runs/tiny/version_0
+    root = run.parent.parent.parent
+    before = {p: p.read_bytes() for p in run.rglob('*') if p.is_file()}
+    assert lucid_main(monkeypatch, *tiny(root, epochs=1, version=run.name)) == 2
+    last_line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last_line.startswith(f'lucid: error: {run} holds an earlier run'), last_line
+    assert f'--ckpt_path {run}/checkpoints/last.ckpt' in last_line
+    assert {p: p.read_bytes() for p in run.rglob('*') if p.is_file()} == before
+
+
 # ---- options given with --ckpt_path ----
 
 def validate_args(tmp: Path, ckpt: Path, *extra) -> list:
