@@ -22,8 +22,8 @@ from .augment import *
 from .loader import *
 
 # %% auto #0
-__all__ = ['IMAGE_SUFFIXES', 'YoloData', 'image_files', 'pil_rgb', 'prepare_image', 'image_batch', 'ImageFiles', 'show_batch',
-           'data_cli', 'data_main']
+__all__ = ['IMAGE_SUFFIXES', 'YoloData', 'image_files', 'pil_rgb', 'prepare_image', 'image_batch', 'ImageFiles', 'collate_images',
+           'show_batch', 'data_cli', 'data_main']
 
 # %% ../nbs/01d_data.ipynb #ac8594aa
 def _check_options(o:dict):
@@ -313,6 +313,7 @@ def teardown(self:YoloData, stage:str|None=None):
 @patch
 def on_after_batch_transfer(self:YoloData, batch:dict, dataloader_idx:int=0)->dict:
     "On the device: `img` to float32 in [0,1], with HSV jitter when training."
+    if 'img' not in batch: return batch   # a batch of `predict_images` files none of which could be read
     a, training = self.aug, self.trainer is not None and self.trainer.training
     jitter = training and (a.hsv_h or a.hsv_s or a.hsv_v)
     batch['img'] = hsv_jitter(batch['img'], batch['hsv']) if jitter else batch['img'].float() / 255
@@ -349,13 +350,20 @@ def image_batch(imgs:list[np.ndarray], imgsz:int, first_id:int=0)->dict:
 
 # %% ../nbs/01d_data.ipynb #df04aba3
 class ImageFiles(Dataset):
-    "Plain image files as letterboxed samples; `image_id` is the file's index in `files`."
+    "Plain image files as letterboxed samples; `image_id` is the file's index in `files`; a file that cannot be read is a `problem` sample naming it."
     def __init__(self, files:list[Path], imgsz:int=640): self.files, self.imgsz = list(files), imgsz
     def __len__(self): return len(self.files)
     def __getitem__(self, i:int)->dict:
         try: img = load_rgb(self.files[i])
-        except BadInputError as e: raise BadInputError(f"{e}; leave it out of --data.predict_images") from None
+        except BadInputError as e: return {'problem': str(e), 'image_id': i}   # the others' results are kept (`collate_images`)
         return build_sample([prepare_image(img, self.imgsz, i)], self.imgsz, max_instances=1)
+
+def collate_images(samples:list[dict])->dict:
+    "`ImageFiles` samples as a batch of the good ones (no `img` when none is), with `problems`: (image_id, message) of the bad files."
+    good = [s for s in samples if 'problem' not in s]
+    batch = collate(good, max_instances=1) if good else {}
+    batch['problems'] = [(s['image_id'], s['problem']) for s in samples if 'problem' in s]
+    return batch
 
 # %% ../nbs/01d_data.ipynb #fcce96c1
 @patch
@@ -364,7 +372,7 @@ def predict_dataloader(self:YoloData)->DataLoader|YoloLoader:
     h = self.hparams
     if not h.predict_images: self.setup('predict'); return self._make_loader(self._val, False)
     self._predict = ImageFiles(image_files(h.predict_images), h.imgsz)
-    return DataLoader(self._predict, batch_size=h.batch_size, num_workers=h.workers, collate_fn=partial(collate, max_instances=1))
+    return DataLoader(self._predict, batch_size=h.batch_size, num_workers=h.workers, collate_fn=collate_images)
 
 @patch(as_prop=True)
 def predict_paths(self:YoloData)->dict:

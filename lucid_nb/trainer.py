@@ -314,10 +314,12 @@ DATA_SOURCE = ('train_images', 'train_annotations', 'val_images', 'val_annotatio
 # %% ../nbs/08c_trainer.ipynb #921548c1
 @patch
 def predict_step(self:LitYolo, batch:dict, batch_idx:int)->list:
-    "COCO results of one batch at a score threshold of at least 0.25."
+    "COCO results of one batch at a score threshold of at least 0.25, and a `problem` entry for each file that could not be read."
+    problems = [{'image_id': i, 'problem': p} for i, p in batch.get('problems', ())]
+    if 'img' not in batch: return problems
     v = self.make_validator(conf=max(self.hparams.conf, 0.25))
     v.update(self.ema.module(batch['img']), batch)
-    return v.results
+    return v.results + problems
 
 class PredictionWriter(BasePredictionWriter):
     "Writes the predictions of `lucid predict` as COCO results JSON (with `file_name`) and one drawn JPEG per image."
@@ -325,16 +327,20 @@ class PredictionWriter(BasePredictionWriter):
     def write_on_epoch_end(self, trainer, pl_module, predictions, batch_indices):
         dm = trainer.datamodule
         files = dm.predict_paths
-        results = [dict(r, file_name=str(files[r['image_id']])) for batch in predictions for r in batch]
+        problems = {r['image_id']: r['problem'] for batch in predictions for r in batch if 'problem' in r}
+        results = [dict(r, file_name=str(files[r['image_id']])) for batch in predictions for r in batch if 'problem' not in r]
         out = _run_dir(trainer)/'predict'; out.mkdir(exist_ok=True)
         sha = write_results(out/'predictions.json', results)
         by_image, names = {}, {}
         for r in results: by_image.setdefault(r['image_id'], []).append(r)
         for i, f in files.items():
+            if i in problems: continue
             name = f.stem if f.stem not in names.values() else f"{f.stem}_{f.suffix[1:]}_{i}"
             names[i] = name
             save_jpeg(draw_results(load_rgb(f), by_image.get(i, []), dm.class_names, dm.cat_ids), out/f'{name}.jpg')
-        say(trainer, f"predict: {len(results)} detections on {len(files)} images -> {out}/ (predictions.json sha256 {sha[:12]})")
+        for p in problems.values(): say(trainer, f"predict: skipped {p}")
+        say(trainer, f"predict: {len(results)} detections on {len(files) - len(problems)} images -> {out}/ (predictions.json sha256 {sha[:12]})"
+                     + (f"; {len(problems)} could not be read (above)" if problems else ''))
 
 # %% ../nbs/08c_trainer.ipynb #4973c3fa
 class FrozenHeap(Callback):

@@ -151,9 +151,13 @@ def test_checkpoint_of_other_categories_is_refused(coco):
 # ---- files to predict, drawings at fit end ----
 
 def test_unreadable_file_to_predict_is_named(coco, tmp_path):
+    "A file `predict` cannot read is a problem sample naming it; the batch keeps the good ones (`collate_images`)."
     bad = tmp_path / 'broken.jpg'; bad.write_bytes(b'\xff\xd8\xff truncated')
-    with pytest.raises(data.BadInputError, match='broken.jpg: unreadable image .* leave it out of --data.predict_images'):
-        data.ImageFiles([bad], 64)[0]
+    files = data.ImageFiles([bad, sorted(data.EMBEDDED_IMAGES.glob('*.jpg'))[0]], 64)
+    assert files[0]['image_id'] == 0 and 'broken.jpg: unreadable image' in files[0]['problem']
+    batch = data.collate_images([files[0], files[1]])
+    assert batch['img'].shape[0] == 1 and batch['image_id'].tolist() == [1] and batch['problems'][0][0] == 0
+    assert set(data.collate_images([files[0]])) == {'problems'}   # no image read: no `img`
 
 
 def test_load_rgb_names_an_unreadable_file(tmp_path):

@@ -122,3 +122,17 @@ def test_export_options_are_checked_in_one_line(monkeypatch, tmp_path, ckpt, cap
             f'lucid export: cannot write {blocker / "model.torchscript"}')
     assert err[-1].startswith(f'lucid: error: {says}'), err
     assert 'Traceback' not in '\n'.join(err)
+
+
+def test_predict_keeps_the_good_images_and_names_every_bad_one(monkeypatch, tmp_path, ckpt, folder, capsys):
+    "Two unreadable files (one batch of them alone) among good ones: every good result is written, each bad file named once."
+    d = tmp_path / 'mixed'; d.mkdir()
+    for p in folder.iterdir(): (d / p.name).write_bytes(p.read_bytes())
+    (d / 'a_broken.jpg').write_bytes(b'\xff\xd8\xff truncated'); (d / 'a_empty.png').write_bytes(b'')
+    out = predict(monkeypatch, tmp_path, ckpt, d, '--data.batch_size', '2')
+    good = sorted(p.name for p in folder.iterdir())
+    assert sorted(p.name for p in out.glob('*.jpg')) == sorted(f'{Path(n).stem}.jpg' for n in good)
+    assert {Path(r['file_name']).name for r in json.loads((out / 'predictions.json').read_text())} == set(good)
+    said = capsys.readouterr().out
+    for name in ('a_broken.jpg', 'a_empty.png'): assert said.count(f'predict: skipped {d / name}') == 1, said
+    assert f'on {len(good)} images' in said and '2 could not be read' in said
