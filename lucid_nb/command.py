@@ -37,10 +37,15 @@ class OneLineParser(LightningArgumentParser):
         # subcommand's with `parser_class` (`init_parser`), so every one of them is an `OneLineParser`.
         super().__init__(*args, **{'allow_abbrev': False, **kwargs})
 
+    config_files = ()   # the `--config` files of the command being parsed (`LucidCLI.parse_arguments`), to name in errors
+
     def error(self, message:str, ex:Exception|None=None):
         if not self.exit_on_error or os.environ.get('LUCID_DEBUG'): return super().error(message, ex)
         prog = (getattr(ex, 'subcommand_parser', None) or self).prog.replace(' [options]', '')
-        sys.stderr.write(f"lucid: error: {' '.join(str(message).split())} (`{prog} --help` lists every option)\n")
+        msg = ' '.join(str(message).split())
+        if OneLineParser.config_files:   # the YAML parser names the text it read `<unicode string>`, not its file
+            msg = msg.replace('"<unicode string>"', ' or '.join(map(str, OneLineParser.config_files)))
+        sys.stderr.write(f"lucid: error: {msg} (`{prog} --help` lists every option)\n")
         sys.exit(2)
 
 # %% ../nbs/10a_command.ipynb #ec8e719d
@@ -255,6 +260,10 @@ LucidCLI._run_subcommand = _no_unused_folder(LucidCLI._run_subcommand)
 @patch
 def parse_arguments(self:LucidCLI, parser, args):
     "Parse as LightningCLI does, and remember which model options the command line and `--config` gave."
+    argv = sys.argv[1:] if args is None else args
+    if isinstance(argv, (list, tuple)):
+        OneLineParser.config_files = tuple([b for a, b in zip(argv, argv[1:]) if a == '--config'] +
+                                           [a.split('=', 1)[1] for a in argv if str(a).startswith('--config=')])
     LightningCLI.parse_arguments(self, parser, args)
     given = parser.parse_object(args, defaults=False) if isinstance(args, (dict, Namespace)) else parser.parse_args(args, defaults=False)
     pre = f"{given.subcommand}." if given.get('subcommand') else ''

@@ -112,6 +112,11 @@ class LitYolo(L.LightningModule):
         if size not in SCALES: raise ValueError(f"--model.size={size!r} is not a model size; allowed values: {', '.join(SCALES)}")
         if val_group_pixels is not None and val_group_pixels < 1:
             raise ValueError(f"--model.val_group_pixels={val_group_pixels} must be at least 1, or left unset (`default_val_group_pixels`)")
+        for name, value, ok, need in (('lr', lr, lr > 0, 'positive'), ('lrf', lrf, lrf > 0, 'positive'),
+                                      ('momentum', momentum, 0 <= momentum < 1, 'in [0, 1)'), ('weight_decay', weight_decay, weight_decay >= 0, 'at least 0'),
+                                      ('warmup_epochs', warmup_epochs, warmup_epochs >= 0, 'at least 0'), ('ema_decay', ema_decay, 0 <= ema_decay < 1, 'in [0, 1)'),
+                                      ('conf', conf, 0 <= conf <= 1, 'in [0, 1]'), ('iou', iou, 0 < iou <= 1, 'in (0, 1]'), ('max_det', max_det, max_det >= 1, 'at least 1')):
+            if not ok: raise ValueError(f"--model.{name}={value} must be {need}")
         self.save_hyperparameters()
         self.model = self.build_model()
         if weights: self.start_from(weights)   # before the EMA's copy: the average starts from the loaded weights

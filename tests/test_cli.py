@@ -1,7 +1,10 @@
-"""The console script's exit (`lucid_nb.cli.main`): the status, `atexit` handlers and non-daemon threads as a normal exit has them."""
+"""The console script (`lucid_nb.cli.main`): its exit (the status, `atexit` handlers and non-daemon threads as a normal exit has
+them), and the one line it gives for a broken config file and for out-of-range model options."""
 import subprocess, sys, textwrap
 
 import pytest
+
+from helpers import lucid_main, tiny
 
 PROBE = textwrap.dedent("""
     import atexit, sys, threading, time
@@ -73,3 +76,19 @@ def test_lucid_imports_lightning_without_the_optional_packages(tmp_path):
     assert lean.stdout.splitlines()[-2:] == ['status 0 []', 'torchvision was imported']
     full = probe('0')                      # the stand-ins are real to torchmetrics: without hiding, it imports them
     assert full.returncode != 0 and 'was imported' in full.stderr
+
+
+def test_a_broken_config_file_is_named(tmp_path, monkeypatch, capsys):
+    "YAML's own message names the text `<unicode string>`; the one line names the file."
+    (bad := tmp_path / 'bad.yaml').write_text('trainer:\n  max_epochs: [1\n')
+    assert lucid_main(monkeypatch, 'fit', '--config', str(bad)) == 2
+    last_line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert str(bad) in last_line and '<unicode string>' not in last_line, last_line
+
+
+@pytest.mark.parametrize('option, value, says', [('lr', '-1', 'must be positive'), ('momentum', '1.5', 'must be in [0, 1)'),
+                                                 ('max_det', '0', 'must be at least 1')])
+def test_out_of_range_model_options_are_named(tmp_path, monkeypatch, capsys, option, value, says):
+    assert lucid_main(monkeypatch, *tiny(tmp_path, f'--model.{option}', value, epochs=1)) == 2
+    last_line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last_line.startswith(f'lucid: error: --model.{option}={float(value) if option != "max_det" else int(value)} {says}'), last_line
