@@ -6,7 +6,7 @@ Docs: https://lucid-nb.github.io/lucid_nb/command.html.md"""
 
 # %% ../nbs/10a_command.ipynb #0d0572cb
 from __future__ import annotations
-import contextlib, functools, importlib.util, logging, os, shutil, signal, sys, threading, warnings
+import contextlib, importlib.util, logging, os, shutil, signal, sys, threading, warnings
 from pathlib import Path
 import torch
 from lightning.pytorch.callbacks import Callback
@@ -19,7 +19,7 @@ from fastcore.basics import patch
 from .core import *
 from .data import YoloData
 from .weights import read_weights
-from .runs import LOCK_NAME, RunFolderInUse, SafeCheckpointIO, local_checkpoint, note, read_checkpoint, run_folder, run_lock, weak_checkpoint, _run_dir
+from .runs import LOCK_NAME, RunFolderInUse, SafeCheckpointIO, local_checkpoint, note, read_checkpoint, run_folder, run_lock, weak_checkpoint
 from .trainer import DATA_SOURCE, LitYolo
 
 # %% auto #0
@@ -205,11 +205,9 @@ def refuse_earlier_run(run:Path):
         "(none: the next version_N)")
 
 @patch
-def _run_subcommand(self:LucidCLI, subcommand:str):
-    "Run `subcommand` holding the run folder's lock; a run stopped by SIGTERM or Ctrl-C says so and how to resume."
-    run = _run_dir(self.trainer) if rank_zero_only.rank == 0 else None   # DDP: the others learn rank 0's folder at setup
+def _run_locked(self:LucidCLI, subcommand:str, run:Path|None, fresh:bool):
+    "Run `subcommand` holding the run folder `run`'s lock (`fresh`: it was empty); a run stopped by SIGTERM or Ctrl-C says so and how to resume."
     if subcommand == 'fit' and run is not None and not self.config[subcommand].get('ckpt_path'): refuse_earlier_run(run)
-    fresh = run is not None and not any(run.iterdir())
     stops = StopSignals()
     with run_lock(run) if run is not None else contextlib.nullcontext(), warnings.catch_warnings(), stops.installed(self.trainer):
         if fresh: warnings.filterwarnings('ignore', message='Experiment logs directory .* exists and is not empty')  # our lock
@@ -241,20 +239,17 @@ def remove_unused_run_folder(run:Path, made:list[Path])->bool:
             with contextlib.suppress(OSError): p.rmdir()   # only when empty
     return True
 
-def _no_unused_folder(run_subcommand):
-    "`LucidCLI._run_subcommand` that, when the command fails, removes the run folder it made if nothing was written into it."
-    @functools.wraps(run_subcommand)
-    def wrapped(self, subcommand:str):
-        run = run_folder(self.trainer) if rank_zero_only.rank == 0 else None
-        made = [p for p in (run, *run.parents) if not p.exists()] if run is not None else []   # what this command creates
-        fresh = run is not None and (not run.exists() or not any(run.iterdir()))
-        try: return run_subcommand(self, subcommand)
-        except BaseException:
-            if fresh: remove_unused_run_folder(run, made)
-            raise
-    return wrapped
-
-LucidCLI._run_subcommand = _no_unused_folder(LucidCLI._run_subcommand)
+@patch
+def _run_subcommand(self:LucidCLI, subcommand:str):
+    "Run `subcommand` in its run folder (`_run_locked`); a command that fails before it wrote anything leaves no run folder behind."
+    run = run_folder(self.trainer) if rank_zero_only.rank == 0 else None   # DDP: the others learn rank 0's folder at setup
+    made = [p for p in (run, *run.parents) if not p.exists()] if run is not None else []   # what this command creates
+    if run is not None: run.mkdir(parents=True, exist_ok=True)
+    fresh = run is not None and not any(run.iterdir())
+    try: self._run_locked(subcommand, run, fresh)
+    except BaseException:
+        if fresh: remove_unused_run_folder(run, made)
+        raise
 
 # %% ../nbs/10a_command.ipynb #3d1a2fc7
 @patch
