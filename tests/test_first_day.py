@@ -185,3 +185,20 @@ def test_onnx_has_a_batch_axis_and_the_class_names(three, tmp_path):
     with torch.no_grad(): ref = ExportNet(p.net)(x)
     assert [g.shape[0] for g in got] == [2] * 4
     assert max(float(np.abs(g - r.numpy()).max()) for g, r in zip(got, ref)) < 1e-3
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_cpu_requirements_never_take_the_cuda_build_on_linux():
+    "On Linux, PyPI's torch is the CUDA build: the CPU requirements pin the `+cpu` build, and README installs it from PyTorch's CPU index first."
+    from packaging.requirements import Requirement
+    lines = [l.strip() for l in (REPO / 'requirements-cpu.txt').read_text().splitlines() if l.strip() and not l.startswith('#')]
+    torch_reqs = [Requirement(l) for l in lines if l.startswith('torch')]
+    linux = [r for r in torch_reqs if r.marker is None or r.marker.evaluate({'sys_platform': 'linux'})]
+    assert len(linux) == 1 and [s.version for s in linux[0].specifier] == ['2.13.0+cpu'], linux
+    others = [r for r in torch_reqs if r.marker is not None and r.marker.evaluate({'sys_platform': 'darwin'})]
+    assert [str(r.specifier) for r in others] == ['==2.13.0'], others   # macOS and Windows: PyPI's torch is the CPU build
+    setup = next(l for l in (REPO / 'README.md').read_text().splitlines() if 'pip install -r requirements-cpu.txt' in l)
+    first = setup.index('--no-deps torch==2.13.0+cpu --index-url https://download.pytorch.org/whl/cpu')
+    assert first < setup.index('-r requirements-cpu.txt'), setup
