@@ -22,10 +22,12 @@ from .augment import *
 from .loader import *
 
 # %% auto #0
-__all__ = ['IMAGE_SUFFIXES', 'YoloData', 'image_files', 'pil_rgb', 'prepare_image', 'image_batch', 'ImageFiles', 'collate_images',
-           'show_batch', 'data_cli', 'data_main']
+__all__ = ['YoloData', 'image_files', 'pil_rgb', 'prepare_image', 'image_batch', 'ImageFiles', 'collate_images', 'show_batch',
+           'data_cli', 'data_main']
 
 # %% ../nbs/01d_data.ipynb #ac8594aa
+_COCO_OPTIONS = ('train_images', 'train_annotations', 'val_images', 'val_annotations')   # the options that name COCO data
+
 def _check_options(o:dict):
     "Clear errors for bad settings, naming the option."
     if o['cache'] not in CACHE_MODES: raise ValueError(f"cache={o['cache']!r} is not allowed: use one of {', '.join(map(repr, CACHE_MODES))}")
@@ -41,15 +43,20 @@ def _check_options(o:dict):
     for k, hi in (('fliplr', 1), ('mosaic', 1), ('translate', .5)):
         if not 0 <= o[k] <= hi: raise ValueError(f"{k}={o[k]} must be between 0 and {hi}")
     if not 0 <= o['scale'] < 1: raise ValueError(f"scale={o['scale']} must be in [0, 1) (the zoom is drawn from 1 ± scale)")
+    if o['dataset'] is not None and (coco := [k for k in _COCO_OPTIONS if o[k] is not None]):
+        raise ValueError(f"dataset (an Ultralytics data.yaml) and {', '.join(coco)} (COCO files) both name the data: give one or the other")
     for a, b in (('train_images', 'train_annotations'), ('val_images', 'val_annotations')):
         if (o[a] is None) != (o[b] is None): raise ValueError(f"give both {a} and {b}, or neither")
 
 # %% ../nbs/01d_data.ipynb #35b43b01
 class YoloData(L.LightningDataModule):
-    """COCO-format instance-segmentation data for YOLO training: read, check, cache, augment, pad and prefetch.
+    """COCO-format (or Ultralytics YOLO-seg) instance-segmentation data for YOLO training: read, check, cache, augment, pad and prefetch.
 
     Parameters
     ----------
+    dataset : str | None
+        An Ultralytics YOLO-seg `data.yaml` (its `path`, `train`, `val` and `names`), in place of the COCO options
+        below; its `val` images validate (`val_count` is not used).
     train_images : str | None
         Folder of training images. None: the embedded coco128 (`data/coco128/images`).
     train_annotations : str | None
@@ -114,7 +121,7 @@ class YoloData(L.LightningDataModule):
         What `lucid predict` runs on: a folder, a glob pattern or one image file (no annotations needed). None: the
         validation images.
     """
-    def __init__(self, train_images:str|None=None, train_annotations:str|None=None, val_images:str|None=None,
+    def __init__(self, dataset:str|None=None, train_images:str|None=None, train_annotations:str|None=None, val_images:str|None=None,
                  val_annotations:str|None=None, val_count:int=32, imgsz:int=640, batch_size:int=4, val_batch_size:int|None=None,
                  workers:int=0, threads:int|None=None,
                  cache:Literal['none', 'ram', 'disk']='ram', cache_dir:str|None=None, prefetch:bool=True, pin_memory:bool=True, max_instances:int=100,
@@ -127,7 +134,7 @@ class YoloData(L.LightningDataModule):
         self.aug = AugSettings(fliplr, degrees, translate, scale, shear, mosaic, hsv_h, hsv_s, hsv_v)
         self.report, self._train, self._val, self._json, self._val_coco, self._loaders = DataReport(on_bad_input), None, None, None, None, []
         self._disks = {}   # folder: DiskCache, shared by train and validation when they come from one JSON
-        self._classes, self._predict = None, None   # classes from `set_classes`; the `predict_images` dataset
+        self._classes, self._predict, self._spec = None, None, None   # classes from `set_classes`; the `predict_images` dataset; the data.yaml read
 
 # %% ../nbs/01d_data.ipynb #6c41de4f
 @patch
@@ -142,9 +149,17 @@ def _train_json(self:YoloData)->dict:
     return self._json
 
 @patch
+def _yolo_spec(self:YoloData)->YoloSpec:
+    "The data.yaml of `dataset`, read once."
+    if self._spec is None: self._spec = load_data_yaml(self.hparams.dataset)
+    return self._spec
+
+@patch
 def _categories(self:YoloData)->tuple:
-    "`(cat_ids, class_names)`: those given to `set_classes`, else the training JSON's."
-    return self._classes or coco_categories(self._train_json())
+    "`(cat_ids, class_names)`: those given to `set_classes`, else the training JSON's, or the data.yaml's `names` (ids 0..K-1)."
+    if self._classes: return self._classes
+    if self.hparams.dataset: return list(range(len(names := self._yolo_spec().names))), names
+    return coco_categories(self._train_json())
 
 @patch(as_prop=True)
 def val_batch_size(self:YoloData)->int:
@@ -175,6 +190,16 @@ def _split(self:YoloData, d:dict, recs:list)->tuple[list, list]:
     last = set(sorted(range(n), key=lambda k: str(d['images'][k].get('file_name')))[n - v:])
     return [r for r in recs if r.entry not in last], [r for r in recs if r.entry in last]
 
+# %% ../nbs/01d_data.ipynb #7e75148e
+@patch
+def _yolo_records(self:YoloData)->tuple:
+    "Train and validation records of the `dataset` data.yaml (image ids: train first, then val), their disk-cache keys, and the validation source's name."
+    spec, cat_ids, rep = self._yolo_spec(), self.cat_ids, self.report
+    d = yolo_coco(spec, 'train', rep)
+    self._val_json = yolo_coco(spec, 'val', rep, first_id=len(d['images']) + 1)
+    tr, va = read_records(d, spec.root, cat_ids, rep, 'train'), read_records(self._val_json, spec.root, cat_ids, rep, 'val')
+    return tr, va, (spec.splits['train'][0], spec.path), (spec.splits['val'][0], spec.path), f"the val images of {spec.path}"
+
 # %% ../nbs/01d_data.ipynb #955f4c69
 @patch
 def _dataset(self:YoloData, recs:list, images:Path, annotations:Path, augment:bool)->YoloDataset:
@@ -190,6 +215,7 @@ def setup(self:YoloData, stage:str|None=None):
     "Read, check, split and cache the data (once), then print the report; `predict` on `predict_images` reads nothing here."
     if self._train is not None or (stage == 'predict' and self.hparams.predict_images): return
     h, t0 = self.hparams, time.perf_counter()
+    if h.dataset: self._setup_datasets(*self._yolo_records(), t0); return
     images, annotations = self._paths()
     for k, folder in (('train_images', images), ('val_images', h.val_images)):   # named once, not once per image in it
         if folder is not None and not Path(folder).is_dir():
@@ -203,18 +229,26 @@ def setup(self:YoloData, stage:str|None=None):
         self._val_json = load_coco_json(vann)
         if coco_categories(self._val_json)[0] != cat_ids: raise ValueError(f"{vann}: its categories differ from {annotations}'s")
         tr, va = recs, read_records(self._val_json, vimages, cat_ids, self.report, vann.name)
-    self._val = self._dataset(va, Path(h.val_images) if h.val_images else images, Path(h.val_annotations) if h.val_annotations else annotations, False)
-    self._train = self._dataset(tr, images, annotations, True)
+    vsrc = f"{h.val_annotations}" if h.val_images else f"the last {h.val_count} images of {annotations.name} (by file name)"
+    self._setup_datasets(tr, va, (images, annotations),
+                         (Path(h.val_images) if h.val_images else images, Path(h.val_annotations) if h.val_annotations else annotations), vsrc, t0)
+
+@patch
+def _setup_datasets(self:YoloData, tr:list, va:list, tkey:tuple, vkey:tuple, vsrc:str, t0:float):
+    "Check and cache the train and validation records (`tkey`, `vkey`: their disk cache's images folder and annotations file), then print the report."
+    h = self.hparams
+    self._val = self._dataset(va, *vkey, False)
+    self._train = self._dataset(tr, *tkey, True)
     for disk in self._disks.values():
         disk.save()
         for k, n in disk.stats.items(): self.report.note(f"disk cache {k}", n)
     if len(self._val) == 0:
-        src = f"{h.val_annotations}" if h.val_images else f"the last {h.val_count} images of {annotations.name} (by file name)"
-        raise ValueError(f"no usable validation image: every one of {src} was left out as bad input (see the report above); "
-                         "give val_images/val_annotations, or raise val_count")
+        raise ValueError(f"no usable validation image: every one of {vsrc} was left out as bad input (see the report above); "
+                         + ("fix them, or name other val images in the data.yaml" if h.dataset else "give val_images/val_annotations, or raise val_count"))
     if not any(r.instances for r in self._train.records):
         raise ValueError(f"no training instance: none of the {len(self._train)} training images has a usable annotation, so there "
-                         f"is nothing to learn (a segmentation model needs masks: polygons or RLE)\n{self.report}")
+                         f"is nothing to learn (a segmentation model needs masks: polygons or RLE"
+                         f"{'; YOLO labels are read from the labels/ folder beside images/' if h.dataset else ''})\n{self.report}")
     if len(self._train) < h.batch_size:
         raise ValueError(f"batch_size={h.batch_size} exceeds the {len(self._train)} usable training images (training drops the last partial batch)")
     self.setup_seconds = time.perf_counter() - t0
@@ -237,7 +271,7 @@ def __str__(self:YoloData)->str:
     # on a `YoloLoader` (`'dict' object has no attribute 'available'`). jsonargparse calls it to word the error of a
     # link's `compute_fn` (`lucid`'s `num_classes` link), so the message of that error would be lost in a traceback.
     h = self.hparams
-    return f"YoloData({h.train_images or 'embedded coco128'}, imgsz={h.imgsz}, batch_size={h.batch_size})"
+    return f"YoloData({h.dataset or h.train_images or 'embedded coco128'}, imgsz={h.imgsz}, batch_size={h.batch_size})"
 
 @patch(as_prop=True)
 def val_records(self:YoloData)->list[ImageRecord]:
@@ -320,8 +354,6 @@ def on_after_batch_transfer(self:YoloData, batch:dict, dataloader_idx:int=0)->di
     return batch
 
 # %% ../nbs/01d_data.ipynb #9fdecac6
-IMAGE_SUFFIXES = ('.jpg', '.jpeg', '.png', '.bmp', '.gif', '.tif', '.tiff', '.webp')
-
 def image_files(path:str|Path)->list[Path]:
     "The image files of a folder (sorted, not recursive), of a glob pattern (sorted), or one file."
     p = Path(path)
@@ -419,9 +451,9 @@ def data_cli():
     data_main()
 
 def data_main(argv:list[str]|None=None)->YoloData:
-    "Console entry point `lucid-data`: load a COCO dataset (default: embedded coco128), print what it holds, time an epoch."
+    "Console entry point `lucid-data`: load a COCO or Ultralytics dataset (default: embedded coco128), print what it holds, time an epoch."
     ap = argparse.ArgumentParser(prog='lucid-data', description='Load a COCO instance-segmentation dataset the way training does and report on it.')
-    for k in ('train-images', 'train-annotations', 'val-images', 'val-annotations', 'cache-dir'): ap.add_argument(f'--{k}', default=None)
+    for k in ('dataset', 'train-images', 'train-annotations', 'val-images', 'val-annotations', 'cache-dir'): ap.add_argument(f'--{k}', default=None)
     ap.add_argument('--imgsz', type=int, default=640); ap.add_argument('--batch-size', type=int, default=4)
     ap.add_argument('--val-count', type=int, default=32, help='validation images split off when no validation set is given')
     ap.add_argument('--workers', type=int, default=0); ap.add_argument('--cache', default='ram', choices=CACHE_MODES)
@@ -429,7 +461,7 @@ def data_main(argv:list[str]|None=None)->YoloData:
     ap.add_argument('--on-bad-input', default='skip', choices=BAD_INPUT_POLICIES)
     ap.add_argument('--batches', type=int, default=0, help='batches to time (0: one epoch)')
     a = ap.parse_args(argv)
-    dm = YoloData(a.train_images, a.train_annotations, a.val_images, a.val_annotations, a.val_count, imgsz=a.imgsz, batch_size=a.batch_size,
+    dm = YoloData(a.dataset, a.train_images, a.train_annotations, a.val_images, a.val_annotations, a.val_count, imgsz=a.imgsz, batch_size=a.batch_size,
                   workers=a.workers, cache=a.cache, cache_dir=a.cache_dir, prefetch=not a.no_prefetch, seed=a.seed, on_bad_input=a.on_bad_input)
     dm.setup('fit')
     print(f"classes: {', '.join(dm.class_names[:8])}{', ...' if dm.num_classes > 8 else ''}")

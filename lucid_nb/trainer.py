@@ -310,11 +310,11 @@ def on_save_checkpoint(self:LitYolo, checkpoint:dict):
     if dm is None: return
     h, absolute = dm.hparams, lambda p: None if p is None else str(Path(p).absolute())
     checkpoint['lucid'] = dict(class_names=list(dm.class_names), cat_ids=list(dm.cat_ids), imgsz=h.imgsz,
-                               data={k: absolute(h[k]) for k in DATA_SOURCE[:4]} | dict(val_count=h.val_count))
+                               data={k: absolute(h[k]) for k in DATA_SOURCE[:5]} | dict(val_count=h.val_count))
     if (stats := getattr(self, 'last_val_stats', None)) is not None:
         checkpoint['lucid']['val'] = {k: float(v) for k, v in stats.summary().items()}
 
-DATA_SOURCE = ('train_images', 'train_annotations', 'val_images', 'val_annotations', 'val_count')   # what data a checkpoint was trained and validated on
+DATA_SOURCE = ('dataset', 'train_images', 'train_annotations', 'val_images', 'val_annotations', 'val_count')   # what data a checkpoint was trained and validated on
 
 # %% ../nbs/08c_trainer.ipynb #921548c1
 @patch
