@@ -14,11 +14,12 @@ from PIL import Image, ImageDraw
 from pycocotools import mask as mask_utils
 from .core import *
 from .data import load_rgb
-from .metrics import SUMMARY_NAMES
+from .metrics import CONF_GRID, SUMMARY_NAMES, f1_score
 
 # %% auto #0
-__all__ = ['PALETTE', 'read_metrics_csv', 'plot_curves', 'save_figure', 'draw_instances', 'instances_of', 'draw_results',
-           'tile_size', 'fit_tile', 'image_grid', 'save_jpeg', 'draw_train_batch', 'draw_val_batch', 'val_labels_grid']
+__all__ = ['VAL_PLOTS', 'PALETTE', 'read_metrics_csv', 'plot_curves', 'save_figure', 'plot_pr_curve', 'plot_conf_curve',
+           'plot_confusion', 'save_val_plots', 'draw_instances', 'instances_of', 'draw_results', 'tile_size',
+           'fit_tile', 'image_grid', 'save_jpeg', 'draw_train_batch', 'draw_val_batch', 'val_labels_grid']
 
 # %% ../nbs/08a_draw.ipynb #15863fd7
 def read_metrics_csv(path)->dict:
@@ -49,6 +50,75 @@ def save_figure(fig, path, tight:bool=True)->plt.Figure:
     buf = io.BytesIO(); fig.savefig(buf, format=Path(path).suffix[1:], dpi=100, bbox_inches='tight' if tight else None)
     atomic_write(path, buf.getvalue())
     return fig
+
+# %% ../nbs/08a_draw.ipynb #3402fd64
+def _class_lines(ax, x, curves, labels, ok, mean_label):
+    "One thin line per class with ground truth (labelled while there are at most 20) and their mean in bold."
+    few = ok.sum() <= 20
+    for y, l, o in zip(curves, labels, ok):
+        if o: ax.plot(x, y, lw=1, label=l if few else None, **({} if few else dict(color='grey', alpha=.5)))
+    mean = curves[ok].mean(0) if ok.any() else np.zeros_like(x)
+    ax.plot(x, mean, lw=3, color='k', label=mean_label(mean))
+    ax.set(xlim=(0, 1), ylim=(0, 1.01)); ax.legend(fontsize=7, loc='upper left', bbox_to_anchor=(1.01, 1), frameon=False)
+    return mean
+
+def plot_pr_curve(ce:dict, class_names:dict, title:str='Box')->plt.Figure:
+    "COCOeval's precision-recall curve at IoU 0.5 of each class (`class_eval`), mAP50 in the legend."
+    fig, ax = plt.subplots(figsize=(7, 4)); fig.subplots_adjust(left=.09, right=.68, bottom=.12, top=.92)
+    ok = np.array(ce['n_gt']) > 0
+    labels = [f"{class_names.get(c, c)} {a or 0:.3f}" for c, a in zip(ce['cat_ids'], ce['mAP50'])]
+    ap = np.mean([a for a, o in zip(ce['mAP50'], ok) if o]) if ok.any() else 0.
+    _class_lines(ax, ce['recall'], ce['pr'], labels, ok, lambda _: f"all classes {ap:.3f} mAP50")
+    ax.set(xlabel='recall', ylabel='precision', title=f'{title} precision-recall (IoU 0.5)')
+    return fig
+
+def plot_conf_curve(ce:dict, class_names:dict, which:str='F1', title:str='Box')->plt.Figure:
+    "Precision, recall or F1 of each class (`class_eval`) against the score threshold; the best mean F1's threshold marked."
+    fig, ax = plt.subplots(figsize=(7, 4)); fig.subplots_adjust(left=.09, right=.68, bottom=.12, top=.92)
+    P, R = ce['P_curve'].astype(np.float64), ce['R_curve'].astype(np.float64)
+    y = {'P': P, 'R': R, 'F1': f1_score(P, R)}[which]
+    ok, x = np.array(ce['n_gt']) > 0, CONF_GRID
+    i = int(np.abs(x - ce['conf']).argmin())
+    labels = [str(class_names.get(c, c)) for c in ce['cat_ids']]
+    _class_lines(ax, x, y, labels, ok, lambda mean: f"all classes {mean[i]:.2f} at {x[i]:.3f}")
+    ax.axvline(x[i], color='k', lw=.5, ls=':')
+    ax.set(xlabel='score threshold', ylabel={'P': 'precision', 'R': 'recall', 'F1': 'F1'}[which],
+           title=f'{title} {which}-confidence (IoU 0.5)')
+    return fig
+
+def plot_confusion(m:np.ndarray, class_names:list, conf:float=0.25, iou:float=0.5)->plt.Figure:
+    "The confusion matrix (`confusion_matrix`) normalised per true class (columns sum to 1), background last."
+    K = len(m) - 1
+    # the classes that occur (true or predicted), background always: an 80-class matrix of a small set stays readable
+    keep = [k for k in range(K) if m[k].sum() or m[:, k].sum()] + [K]
+    a = m[np.ix_(keep, keep)].astype(np.float64); a /= np.maximum(a.sum(0, keepdims=True), 1)
+    names = [class_names[k] if k < K else 'background' for k in keep]
+    side = min(12, 4 + .2 * len(keep))
+    fig, ax = plt.subplots(figsize=(side + 1, side)); fig.subplots_adjust(left=.2, right=.95, bottom=.2, top=.93)
+    im = ax.imshow(np.where(a > 0, a, np.nan), cmap='Blues', vmin=0, vmax=1)
+    fs = 8 if len(keep) <= 30 else 5
+    ax.set_xticks(range(len(keep)), names, rotation=90, fontsize=fs); ax.set_yticks(range(len(keep)), names, fontsize=fs)
+    if len(keep) <= 30:
+        for (r, c), v in np.ndenumerate(a):
+            if v >= .005: ax.text(c, r, f"{v:.2f}", ha='center', va='center', fontsize=6, color='w' if v > .5 else 'k')
+    ax.set(xlabel='true', ylabel='predicted', title=f'confusion matrix, normalised per true class\n(score > {conf}, box IoU ≥ {iou})')
+    ax.title.set_fontsize(9); fig.colorbar(im, ax=ax, fraction=.04)
+    return fig
+
+VAL_PLOTS = ('BoxPR_curve.png', 'BoxF1_curve.png', 'BoxP_curve.png', 'BoxR_curve.png', 'MaskPR_curve.png',
+             'MaskF1_curve.png', 'MaskP_curve.png', 'MaskR_curve.png', 'confusion_matrix_normalized.png')
+
+def save_val_plots(run, stats, class_names:list|None=None)->list[Path]:
+    "The PR, F1-, P- and R-confidence curves of boxes and masks and the confusion matrix of a validation (`coco_evaluate`), into the folder `run`."
+    names = list(class_names) if class_names else [str(c) for c in stats.cat_ids]
+    by_id, run, out = dict(zip(stats.cat_ids, names)), Path(run), []
+    for t, title in (('bbox', 'Box'), ('segm', 'Mask')):
+        ce = stats.classes[t]
+        figs = [('PR', plot_pr_curve(ce, by_id, title))] + [(w, plot_conf_curve(ce, by_id, w, title)) for w in ('F1', 'P', 'R')]
+        for w, fig in figs: out.append(run/f'{title}{w}_curve.png'); plt.close(save_figure(fig, out[-1], tight=False))
+    out.append(run/'confusion_matrix_normalized.png')
+    plt.close(save_figure(plot_confusion(stats.confusion, names), out[-1]))   # long class names: cropped to what is drawn
+    return out
 
 # %% ../nbs/08a_draw.ipynb #ea40e0a1
 PALETTE = [tuple(int(255 * c) for c in rgb) for rgb in plt.get_cmap('tab20').colors]

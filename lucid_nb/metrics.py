@@ -8,8 +8,10 @@ Docs: https://lucid-nb.github.io/lucid_nb/metrics.html.md"""
 from __future__ import annotations
 import contextlib, copy, hashlib, io, itertools, json, math
 from pathlib import Path
+import numpy as np
 import torch, torch.nn.functional as F
 from torch import Tensor
+from pycocotools import mask as mask_utils
 from pycocotools.coco import COCO
 from ultrafast_pycocotools.coco import COCO as FastCOCO
 from ultrafast_pycocotools.cocoeval import COCOeval as FastCOCOeval
@@ -18,8 +20,10 @@ from .masks import *
 from .masks import _floats, _image_index, _slices_up_to
 
 # %% auto #0
-__all__ = ['COCO80_IDS', 'STAT_NAMES', 'SUMMARY_NAMES', 'greedy_keep', 'nms', 'nms_reference', 'quiet', 'load_coco',
-           'coco_results', 'results_bytes', 'write_results', 'CocoStats', 'coco_evaluate', 'Validator']
+__all__ = ['COCO80_IDS', 'STAT_NAMES', 'SUMMARY_NAMES', 'CONF_GRID', 'greedy_keep', 'nms', 'nms_reference', 'quiet', 'load_coco',
+           'coco_results', 'results_bytes', 'write_results', 'CocoStats', 'at_scores', 'f1_score', 'operating_point',
+           'class_eval', 'no_detections_eval', 'gt_counts', 'match_boxes', 'confusion_matrix', 'coco_evaluate',
+           'class_rows', 'class_table', 'speed_line', 'Validator']
 
 # %% ../nbs/07b_metrics.ipynb #a0b7cb8a
 def _candidates(scores:Tensor, conf:float, multi_label:bool, max_nms:int)->tuple[Tensor,Tensor,Tensor]: # (B,n) each
@@ -194,6 +198,100 @@ class CocoStats(dict):
         rows = '\n'.join(f"| {n} | {self[f'bbox/{n}']:.4f} | {self[f'segm/{n}']:.4f} |" for n in STAT_NAMES)
         return f"| | bbox | segm |\n|---|---|---|\n{rows}"
 
+# %% ../nbs/07b_metrics.ipynb #8e3456d8
+CONF_GRID = np.arange(1001) / 1000   # the score thresholds of the confidence curves: 0, 0.001, ..., 1 (exact)
+
+def at_scores(scores:np.ndarray,   # (n,) detections' scores
+              tp:np.ndarray,       # (n,) bool: matched to a ground truth that counts
+              n_gt:int,            # ground truths that count
+              grid=CONF_GRID,      # score thresholds
+             )->tuple[np.ndarray,np.ndarray]: # (len(grid),) precision and recall
+    "Precision and recall of the detections scoring at least each threshold of `grid` (precision 0 where none does)."
+    o = np.argsort(-scores, kind='mergesort')
+    tpc = np.concatenate([[0], np.cumsum(tp[o])])
+    n = np.searchsorted(-scores[o], -grid, side='right')   # detections scoring >= each threshold
+    return tpc[n] / np.maximum(n, 1), tpc[n] / max(n_gt, 1)
+
+def f1_score(p, r): return np.where(p + r > 0, 2 * p * r / np.where(p + r > 0, p + r, 1), 0.)
+
+def operating_point(P:np.ndarray, R:np.ndarray, ok:np.ndarray)->int:
+    "The index into `CONF_GRID` where the mean F1 of the classes `ok` (K,) is highest (the first such); P, R (K,G)."
+    return int(f1_score(P[ok], R[ok]).mean(0).argmax()) if ok.any() else 0
+
+# %% ../nbs/07b_metrics.ipynb #dc58eab6
+def _ap(a:np.ndarray)->float|None: return float(a[a > -1].mean()) if (a > -1).any() else None   # as COCOeval's summary
+
+def _class_eval(cat_ids, ap50_95, ap50, pr, P, R, n_gt, recall)->dict:
+    n_gt = np.asarray(n_gt); i = operating_point(P, R, n_gt > 0)
+    return {'cat_ids': [int(c) for c in cat_ids], 'mAP50-95': ap50_95, 'mAP50': ap50, 'n_gt': n_gt.tolist(),
+            'conf': float(CONF_GRID[i]), 'P': P[:, i].tolist(), 'R': R[:, i].tolist(),
+            'recall': np.asarray(recall, np.float32), 'pr': pr, 'P_curve': P.astype(np.float32), 'R_curve': R.astype(np.float32)}
+
+def class_eval(E)->dict:
+    "Per category of a finished COCOeval (area all, 100 detections): AP50-95 and AP50 of `eval['precision']`, its PR curve at IoU 0.5, and P and R against the score from COCOeval's own matching at IoU 0.5."
+    prec = E.eval['precision'][:, :, :, 0, -1]   # (IoU thresholds, recall thresholds, categories)
+    dets, gts = E.per_instance(iou_thr=.5)        # every detection's verdict, as the AP counted it
+    live, cats = ~np.asarray(dets['ignore'], bool), list(E.params.catIds)   # ignored: matched a crowd region
+    n_gt = [int(((gts['category_id'] == c) & ~np.asarray(gts['ignore'], bool)).sum()) for c in cats]
+    PR = [at_scores(dets['score'][m], dets['gt_id'][m] >= 0, n) for c, n in zip(cats, n_gt)
+          for m in [live & (dets['category_id'] == c)]]
+    P, R = (np.array([x[j] for x in PR]).reshape(len(cats), len(CONF_GRID)) for j in (0, 1))
+    return _class_eval(cats, [_ap(prec[:, :, k]) for k in range(len(cats))], [_ap(prec[0, :, k]) for k in range(len(cats))],
+                       np.clip(prec[0].T, 0, None).astype(np.float32), P, R, n_gt, E.params.recThrs)
+
+def no_detections_eval(coco_gt, image_ids:list, cats:list)->dict:
+    "`class_eval` of a validation without detections: zeros for every category with ground truth."
+    n, z = gt_counts(coco_gt, image_ids), np.zeros((len(cats), len(CONF_GRID)))
+    n_gt = [n.get(c, (0, 0))[1] for c in cats]
+    ap = [0. if k else None for k in n_gt]
+    return _class_eval(cats, ap, ap, np.zeros((len(cats), 101), np.float32), z, z, n_gt, np.linspace(0, 1, 101))
+
+def gt_counts(coco_gt, image_ids)->dict:
+    "{category id: (images, instances)} of the ground truth of `image_ids`, crowd regions not counted."
+    keep, imgs, n = set(image_ids), {}, {}
+    for a in coco_gt.dataset['annotations']:
+        if a['image_id'] in keep and not a.get('iscrowd', 0):
+            c = a['category_id']; imgs.setdefault(c, set()).add(a['image_id']); n[c] = n.get(c, 0) + 1
+    return {c: (len(imgs[c]), n[c]) for c in sorted(n)}
+
+# %% ../nbs/07b_metrics.ipynb #071b1a29
+def match_boxes(ious:np.ndarray, thr:float)->tuple[np.ndarray,np.ndarray]:
+    "Pairs (detection, ground truth) of `ious` (D,G) at IoU >= `thr`, best IoU first, each detection and each ground truth in one pair at most."
+    d, g = np.nonzero(ious >= thr)
+    o = np.argsort(-ious[d, g], kind='stable'); d, g = d[o], g[o]
+    _, first = np.unique(d, return_index=True); first.sort(); d, g = d[first], g[first]   # a detection's best pair
+    _, first = np.unique(g, return_index=True); first.sort()                              # then a ground truth's best
+    return d[first], g[first]
+
+def confusion_matrix(
+    coco_gt:COCO,        # ground truth
+    results:list[dict],  # COCO results with `bbox`
+    image_ids:list,      # the images evaluated
+    cat_ids:list,        # category ids in class order
+    conf:float=0.25,     # detections scoring above this count (those `lucid predict` keeps)
+    iou:float=0.5,       # box IoU of a match
+)->np.ndarray:           # (K+1,K+1) int64: rows predicted class, columns true class; index K: background
+    "Counts of detections against ground truth, matched by box IoU across classes (so that one class taken for another shows)."
+    index, K = {int(c): k for k, c in enumerate(cat_ids)}, len(cat_ids)
+    m, by_image = np.zeros((K + 1, K + 1), np.int64), {}
+    for r in results:
+        if r['score'] > conf and r['category_id'] in index: by_image.setdefault(r['image_id'], []).append(r)
+    for i in image_ids:
+        anns = [a for a in coco_gt.imgToAnns.get(i, []) if a['category_id'] in index]
+        gts, crowd, dts = [a for a in anns if not a.get('iscrowd')], [a for a in anns if a.get('iscrowd')], by_image.get(i, [])
+        gc, dc = [index[a['category_id']] for a in gts], [index[r['category_id']] for r in dts]
+        box = lambda xs: [x['bbox'] for x in xs]
+        ious = np.array(mask_utils.iou(box(dts), box(gts), [0] * len(gts))).reshape(len(dts), len(gts)) if dts and gts else np.zeros((len(dts), len(gts)))
+        d, g = match_boxes(ious, iou)
+        np.add.at(m, (np.array(dc, int)[d], np.array(gc, int)[g]), 1)
+        np.add.at(m, (K, np.delete(np.array(gc, int), g)), 1)                      # missed: background predicted
+        free = np.setdiff1d(np.arange(len(dts)), d)
+        if crowd and len(free):   # an unmatched detection on a crowd region is no false positive (as in COCOeval)
+            on_crowd = np.array(mask_utils.iou(box([dts[j] for j in free]), box(crowd), [1] * len(crowd))).reshape(len(free), -1)
+            free = free[(on_crowd < iou).all(1)]
+        np.add.at(m, (np.array(dc, int)[free], K), 1)                               # nothing there: background true
+    return m
+
 # %% ../nbs/07b_metrics.ipynb #40e844a2
 def _mask_results(gt, dets:list[dict]):
     "`gt.loadRes(dets)` for mask results that carry their `area` and `bbox` (`mask_extent`): no string decoded."
@@ -204,7 +302,7 @@ def _mask_results(gt, dets:list[dict]):
     res.createIndex()
     return res
 
-def _cocoeval(coco_gt:COCO, dets:list[dict], iou_type:str, image_ids:list, cats:list)->tuple[list, str]:
+def _cocoeval(coco_gt:COCO, dets:list[dict], iou_type:str, image_ids:list, cats:list)->tuple[tuple, str]:
     def run():
         keep, d = set(image_ids), coco_gt.dataset
         gt = FastCOCO()  # COCOeval('segm') rewrites the GT's polygons into RLE in place: give it copies of the annotation dicts
@@ -215,9 +313,9 @@ def _cocoeval(coco_gt:COCO, dets:list[dict], iou_type:str, image_ids:list, cats:
         E.params.imgIds = image_ids
         if cats: E.params.catIds = cats
         E.evaluate(); E.accumulate(); E.summarize()
-        p = E.eval['precision'][:, :, :, 0, -1]   # (IoU thresholds, recalls, categories), all areas, most detections
-        per_class = {c: float(p[:, :, k][p[:, :, k] > -1].mean()) for k, c in enumerate(E.params.catIds) if (p[:, :, k] > -1).any()}
-        return E.stats.tolist(), per_class
+        ce = class_eval(E)
+        per_class = {c: v for c, v in zip(ce['cat_ids'], ce['mAP50-95']) if v is not None}
+        return E.stats.tolist(), per_class, ce
     return quiet(run)
 
 def coco_evaluate(
@@ -225,8 +323,9 @@ def coco_evaluate(
     results:list[dict],  # COCO results (`coco_results`), with `bbox` and, for masks, `segmentation`
     image_ids=None,      # images to evaluate on (default: all of `coco_gt`'s)
     mask_stats=None,     # per result: its mask's (area, [x, y, w, h]), pycocotools' `area` and `toBbox` (`mask_extent`), or None
-)->CocoStats:            # 12 numbers each for `bbox/` and `segm/`, plus the summary
-    "COCO mAP and mAR of boxes and masks, by COCOeval (ultrafast-pycocotools: pycocotools' numbers to the bit, faster)."
+    cat_ids=None,        # the model's category ids, in class order: the confusion matrix's rows and columns (default: `coco_gt`'s, sorted)
+)->CocoStats:            # 12 numbers each for `bbox/` and `segm/`, plus the summary; per class in `classes`, `confusion`
+    "COCO mAP and mAR of boxes and masks, by COCOeval (ultrafast-pycocotools: pycocotools' numbers to the bit, faster), per class too."
     ids = sorted({int(i) for i in (coco_gt.getImgIds() if image_ids is None else _floats(image_ids))})
     keep = set(ids)
     cats = sorted({a['category_id'] for a in coco_gt.dataset['annotations'] if a['image_id'] in keep})
@@ -235,6 +334,7 @@ def coco_evaluate(
     in_gt, scored = set(cats), [(r, s) for r, s in zip(results, mask_stats) if r['image_id'] in keep]
     stats, logs = CocoStats(), []
     stats.per_class = {}   # iou type -> {category id: AP50-95} of the categories with ground truth
+    stats.classes = {}     # iou type -> `class_eval` of the categories with ground truth
     for iou_type, key in (('bbox', 'bbox'), ('segm', 'segmentation')):
         mine = [(r, s) for r, s in scored if key in r]
         # a category without ground truth here only adds -1s: the same numbers with less work; each type sees only its
@@ -244,13 +344,51 @@ def coco_evaluate(
         dets = [{'image_id': r['image_id'], 'category_id': r['category_id'], key: r[key], 'score': r['score'],
                  **({'area': s[0], 'bbox': s[1]} if known else {})}
                 for r, s in ([(r, s) for r, s in mine if r['category_id'] in in_gt] or mine)]
-        if dets and ids: (s, stats.per_class[iou_type]), log = _cocoeval(coco_gt, dets, iou_type, ids, cats)
-        else: s, log, stats.per_class[iou_type] = [0.] * len(STAT_NAMES), 'no detections: all zeros\n', {}
+        if dets and ids: (s, stats.per_class[iou_type], stats.classes[iou_type]), log = _cocoeval(coco_gt, dets, iou_type, ids, cats)
+        else:
+            s, log, stats.per_class[iou_type] = [0.] * len(STAT_NAMES), 'no detections: all zeros\n', {}
+            stats.classes[iou_type] = no_detections_eval(coco_gt, ids, cats)
         stats.update({f'{iou_type}/{n}': float(v) for n, v in zip(STAT_NAMES, s)})
         logs.append(f'== {iou_type} on {len(ids)} images, {len(mine)} detections\n{log}')
     stats.update({k: stats[v] for k, v in SUMMARY_NAMES.items()})
     stats.log = ''.join(logs)
+    stats.gt_counts, stats.images = gt_counts(coco_gt, ids), len(ids)
+    stats.cat_ids = [int(c) for c in (sorted(coco_gt.getCatIds()) if cat_ids is None else cat_ids)]
+    stats.confusion = confusion_matrix(coco_gt, [r for r, _ in scored], ids, stats.cat_ids)
     return stats
+
+# %% ../nbs/07b_metrics.ipynb #182df248
+def class_rows(stats:CocoStats, class_names=None)->list[dict]:
+    "The 'all' row and one row per class with ground truth: images, instances, and box and mask P, R, mAP50, mAP50-95."
+    names = dict(zip(stats.cat_ids, class_names or []))
+    box, mask = stats.classes['bbox'], stats.classes['segm']
+    def numbers(ce, k): return {'P': ce['P'][k], 'R': ce['R'][k], 'mAP50': ce['mAP50'][k], 'mAP50-95': ce['mAP50-95'][k]}
+    def mean(ce, t):
+        ok = [k for k, n in enumerate(ce['n_gt']) if n]
+        return {'P': float(np.mean([ce['P'][k] for k in ok])) if ok else 0., 'R': float(np.mean([ce['R'][k] for k in ok])) if ok else 0.,
+                'mAP50': stats[f'{t}/mAP50'], 'mAP50-95': stats[f'{t}/mAP50-95'], 'conf': ce['conf']}
+    counts = stats.gt_counts
+    rows = [dict(cls='all', category_id=None, images=stats.images, instances=sum(n for _, n in counts.values()),
+                 box=mean(box, 'bbox'), mask=mean(mask, 'segm'))]
+    for k, c in enumerate(box['cat_ids']):
+        if c in counts: rows.append(dict(cls=str(names.get(c, c)), category_id=c, images=counts[c][0], instances=counts[c][1],
+                                         box=numbers(box, k), mask=numbers(mask, k)))
+    return rows
+
+def class_table(rows:list[dict])->str:
+    "`class_rows` as aligned text, one line per class (as Ultralytics prints it)."
+    w = min(26, max(len(r['cls']) + 2 for r in rows + [dict(cls='Class' * 2)]))
+    head = ['Images', 'Instances', 'Box(P', 'R', 'mAP50', 'mAP50-95)', 'Mask(P', 'R', 'mAP50', 'mAP50-95)']
+    lines = [f"{'Class':>{w}}" + ''.join(f"{h:>11}" for h in head)]
+    for r in rows:
+        v = [r[t][n] for t in ('box', 'mask') for n in ('P', 'R', 'mAP50', 'mAP50-95')]
+        lines.append(f"{r['cls'][:w - 2]:>{w}}{r['images']:>11}{r['instances']:>11}" + ''.join(f"{x:>11.3f}" for x in v))
+    return '\n'.join(lines)
+
+def speed_line(speed:dict)->str:
+    "Milliseconds per image of validation's parts, in one line."
+    return ('Speed: ' + ', '.join(f"{speed[k]:.1f}ms {k}" for k in ('preprocess', 'inference', 'postprocess') if speed.get(k) is not None)
+            + ' per image')
 
 # %% ../nbs/07b_metrics.ipynb #3e84c621
 class Validator:
@@ -328,7 +466,7 @@ class Validator:
 
     def compute(self, coco_gt:COCO)->CocoStats:
         "COCO metrics of everything added since the last `reset`."
-        return coco_evaluate(coco_gt, self.results, self.image_ids, self.mask_stats)
+        return coco_evaluate(coco_gt, self.results, self.image_ids, self.mask_stats, self.cat_ids)
 
     def write(self, path)->str:
         "Write `results` as the predictions JSON (atomically); return its sha256."

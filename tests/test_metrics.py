@@ -19,7 +19,7 @@ from lucid_nb.core import test_bytes_equal as assert_bytes_equal
 from lucid_nb.loss import crop_mask
 from lucid_nb.masks import (batch_mask_runs, mask_runs, mask_runs_full, masks_to_rle, proto_masks, rle_encode, rle_extent, rle_runs,
                             rle_strings, unletterbox_boxes, unletterbox_masks)
-from lucid_nb.metrics import (COCO80_IDS, STAT_NAMES, Validator, box_iou, coco_evaluate, coco_results, load_coco, nms, nms_reference,
+from lucid_nb.metrics import (COCO80_IDS, STAT_NAMES, Validator, box_iou, class_rows, coco_evaluate, coco_results, load_coco, nms, nms_reference,
                               quiet, results_bytes, write_results)
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA GPU')
@@ -695,3 +695,43 @@ def test_greedy_keep_stops_once_every_image_is_full_or_out_of_candidates(monkeyp
         assert int(count[i]) == len(want) and torch.equal(keep[i, :len(want)], want)
     assert int(count[1]) == 100 < 300 <= int(count[0])   # image 0 full within its first chunk, image 1 out of candidates
     assert looks[0] <= 3   # the first chunk (512 candidates) settles the batch: before, all 8 of image 0's chunks (10 looks)
+
+
+# ---------------------------------------------------------------------------------------------------- per class
+def _counted_at(E, conf):
+    "Per category of a plain pycocotools COCOeval: (TP, detections, ground truths) scoring >= `conf` at IoU 0.5, area all, 100 detections, read off its `evalImgs`."
+    out = {}
+    for e in E.evalImgs:
+        if e is None or e['aRng'] != [0, 1e10] or e['maxDet'] != 100: continue
+        tp, det, gt = out.get(e['category_id'], (0, 0, 0))
+        for s, m, ig in zip(e['dtScores'], e['dtMatches'][0], e['dtIgnore'][0]):
+            if s >= conf and not ig: tp, det = tp + (m > 0), det + 1
+        out[e['category_id']] = (tp, det, gt + int((np.asarray(e['gtIgnore']) == 0).sum()))
+    return out
+
+
+def test_per_class_numbers_equal_pycocotools_arrays():
+    "Per-class mAP50 and mAP50-95 equal a plain COCOeval's `eval['precision']` (every category, default parameters); P and R equal a count of its `evalImgs` at the operating point, which has the best mean F1."
+    coco = load_coco(EMBEDDED_ANNOTATIONS)
+    ids = [im['id'] for im in sorted(coco.dataset['images'], key=lambda im: im['file_name'])[-32:]]
+    res = _perturbed_gt_results(coco, ids, seed=1)
+    st = coco_evaluate(coco, res, ids)
+    names = [c['name'] for c in sorted(coco.dataset['categories'], key=lambda c: c['id'])]
+    rows = class_rows(st, names)
+    for t, drop, key in (('bbox', 'segmentation', 'box'), ('segm', 'bbox', 'mask')):
+        gt = COCO(); gt.dataset = copy.deepcopy(coco.dataset); quiet(gt.createIndex)
+        E = COCOeval(gt, quiet(gt.loadRes, [{k: v for k, v in r.items() if k != drop} for r in copy.deepcopy(res)])[0], t)
+        E.params.imgIds = sorted(ids); quiet(E.evaluate); quiet(E.accumulate)
+        prec, cats = E.eval['precision'][:, :, :, 0, 2], list(E.params.catIds)   # area all, 100 detections
+        conf, counts = st.classes[t]['conf'], _counted_at(E, st.classes[t]['conf'])
+        assert len(rows) > 20 and 0 < conf < 1
+        for r in rows[1:]:
+            p = prec[:, :, cats.index(r['category_id'])]
+            assert r[key]['mAP50-95'] == float(p[p > -1].mean()) and r[key]['mAP50'] == float(p[0][p[0] > -1].mean())
+            tp, det, n = counts[r['category_id']]
+            assert n == r['instances'] and r[key]['P'] == (tp / det if det else 0.) and r[key]['R'] == tp / n
+        quiet(E.summarize)
+        assert (rows[0][key]['mAP50-95'], rows[0][key]['mAP50']) == tuple(E.stats[:2])   # the "all" row: COCOeval's summary
+        f1 = lambda c: np.mean([2 * tp / (det + n) for tp, det, n in _counted_at(E, c).values() if n])   # F1 = 2TP / (detections + GT)
+        best = f1(conf)
+        assert best > 0 and all(f1(c) <= best + 1e-12 for c in np.linspace(.02, .98, 13))
