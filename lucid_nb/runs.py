@@ -22,8 +22,8 @@ from .core import *
 from .coco import BadInputError
 from .weights import safe_load
 from .data import YoloData
-from .metrics import write_results
-from .draw import draw_train_batch, draw_val_batch, plot_curves, save_figure, save_jpeg, val_labels_grid
+from .metrics import class_rows, class_table, speed_line, write_results
+from .draw import draw_train_batch, draw_val_batch, plot_curves, save_figure, save_jpeg, save_val_plots, val_labels_grid
 
 # %% auto #0
 __all__ = ['LOCK_NAME', 'WEAK_MAP', 'AtomicCheckpoint', 'CheckpointWriteError', 'free_space', 'write_checkpoint_file',
@@ -31,7 +31,7 @@ __all__ = ['LOCK_NAME', 'WEAK_MAP', 'AtomicCheckpoint', 'CheckpointWriteError', 
            'acquire_run_lock', 'run_lock', 'read_checkpoint', 'local_checkpoint', 'SafeCheckpointIO', 'weak_checkpoint',
            'run_folder', 'write_predictions', 'gather_objects', 'rank_state_hashes', 'say', 'fit_state_hashes',
            'write_json_atomic', 'data_wait', 'val_data_wait', 'checkpoint_seconds', 'process_age', 'start_labels_grid',
-           'RunArtifacts', 'epoch_line', 'EpochSummary', 'class_ap_table']
+           'RunArtifacts', 'epoch_line', 'EpochSummary']
 
 # %% ../nbs/08b_runs.ipynb #cbbc85fc
 class AtomicCheckpoint(ModelCheckpoint):
@@ -415,6 +415,9 @@ class RunArtifacts(Callback):
         csv_path = run/'metrics.csv'
         if csv_path.exists(): plt.close(save_figure(plot_curves(csv_path), run/'curves.png', tight=False))
         part('curves')
+        stats = getattr(module, 'last_val_stats', None)   # the last validation's curves and confusion matrix
+        if stats is not None: save_val_plots(run, stats, getattr(trainer.datamodule, 'class_names', None))
+        part('val_plots')
         preds = run/'predictions.json'
         if results is None and preds.exists(): results = json.loads(preds.read_text())   # a fit that did not validate
         if results is not None:
@@ -441,7 +444,7 @@ def epoch_line(trainer, validated:bool=True)->str:
     return f"epoch {trainer.current_epoch + 1}/{trainer.max_epochs}  loss {terms or '-'}{val}"
 
 class EpochSummary(Callback):
-    "Prints `epoch_line` at the end of every training epoch, and the per-class AP table and the run folder after fit."
+    "Prints `epoch_line` at the end of every training epoch, and the per-class table, the speed and the run folder after fit."
     def on_train_epoch_start(self, trainer, module): self.t0, self.validated = time.perf_counter(), False
     def on_validation_end(self, trainer, module): self.validated = getattr(self, 'validated', False) or not trainer.sanity_checking
     @rank_zero_only
@@ -452,17 +455,6 @@ class EpochSummary(Callback):
         wait_for_checkpoints(trainer)   # "Results saved" only when they are
         run, stats = _run_dir(trainer), getattr(module, 'last_val_stats', None)
         if stats is not None and trainer.datamodule is not None:   # the last validation's own COCOeval, not another
-            dm = trainer.datamodule
-            print(class_ap_table(dm.val_coco(), stats.per_class, dm.class_names, dm.cat_ids))
+            print(class_table(class_rows(stats, trainer.datamodule.class_names)))
+            if (speed := getattr(module, 'last_val_speed', None)) is not None: print(speed_line(speed))
         print(f"Results saved to {run}", flush=True)
-
-# %% ../nbs/08b_runs.ipynb #dd34d68e
-def class_ap_table(coco_gt, per_class:dict, class_names:list, cat_ids:list)->str:
-    "Per-class box and mask AP50-95 (`CocoStats.per_class` of a validation) of the classes in the ground truth, and their mean."
-    box, mask = per_class.get('bbox', {}), per_class.get('segm', {})   # a class without detections scores 0
-    n = {c: len(coco_gt.getAnnIds(catIds=[c], iscrowd=False)) for c in cat_ids}
-    rows = [(name, n[c], box.get(c, 0.), mask.get(c, 0.)) for name, c in zip(class_names, cat_ids) if n[c]]
-    mean = lambda i: np.mean([r[i] for r in rows if r[i] >= 0]) if rows else 0.
-    lines = [f"{'class':<16}{'instances':>10}{'box AP50-95':>13}{'mask AP50-95':>14}",
-             f"{'all':<16}{sum(r[1] for r in rows):>10}{mean(2):>13.4f}{mean(3):>14.4f}"]
-    return '\n'.join(lines + [f"{name[:15]:<16}{k:>10}{b:>13.4f}{m:>14.4f}" for name, k, b, m in rows])

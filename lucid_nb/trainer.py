@@ -6,7 +6,7 @@ Docs: https://lucid-nb.github.io/lucid_nb/trainer.html.md"""
 
 # %% ../nbs/08c_trainer.ipynb #44dd294e
 from __future__ import annotations
-import contextlib, gc, json, math, time
+import contextlib, gc, json, math, os, time
 from pathlib import Path
 from typing import Literal
 import torch
@@ -25,13 +25,13 @@ from .loss import SegLoss
 from .optim import build_optimizer, build_schedule
 from .ema import ModelEMA
 from .recorder import Recorder, model_outputs
-from .metrics import Validator, write_results, CocoStats
-from .draw import draw_results, save_jpeg
+from .metrics import Validator, write_results, CocoStats, class_rows, class_table, speed_line
+from .draw import draw_results, save_jpeg, save_val_plots
 from .runs import AtomicCheckpoint, EpochSummary, RunArtifacts, gather_objects, note, run_folder, say, _now, _run_dir
 
 # %% auto #0
-__all__ = ['DATA_SOURCE', 'LitYolo', 'StepLossBar', 'default_val_group_pixels', 'merge_results', 'PredictionWriter', 'FrozenHeap',
-           'ddp_blocker', 'broadcast_buffers', 'DistributedRun', 'default_callbacks']
+__all__ = ['DATA_SOURCE', 'LitYolo', 'StepLossBar', 'default_val_group_pixels', 'append_jsonl', 'merge_results',
+           'PredictionWriter', 'FrozenHeap', 'ddp_blocker', 'broadcast_buffers', 'DistributedRun', 'default_callbacks']
 
 # %% ../nbs/08c_trainer.ipynb #235f0363
 class LitYolo(L.LightningModule):
@@ -239,7 +239,19 @@ def make_validator(self:LitYolo, conf:float|None=None)->Validator:
 def on_validation_epoch_start(self:LitYolo):
     "A fresh validator and zeroed validation timings; on a GPU, the allocator's cached unused blocks given back first."
     if self.device.type == 'cuda': torch.cuda.empty_cache()
-    self.validator, self.val_seconds = self.make_validator(), dict(forward=0., postprocess=0., evaluate=0.)
+    self.validator, self.val_seconds = self.make_validator(), dict(preprocess=None, forward=0., postprocess=0., evaluate=0.)
+    self.val_images, self.val_batch_t0 = 0, None
+
+@patch
+def _on_before_batch_transfer(self:LitYolo, batch, dataloader_idx:int=0):
+    "Lightning's; in validation and test, the clock of the batch's pre-processing starts here (`_validate_batch` stops it)."
+    # Lightning's loops call this private method of the module before `transfer_batch_to_device` and
+    # `on_after_batch_transfer`, whichever of module and datamodule owns those public hooks (`YoloData` owns the
+    # second; overriding one in both makes Lightning warn and use the datamodule's): the module's one look at a batch
+    # before it moves. Never in training: no synchronisation is added there
+    t = self._trainer
+    if t is not None and (t.validating or t.testing) and not t.sanity_checking: self.val_batch_t0 = _now(t)
+    return super(LitYolo, self)._on_before_batch_transfer(batch, dataloader_idx)
 
 @patch
 def validation_step(self:LitYolo, batch:dict, batch_idx:int):
@@ -250,10 +262,26 @@ def validation_step(self:LitYolo, batch:dict, batch_idx:int):
 def _validate_batch(self:LitYolo, batch:dict):
     "`validation_step`'s work; its tensors are freed when it returns, before `lending` checks what stayed allocated."
     t0 = _now(self.trainer)
+    if (start := getattr(self, 'val_batch_t0', None)) is not None:   # to the device, to float (`on_after_batch_transfer`)
+        self.val_seconds['preprocess'] = (self.val_seconds['preprocess'] or 0.) + t0 - start; self.val_batch_t0 = None
     out = self.ema.module(batch['img'])
     t1 = _now(self.trainer)
     self.validator.update(out, batch)
     self.val_seconds['forward'] += t1 - t0; self.val_seconds['postprocess'] += _now(self.trainer) - t1
+    self.val_images += len(batch['img'])
+
+@patch
+def val_speed(self:LitYolo)->dict:
+    "Milliseconds per image of this validation's pre-processing, inference (the forward) and post-processing (NMS, masks, COCO results), on this process."
+    s, n = self.val_seconds, max(getattr(self, 'val_images', 0), 1)
+    return {k: None if s[v] is None else 1e3 * s[v] / n for k, v in (('preprocess', 'preprocess'), ('inference', 'forward'), ('postprocess', 'postprocess'))}
+
+def append_jsonl(path, obj):
+    "Append `obj` as one JSON line, in one write to a file opened for appending: a killed run leaves whole lines."
+    data, fd = (json.dumps(obj) + '\n').encode(), os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        while data: data = data[os.write(fd, data):]
+    finally: os.close(fd)
 
 # `lucid test` scores the validation split (or the given validation set) exactly as validation does
 LitYolo.on_test_epoch_start, LitYolo.test_step = LitYolo.on_validation_epoch_start, LitYolo.validation_step
@@ -265,18 +293,23 @@ def on_test_epoch_end(self:LitYolo):
 
 @patch
 def on_validation_epoch_end(self:LitYolo):
-    "COCO mAP of the gathered results (logged), a line of `val_metrics.jsonl`, and the predictions JSON (in a fit: at its end)."
+    "COCO mAP of the gathered results (logged), a line of `val_metrics.jsonl`, the predictions JSON (in a fit: at its end); outside a fit the per-class table, the speed and the plots."
     t0 = time.perf_counter()
     metrics = self.score_validation()   # the whole validation set, on one process or several
     self.val_seconds['evaluate'] = time.perf_counter() - t0
     self.log_dict({k: v for k, v in metrics.summary().items()}, prog_bar=True, sync_dist=True, reduce_fx='max')  # equal on every process
     if self.trainer.sanity_checking: return
-    self.last_val_stats = metrics   # its per-class AP makes the table at the end of fit
+    self.last_val_stats, self.last_val_speed = metrics, self.val_speed()   # the table and plots at the end of fit
     if not self.trainer.is_global_zero: return   # one process writes the run's files
     run, line = _run_dir(self.trainer), dict(epoch=self.current_epoch, step=self.global_step)
     if self.trainer.state.fn == 'fit': self.pending_predictions = self.validator.results   # `write_predictions`, once
     else: line['predictions_sha256'] = write_results(run/'predictions.json', self.validator.results)
-    with open(run/'val_metrics.jsonl', 'a') as f: f.write(json.dumps(dict(**line, **metrics)) + '\n')
+    dm = self.trainer.datamodule
+    rows = class_rows(metrics, getattr(dm, 'class_names', None))
+    append_jsonl(run/'val_metrics.jsonl', dict(**line, **metrics, speed=self.last_val_speed, classes=rows))
+    if self.trainer.state.fn == 'fit': return   # a fit prints one line per epoch; its table and plots come at its end
+    say(self.trainer, class_table(rows)); say(self.trainer, speed_line(self.last_val_speed))
+    save_val_plots(run, metrics, getattr(dm, 'class_names', None))
 
 # %% ../nbs/08c_trainer.ipynb #de7b9dbb
 def merge_results(parts:list[tuple],  # per process: (COCO results, image ids, lists of one item per result...) of its images
