@@ -55,7 +55,7 @@ def test_fit_ends_cleanly_with_equal_hashes(native):
 
 def _validation(run:Path)->tuple:
     line = json.loads((run/'val_metrics.jsonl').read_text().splitlines()[-1])
-    return {k: v for k, v in line.items() if '/' in k or k.startswith('mAP') or k == 'predictions_sha256'}, (run/'predictions.json').read_bytes()
+    return {k: v for k, v in line.items() if '/' in k or k.startswith('mAP') or k in ('predictions_sha256', 'classes')}, (run/'predictions.json').read_bytes()
 
 
 def test_two_process_validate_equals_one_process(native):
