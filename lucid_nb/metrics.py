@@ -382,7 +382,7 @@ def class_table(rows:list[dict])->str:
     lines = [f"{'Class':>{w}}" + ''.join(f"{h:>11}" for h in head)]
     for r in rows:
         v = [r[t][n] for t in ('box', 'mask') for n in ('P', 'R', 'mAP50', 'mAP50-95')]
-        lines.append(f"{r['cls'][:w - 2]:>{w}}{r['images']:>11}{r['instances']:>11}" + ''.join(f"{x:>11.3f}" for x in v))
+        lines.append(f"{r['cls'][:w - 2]:>{w}}{r['images']:>11}{r['instances']:>11}" + ''.join(f"{x:>11.3f}" if x is not None else f"{'-':>11}" for x in v))
     return '\n'.join(lines)
 
 def speed_line(speed:dict)->str:
