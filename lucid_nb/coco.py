@@ -63,11 +63,12 @@ class DataReport:
 
 # %% ../nbs/01a_coco.ipynb #27ddd54a
 def _report_lines(self:DataReport, limit:int=8)->list:
+    "The problems by reason and the notes in one line; then, only when there are problems, up to `limit` of them one a line."
     c = self.counts
-    head = f"input problems (on_bad_input={self.policy!r}): " + (', '.join(f"{n} × {r}" for r, n in sorted(c.items())) or 'none')
+    head = (f"input problems (on_bad_input={self.policy!r}): " + ', '.join(f"{n} × {r}" for r, n in sorted(c.items()))) if c else 'input problems: none'
+    if self.notes: head += '; notes: ' + ', '.join(f"{n} × {w}" for w, n in sorted(self.notes.items()))
     lines = [head] + [f"  {w}: {r} -> {a}" for w, r, a in self.problems[:limit]]
     if len(self.problems) > limit: lines.append(f"  ... and {len(self.problems) - limit} more (see `.problems`)")
-    if self.notes: lines.append('notes: ' + ', '.join(f"{n} × {w}" for w, n in sorted(self.notes.items())))
     return lines
 
 DataReport.__str__ = lambda self: '\n'.join(_report_lines(self))

@@ -9,24 +9,26 @@ from __future__ import annotations
 import contextlib, importlib.util, logging, os, shutil, signal, sys, threading, warnings
 from pathlib import Path
 import torch
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import Callback, ModelSummary, RichModelSummary
 from lightning.pytorch.cli import LightningCLI, LightningArgumentParser
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
+from torch import nn
 from jsonargparse import Namespace
 from fastcore.basics import patch
 from .core import *
 from .data import YoloData
+from .model import model_summary
 from .weights import read_weights
 from .runs import LOCK_NAME, RunFolderInUse, SafeCheckpointIO, local_checkpoint, note, read_checkpoint, run_folder, run_lock, weak_checkpoint
 from .trainer import DATA_SOURCE, LitYolo
 
 # %% auto #0
-__all__ = ['RESUME_FIXED', 'HELP', 'RUN_RECORDS', 'UNUSED_RUN_FILES', 'USER_ERRORS', 'OneLineParser', 'LucidCLI',
-           'refuse_resume_changes', 'run_logger', 'add_tensorboard', 'cli_main', 'QuietLightning', 'quiet_lightning',
-           'checkpoint_epoch', 'resume_hint', 'StopSignals', 'refuse_earlier_run', 'remove_unused_run_folder',
-           'one_line', 'main']
+__all__ = ['RESUME_FIXED', 'HELP', 'LIGHTNING_LOGS', 'QUIET_WARNINGS', 'RUN_RECORDS', 'UNUSED_RUN_FILES', 'USER_ERRORS',
+           'OneLineParser', 'LucidCLI', 'refuse_resume_changes', 'run_logger', 'add_tensorboard', 'cli_main',
+           'QuietLightning', 'quiet_lightning', 'model_line', 'ModelLine', 'quiet_trainer', 'checkpoint_epoch',
+           'resume_hint', 'StopSignals', 'refuse_earlier_run', 'remove_unused_run_folder', 'one_line', 'main']
 
 # %% ../nbs/10a_command.ipynb #d9baf6c2
 class OneLineParser(LightningArgumentParser):
@@ -55,6 +57,13 @@ class LucidCLI(LightningCLI):
         parser.link_arguments('data', 'model.num_classes', compute_fn=self.data_classes, apply_on='instantiate')
         parser.add_argument('--tensorboard', type=bool, default=False,
                             help='Also write TensorBoard logs into the run folder (needs the tensorboard package).')
+        parser.add_argument('--verbose', type=bool, default=False,
+                            help="Also print Lightning's start-up lines, its module table and each region's capture line.")
+
+    @staticmethod
+    def subcommands()->dict:
+        "Lightning's subcommands; `lucid validate` and `test` print their results table always: their `--verbose` is `lucid`'s own."
+        return {k: v | {'verbose'} if k in ('validate', 'test') else v for k, v in LightningCLI.subcommands().items()}
 
     def data_classes(self, data:YoloData)->int:
         "The number of classes: the checkpoint's classes when predicting on plain images, else the training JSON's (which must be the checkpoint's)."
@@ -78,6 +87,7 @@ class LucidCLI(LightningCLI):
         init = self.config_init.get(self.subcommand, self.config_init) if self.subcommand else self.config_init
         run_logger(self.trainer, init.trainer.get('logger'), cfg.trainer.get('default_root_dir'))
         if cfg.get('tensorboard'): add_tensorboard(self.trainer)
+        quiet_trainer(self.trainer, bool(cfg.get('verbose')))
         # `--ckpt_path` of another architecture: the check that loading makes, made before anything runs
         if self.ckpt_hparams: self.model.on_load_checkpoint({'hyper_parameters': self.ckpt_hparams})
         if self.subcommand == 'fit' and self.ckpt_hparams: refuse_resume_changes(self.model.hparams, self.ckpt_hparams, self.given_model_options)
@@ -142,15 +152,49 @@ def cli_main(args:list|None=None, run:bool=True)->LucidCLI:
 
 # %% ../nbs/10a_command.ipynb #0b95467e
 class QuietLightning(logging.Filter):
-    "Drops Lightning's cloud adverts and its note that `configure_callbacks` replaces the Trainer's default callbacks."
-    DROP = ('💡 Tip', 'The following callbacks returned in `LightningModule.configure_callbacks` will override')
-    def filter(self, record)->bool: return not str(record.getMessage()).startswith(self.DROP)
+    "Drops the log lines of Lightning that tell a `lucid` user nothing, unless `verbose`."
+    DROP = ('💡 Tip',                                 # adverts for Lightning's cloud services
+            'The following callbacks returned in `LightningModule.configure_callbacks` will override',
+            'Seed set to',                            # `seed_everything`
+            'GPU available:', 'TPU available:', 'HPU available:',   # `_log_device_info` (HPU: older Lightning)
+            'LOCAL_RANK: ',                           # `CUDAAccelerator.setup_device`: the CUDA_VISIBLE_DEVICES of each process
+            'Loading `train_dataloader` to estimate number of stepping batches')   # `estimated_stepping_batches`
+    verbose = False
+    def filter(self, record)->bool: return self.verbose or not str(record.getMessage()).startswith(self.DROP)
 
-def quiet_lightning():
-    "Install `QuietLightning` on the loggers of Lightning's `rank_zero_info` (once)."
-    for name in ('lightning.pytorch.utilities.rank_zero', 'lightning.fabric.utilities.rank_zero'):
+LIGHTNING_LOGS = ('lightning.pytorch.utilities.rank_zero', 'lightning.fabric.utilities.rank_zero',   # `rank_zero_info`
+                  'lightning.fabric.utilities.seed', 'lightning.pytorch.accelerators.cuda')
+QUIET_WARNINGS = ('No seed found, seed set to',                                   # `seed_everything()` without a seed
+                  'The number of training batches .* is smaller than the logging interval')   # `_FitLoop.setup_data`
+
+def quiet_lightning(verbose:bool=False):
+    "Install `QuietLightning` on the loggers of Lightning's start-up lines (once) and ignore `QUIET_WARNINGS`; `verbose`: let all through."
+    QuietLightning.verbose = verbose
+    for name in LIGHTNING_LOGS:
         log = logging.getLogger(name)
         if not any(isinstance(f, QuietLightning) for f in log.filters): log.addFilter(QuietLightning())
+    # the newest filter wins: 'default' (Python's own action for these warnings) undoes an earlier 'ignore'
+    for msg in QUIET_WARNINGS: warnings.filterwarnings('default' if verbose else 'ignore', message=msg)
+
+# %% ../nbs/10a_command.ipynb #7c2e4a02
+def model_line(net:nn.Module, size:int)->str:
+    "The network in one line: parameters, GFLOPs of one (1,3,size,size) forward, megabytes of its parameters."
+    s, mb = model_summary(net, size), sum(p.numel() * p.element_size() for p in net.parameters()) / 1e6
+    return f"model: {s.params:,} parameters, {s.gflops:.3g} GFLOPs at {size} px, {mb:.1f} MB"
+
+class ModelLine(Callback):
+    "At fit start, `model_line` of the module's network at the data's image size, and the run folder."
+    def on_fit_start(self, trainer, module):
+        run, dm = run_folder(trainer), trainer.datamodule   # on every process: the run folder may be a collective
+        size = dm.hparams.imgsz if dm is not None and 'imgsz' in dm.hparams else 640
+        if trainer.is_global_zero: print(f"{model_line(getattr(module, 'model', module), size)}; run folder {run}", flush=True)
+
+def quiet_trainer(trainer, verbose:bool=False):
+    "`ModelLine` where the trainer has Lightning's module table, which it replaces unless `verbose`; `trainer.lucid_verbose` for the recorder."
+    trainer.lucid_verbose = verbose
+    tables = [c for c in trainer.callbacks if type(c) in (ModelSummary, RichModelSummary)]
+    if tables and not verbose: trainer.callbacks = [c for c in trainer.callbacks if c not in tables]
+    if tables: trainer.callbacks.append(ModelLine())
 
 # %% ../nbs/10a_command.ipynb #30d045dc
 def checkpoint_epoch(path)->int|None:
@@ -254,12 +298,14 @@ def _run_subcommand(self:LucidCLI, subcommand:str):
 # %% ../nbs/10a_command.ipynb #3d1a2fc7
 @patch
 def parse_arguments(self:LucidCLI, parser, args):
-    "Parse as LightningCLI does, and remember which model options the command line and `--config` gave."
+    "Parse as LightningCLI does, remember which model options the command line and `--config` gave, and quiet Lightning unless `--verbose true`."
     argv = sys.argv[1:] if args is None else args
     if isinstance(argv, (list, tuple)):
         OneLineParser.config_files = tuple([b for a, b in zip(argv, argv[1:]) if a == '--config'] +
                                            [a.split('=', 1)[1] for a in argv if str(a).startswith('--config=')])
     LightningCLI.parse_arguments(self, parser, args)
+    sub = self.config.get('subcommand')   # None: `run=False` (notebooks, tests)
+    quiet_lightning(bool((self.config[sub] if sub else self.config).get('verbose')))   # before the seed's line
     given = parser.parse_object(args, defaults=False) if isinstance(args, (dict, Namespace)) else parser.parse_args(args, defaults=False)
     pre = f"{given.subcommand}." if given.get('subcommand') else ''
     model, data = given.get(f"{pre}model"), given.get(f"{pre}data")

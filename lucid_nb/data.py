@@ -257,11 +257,11 @@ def _setup_datasets(self:YoloData, tr:list, va:list, tkey:tuple, vkey:tuple, vsr
 # %% ../nbs/01d_data.ipynb #e6fb98a6
 @patch
 def summary(self:YoloData)->str:
-    "What was loaded: images, instances, classes, cache, problems."
+    "What was loaded, in one line: images, instances, classes, cache, problems and notes (a line more for each problem listed)."
     h, tr, va = self.hparams, self._train, self._val
     inst = lambda ds: sum(len(r.instances) for r in ds.records)
     return (f"lucid_nb data: train {len(tr)} images ({inst(tr)} instances), val {len(va)} images ({inst(va)} instances), "
-            f"{self.num_classes} classes; imgsz {h.imgsz}, cache {h.cache!r}, prepared in {self.setup_seconds:.1f} s\n{self.report}")
+            f"{self.num_classes} classes; imgsz {h.imgsz}, cache {h.cache!r}, prepared in {self.setup_seconds:.1f} s; {self.report}")
 
 @patch
 def __str__(self:YoloData)->str:

@@ -59,6 +59,7 @@ log = logging.getLogger('lucid_nb.recorder')
 class Region:
     "One named region of the training step that a `Recorder` records and replays: counts, reasons, the backend."
     option, what = '', ''              # the command-line option, and what runs natively ('the head', 'the update')
+    say_blocked = True                 # False: the `Recorder` says why the fit cannot record, for all its regions at once
     def __init__(self,
                  backend=None,         # None: `CudaGraphs()` when the fit can record; `EagerGraphs()` for tests
                  max_records:int=3):   # recordings per fit before moved tensors make it give up
@@ -76,7 +77,8 @@ class Region:
         self.release(); self.reset_stats()
         self.blocked = blocked
         self.backend_ = self.backend or ((self.shared or CudaGraphs()) if blocked is None else None)
-        if blocked: self.note(blocked); self.reasons[blocked] = 0  # said once now; counted per call later
+        if blocked and self.say_blocked: self.note(blocked)
+        if blocked: self.reasons[blocked] = 0  # said once (here or by the Recorder); counted per call later
 
 # %% ../nbs/06b_recorder.ipynb #49b8b2ac
 @patch
@@ -382,6 +384,8 @@ class Recorder(Callback):
                  model_path:str='model',   # attribute path of the trained network in the LightningModule
                  max_records:int=3):       # recordings per region and fit before moved tensors make it give up
         self.regions = {}
+        self.options = 'capture_train_step' if step else ' and '.join(   # what the user asked for, to name in lines
+            o for o, on in (('capture_segment_heads', head), ('capture_optimizer_step', optimizer)) if on)
         if head or step: self.regions['head'] = HeadRegion(backend, head_path, max_records)
         if optimizer or step: self.regions['optimizer'] = UpdateRegion(backend, max_records)
         if step:
@@ -422,7 +426,21 @@ def on_fit_start(self:Recorder, trainer, module):
     if 'step' in self.regions:   # one memory pool for the graphs replayed one after the other in every step
         shared = CudaGraphs()
         for name in ('step', 'optimizer', 'ema'): self.regions[name].shared = shared
-    for r in self.regions.values(): r.fit_start(trainer, module)
+    verbose = getattr(trainer, 'lucid_verbose', False)   # `lucid --verbose true`: each region's own line
+    for r in self.regions.values(): r.say_blocked = verbose; r.fit_start(trainer, module)
+    if not verbose:
+        for line in self.blocked_lines(): log.warning(line)
+
+@patch
+def blocked_lines(self:Recorder)->list[str]:
+    "Why this fit cannot record, one line per reason: the option, what runs natively instead, and why."
+    why = {}
+    for r in self.regions.values():
+        if r.blocked: why.setdefault(r.blocked, []).append(r.what)
+    whole = len(why) == 1 and 'step' in self.regions and all(r.blocked for r in self.regions.values())
+    return [f"{self.options}: the whole training step runs natively: {reason}" if whole else
+            f"{self.options}: {' and '.join(what)} run{'s' if len(what) == 1 else ''} natively: {reason}"
+            for reason, what in why.items()]
 
 @patch
 def on_train_batch_start(self:Recorder, trainer, module, batch, batch_idx):
@@ -447,15 +465,24 @@ def report(self:Recorder)->dict:
 # %% ../nbs/06b_recorder.ipynb #72f1f6e2
 @patch
 def on_fit_end(self:Recorder, trainer, module):
-    for r in self.regions.values():
-        rec = r.recordings
-        rank_zero_info(f"{r.option}: {r.summary()}" + (f"; recorded in {sum(x['seconds'] for x in rec):.2f} s, "
-                       f"{sum(x['reserved_mib'] for x in rec):.0f} MiB more reserved" if rec else ''))
+    for line in self.summary_lines(getattr(trainer, 'lucid_verbose', False)): rank_zero_info(line)
     run = trainer.log_dir or trainer.default_root_dir   # asked on every process: under DDP `log_dir` is a collective
     if trainer.is_global_zero and run:
         atomic_write(Path(run)/'recorder.json',
                      json.dumps(self.report(), indent=1, sort_keys=True).encode())
     self.release()
+
+def _recorded(rec:list)->str:
+    return f"; recorded in {sum(x['seconds'] for x in rec):.2f} s, {sum(x['reserved_mib'] for x in rec):.0f} MiB more reserved" if rec else ''
+
+@patch
+def summary_lines(self:Recorder, verbose:bool=False)->list[str]:
+    "What the regions did in this fit: one line, only when something was recorded, of the regions that ran; `verbose`: a line per region."
+    rs = list(self.regions.values())
+    if verbose: return [f"{r.option}: {r.summary()}{_recorded(r.recordings)}" for r in rs]
+    rec = [x for r in rs for x in r.recordings]
+    ran = [r.summary() for r in rs if r.replayed or r.native or r.recordings]   # the whole step's head region may never run
+    return [f"{self.options}: {'; '.join(ran)}{_recorded(rec)}"] if rec else []
 
 @patch
 def teardown(self:Recorder, trainer, module, stage): self.release()
