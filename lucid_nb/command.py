@@ -158,7 +158,8 @@ class QuietLightning(logging.Filter):
             'Seed set to',                            # `seed_everything`
             'GPU available:', 'TPU available:', 'HPU available:',   # `_log_device_info` (HPU: older Lightning)
             'LOCAL_RANK: ',                           # `CUDAAccelerator.setup_device`: the CUDA_VISIBLE_DEVICES of each process
-            'Loading `train_dataloader` to estimate number of stepping batches')   # `estimated_stepping_batches`
+            'Loading `train_dataloader` to estimate number of stepping batches',   # `estimated_stepping_batches`
+            'Using bfloat16 Automatic Mixed Precision', 'Using 16bit Automatic Mixed Precision')   # --trainer.precision, said back
     verbose = False
     def filter(self, record)->bool: return self.verbose or not str(record.getMessage()).startswith(self.DROP)
 
