@@ -25,10 +25,11 @@ from .runs import LOCK_NAME, RunFolderInUse, SafeCheckpointIO, local_checkpoint,
 from .trainer import DATA_SOURCE, LitYolo
 
 # %% auto #0
-__all__ = ['RESUME_FIXED', 'HELP', 'LIGHTNING_LOGS', 'QUIET_WARNINGS', 'RUN_RECORDS', 'UNUSED_RUN_FILES', 'USER_ERRORS',
-           'OneLineParser', 'LucidCLI', 'refuse_resume_changes', 'run_logger', 'add_tensorboard', 'cli_main',
-           'QuietLightning', 'quiet_lightning', 'model_line', 'ModelLine', 'quiet_trainer', 'checkpoint_epoch',
-           'resume_hint', 'StopSignals', 'refuse_earlier_run', 'remove_unused_run_folder', 'one_line', 'main']
+__all__ = ['BATCH_LIMITS', 'RESUME_FIXED', 'HELP', 'LIGHTNING_LOGS', 'QUIET_WARNINGS', 'RUN_RECORDS', 'UNUSED_RUN_FILES',
+           'USER_ERRORS', 'OneLineParser', 'LucidCLI', 'refuse_resume_changes', 'run_logger', 'add_tensorboard',
+           'cli_main', 'QuietLightning', 'quiet_lightning', 'model_line', 'ModelLine', 'quiet_trainer',
+           'checkpoint_epoch', 'resume_hint', 'StopSignals', 'refuse_earlier_run', 'remove_unused_run_folder',
+           'one_line', 'main']
 
 # %% ../nbs/10a_command.ipynb #d9baf6c2
 class OneLineParser(LightningArgumentParser):
@@ -51,6 +52,11 @@ class OneLineParser(LightningArgumentParser):
         sys.exit(2)
 
 # %% ../nbs/10a_command.ipynb #ec8e719d
+# `--trainer.limit_train_batches 1` means one batch. Lightning types these `float | int | None`, float first, so
+# jsonargparse reads `1` (and `limit_train_batches: 1` in a config) as 1.0, which Lightning takes as 100 % of the
+# batches: a whole epoch where one batch was asked for. `LucidCLI` parses them int first; `1.0` still means all.
+BATCH_LIMITS = ('limit_train_batches', 'limit_val_batches', 'limit_test_batches', 'limit_predict_batches')
+
 class LucidCLI(LightningCLI):
     "`lucid`: LightningCLI for `LitYolo` + `YoloData`."
     def add_arguments_to_parser(self, parser):
@@ -59,6 +65,8 @@ class LucidCLI(LightningCLI):
                             help='Also write TensorBoard logs into the run folder (needs the tensorboard package).')
         parser.add_argument('--verbose', type=bool, default=False,
                             help="Also print Lightning's start-up lines, its module table and each region's capture line.")
+        for a in parser._actions:   # jsonargparse's ActionTypeHint keeps the type it parses with in `_typehint`
+            if a.dest in {f'trainer.{n}' for n in BATCH_LIMITS}: a._typehint = int | float | None
 
     @staticmethod
     def subcommands()->dict:

@@ -92,3 +92,13 @@ def test_out_of_range_model_options_are_named(tmp_path, monkeypatch, capsys, opt
     assert lucid_main(monkeypatch, *tiny(tmp_path, f'--model.{option}', value, epochs=1)) == 2
     last_line = capsys.readouterr().err.strip().splitlines()[-1]
     assert last_line.startswith(f'lucid: error: --model.{option}={float(value) if option != "max_det" else int(value)} {says}'), last_line
+
+
+@pytest.mark.parametrize('given, means', [('1', 1), ('3', 3), ('1.0', 1.0), ('0.25', 0.25)])
+def test_batch_limits_are_counts_when_written_as_integers(tmp_path, given, means):
+    "Lightning types `limit_*_batches` float first, so `1` became 1.0 (all batches); `1` must mean one batch, on the command line and in a config."
+    from lucid_nb.command import cli_main
+    (cfg := tmp_path / 'limits.yaml').write_text(f'trainer:\n  limit_val_batches: {given}\n')
+    cli = cli_main([*tiny(tmp_path)[1:], '--config', str(cfg), '--trainer.limit_train_batches', given], run=False)
+    for limit in (cli.trainer.limit_train_batches, cli.trainer.limit_val_batches):
+        assert limit == means and type(limit) is type(means), (given, limit)
