@@ -6,13 +6,13 @@ Docs: https://lucid-nb.github.io/lucid_nb/cli.html.md"""
 
 # %% ../nbs/10b_cli.ipynb #a6e44897
 from __future__ import annotations
-import atexit, contextlib, gc, os, sys, threading
+import atexit, contextlib, gc, os, signal, sys, threading
 from pathlib import Path
 from .allocator import allocator_defaults   # os alone: no heavy import
 
 # %% auto #0
 __all__ = ['LEAN_IMPORTS_HIDE', 'bytecode_cache', 'enable_bytecode_cache', 'HiddenDistributions', 'lean_imports',
-           'collector_paused', 'exit_status', 'exit_now', 'run', 'main']
+           'collector_paused', 'exit_status', 'exit_now', 'interrupted_line', 'run', 'main']
 
 # %% ../nbs/10b_cli.ipynb #47b87641
 def bytecode_cache()->str|None:
@@ -83,6 +83,13 @@ def exit_now(status:int):
         except (OSError, ValueError): pass   # a closed pipe or stream: nothing more to write
     os._exit(status)
 
+# %% ../nbs/10b_cli.ipynb #4f4e3427
+def interrupted_line(argv:list)->str:
+    "What `lucid` says after a Ctrl-C that came before its work was saved: start-up, a fit before its loop, the other subcommands."
+    sub = argv[1] if len(argv) > 1 and not argv[1].startswith('-') else None
+    if sub == 'fit': return "lucid: interrupted by Ctrl-C before training started; nothing was saved"
+    return f"lucid: {sub + ' ' if sub else ''}interrupted by Ctrl-C before it finished: run it again"
+
 # %% ../nbs/10b_cli.ipynb #a7a29ed0
 def run()->int:
     "Run the `lucid` command of `sys.argv` in this process and return its exit status: `lucid export` goes to `lucid_nb.predict`, every other subcommand to Lightning's CLI."
@@ -97,7 +104,10 @@ def run()->int:
     except SystemExit as e: return exit_status(e.code)
 
 def main():
-    "The `lucid` console script: `run`, then the process ends at once (`exit_now`); `LUCID_NB_FAST_EXIT=0` exits the ordinary way."
-    status = run()
+    "The `lucid` console script: `run`, then the process ends at once (`exit_now`); `LUCID_NB_FAST_EXIT=0` exits the ordinary way; a Ctrl-C that reaches it is one line and status 130."
+    try: status = run()   # every import of `run` inside: a Ctrl-C while torch loads is caught too
+    except KeyboardInterrupt:
+        if os.environ.get('LUCID_DEBUG') == '1': raise
+        print(interrupted_line(sys.argv), file=sys.stderr, flush=True); status = 128 + signal.SIGINT
     if os.environ.get('LUCID_NB_FAST_EXIT', '1') == '0': sys.exit(status)
     exit_now(status)

@@ -28,8 +28,8 @@ from .trainer import DATA_SOURCE, LitYolo
 __all__ = ['BATCH_LIMITS', 'RESUME_FIXED', 'HELP', 'LIGHTNING_LOGS', 'QUIET_WARNINGS', 'RUN_RECORDS', 'UNUSED_RUN_FILES',
            'USER_ERRORS', 'OneLineParser', 'LucidCLI', 'refuse_resume_changes', 'run_logger', 'add_tensorboard',
            'cli_main', 'QuietLightning', 'quiet_lightning', 'model_line', 'ModelLine', 'quiet_trainer',
-           'checkpoint_epoch', 'resume_hint', 'StopSignals', 'refuse_earlier_run', 'remove_unused_run_folder',
-           'one_line', 'main']
+           'checkpoint_epoch', 'resume_hint', 'Interrupted', 'StopSignals', 'refuse_earlier_run',
+           'remove_unused_run_folder', 'one_line', 'main']
 
 # %% ../nbs/10a_command.ipynb #d9baf6c2
 class OneLineParser(LightningArgumentParser):
@@ -224,12 +224,15 @@ def resume_hint(trainer)->str:
                     f"resume with the same options and --ckpt_path {last}")
     return 'no epoch had finished, so there is no checkpoint to resume from: run it again'
 
+class Interrupted(BaseException): "A Ctrl-C before the fit loop: nothing to save. Not a `KeyboardInterrupt`, so Lightning adds no line of its own."
+
 class StopSignals(Callback):
-    "SIGINT (Ctrl-C) handled as SIGTERM while the fit loop runs: Lightning's SIGTERM flag set, the run stopped after the current step; a second Ctrl-C, or one outside the fit loop, raises `KeyboardInterrupt` at once."
+    "SIGINT (Ctrl-C) handled as SIGTERM while the fit loop runs: Lightning's SIGTERM flag set, the run stopped after the current step; one before the fit loop raises `Interrupted`, a second one `KeyboardInterrupt`, at once."
     def __init__(self): super().__init__(); self.trainer, self.armed, self.ctrl_c = None, False, False
     def on_train_start(self, trainer, module): self.trainer, self.armed = trainer, True   # Lightning's flag is reset before
     def __call__(self, signum, frame):
-        if self.ctrl_c or not self.armed: raise KeyboardInterrupt
+        if not self.armed: raise Interrupted
+        if self.ctrl_c: raise KeyboardInterrupt
         self.ctrl_c = True
         self.trainer._signal_connector.received_sigterm = True   # what Lightning's SIGTERM handler sets
 
@@ -265,17 +268,18 @@ def _run_locked(self:LucidCLI, subcommand:str, run:Path|None, fresh:bool):
     with run_lock(run) if run is not None else contextlib.nullcontext(), warnings.catch_warnings(), stops.installed(self.trainer):
         if fresh: warnings.filterwarnings('ignore', message='Experiment logs directory .* exists and is not empty')  # our lock
         try: LightningCLI._run_subcommand(self, subcommand)
+        except Interrupted: raise KeyboardInterrupt from None   # one line from `lucid_nb.cli.main`, status 130
         except KeyboardInterrupt:   # a Ctrl-C outside the trainer's own handling
             if os.environ.get('LUCID_DEBUG') == '1': raise
-            note(_stop_line(subcommand, 'Ctrl-C', self.trainer)); raise SystemExit(1) from None
+            note(_stop_line(subcommand, 'Ctrl-C', self.trainer)); raise SystemExit(128 + signal.SIGINT) from None
         except SystemExit as e:  # SIGTERMException after SIGTERM or a first Ctrl-C; Lightning's sys.exit(1) after a second
             if not self.trainer.interrupted: raise
             sigterm = isinstance(e, SIGTERMException) and not stops.ctrl_c
-            sig, status = ('SIGTERM', 128 + signal.SIGTERM) if sigterm else ('Ctrl-C', 1)
+            sig, status = ('SIGTERM', 128 + signal.SIGTERM) if sigterm else ('Ctrl-C', 128 + signal.SIGINT)
             note(_stop_line(subcommand, sig, self.trainer))
             raise SystemExit(status) from None
         if stops.ctrl_c or self.trainer.received_sigterm:   # it came after the last check: the fit ended as it would have
-            sig, status = ('Ctrl-C', 1) if stops.ctrl_c else ('SIGTERM', 128 + signal.SIGTERM)
+            sig, status = ('Ctrl-C', 128 + signal.SIGINT) if stops.ctrl_c else ('SIGTERM', 128 + signal.SIGTERM)
             done = f"all {self.trainer.max_epochs} epochs" if subcommand == 'fit' else 'its work'
             note(f"{subcommand} received {sig} as it ended, after {done}: it finished, and its results are in {run}")
             raise SystemExit(status)
@@ -393,7 +397,7 @@ USER_ERRORS = (ValueError, OSError, RunFolderInUse, MisconfigurationException)
 def one_line(e:BaseException)->str: return '; '.join(l.strip() for l in str(e).splitlines() if l.strip()) or type(e).__name__
 
 def main(run=None):  # what to run (default: `cli_main`, the Lightning subcommands)
-    "The `lucid` command: exit status 0 on success, 2 after a user error (one line), 143 after SIGTERM, 1 after Ctrl-C."
+    "The `lucid` command: exit status 0 on success, 2 after a user error (one line), 143 after SIGTERM, 130 after Ctrl-C."
     try: (run or cli_main)()
     except USER_ERRORS as e:
         if os.environ.get('LUCID_DEBUG') == '1': raise

@@ -29,9 +29,9 @@ from .draw import draw_train_batch, draw_val_batch, plot_curves, save_figure, sa
 __all__ = ['LOCK_NAME', 'WEAK_MAP', 'AtomicCheckpoint', 'CheckpointWriteError', 'free_space', 'write_checkpoint_file',
            'wait_for_checkpoints', 'link_or_copy', 'note', 'RunFolderInUse', 'read_lock', 'lock_owner_alive',
            'acquire_run_lock', 'run_lock', 'read_checkpoint', 'local_checkpoint', 'SafeCheckpointIO', 'weak_checkpoint',
-           'run_folder', 'write_predictions', 'gather_objects', 'rank_state_hashes', 'say', 'fit_state_hashes',
-           'write_json_atomic', 'data_wait', 'val_data_wait', 'checkpoint_seconds', 'process_age', 'start_labels_grid',
-           'RunArtifacts', 'epoch_line', 'EpochSummary']
+           'run_folder', 'write_predictions', 'gather_objects', 'rank_state_hashes', 'say', 'close_bars',
+           'fit_state_hashes', 'write_json_atomic', 'data_wait', 'val_data_wait', 'checkpoint_seconds', 'process_age',
+           'start_labels_grid', 'RunArtifacts', 'epoch_line', 'EpochSummary']
 
 # %% ../nbs/08b_runs.ipynb #cbbc85fc
 class AtomicCheckpoint(ModelCheckpoint):
@@ -295,6 +295,13 @@ def say(trainer, msg:str):
     bar = trainer.progress_bar_callback
     (bar.print if bar is not None else print)(msg)
 
+def close_bars(trainer):
+    "Close the progress bar's open bars, so that what is printed next starts on a line of its own."
+    bar = trainer.progress_bar_callback
+    for name in ('_predict_progress_bar', '_test_progress_bar', '_val_progress_bar', '_train_progress_bar'):   # Lightning's `TQDMProgressBar`
+        b = getattr(bar, name, None)
+        if b is not None and not b.disable: b.close()   # a closed bar is disabled
+
 def fit_state_hashes(trainer, module)->dict:
     "Byte hashes of everything a resumed or replayed run must reproduce."
     sched = trainer.lr_scheduler_configs[0].scheduler if trainer.lr_scheduler_configs else None
@@ -450,6 +457,7 @@ class EpochSummary(Callback):
     @rank_zero_only
     def on_train_epoch_end(self, trainer, module):
         say(trainer, f"{epoch_line(trainer, getattr(self, 'validated', True))}  {time.perf_counter() - getattr(self, 't0', time.perf_counter()):.1f} s")
+    def on_exception(self, trainer, module, exception): close_bars(trainer)   # the stop or error line after it starts a line
     @rank_zero_only
     def on_fit_end(self, trainer, module):
         wait_for_checkpoints(trainer)   # "Results saved" only when they are

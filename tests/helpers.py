@@ -51,6 +51,14 @@ class WaitForSignal(Callback):
         while not trainer.received_sigterm and time.monotonic() < deadline: time.sleep(0.05)
 
 
+class WaitAtSetup(Callback):
+    """Holds a `lucid` subprocess in the trainer's set-up (its data read, the fit loop not started) until a signal
+    comes, after touching `$WAIT_MARKER`."""
+    def setup(self, trainer, module, stage):
+        Path(os.environ['WAIT_MARKER']).touch()
+        time.sleep(300)
+
+
 class FullDisk(Callback):
     "Every checkpoint write from epoch `$FULL_DISK_EPOCH` (default 0) on fails with ENOSPC, as on a disk that fills up."
     def on_train_epoch_start(self, trainer, module):

@@ -125,7 +125,7 @@ def resume(tmp: Path, ckpt: Path) -> dict:
     return hashes
 
 
-@pytest.mark.parametrize('sig, status', [(signal.SIGTERM, 143), (signal.SIGINT, 1)], ids=['SIGTERM', 'SIGINT'])
+@pytest.mark.parametrize('sig, status', [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=['SIGTERM', 'SIGINT'])
 def test_signal_stops_with_a_resume_hint(reference, tmp_path, sig, status):
     proc = start_fit(tmp_path)
     run = tmp_path / 'runs' / 'tiny' / 'version_0'
@@ -314,7 +314,7 @@ def test_ctrl_c_right_after_the_epoch_line_keeps_the_epoch(tmp_path, epoch):
     out, err = signal_at_line(proc, f'epoch {epoch}/3', signal.SIGINT)
     last = ckpts(tmp_path / 'runs' / 'tiny' / 'v') / 'last.ckpt'
     last_line = err.strip().splitlines()[-1]
-    assert proc.returncode == 1, err[-3000:]
+    assert proc.returncode == 130, err[-3000:]
     assert 'stopped by Ctrl-C' in last_line and f'{last} holds epoch {epoch}/3' in last_line, last_line
     assert f'--ckpt_path {last}' in last_line and 'Traceback' not in err
     assert load(last)['epoch'] == epoch - 1
@@ -387,3 +387,36 @@ def test_resume_refuses_an_optimiser_option_it_cannot_honour(one_epoch, tmp_path
     assert last_line.startswith("lucid: error: --model.lr 0.05 (the checkpoint's: 0.01)") and '--model.weights' in last_line, last_line
     assert not list(tmp_path.rglob('*.ckpt')) and not list(tmp_path.rglob('hparams.yaml'))
     assert lucid_main(monkeypatch, *tiny(tmp_path, '--ckpt_path', str(last), '--model.lr', '0.01', epochs=2)) == 0   # the same value: fine
+
+
+# ---- Ctrl-C before the fit loop; the stop line after a progress bar (issue 39) ----
+
+@pytest.mark.parametrize('when', [0.3, 1.0, 'setup'], ids=['0.3 s', '1 s', 'trainer setup'])
+def test_ctrl_c_before_training_is_one_line(tmp_path, when):
+    "A Ctrl-C while torch is imported, the options parsed or the trainer set up: one line, status 130, no traceback, no run folder."
+    extra = ('--trainer.callbacks', 'helpers.WaitAtSetup') if when == 'setup' else ()
+    proc = start_lucid(tmp_path, *extra, env={'WAIT_MARKER': str(tmp_path / 'waiting')})
+    if when == 'setup': wait_for(tmp_path / 'waiting', proc)
+    else: time.sleep(when)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=300)
+    said = 'lucid: interrupted by Ctrl-C before training started; nothing was saved'
+    assert proc.returncode == 130, err[-3000:]
+    assert err.strip().splitlines()[-1] == said and (out + err).count(said) == 1, err[-3000:]
+    assert 'Traceback' not in err and 'KeyboardInterrupt' not in out + err, err[-3000:]
+    assert not (tmp_path / 'runs' / 'tiny' / 'v').exists()
+
+
+def test_stop_line_starts_a_line_after_the_progress_bar(tmp_path):
+    "SIGTERM with the progress bar on (stdout and stderr in one stream, as in a terminal): the stop line is not glued to the bar."
+    env = {**os.environ, 'PYTHONPATH': os.pathsep.join([str(TESTS), os.environ.get('PYTHONPATH', '')])}
+    proc = subprocess.Popen([str(LUCID), *tiny(tmp_path, '--trainer.enable_progress_bar', 'true', epochs=3, version='v')],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen = []
+    for line in proc.stdout:   # text mode: the bar's carriage returns end lines too
+        seen.append(line)
+        if 'epoch 1/3' in line: proc.send_signal(signal.SIGTERM); break
+    rest, _ = proc.communicate(timeout=300)
+    stop = [l for l in (''.join(seen) + rest).splitlines() if 'stopped by SIGTERM' in l]
+    assert proc.returncode == 143 and len(stop) == 1, (''.join(seen) + rest)[-3000:]
+    assert stop[0].startswith('lucid: fit stopped by SIGTERM'), stop[0]
