@@ -20,7 +20,7 @@ from torch import Tensor
 from fastcore.basics import patch
 from .core import *
 from .coco import BadInputError
-from .weights import safe_load
+from .weights import safe_load, with_hashes
 from .data import YoloData
 from .metrics import class_rows, class_table, speed_line, write_results
 from .draw import draw_train_batch, draw_val_batch, plot_curves, save_figure, save_jpeg, save_val_plots, val_labels_grid
@@ -28,10 +28,11 @@ from .draw import draw_train_batch, draw_val_batch, plot_curves, save_figure, sa
 # %% auto #0
 __all__ = ['LOCK_NAME', 'WEAK_MAP', 'AtomicCheckpoint', 'CheckpointWriteError', 'free_space', 'write_checkpoint_file',
            'wait_for_checkpoints', 'link_or_copy', 'note', 'RunFolderInUse', 'read_lock', 'lock_owner_alive',
-           'acquire_run_lock', 'run_lock', 'read_checkpoint', 'local_checkpoint', 'SafeCheckpointIO', 'weak_checkpoint',
-           'run_folder', 'write_predictions', 'gather_objects', 'rank_state_hashes', 'say', 'close_bars',
-           'fit_state_hashes', 'write_json_atomic', 'data_wait', 'val_data_wait', 'checkpoint_seconds', 'process_age',
-           'start_labels_grid', 'RunArtifacts', 'epoch_line', 'EpochSummary']
+           'acquire_run_lock', 'run_lock', 'remove_leftovers', 'read_checkpoint', 'local_checkpoint',
+           'SafeCheckpointIO', 'weak_checkpoint', 'run_folder', 'write_predictions', 'gather_objects',
+           'rank_state_hashes', 'say', 'close_bars', 'fit_state_hashes', 'write_json_atomic', 'data_wait',
+           'val_data_wait', 'checkpoint_seconds', 'process_age', 'start_labels_grid', 'RunArtifacts', 'epoch_line',
+           'EpochSummary']
 
 # %% ../nbs/08b_runs.ipynb #cbbc85fc
 class AtomicCheckpoint(ModelCheckpoint):
@@ -57,8 +58,8 @@ class AtomicCheckpoint(ModelCheckpoint):
             if trainer.is_global_zero:
                 state = apply_to_collection(state, Tensor, lambda t: t.detach().to('cpu', copy=True))   # this step's values
                 io = trainer.strategy.checkpoint_io   # Lightning's own stages the file in $TMPDIR: written here, beside its name
-                self._submit((lambda: write_checkpoint_file(state, tmp)) if type(io).save_checkpoint is TorchCheckpointIO.save_checkpoint else
-                             (lambda: io.save_checkpoint(state, tmp)), tmp, filepath)
+                save = write_checkpoint_file if type(io).save_checkpoint is TorchCheckpointIO.save_checkpoint else io.save_checkpoint
+                self._submit(lambda: save(with_hashes(state), tmp), tmp, filepath)   # hashed in the writer's thread too
             trainer.strategy.barrier("AtomicCheckpoint")
         self._last_global_step_saved, self._last_checkpoint_saved = trainer.global_step, filepath
         if trainer.is_global_zero:
@@ -145,6 +146,8 @@ def on_load_checkpoint(self:AtomicCheckpoint, trainer, module, checkpoint:dict):
     "Refuse to resume a fit from a checkpoint of its last epoch; remember where the resumed checkpoint lies."
     if trainer.state.fn != 'fit': return
     self._resumed_from = trainer.ckpt_path
+    if trainer.is_global_zero and trainer.ckpt_path and Path(trainer.ckpt_path).parent != Path(self.dirpath or ''):
+        remove_leftovers(Path(trainer.ckpt_path).parent)   # a new version folder: the old one's are not swept by our saves
     current = checkpoint.get('loops', {}).get('fit_loop', {}).get('epoch_progress', {}).get('current', {})
     done = current.get('processed', checkpoint.get('epoch', -2) + 1)   # epochs finished (saved at an epoch's end)
     if trainer.max_epochs is not None and trainer.max_epochs >= 1 and done >= trainer.max_epochs:
@@ -217,6 +220,19 @@ def run_lock(run:Path):
     try: yield me
     finally:
         if read_lock(run/LOCK_NAME) == me: (run/LOCK_NAME).unlink(missing_ok=True)
+
+# %% ../nbs/08b_runs.ipynb #7ecc86e5
+def remove_leftovers(folder:Path)->list[Path]:
+    "Remove the `*.ckpt.tmp` that a killed run left in `folder`, a run folder's `checkpoints/` that no live run holds (its `lucid.lock`); the files removed."
+    folder = Path(folder)
+    if folder.name != 'checkpoints' or lock_owner_alive(read_lock(folder.parent/LOCK_NAME)): return []
+    gone, size = [], 0
+    for p in sorted(folder.glob('*.ckpt.tmp')):
+        try: n = p.stat().st_size; p.unlink()
+        except OSError: continue   # gone meanwhile, or not ours to remove
+        gone.append(p); size += n
+    if gone: note(f"removed {len(gone)} unfinished checkpoint file(s) ({size / 2**20:.0f} MB) that a stopped run left in {folder}")
+    return gone
 
 # %% ../nbs/08b_runs.ipynb #eecc4ead
 def read_checkpoint(path, option:str='--ckpt_path')->dict:

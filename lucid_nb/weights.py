@@ -6,7 +6,7 @@ Docs: https://lucid-nb.github.io/lucid_nb/weights.html.md"""
 
 # %% ../nbs/03a_weights.ipynb #a3b1c733
 from __future__ import annotations
-import pickle, pickletools, re, zipfile
+import pickle, pickletools, re, shutil, struct, zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 import torch
@@ -16,8 +16,9 @@ from .model import SCALES
 from .heads import yolo_seg
 
 # %% auto #0
-__all__ = ['UL_LAYERS', 'UL_HEAD', 'STAND_IN_MODULES', 'PARITY_RTOL', 'UL_CLASSES', 'lucid_key', 'ultralytics_key',
-           'UnsafeCheckpoint', 'StandIn', 'stand_in', 'pickle_globals', 'safe_load', 'Weights', 'module_tensors',
+__all__ = ['UL_LAYERS', 'UL_HEAD', 'STAND_IN_MODULES', 'CHECKED_PARTS', 'HASH_KEY', 'PARITY_RTOL', 'UL_CLASSES', 'lucid_key',
+           'ultralytics_key', 'UnsafeCheckpoint', 'StandIn', 'stand_in', 'pickle_globals', 'safe_load',
+           'CorruptCheckpoint', 'with_hashes', 'check_hashes', 'flip_a_tensor_byte', 'Weights', 'module_tensors',
            'infer_scale', 'read_weights', 'TransferReport', 'load_weights', 'parity', 'write_ultralytics_layout']
 
 # %% ../nbs/03a_weights.ipynb #cc62107b
@@ -96,7 +97,7 @@ class _SafeGlobals:
         torch.serialization.clear_safe_globals(); torch.serialization.add_safe_globals(self.before)
 
 def safe_load(path, option:str='--model.weights'):
-    "A checkpoint read with `torch.load(weights_only=True)` on the CPU; Ultralytics' classes become `StandIn`s; a pickle that would call anything else is refused (`UnsafeCheckpoint`); a file that is no checkpoint, or a truncated one, is a one-line `ValueError`."
+    "A checkpoint read with `torch.load(weights_only=True)` on the CPU; Ultralytics' classes become `StandIn`s; a pickle that would call anything else is refused (`UnsafeCheckpoint`); a file that is no checkpoint, or a truncated or corrupt one (`check_hashes`), is a one-line `ValueError`."
     p = Path(path)
     if not p.is_file(): raise FileNotFoundError(f"{option} {p}: {'a folder, not a file' if p.is_dir() else 'no such file'}")
     names = pickle_globals(p)
@@ -108,16 +109,53 @@ def safe_load(path, option:str='--model.weights'):
         "Ultralytics' module records only")
     if bad := [n for n in names if n not in stand and not _torch_allows(n)]: raise refuse(bad)
     try:
-        with _SafeGlobals([stand_in(n) for n in stand]): return torch.load(p, map_location='cpu', weights_only=True)
+        with _SafeGlobals([stand_in(n) for n in stand]): ckpt = torch.load(p, map_location='cpu', weights_only=True)
     except pickle.UnpicklingError as e:   # a name `pickletools` could not see (an odd pickle): torch's allow-list caught it
         if 'global' in str(e).lower(): raise refuse([str(e).splitlines()[0][:200]]) from None
         err = e
     except Exception as e: err = e
+    else: return check_hashes(ckpt, p, option)   # `lucid`'s own checkpoints carry their hashes
     with open(p, 'rb') as f: magic = f.read(4)
     why = ('is not a checkpoint (not a PyTorch archive)' if magic != b'PK\x03\x04' else
            f'is truncated ({p.stat().st_size} bytes, the archive has no end): an interrupted copy?' if not zipfile.is_zipfile(p)
            else f'is damaged or was not written by lucid ({type(err).__name__})')
     raise ValueError(f"{option} {p} {why}") from err
+
+# %% ../nbs/03a_weights.ipynb #ffd4cf35
+CHECKED_PARTS = ('state_dict', 'optimizer_states', 'lr_schedulers')   # a checkpoint's training state: what its stored hashes cover
+HASH_KEY = 'lucid_sha256'   # where a checkpoint `lucid` wrote keeps them: {part: sha256}
+
+class CorruptCheckpoint(ValueError): "A checkpoint whose contents no longer match the hashes stored in it when it was written."
+
+def _digest(x)->str|None:
+    try: return digest(x)
+    except TypeError: return None   # an object `digest` does not know (another program's state): left unchecked
+
+def with_hashes(ckpt:dict)->dict:
+    "`ckpt` with the `digest` of each of its `CHECKED_PARTS` under `HASH_KEY` (what `lucid` writes)."
+    return {**ckpt, HASH_KEY: {k: h for k in CHECKED_PARTS if k in ckpt and (h := _digest(ckpt[k])) is not None}}
+
+def check_hashes(ckpt, path, option:str='--ckpt_path'):
+    "`ckpt` when the hashes stored in it match its contents, or when it stores none; else `CorruptCheckpoint`."
+    stored = ckpt.get(HASH_KEY) if isinstance(ckpt, dict) else None
+    if not isinstance(stored, dict): return ckpt   # written before, or by another program
+    if bad := [k for k, h in stored.items() if k in ckpt and _digest(ckpt[k]) != h]:
+        raise CorruptCheckpoint(f"checkpoint {path} is corrupt: its stored hash of {' and '.join(bad)} does not match "
+                                f"what was read ({option}): the file changed after it was written (a disk or copy error); "
+                                "use another checkpoint of the run, or copy it again from where it was written")
+    return ckpt
+
+# %% ../nbs/03a_weights.ipynb #c0a194b9
+def flip_a_tensor_byte(src, dst)->Path:
+    "A copy of the torch archive `src` with one byte of its largest tensor's storage flipped: still a loadable archive (for tests)."
+    shutil.copyfile(src, dst)
+    with zipfile.ZipFile(dst) as z:
+        info = max((i for i in z.infolist() if '/data/' in i.filename), key=lambda i: i.file_size)
+    with open(dst, 'r+b') as f:
+        f.seek(info.header_offset + 26); name_len, extra_len = struct.unpack('<HH', f.read(4))
+        at = info.header_offset + 30 + name_len + extra_len + info.file_size // 2   # the middle of the tensor's bytes
+        f.seek(at); b = f.read(1); f.seek(at); f.write(bytes([b[0] ^ 0x10]))
+    return Path(dst)
 
 # %% ../nbs/03a_weights.ipynb #7dbaa054
 @dataclass

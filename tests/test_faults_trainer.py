@@ -11,7 +11,9 @@ from lightning.pytorch.callbacks import Callback
 from lucid_nb.allocator import allocator_defaults
 from lucid_nb.core import EMBEDDED_ANNOTATIONS, EMBEDDED_IMAGES
 from lucid_nb.command import cli_main
+from lucid_nb.predict import load as load_predictor
 from lucid_nb.runs import LOCK_NAME, read_checkpoint
+from lucid_nb.weights import HASH_KEY, flip_a_tensor_byte
 
 from helpers import LUCID, fit, hashes_only, lucid_main, tiny
 
@@ -420,3 +422,31 @@ def test_stop_line_starts_a_line_after_the_progress_bar(tmp_path):
     stop = [l for l in (''.join(seen) + rest).splitlines() if 'stopped by SIGTERM' in l]
     assert proc.returncode == 143 and len(stop) == 1, (''.join(seen) + rest)[-3000:]
     assert stop[0].startswith('lucid: fit stopped by SIGTERM'), stop[0]
+
+
+# ---- leftovers of the folder a fit resumes from; a checkpoint changed on disk (issue 39) ----
+
+def test_resume_into_a_new_folder_removes_the_old_folders_leftovers(one_epoch, tmp_path, capsys):
+    "A resume into a new version folder removes the `*.ckpt.tmp` a killed run left beside the checkpoint it resumes from."
+    old = tmp_path / 'old' / 'v'
+    shutil.copytree(one_epoch, old)
+    for name in ('last.ckpt.tmp', 'best.ckpt.tmp'): (ckpts(old) / name).write_bytes(b'a complete state, never renamed')
+    fit(tmp_path, ckpt=str(ckpts(old) / 'last.ckpt'), epochs=2)
+    assert sorted(p.name for p in ckpts(old).iterdir()) == ['best.ckpt', 'last.ckpt']
+    assert f'removed 2 unfinished checkpoint file(s) (0 MB) that a stopped run left in {ckpts(old)}' in capsys.readouterr().err
+    assert load(ckpts(tmp_path / 'runs' / 'tiny' / 'version_0') / 'last.ckpt')['epoch'] == 1
+
+
+def test_a_corrupt_checkpoint_is_one_line(one_epoch, tmp_path, monkeypatch, capsys):
+    "A checkpoint whose tensor bytes changed on disk (torch reads it without a word) is refused on every path; one that stores no hashes loads quietly."
+    good = ckpts(one_epoch) / 'last.ckpt'
+    bad = flip_a_tensor_byte(good, tmp_path / 'bad.ckpt')
+    assert load(bad)['epoch'] == load(good)['epoch']   # an archive torch still reads
+    says = f'checkpoint {bad} is corrupt: its stored hash of state_dict does not match'
+    with pytest.raises(ValueError, match=says): load_predictor(bad)
+    for args in (tiny(tmp_path, '--ckpt_path', str(bad), sub='validate'), tiny(tmp_path, '--model.weights', str(bad), epochs=1)):
+        assert lucid_main(monkeypatch, *args) == 2
+        last_line = capsys.readouterr().err.strip().splitlines()[-1]
+        assert last_line.startswith(f'lucid: error: {says}'), last_line
+    old = load(good); old.pop(HASH_KEY); torch.save(old, tmp_path / 'old.ckpt')   # as written before the hashes were stored
+    assert load_predictor(tmp_path / 'old.ckpt').class_names and capsys.readouterr().err == ''
