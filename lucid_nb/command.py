@@ -20,7 +20,7 @@ from fastcore.basics import patch
 from .core import *
 from .data import YoloData
 from .model import model_summary
-from .weights import read_weights
+from .weights import read_weights, weights_read
 from .runs import LOCK_NAME, RunFolderInUse, SafeCheckpointIO, local_checkpoint, note, read_checkpoint, run_folder, run_lock, weak_checkpoint
 from .trainer import DATA_SOURCE, LitYolo
 
@@ -370,24 +370,23 @@ def _weights_options(self:LucidCLI):
     "`--model.weights`: read (safely) up front; its size where `--model.size` was not given, an error where another was; not read with `--ckpt_path`."
     sub = self.config.get('subcommand')   # None: `run=False` (notebooks, tests), whose config has no subcommand level
     cfg, wrap = (self.config[sub], lambda d: {sub: d}) if sub else (self.config, lambda d: d)
-    path = cfg.model.get('weights')
+    path, self.model_weights = cfg.model.get('weights'), None
     if not path: return
     if cfg.get('ckpt_path'):
         note(f"--model.weights {path} is not read: --ckpt_path {cfg.ckpt_path} restores the network")
         self.config = self.parser.parse_object(wrap({'model': {'weights': None}}), self.config); return
-    w, size = read_weights(path), cfg.model.size
-    if w.scale == size: return
-    if 'size' in self.given_model_options:
-        raise ValueError(f"--model.weights {path} holds a size {w.scale} network ({w.title}), and --model.size is {size}: "
-                         f"give --model.size {w.scale}, or leave it out to take the file's")
+    w = self.model_weights = read_weights(path)   # handed to `LitYolo.start_from` (`instantiate_classes`): read once
+    if w.scale == cfg.model.size: return
+    if 'size' in self.given_model_options: w.check_size(cfg.model.size)
     self.config = self.parser.parse_object(wrap({'model': {'size': w.scale}}), self.config)
     note(f"--model.size {w.scale}: taken from --model.weights {path} ({w.title})")
 
 # %% ../nbs/10a_command.ipynb #f4cc842c
 @patch
 def instantiate_classes(self:LucidCLI):
-    "Instantiate as LightningCLI does; an error of the data inside the `num_classes` link is raised as itself."
-    try: LightningCLI.instantiate_classes(self)
+    "Instantiate as LightningCLI does, the model from the `--model.weights` already read; an error of the data inside the `num_classes` link is raised as itself."
+    try:
+        with weights_read(getattr(self, 'model_weights', None)): LightningCLI.instantiate_classes(self)
     except ValueError as e:
         if e.__cause__ is None or 'compute_fn of link' not in str(e): raise
         raise e.__cause__ from None

@@ -136,10 +136,8 @@ class LitYolo(L.LightningModule):
 
     def start_from(self, path)->TransferReport:
         "Load `--model.weights` into the network (every tensor that fits) and say in one line what was taken."
-        w = read_weights(path)
-        if w.scale != self.hparams.size:
-            raise ValueError(f"--model.weights {path} holds a size {w.scale} network ({w.title}), and --model.size is "
-                             f"{self.hparams.size}: give --model.size {w.scale} (or leave it out: lucid takes the file's)")
+        w = read_weights(path)   # `lucid` read it already: that reading (`weights_read`)
+        w.check_size(self.hparams.size)
         report = load_weights(self.model, w)
         note(report.line)
         return report

@@ -6,7 +6,7 @@ Docs: https://lucid-nb.github.io/lucid_nb/weights.html.md"""
 
 # %% ../nbs/03a_weights.ipynb #a3b1c733
 from __future__ import annotations
-import pickle, pickletools, re, shutil, struct, zipfile
+import contextlib, pickle, pickletools, re, shutil, struct, zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 import torch
@@ -19,7 +19,8 @@ from .heads import yolo_seg
 __all__ = ['UL_LAYERS', 'UL_HEAD', 'STAND_IN_MODULES', 'CHECKED_PARTS', 'HASH_KEY', 'PARITY_RTOL', 'UL_CLASSES', 'lucid_key',
            'ultralytics_key', 'UnsafeCheckpoint', 'StandIn', 'stand_in', 'pickle_globals', 'safe_load',
            'CorruptCheckpoint', 'with_hashes', 'check_hashes', 'flip_a_tensor_byte', 'Weights', 'module_tensors',
-           'infer_scale', 'read_weights', 'TransferReport', 'load_weights', 'parity', 'write_ultralytics_layout']
+           'infer_scale', 'weights_read', 'read_weights', 'TransferReport', 'load_weights', 'parity',
+           'write_ultralytics_layout']
 
 # %% ../nbs/03a_weights.ipynb #cc62107b
 UL_LAYERS = {**{i: f'backbone.layers.{i}' for i in range(11)}, 13: 'neck.td4', 16: 'neck.td3', 17: 'neck.down3',
@@ -172,6 +173,11 @@ class Weights:
     @property
     def title(self)->str:
         return (f"Ultralytics YOLO11{self.scale}-seg" if self.kind == 'ultralytics' else f"lucid {self.scale}") + f", {self.num_classes} classes"
+    def check_size(self, size:str):
+        "A one-line error unless the file's network is of size `size` (`--model.size`)."
+        if self.scale != size:
+            raise ValueError(f"--model.weights {self.path} holds a size {self.scale} network ({self.title}), and --model.size "
+                             f"is {size}: give --model.size {self.scale}, or leave it out to take the file's")
 
 def module_tensors(m, prefix:str='')->dict:
     "`state_dict()` of a pickled module tree of `StandIn`s: parameters and persistent buffers, by dotted name."
@@ -197,9 +203,21 @@ def _names(x)->list|None:
     return None
 
 # %% ../nbs/03a_weights.ipynb #2afb4435
+_read_ahead = {}   # file → its `Weights`, inside `weights_read`
+
+@contextlib.contextmanager
+def weights_read(w:Weights|None):
+    "Inside, `read_weights` of the file `w` came from returns `w`, not read again (`lucid` reads `--model.weights` before it builds the model); None: no change."
+    key = None if w is None else Path(w.path).resolve()
+    if key is not None: _read_ahead[key] = w
+    try: yield w
+    finally:
+        if key is not None: _read_ahead.pop(key, None)
+
 def read_weights(path, option:str='--model.weights')->Weights:
     "The network weights of an Ultralytics YOLO11-seg checkpoint or a `lucid` checkpoint, read by `safe_load`."
     p = Path(path)
+    if (w := _read_ahead.get(p.resolve())) is not None: return w
     ckpt = safe_load(p, option)
     if isinstance(ckpt, dict) and isinstance(ckpt.get('state_dict'), dict):   # a lucid (Lightning) checkpoint
         hp, sd = ckpt.get('hyper_parameters') or {}, ckpt['state_dict']

@@ -80,6 +80,23 @@ def test_size_comes_from_the_file_when_not_given(tmp_path, capsys):
     assert '--model.size s: taken from --model.weights' in capsys.readouterr().err
 
 
+def test_weights_file_is_read_once(tmp_path, monkeypatch):
+    "The CLI reads `--model.weights` before it builds the model (for its size) and hands that reading on: one read, not two."
+    import lucid_nb.weights as W
+    reads, real = [], W.safe_load
+    monkeypatch.setattr(W, 'safe_load', lambda p, *a, **k: reads.append(Path(p)) or real(p, *a, **k))
+    cli = cli_main(tiny(tmp_path, '--model.weights', str(ULTRA))[1:], run=False)
+    assert reads == [ULTRA] and cli.model.hparams.size == 'n'
+
+
+def test_size_mismatch_has_one_wording(tmp_path, monkeypatch, capsys):
+    "The CLI's check and `LitYolo`'s say the same line (`Weights.check_size`)."
+    with pytest.raises(ValueError) as api: LitYolo(size='s', weights=str(ULTRA))
+    assert lucid_main(monkeypatch, *tiny(tmp_path, '--model.weights', str(ULTRA), '--model.size', 's')) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f'lucid: error: {api.value} ') and err.count(err[-1]) == 1, err
+
+
 # ---- another class count ----
 
 def test_three_classes_take_every_tensor_that_fits(capsys):
