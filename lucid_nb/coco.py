@@ -111,7 +111,7 @@ class Instance:
     ann_id: int
     cls: int                 # contiguous class 0..K-1
     box: tuple               # xyxy, clipped to the image
-    polys: list|None = None  # [[x0,y0,x1,y1,...], ...], one list per part
+    polys: list|None = None  # [x0,y0,x1,y1,...] per part, float64 arrays
     rle: dict|None = None    # compressed RLE of the whole image size
 
 @dataclass
@@ -151,7 +151,7 @@ def _instance(a:dict, hw:tuple, lut:dict)->Instance|tuple|None:
     if isinstance(seg, list) and seg:
         if any(not isinstance(p, list) or len(p) < 6 for p in seg): return 'polygon with fewer than 3 points', ''
         if any(len(p) % 2 for p in seg): return 'bad segmentation', 'odd number of polygon coordinates'
-        inst.polys = [[float(v) for v in p] for p in seg]
+        inst.polys = [np.array([float(v) for v in p]) for p in seg]   # float64: 8 bytes a coordinate
     elif isinstance(seg, dict) and 'counts' in seg and 'size' in seg:
         if list(seg['size']) != [H, W]: return 'bad segmentation', f"RLE size {seg['size']} is not the image's {[H, W]}"
         c = seg['counts']

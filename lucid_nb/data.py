@@ -81,7 +81,8 @@ class YoloData(L.LightningDataModule):
         bytes as one by one). None: up to 8, the CPU count; 1: one at a time.
     cache : str
         Prepared-image cache: 'none' (decode every time), 'ram' or 'disk' (a cache folder that cannot be written is
-        reported once and bypassed; no image is left out).
+        reported once and bypassed; no image is left out). A cache that would not fit (RAM: half the available
+        memory; disk: 90 % of the free space) is replaced by the disk cache, or none, with one line saying so.
     cache_dir : str | None
         Folder of the disk cache. None: `.cache/` next to the images folder (or ~/.cache/lucid_nb if read-only).
     prefetch : bool
@@ -135,6 +136,7 @@ class YoloData(L.LightningDataModule):
         self.report, self._train, self._val, self._json, self._val_coco, self._loaders = DataReport(on_bad_input), None, None, None, None, []
         self._disks = {}   # folder: DiskCache, shared by train and validation when they come from one JSON
         self._classes, self._predict, self._spec = None, None, None   # classes from `set_classes`; the `predict_images` dataset; the data.yaml read
+        self._json_categories, self.cache_mode = None, cache   # the training JSON's classes; the cache used (`setup`: what fits)
 
 # %% ../nbs/01d_data.ipynb #6c41de4f
 @patch
@@ -156,10 +158,14 @@ def _yolo_spec(self:YoloData)->YoloSpec:
 
 @patch
 def _categories(self:YoloData)->tuple:
-    "`(cat_ids, class_names)`: those given to `set_classes`, else the training JSON's, or the data.yaml's `names` (ids 0..K-1)."
+    "`(cat_ids, class_names)`: those given to `set_classes`, else the data.yaml's `names` (ids 0..K-1), or the training JSON's (from its cached label index when there is one)."
     if self._classes: return self._classes
     if self.hparams.dataset: return list(range(len(names := self._yolo_spec().names))), names
-    return coco_categories(self._train_json())
+    if self._json_categories is None:
+        h, (images, annotations) = self.hparams, self._paths()
+        c = cached_categories(annotations, images, h.cache_dir) if h.cache != 'none' and self._json is None else None
+        self._json_categories = c or coco_categories(self._train_json())
+    return self._json_categories
 
 @patch(as_prop=True)
 def val_batch_size(self:YoloData)->int:
@@ -183,11 +189,11 @@ def num_classes(self:YoloData)->int:
 
 # %% ../nbs/01d_data.ipynb #e70d3c6c
 @patch
-def _split(self:YoloData, d:dict, recs:list)->tuple[list, list]:
-    "Train and validation records: a record validates when its own JSON entry is among the last `val_count` by file name."
-    n, v = len(d['images']), self.hparams.val_count
+def _split(self:YoloData, names:list[str], recs:list)->tuple[list, list]:
+    "Train and validation records: a record validates when its own JSON entry is among the last `val_count` by file name (`names`: each entry's)."
+    n, v = len(names), self.hparams.val_count
     if v >= n: raise ValueError(f"val_count={v} leaves no training images out of {n}; lower val_count or give val_images/val_annotations")
-    last = set(sorted(range(n), key=lambda k: str(d['images'][k].get('file_name')))[n - v:])
+    last = set(sorted(range(n), key=lambda k: names[k])[n - v:])
     return [r for r in recs if r.entry not in last], [r for r in recs if r.entry in last]
 
 # %% ../nbs/01d_data.ipynb #7e75148e
@@ -202,13 +208,27 @@ def _yolo_records(self:YoloData)->tuple:
 
 # %% ../nbs/01d_data.ipynb #955f4c69
 @patch
+def _disk_folder(self:YoloData, images:Path, annotations:Path)->Path:
+    h = self.hparams
+    return Path(h.cache_dir)/cache_name(images, annotations, h.imgsz) if h.cache_dir else default_cache_dir(images, annotations, h.imgsz)
+
+@patch
 def _dataset(self:YoloData, recs:list, images:Path, annotations:Path, augment:bool)->YoloDataset:
     h, disk = self.hparams, None
-    if h.cache == 'disk':                                  # one DiskCache per folder: a split JSON's train and validation share it
-        folder = Path(h.cache_dir)/cache_name(images, annotations, h.imgsz) if h.cache_dir else default_cache_dir(images, annotations, h.imgsz)
+    if self.cache_mode == 'disk':                          # one DiskCache per folder: a split JSON's train and validation share it
+        folder = self._disk_folder(images, annotations)
         if folder not in self._disks: self._disks[folder] = DiskCache(folder, h.imgsz, annotations)
         disk = self._disks[folder]
-    return YoloDataset(recs, h.imgsz, h.cache, disk, self.report, augment, self.aug, h.seed, h.max_instances, h.threads)
+    return YoloDataset(recs, h.imgsz, self.cache_mode, disk, self.report, augment, self.aug, h.seed, h.max_instances, h.threads)
+
+@patch
+def _plan_cache(self:YoloData, recs:list, images:Path, annotations:Path)->str:
+    "The cache for `recs` (`fit_cache`): the one asked for, unless it would not fit, which one line says with the numbers."
+    h, t = self.hparams, self.trainer
+    processes = t.num_devices if t is not None else 1   # DDP: each process of this machine holds its own RAM cache
+    mode, line = fit_cache(h.cache, prepared_size(recs, h.imgsz), self._disk_folder(images, annotations), processes)
+    if line and rank_zero_only.rank == 0: log.warning(line)
+    return mode
 
 @patch
 def setup(self:YoloData, stage:str|None=None):
@@ -221,14 +241,18 @@ def setup(self:YoloData, stage:str|None=None):
         if folder is not None and not Path(folder).is_dir():
             raise FileNotFoundError(f"{k} {folder}: {'not a folder' if Path(folder).exists() else 'no such folder'} "
                                     f"(the folder the file_names of {k.replace('images', 'annotations')} are read from)")
-    d = self._train_json(); cat_ids = coco_categories(d)[0]
-    recs = read_records(d, images, cat_ids, self.report, annotations.name)
-    if h.val_images is None: (tr, va), self._val_json = self._split(d, recs), d
+    on = h.cache != 'none'   # the label index is cached when images are
+    idx, d = label_index(annotations, images, self.report, cache=on, cache_dir=h.cache_dir, parsed=self._json)
+    self._json, self._json_categories = self._json or d, idx.categories
+    if h.val_images is not None: self._json = None   # the parsed training JSON (GBs at COCO's size) is not needed again
+    cat_ids, recs = list(idx.categories[0]), idx.records
+    if h.val_images is None: (tr, va), self._val_json = self._split(idx.names, recs), None   # read when `val_coco` needs it
     else:
         vimages, vann = Path(h.val_images), Path(h.val_annotations)
-        self._val_json = load_coco_json(vann)
-        if coco_categories(self._val_json)[0] != cat_ids: raise ValueError(f"{vann}: its categories differ from {annotations}'s")
-        tr, va = recs, read_records(self._val_json, vimages, cat_ids, self.report, vann.name)
+        def same(cats):
+            if list(cats[0]) != cat_ids: raise ValueError(f"{vann}: its categories differ from {annotations}'s")
+        vidx, self._val_json = label_index(vann, vimages, self.report, cat_ids, vann.name, on, h.cache_dir, check=same)
+        tr, va = recs, vidx.records
     vsrc = f"{h.val_annotations}" if h.val_images else f"the last {h.val_count} images of {annotations.name} (by file name)"
     self._setup_datasets(tr, va, (images, annotations),
                          (Path(h.val_images) if h.val_images else images, Path(h.val_annotations) if h.val_annotations else annotations), vsrc, t0)
@@ -237,6 +261,7 @@ def setup(self:YoloData, stage:str|None=None):
 def _setup_datasets(self:YoloData, tr:list, va:list, tkey:tuple, vkey:tuple, vsrc:str, t0:float):
     "Check and cache the train and validation records (`tkey`, `vkey`: their disk cache's images folder and annotations file), then print the report."
     h = self.hparams
+    self.cache_mode = self._plan_cache(tr + va, *tkey)
     self._val = self._dataset(va, *vkey, False)
     self._train = self._dataset(tr, *tkey, True)
     for disk in self._disks.values():
@@ -261,7 +286,7 @@ def summary(self:YoloData)->str:
     h, tr, va = self.hparams, self._train, self._val
     inst = lambda ds: sum(len(r.instances) for r in ds.records)
     return (f"lucid_nb data: train {len(tr)} images ({inst(tr)} instances), val {len(va)} images ({inst(va)} instances), "
-            f"{self.num_classes} classes; imgsz {h.imgsz}, cache {h.cache!r}, prepared in {self.setup_seconds:.1f} s; {self.report}")
+            f"{self.num_classes} classes; imgsz {h.imgsz}, cache {self.cache_mode!r}, prepared in {self.setup_seconds:.1f} s; {self.report}")
 
 @patch
 def __str__(self:YoloData)->str:
@@ -287,7 +312,9 @@ def val_image_ids(self:YoloData)->list[int]:
 @patch
 def val_coco(self:YoloData)->COCO:
     "pycocotools ground truth of the loaded validation images: the entry each was read from, the annotations of its id (crowd kept, bad left out)."
-    ids, d = set(self.val_image_ids), self._val_json
+    ids, h = set(self.val_image_ids), self.hparams
+    if self._val_json is None: self._val_json = self._train_json() if h.val_images is None else load_coco_json(h.val_annotations)
+    d = self._val_json
     if self._val_coco is None:
         recs = self.val_records
         bad = {j for r in recs for j in r.bad_anns}

@@ -6,10 +6,11 @@ Docs: https://lucid-nb.github.io/lucid_nb/loader.html.md"""
 
 # %% ../nbs/01c_loader.ipynb #a6f6c04b
 from __future__ import annotations
-import hashlib, io, json, os, queue, threading, time
+import hashlib, io, json, os, queue, shutil, threading, time, zipfile
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 import numpy as np, torch
@@ -23,8 +24,11 @@ from .coco import _decode, _IMAGE_ERRORS
 from .augment import *
 
 # %% auto #0
-__all__ = ['CACHE_MODES', 'CACHE_FORMAT', 'collate', 'prepared_bytes', 'prepared_from_bytes', 'DiskCache', 'cache_name',
-           'default_cache_dir', 'YoloDataset', 'EpochBatchSampler', 'PieceSampler', 'YoloLoader']
+__all__ = ['CACHE_MODES', 'CACHE_FORMAT', 'RAM_SHARE', 'DISK_SHARE', 'GB', 'INDEX_FORMAT', 'INDEX_MIN_BYTES', 'collate',
+           'prepared_bytes', 'prepared_from_bytes', 'DiskCache', 'cache_name', 'default_cache_dir', 'mem_available',
+           'disk_free', 'prepared_size', 'fit_cache', 'LabelIndex', 'label_index_path', 'save_label_index',
+           'load_label_index', 'label_index', 'cached_categories', 'YoloDataset', 'EpochBatchSampler', 'PieceSampler',
+           'YoloLoader']
 
 # %% ../nbs/01c_loader.ipynb #d7b328fe
 def collate(samples:list[dict], max_instances:int=100)->dict:
@@ -90,6 +94,10 @@ class DiskCache:
         return dict(source=str(rec.path.resolve()), size=st.st_size, mtime_ns=st.st_mtime_ns, ann=rec.ann_hash,
                     imgsz=self.imgsz, format=CACHE_FORMAT)
 
+    def matches(self, e:dict, rec:ImageRecord)->bool:
+        "Whether manifest entry `e` was built from `rec`'s source as it is now (an entry also records the file's orientation and length)."
+        return all(e.get(k) == v for k, v in self.fingerprint(rec).items())
+
     def _count(self, what:str):
         with self._lock: self.stats[what] += 1
 
@@ -102,24 +110,36 @@ class DiskCache:
 
 # %% ../nbs/01c_loader.ipynb #33cab325
 @patch
+def trusted(self:DiskCache, rec:ImageRecord)->int|None:
+    "The EXIF orientation its manifest entry records for `rec` when the entry matches the source and the file has the recorded length, else None: the file is not read (every load checks its hash)."
+    e = self.entries.get(str(rec.image_id))
+    if e is None or 'orientation' not in e or not self.matches(e, rec): return None
+    try: ok = self.file(rec).stat().st_size == e.get('bytes')
+    except OSError: return None
+    if ok: self._count('reused')
+    return e['orientation'] if ok else None
+
+@patch
 def get(self:DiskCache, rec:ImageRecord)->Prepared|None:
     "The cached `Prepared` of `rec` if its manifest entry matches the source and its file checks out, else None."
     e = self.entries.get(str(rec.image_id))
     if e is None: self._count('built'); return None
-    if e != self.fingerprint(rec): self._count('rebuilt (stale)'); return None
-    try: p = prepared_from_bytes(self.file(rec).read_bytes())
+    if not self.matches(e, rec): self._count('rebuilt (stale)'); return None
+    try: b = self.file(rec).read_bytes(); p = prepared_from_bytes(b)
     except (OSError, ValueError) as ex:
         log.warning(f"cache file {self.file(rec)} is unusable ({ex}); rebuilding it"); self._count('rebuilt (corrupt)'); return None
+    with self._lock: self.entries[str(rec.image_id)] = dict(e, orientation=p.orientation, bytes=len(b))   # trusted next time
     self._count('reused'); return p
 
 @patch
 def put(self:DiskCache, rec:ImageRecord, p:Prepared):
     "Write `p` for `rec` atomically and record its fingerprint; once a write fails, only forget `rec`'s old file."
     if self.error is None:
-        try: atomic_write(self.file(rec), prepared_bytes(p))
+        b = prepared_bytes(p)
+        try: atomic_write(self.file(rec), b)
         except OSError as e: self.turn_off(e)
         else:
-            with self._lock: self.entries[str(rec.image_id)] = self.fingerprint(rec)
+            with self._lock: self.entries[str(rec.image_id)] = dict(self.fingerprint(rec), orientation=p.orientation, bytes=len(b))
             return
     with self._lock: self.entries.pop(str(rec.image_id), None)   # without an entry its file is never read
     with suppress(OSError): self.file(rec).unlink(missing_ok=True)
@@ -147,19 +167,177 @@ def default_cache_dir(images:str|Path, annotations:str|Path, imgsz:int)->Path:
     if not os.access(probe, os.W_OK): base = Path(os.environ.get('XDG_CACHE_HOME', Path.home()/'.cache'))/'lucid_nb'
     return base/name
 
+# %% ../nbs/01c_loader.ipynb #aa7f92e2
+RAM_SHARE = 0.5    # the RAM cache may take at most this share of MemAvailable at setup
+DISK_SHARE = 0.9   # the disk cache may take at most this share of its file system's free space
+GB = 1e9
+
+def mem_available()->int|None:
+    "Bytes of memory available to new work (`MemAvailable` of /proc/meminfo); None where it cannot be read."
+    try:
+        for line in Path('/proc/meminfo').read_text().splitlines():
+            if line.startswith('MemAvailable:'): return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError): pass
+    return None
+
+def disk_free(folder:str|Path)->int|None:
+    "Free bytes of the file system that holds (or would hold) `folder`; None where it cannot be read."
+    p = Path(folder).absolute()
+    while not p.exists() and p != p.parent: p = p.parent
+    try: return shutil.disk_usage(p).free
+    except OSError: return None
+
+def prepared_size(recs:list[ImageRecord], imgsz:int)->int:
+    "Bytes the prepared images of `recs` will take: pixels at `imgsz` (long side), polygons as float32, ~1 KiB of objects each."
+    px = sum(h * w * 3 for h, w in (resized_hw(r.hw, imgsz) for r in recs))
+    coords = sum(len(p) for r in recs for i in r.instances if i.polys is not None for p in i.polys)
+    return px + 4 * coords + 1024 * len(recs)
+
+# %% ../nbs/01c_loader.ipynb #5eee1190
+def fit_cache(cache:str, need:int, folder:Path|None, processes:int=1)->tuple[str, str|None]:
+    "The cache mode to use for `need` prepared bytes (in each of `processes`), and the line that says why when it is not `cache`."
+    if cache == 'none': return cache, None
+    why = ''
+    if cache == 'ram':
+        avail = mem_available()
+        if avail is None or need * processes <= RAM_SHARE * avail: return 'ram', None
+        why = (f"cache 'ram' would take {need * processes / GB:.1f} GB" + (f" ({processes} processes)" if processes > 1 else '')
+               + f", more than {RAM_SHARE:.0%} of the {avail / GB:.1f} GB of memory available (MemAvailable)")
+    free = disk_free(folder) if folder is not None else None
+    new = need
+    if free is not None and need > DISK_SHARE * free and folder.is_dir():   # files there already take no more space
+        new = max(0, need - sum(f.stat().st_size for f in folder.glob('*.bin')))
+    if free is None or new <= DISK_SHARE * free:
+        where = f"{folder} ({free / GB:.1f} GB free)" if free is not None else f"{folder}"
+        return 'disk', (f"lucid_nb data: {why}: using the disk cache in {where} instead" if why else None)
+    why = (why + ', and the disk cache') if why else f"cache 'disk' would take {need / GB:.1f} GB"
+    return 'none', (f"lucid_nb data: {why} more than {DISK_SHARE:.0%} of the {free / GB:.1f} GB free in {folder}: no cache, "
+                    "images are decoded at every use (slower); free memory or disk space, or give --data.cache_dir on a larger disk")
+
+# %% ../nbs/01c_loader.ipynb #a5012dd0
+INDEX_FORMAT = 1
+INDEX_MIN_BYTES = 4 * 2**20   # a smaller JSON is read in well under a second: its index is not cached
+
+@dataclass
+class LabelIndex:
+    "What `read_records` made of one JSON, as a start needs it."
+    records: list      # the checked `ImageRecord`s
+    categories: tuple  # (cat_ids, names) of the JSON
+    names: list        # str(file_name) of each 'images' entry, in order (the train/validation split sorts them)
+    calls: list        # [method, args, kwargs] of each report call made while reading, replayed on a cache hit
+
+class _Recording:
+    "A `DataReport` stand-in that records each call, then makes it."
+    def __init__(self, report:DataReport): self.report, self.calls = report, []
+    def problem(self, *a, **k): self.calls.append(['problem', a, k]); self.report.problem(*a, **k)
+    def note(self, *a, **k): self.calls.append(['note', a, k]); self.report.note(*a, **k)
+
+def label_index_path(images:str|Path, annotations:str|Path, cache_dir:str|Path|None=None)->Path:
+    "The label index file of one images folder and JSON: `<images>-<json>-<hash>.labels.npz` beside the disk cache folders."
+    name, _, key = cache_name(images, annotations, 0).rsplit('-', 2)
+    return (Path(cache_dir) if cache_dir else default_cache_dir(images, annotations, 0).parent)/f"{name}-{key}.labels.npz"
+
+def _index_key(images:Path, annotations:Path, cat_ids:list|None, source:str)->dict:
+    st = annotations.stat()
+    return dict(format=INDEX_FORMAT, json=str(annotations.resolve()), size=st.st_size, mtime_ns=st.st_mtime_ns,
+                images=str(images.resolve()), cat_ids=None if cat_ids is None else [int(c) for c in cat_ids], source=source)
+
+# %% ../nbs/01c_loader.ipynb #b61dd685
+def save_label_index(path:Path, key:dict, idx:LabelIndex, files:list[str]):
+    "Write `idx` (with `files`, the `file_name` of each record) as plain arrays, atomically; a failure is one warning."
+    R = idx.records; I = [i for r in R for i in r.instances]
+    polys = [np.asarray(p, np.float64) for i in I if i.polys is not None for p in i.polys]
+    rles = [i.rle['counts'] for i in I if i.rle is not None]
+    try:
+        meta = dict(key=key, categories=idx.categories, names=idx.names, calls=idx.calls, files=files, ann_ids=[i.ann_id for i in I])
+        buf = io.BytesIO()
+        np.savez(buf, meta=np.frombuffer(json.dumps(meta).encode(), np.uint8),
+                 rec=np.array([(r.image_id, *r.hw, r.entry, len(r.instances)) for r in R], np.int64).reshape(-1, 5),
+                 ann_hash=np.array([r.ann_hash for r in R], 'S64'), bad_n=np.array([len(r.bad_anns) for r in R], np.int64),
+                 bad=np.array([j for r in R for j in sorted(r.bad_anns)], np.int64),
+                 cls=np.array([i.cls for i in I], np.int64), box=np.array([i.box for i in I], np.float64).reshape(-1, 4),
+                 parts=np.array([-1 if i.polys is None else len(i.polys) for i in I], np.int64),
+                 part_len=np.array([len(p) for p in polys], np.int64), xy=np.concatenate([np.zeros(0), *polys]),
+                 rle_len=np.array([len(c) for c in rles], np.int64), rle=np.frombuffer(b''.join(rles), np.uint8))
+        path.parent.mkdir(parents=True, exist_ok=True); atomic_write(path, buf.getvalue())
+    except (OSError, TypeError, ValueError) as e:
+        if rank_zero_only.rank == 0: log.warning(f"label index {path}: not written ({type(e).__name__}: {e}); the next start reads the JSON again")
+
+# %% ../nbs/01c_loader.ipynb #f459e1c7
+def load_label_index(path:Path, key:dict, images:Path)->LabelIndex|None:
+    "The `LabelIndex` in `path` if it was written for `key`, else None (a damaged file is one warning)."
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            meta = json.loads(z['meta'].tobytes())
+            if meta.get('key') != key: return None
+            a = {k: z[k] for k in z.files if k != 'meta'}
+    except FileNotFoundError: return None
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
+        if rank_zero_only.rank == 0: log.warning(f"label index {path} is unusable ({type(e).__name__}: {e}); reading the JSON")
+        return None
+    polys = iter(np.split(a['xy'], np.cumsum(a['part_len'])[:-1]))   # views of one array
+    ends, data = np.cumsum(a['rle_len']).tolist(), a['rle'].tobytes()
+    rles = iter([data[s:e] for s, e in zip([0] + ends[:-1], ends)])
+    cls, box, parts, ann_ids, bad = a['cls'].tolist(), a['box'].tolist(), a['parts'].tolist(), meta['ann_ids'], a['bad'].tolist()
+    recs, k, b = [], 0, 0
+    for (i, H, W, entry, m), h, nb, f in zip(a['rec'].tolist(), a['ann_hash'].tolist(), a['bad_n'].tolist(), meta['files']):
+        rec = ImageRecord(i, images/f, (H, W), [], h.decode(), set(bad[b:b + nb]), entry); b += nb
+        for j in range(k, k + m):
+            inst = Instance(ann_ids[j], cls[j], tuple(box[j]))
+            if parts[j] < 0: inst.rle = dict(size=[H, W], counts=next(rles))
+            else: inst.polys = [next(polys) for _ in range(parts[j])]
+            rec.instances.append(inst)
+        k += m; recs.append(rec)
+    return LabelIndex(recs, tuple(meta['categories']), meta['names'], meta['calls'])
+
+# %% ../nbs/01c_loader.ipynb #7c6cb057
+def label_index(annotations:str|Path, images:str|Path, report:DataReport, cat_ids:list|None=None, source:str|None=None,
+                cache:bool=True,              # use (and write) the cached index of a JSON of at least INDEX_MIN_BYTES
+                cache_dir:str|Path|None=None, # folder of the index (None: beside the default disk cache folders)
+                check=None,                   # called with the JSON's (cat_ids, names) before its records are read
+                parsed:dict|None=None,        # the JSON, when it was already read
+               )->tuple[LabelIndex, dict|None]:
+    "The records of `annotations` with `cat_ids` (None: its own), from the cached index when it is this JSON's; and the JSON dict when it was read."
+    annotations, images = Path(annotations), Path(images)
+    source, path = source or annotations.name, None
+    if cache and annotations.is_file() and annotations.stat().st_size >= INDEX_MIN_BYTES:
+        path, key = label_index_path(images, annotations, cache_dir), _index_key(images, annotations, cat_ids, source)
+        if (idx := load_label_index(path, key, images)) is not None:
+            if check: check(idx.categories)
+            for what, a, k in idx.calls: getattr(report, what)(*a, **k)
+            return idx, None
+    d = parsed if parsed is not None else load_coco_json(annotations); cats = coco_categories(d)
+    if check: check(cats)
+    rec = _Recording(report)
+    recs = read_records(d, images, cats[0] if cat_ids is None else cat_ids, rec, source)
+    idx = LabelIndex(recs, cats, [str(e.get('file_name')) if isinstance(e, dict) else '' for e in d['images']], rec.calls)
+    if path is not None: save_label_index(path, key, idx, [d['images'][r.entry]['file_name'] for r in recs])
+    return idx, d
+
+def cached_categories(annotations:str|Path, images:str|Path, cache_dir:str|Path|None=None)->tuple|None:
+    "`(cat_ids, names)` of `annotations` from its cached label index when it is this JSON's (nothing parsed but the index's header), else None."
+    annotations, images = Path(annotations), Path(images)
+    if not annotations.is_file() or annotations.stat().st_size < INDEX_MIN_BYTES: return None
+    key = _index_key(images, annotations, None, annotations.name)
+    try:
+        with np.load(label_index_path(images, annotations, cache_dir), allow_pickle=False) as z: meta = json.loads(z['meta'].tobytes())
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile): return None
+    return tuple(meta['categories']) if meta.get('key') == key else None
+
 # %% ../nbs/01c_loader.ipynb #8f3c619f
 def _check_image(rec:ImageRecord, imgsz:int, cache:str, disk:DiskCache|None, decode:bool=False)->tuple:
-    "(prepared or None, (reason, detail) or None, EXIF orientation): check one record's image, preparing/caching it as `cache` says."
+    "(prepared or None, (reason, detail) or None, EXIF orientation): check one record's image, preparing/caching it as `cache` says; with a disk cache nothing prepared is returned."
     if not rec.path.is_file(): return None, ('missing file', str(rec.path)), 1
     try:
         if cache == 'none':
             if decode: return None, None, _decode(rec.path, rec.hw)[1]   # every pixel read once (truncated data raises)
             with Image.open(rec.path) as im: check_size(im, rec.hw); return None, None, exif_orientation(im)
+        if disk is not None and (o := disk.trusted(rec)) is not None: return None, None, o   # its manifest entry vouches for the file
         p = disk.get(rec) if disk is not None else None
         if p is None:
             p = prepare(rec, imgsz)
             if disk is not None: disk.put(rec, p)
-        return p, None, p.orientation
+        return (None if disk is not None else p), None, p.orientation   # the disk holds it: setup keeps no image in memory
     except _IMAGE_ERRORS as e:
         return None, ('image size differs from the JSON' if 'the JSON says' in str(e) else 'unreadable image', f"{type(e).__name__}: {e}"), 1
 
