@@ -25,8 +25,18 @@ Stages (each takes `--n N --root DIR`: the data set `<DIR>/n<N>`, made when miss
              torch.profiler over K steps with forward / loss / backward / optimizer / ema ranges; kernel time per image
              by part and by kernel family (gemm/conv, batchnorm, elementwise, copy/cast, reduction, other), top kernels.
              `--capture`: the whole step replayed (kernel total and families only). On a CPU: operators' CPU time.
+    cache    the cache modes against N (`--points`, default 128 1024 4096 16384: the first N images of the largest set),
+             each start a fresh process, smallest N first: for none / ram / disk a cold start (empty cache folder) and a
+             warm one (the same folder again): setup seconds, RSS, peak RSS (VmHWM), PSS (smaps_rollup), the cache
+             actually used and the fit check's line, the bytes on disk (prepared images and label index). Then the RAM
+             cache at `--pss-n` images with 0 and `--pss-workers` loader workers after one epoch: PSS of the main process
+             and of each worker (a page shared by k processes counts 1/k in each), so their sum is the real footprint.
+    index    the label index of N images under tracemalloc: read from the JSON (cold), from its cache file (warm) and, with
+             `--baseline REV`, by that revision's `read_records`: seconds, bytes per image kept, the parsed JSON's bytes.
 
     python benchmarks/scale.py make --n 16384
+    python benchmarks/scale.py cache --points 128 1024 4096 16384   # ~20 min on 2 CPU cores; the RAM cache's fit check guards the machine
+    python benchmarks/scale.py index --n 16384 --baseline <rev>
     python benchmarks/scale.py fit --n 4096 --batch 32 64 [--rounds 1] [--epochs 3] [--arms native,step,ul] [-- lucid args]
     python benchmarks/scale.py loader --n 4096 [--batch 64] [--workers 8 16] [--fit benchmarks/results/scale_...fit....json]
     python benchmarks/scale.py profile --n 4096 [--batch 64] [--capture]
@@ -349,6 +359,150 @@ def print_loader_over_fit(c: dict) -> dict:
     return c
 
 
+# --------------------------------------------------------------------------------------------------------------- cache
+def subset_json(ds: Path, n: int) -> Path:
+    "A COCO JSON of the first `n` training images of `ds` (the same files and annotations): every N point of one made set."
+    out = ds / 'subsets' / f'train{n}.json'
+    if out.exists(): return out
+    d = json.loads((ds / 'train.json').read_text())
+    images = d['images'][:n]; ids = {i['id'] for i in images}
+    out.parent.mkdir(exist_ok=True); tmp = out.with_suffix('.tmp')
+    tmp.write_text(json.dumps(dict(d, images=images, annotations=[a for a in d['annotations'] if a['image_id'] in ids]))); tmp.replace(out)
+    return out
+
+
+def _status_kib(pid: int, key: str) -> int:
+    for line in Path(f'/proc/{pid}/status').read_text().splitlines():
+        if line.startswith(key + ':'): return int(line.split()[1])
+    return 0
+
+
+def _pss_kib(pid: int) -> int:
+    "Proportional set size: each page's bytes divided among the processes that share it (/proc/<pid>/smaps_rollup)."
+    for line in Path(f'/proc/{pid}/smaps_rollup').read_text().splitlines():
+        if line.startswith('Pss:'): return int(line.split()[1])
+    return 0
+
+
+def _children(pid: int) -> list:
+    return [int(c) for t in Path(f'/proc/{pid}/task').iterdir() for c in (t / 'children').read_text().split()]
+
+
+def cache_point(a):
+    "One start in this process: `YoloData.setup` at one N and cache mode (and with workers, one epoch); a JSON row to `--out`."
+    import logging
+    from lucid_nb.data import YoloData
+    ds, lines, me = Path(a.ds), [], os.getpid()
+    h = logging.Handler(); h.emit = lambda r: lines.append(r.getMessage()); logging.getLogger('lucid_nb.data').addHandler(h)
+    rss0 = _status_kib(me, 'VmRSS')
+    dm = YoloData(str(ds / 'train'), a.json, str(ds / 'val'), str(ds / 'val.json'), imgsz=a.imgsz, batch_size=16, cache=a.cache,
+                  cache_dir=a.cache_dir, workers=a.workers, prefetch=False, mosaic=0.)
+    t0 = time.perf_counter()
+    with contextlib.redirect_stdout(io.StringIO()): dm.setup('fit')
+    row = dict(n=len(dm._train), cache=a.cache, used=dm.cache_mode, fit_line=next((l for l in lines if 'would take' in l), None),
+               setup_seconds=round(time.perf_counter() - t0, 2), rss_before_mib=rss0 / 1024, rss_mib=_status_kib(me, 'VmRSS') / 1024,
+               peak_rss_mib=_status_kib(me, 'VmHWM') / 1024, pss_mib=_pss_kib(me) / 1024, notes=dict(dm.report.notes))
+    if a.epoch:   # one epoch (every image used), then the footprint of this process and its workers (still alive)
+        ld, t0, k = dm.train_dataloader(), time.perf_counter(), 0
+        for b in ld: k += len(b['img'])
+        kids = _children(me)
+        row.update(workers=a.workers, epoch_images=k, epoch_seconds=round(time.perf_counter() - t0, 2), pss_main_mib=_pss_kib(me) / 1024,
+                   pss_workers_mib=[_pss_kib(c) / 1024 for c in kids], rss_workers_mib=[_status_kib(c, 'VmRSS') / 1024 for c in kids],
+                   rss_main_mib=_status_kib(me, 'VmRSS') / 1024)
+        row['pss_total_mib'] = row['pss_main_mib'] + sum(row['pss_workers_mib'])
+        dm.teardown()
+    Path(a.out).write_text(json.dumps(row))
+
+
+def _dir_bytes(p: Path) -> int:
+    return sum(f.stat().st_size for f in p.rglob('*') if f.is_file()) if p.exists() else 0
+
+
+def cache_scaling(a, ds: Path) -> Path:
+    """RSS/PSS, setup seconds cold and warm and disk bytes against N for each cache mode, one fresh process a start; the
+    largest N last (where the fit check may send the RAM cache to the disk: what it decided is recorded)."""
+    rows, runs, t_start = [], Path(a.root) / 'cache_runs', time.perf_counter()
+    shutil.rmtree(runs, ignore_errors=True)
+    def point(n, cache, cache_dir, workers=0, epoch=False):
+        out = runs / f'row_{n}_{cache}_{workers}_{time.monotonic_ns()}.json'
+        args = [sys.executable, str(Path(__file__).resolve()), '_cache_point', '--ds', str(ds), '--json', str(subset_json(ds, n)),
+                '--cache', cache, '--cache-dir', str(cache_dir), '--imgsz', str(a.imgsz), '--workers', str(workers), '--out', str(out), *(['--epoch'] if epoch else [])]
+        t0 = time.perf_counter()
+        r = subprocess.run(args, capture_output=True, text=True, cwd=ROOT)
+        if r.returncode: raise SystemExit(f'cache point {n} {cache}: failed:\n{r.stderr[-3000:]}')
+        return dict(json.loads(out.read_text()), process_seconds=round(time.perf_counter() - t0, 2))
+    runs.mkdir(parents=True)
+    if a.pss_into:   # the N points of an earlier result, the workers measurement again
+        old = json.loads(Path(a.pss_into).read_text())
+        rows, a.points = old['rows'], old['points']
+        rows_from = dict(file=Path(a.pss_into).name, commit=old['env'].get('commit'), command=old.get('command'), seconds=old.get('seconds'))
+    for n in sorted(a.points) if not a.pss_into else []:
+        for cache in ('none', 'ram', 'disk'):
+            cd = runs / f'{cache}_{n}'
+            cold = point(n, cache, cd); disk_bytes = _dir_bytes(cd); warm = point(n, cache, cd)
+            row = dict(n=n, cache=cache, used=cold['used'], fit_line=cold['fit_line'], cold=cold, warm=warm, disk_bytes=disk_bytes,
+                       warm_over_cold=round(warm['setup_seconds'] / cold['setup_seconds'], 3))
+            rows.append(row); shutil.rmtree(cd, ignore_errors=True)
+            print(f"cache n={n:>6} {cache:>4} (used {cold['used']}): setup cold {cold['setup_seconds']:6.1f} s, warm {warm['setup_seconds']:6.1f} s "
+                  f"({row['warm_over_cold']:.0%}); peak RSS {cold['peak_rss_mib']:7.0f} MiB, PSS {cold['pss_mib']:7.0f} MiB; "
+                  f"disk {disk_bytes / 2**20:7.0f} MiB; {time.perf_counter() - t_start:.0f} s so far", flush=True)
+            if cold['fit_line']: print('   ', cold['fit_line'], flush=True)
+    shared = []
+    for w in (0, a.pss_workers):   # the RAM cache with loader workers: PSS over the main process and its workers after an epoch
+        r = point(a.pss_n, 'ram', runs / 'pss', w, epoch=True); shared.append(r)
+        print(f"workers {w}: n={a.pss_n} RAM cache, after one epoch: PSS total {r.get('pss_total_mib', r['pss_mib']):.0f} MiB "
+              f"(main {r.get('pss_main_mib', r['pss_mib']):.0f}, workers {[round(x) for x in r.get('pss_workers_mib', [])]}); "
+              f"RSS of each worker {[round(x) for x in r.get('rss_workers_mib', [])]} MiB", flush=True)
+    shutil.rmtree(runs, ignore_errors=True)
+    res = dict(what='cache modes against N: setup seconds cold and warm, RSS/PSS, disk bytes; RAM cache PSS with loader workers',
+               stage='cache', imgsz=a.imgsz, points=sorted(a.points), rows=rows, workers_pss=shared,
+               seconds=round(time.perf_counter() - t_start, 1), cpu_count=os.cpu_count(), load_average=list(os.getloadavg()),
+               command=' '.join([sys.executable, *sys.argv]), **({'rows_from': rows_from} if a.pss_into else {}))
+    path = _write_result('scale', res, tag=f'cache_n{max(a.points)}{a.tag}'); print(f'-> {path}'); return path
+
+
+def index_point(a):
+    "One read of the label index in this process, under tracemalloc: the JSON's, the cached index's, or a revision's `read_records`."
+    import gc, tracemalloc
+    from lucid_nb.data import DataReport, label_index, load_coco_json, coco_categories
+    images = Path(a.ds) / 'train'
+    gc.collect(); tracemalloc.start(); t0 = time.perf_counter()
+    if a.baseline:   # a revision's records (its polygons as it keeps them), from the JSON
+        from common import load_baseline
+        coco = load_baseline(a.baseline, module='coco')
+        d = coco.load_coco_json(a.json); recs = coco.read_records(d, images, coco.coco_categories(d)[0], coco.DataReport())
+    else:
+        idx, d = label_index(a.json, images, DataReport(), cache=True, cache_dir=a.cache_dir); recs = idx.records
+    seconds = time.perf_counter() - t0
+    with_json = tracemalloc.get_traced_memory()[0]; del d; gc.collect()
+    records, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    Path(a.out).write_text(json.dumps(dict(n=len(recs), instances=sum(len(r.instances) for r in recs), seconds=round(seconds, 2),
+                                           traced_with_json_mib=with_json / 2**20, traced_records_mib=records / 2**20, traced_peak_mib=peak / 2**20,
+                                           records_bytes_per_image=round(records / len(recs)))))
+
+
+def index_memory(a, ds: Path) -> Path:
+    "The label index of N images: seconds and memory per image read from the JSON (cold), from its cache file (warm), and by `--baseline`."
+    work = Path(a.root) / 'index_runs'; shutil.rmtree(work, ignore_errors=True); work.mkdir(parents=True)
+    js = subset_json(ds, a.n) if a.n < json.loads((ds / 'manifest.json').read_text())['n'] else ds / 'train.json'
+    def point(baseline=''):
+        out = work / f'{time.monotonic_ns()}.json'
+        r = subprocess.run([sys.executable, str(Path(__file__).resolve()), '_index_point', '--ds', str(ds), '--json', str(js),
+                            '--cache-dir', str(work), '--out', str(out), '--baseline', baseline], capture_output=True, text=True, cwd=ROOT)
+        if r.returncode: raise SystemExit(f'index point failed:\n{r.stderr[-3000:]}')
+        return json.loads(out.read_text())
+    rows = dict(cold=point(), warm=point(), **({f'baseline_{a.baseline}': point(a.baseline)} if a.baseline else {}))
+    index_bytes = sum(f.stat().st_size for f in work.glob('*.labels.npz'))
+    for k, r in rows.items():
+        print(f"index {k:>16}: {r['n']} images, {r['seconds']:.2f} s, records {r['traced_records_mib']:.1f} MiB "
+              f"({r['records_bytes_per_image']} B/image), with the parsed JSON {r['traced_with_json_mib']:.1f} MiB", flush=True)
+    shutil.rmtree(work, ignore_errors=True)
+    res = dict(what='label index of N images: read from the JSON (cold), from its cache file (warm), by a revision; tracemalloc bytes',
+               stage='index', n=a.n, json_bytes=js.stat().st_size, index_file_bytes=index_bytes, rows=rows, command=' '.join([sys.executable, *sys.argv]))
+    path = _write_result('scale', res, tag=f'index_n{a.n}{a.tag}'); print(f'-> {path}'); return path
+
+
 # ------------------------------------------------------------------------------------------------------------- profile
 def profile(a, ds: Path) -> Path:
     with tempfile.TemporaryDirectory(prefix='scale_profile_') as tmp:
@@ -402,6 +556,18 @@ def parser() -> argparse.ArgumentParser:
     q.add_argument('--batch', type=int, default=64); q.add_argument('--capture', action='store_true')
     q.add_argument('--warmup', type=int, default=8); q.add_argument('--timed', type=int, default=10)
     q.add_argument('--steps', type=int, default=5, help='profiled steps (K)')
+    c = sub.add_parser('cache', parents=[common])
+    c.add_argument('--points', type=int, nargs='+', default=[128, 1024, 4096, 16384], help='N values (the largest is made; the others are its first N)')
+    c.add_argument('--imgsz', type=int, default=640); c.add_argument('--pss-n', type=int, default=1024, help='N of the workers measurement')
+    c.add_argument('--pss-workers', type=int, default=4)
+    c.add_argument('--pss-into', help='an earlier `cache` result: keep its N points, measure the workers again')
+    ix = sub.add_parser('index', parents=[common]); ix.add_argument('--baseline', default='', help='a revision whose read_records to measure too')
+    ip = sub.add_parser('_index_point')   # one read, in its own process (index_memory)
+    for k in ('--ds', '--json', '--cache-dir', '--out', '--baseline'): ip.add_argument(k, required=True)
+    cp = sub.add_parser('_cache_point')   # one start, in its own process (cache_scaling)
+    for k in ('--ds', '--json', '--cache', '--cache-dir', '--out'): cp.add_argument(k, required=True)
+    for k in ('--imgsz', '--workers'): cp.add_argument(k, type=int, required=True)
+    cp.add_argument('--epoch', action='store_true', help='after setup, one training epoch, then the PSS of this process and its workers')
     u = sub.add_parser('_ul')   # one Ultralytics run, in its own process (fit_ul)
     for k in ('--data', '--cache', '--project', '--json'): u.add_argument(k, required=True)
     for k in ('--batch', '--epochs', '--imgsz', '--workers', '--close-mosaic'): u.add_argument(k, type=int, required=True)
@@ -429,9 +595,13 @@ def smoke(p: argparse.ArgumentParser):
 
 def run(a):
     if a.stage == '_ul': return ul_main(a)
+    if a.stage == '_cache_point': return cache_point(a)
+    if a.stage == '_index_point': return index_point(a)
+    if a.stage == 'cache': a.n = max(json.loads(Path(a.pss_into).read_text())['points'] if a.pss_into else a.points)
     m = make(a.n, Path(a.root), getattr(a, 'processes', None))
     ds = Path(m['folder'])
-    return {'make': lambda: m, 'fit': lambda: fit(a, ds), 'loader': lambda: loader(a, ds), 'profile': lambda: profile(a, ds)}[a.stage]()
+    return {'make': lambda: m, 'fit': lambda: fit(a, ds), 'loader': lambda: loader(a, ds), 'profile': lambda: profile(a, ds),
+            'cache': lambda: cache_scaling(a, ds), 'index': lambda: index_memory(a, ds)}[a.stage]()
 
 
 def main(argv=None):
