@@ -172,6 +172,8 @@ RAM_SHARE = 0.5    # the RAM cache may take at most this share of MemAvailable a
 DISK_SHARE = 0.9   # the disk cache may take at most this share of its file system's free space
 GB = 1e9
 
+def _size(b:float)->str: return f"{b / GB:.1f} GB" if b >= GB / 10 else f"{b / 1e6:.0f} MB"
+
 def mem_available()->int|None:
     "Bytes of memory available to new work (`MemAvailable` of /proc/meminfo); None where it cannot be read."
     try:
@@ -201,17 +203,17 @@ def fit_cache(cache:str, need:int, folder:Path|None, processes:int=1)->tuple[str
     if cache == 'ram':
         avail = mem_available()
         if avail is None or need * processes <= RAM_SHARE * avail: return 'ram', None
-        why = (f"cache 'ram' would take {need * processes / GB:.1f} GB" + (f" ({processes} processes)" if processes > 1 else '')
-               + f", more than {RAM_SHARE:.0%} of the {avail / GB:.1f} GB of memory available (MemAvailable)")
+        why = (f"cache 'ram' would take {_size(need * processes)}" + (f" ({processes} processes)" if processes > 1 else '')
+               + f", more than {RAM_SHARE:.0%} of the {_size(avail)} of memory available (MemAvailable)")
     free = disk_free(folder) if folder is not None else None
     new = need
     if free is not None and need > DISK_SHARE * free and folder.is_dir():   # files there already take no more space
         new = max(0, need - sum(f.stat().st_size for f in folder.glob('*.bin')))
     if free is None or new <= DISK_SHARE * free:
-        where = f"{folder} ({free / GB:.1f} GB free)" if free is not None else f"{folder}"
+        where = f"{folder} ({_size(free)} free)" if free is not None else f"{folder}"
         return 'disk', (f"lucid_nb data: {why}: using the disk cache in {where} instead" if why else None)
-    why = (why + ', and the disk cache') if why else f"cache 'disk' would take {need / GB:.1f} GB"
-    return 'none', (f"lucid_nb data: {why} more than {DISK_SHARE:.0%} of the {free / GB:.1f} GB free in {folder}: no cache, "
+    why = (why + ', and the disk cache') if why else f"cache 'disk' would take {_size(need)}"
+    return 'none', (f"lucid_nb data: {why} more than {DISK_SHARE:.0%} of the {_size(free)} free in {folder}: no cache, "
                     "images are decoded at every use (slower); free memory or disk space, or give --data.cache_dir on a larger disk")
 
 # %% ../nbs/01c_loader.ipynb #a5012dd0

@@ -266,7 +266,7 @@ def test_ram_cache_that_would_not_fit_goes_to_disk_or_none(coco, tmp_path, monke
     monkeypatch.setattr(loader, 'disk_free', lambda f: 100 * need)
     dm = dm_for(coco, cache_dir=str(tmp_path / 'c')); dm.setup()
     lines = [r.getMessage() for r in caplog.records if 'would take' in r.getMessage()]
-    assert dm.cache_mode == 'disk' and len(lines) == 1 and f"{need / 1e9:.1f} GB" in lines[0] and 'using the disk cache in' in lines[0]
+    assert dm.cache_mode == 'disk' and len(lines) == 1 and f"would take {need / 1e6:.0f} MB, more than 50% of the {1.9 * need / 1e6:.0f} MB" in lines[0] and 'using the disk cache in' in lines[0]
     assert str(tmp_path / 'c') in lines[0] and 'cache \'disk\'' in dm.summary()
     assert [digest(b) for b in dm.val_dataloader()] == want and list((tmp_path / 'c').glob('*/*.bin'))
     monkeypatch.setattr(loader, 'disk_free', lambda f: need)                         # nor on the disk: no cache
