@@ -18,9 +18,11 @@ CPU_LINE = 'capture_train_step: the whole training step runs natively: the run t
 
 
 def _lucid(cwd, *args) -> list:
-    "The lines a `lucid` command prints, stdout and stderr interleaved as they were written."
+    """The lines a `lucid` command prints, stdout and stderr interleaved as they were written. Without `PL_GLOBAL_SEED`,
+    which Lightning's `seed_everything` leaves in this process's environment after an in-process fit: a child that
+    inherits it has a seed, and Lightning's "No seed found" line would not be there to count."""
     r = subprocess.run([str(LUCID), *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600,
-                       env=dict(os.environ, PYTHONUNBUFFERED='1', OMP_NUM_THREADS='1'))
+                       env={**{k: v for k, v in os.environ.items() if k != 'PL_GLOBAL_SEED'}, 'PYTHONUNBUFFERED': '1', 'OMP_NUM_THREADS': '1'})
     assert r.returncode == 0, r.stdout[-3000:]
     return r.stdout.splitlines()
 
