@@ -64,6 +64,7 @@ def test_quick_fit_prints_three_lines_before_its_first_epoch(quick):
     assert head[0].startswith('lucid_nb data: train 126 images') and 'input problems: none' in head[0]
     (model,) = [l for l in head if l.startswith('model: ')]
     assert model.endswith('; run folder runs/lucid/version_0') and (d / 'runs' / 'lucid' / 'version_0' / 'checkpoints').is_dir()
+    assert not [l for l in lines if l.startswith('`Trainer.fit` stopped')], 'Lightning says the fit reached max_epochs: the run did as asked'
     assert not [l for l in lines if 'capture' in l]
 
 
