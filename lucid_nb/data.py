@@ -6,7 +6,7 @@ Docs: https://lucid-nb.github.io/lucid_nb/data.html.md"""
 
 # %% ../nbs/01d_data.ipynb #072e9fdf
 from __future__ import annotations
-import argparse, glob, time
+import argparse, glob, os, sys, time
 from functools import partial
 from pathlib import Path
 from typing import Literal
@@ -474,8 +474,12 @@ def show_batch(batch:dict, class_names:list|None=None, n:int=8, ncols:int=4, siz
 
 # %% ../nbs/01d_data.ipynb #532b81f2
 def data_cli():
-    "The `lucid-data` command (exit status 0 on success)."
-    data_main()
+    "The `lucid-data` command: exit status 0 on success, 2 after bad input or a bad option (one line naming the file or option)."
+    try: data_main()
+    except (ValueError, OSError) as e:   # a missing folder, a bad data.yaml or JSON, input that `on_bad_input='error'` refuses
+        if os.environ.get('LUCID_DEBUG') == '1': raise
+        print(f"lucid-data: error: {'; '.join(l.strip() for l in str(e).splitlines() if l.strip())} (LUCID_DEBUG=1 shows the traceback)", file=sys.stderr)
+        sys.exit(2)
 
 def data_main(argv:list[str]|None=None)->YoloData:
     "Console entry point `lucid-data`: load a COCO or Ultralytics dataset (default: embedded coco128), print what it holds, time an epoch."

@@ -529,3 +529,13 @@ def test_lucid_data_command_exits_zero(tmp_path):
                        capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert 'lucid_nb data: train 96 images' in r.stdout and 'YoloData object' not in r.stdout + r.stderr
+
+
+@pytest.mark.parametrize('args, names', [(['--train-images', 'no/such/folder', '--train-annotations', 'a.json'], 'no/such/folder'),
+                                         (['--dataset', 'missing.yaml'], 'missing.yaml')])
+def test_lucid_data_bad_path_is_one_line(tmp_path, args, names):
+    "A path that is not there: one line naming it, exit status 2, no traceback."
+    import subprocess, sys
+    r = subprocess.run([str(Path(sys.executable).parent / 'lucid-data'), *args], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith('lucid-data: error: ') and names in lines[0], r.stderr[-2000:]
