@@ -137,8 +137,10 @@ def test_lucid_fit_exits_zero(tmp_path):
     epochs = [l for l in r.stdout.splitlines() if l.startswith('epoch ')]
     assert len(epochs) == 1 and epochs[0].startswith('epoch 1/1  loss box ') and 'mAP50-95 box ' in epochs[0] and ' mask ' in epochs[0]
     assert epochs[0].endswith(' s')
-    table = r.stdout[r.stdout.index('class '):].splitlines()
-    assert table[0].split() == ['class', 'instances', 'box', 'AP50-95', 'mask', 'AP50-95'] and table[1].startswith('all ')
+    table = [l.split() for l in r.stdout[r.stdout.index(' Class '):].splitlines()]
+    assert table[0] == ['Class', 'Images', 'Instances', 'Box(P', 'R', 'mAP50', 'mAP50-95)', 'Mask(P', 'R', 'mAP50', 'mAP50-95)']
+    assert table[1][:2] == ['all', '2'] and len(table[1]) == 11   # the 2 validation images of `tiny`
+    assert any(l[:1] == ['Speed:'] and l[-2:] == ['per', 'image'] for l in table)
     assert r.stdout.rstrip().splitlines()[-1] == f"Results saved to {tmp_path / 'runs' / 'tiny' / 'version_0'}"
 
 
@@ -177,7 +179,7 @@ def test_timing_has_every_phase(reference):
     t = json.loads((reference[1] / 'timing.json').read_text())
     assert t['startup_seconds'] > 0 and t['fit_end_seconds'] >= 0 and t['data_setup_seconds'] >= 0
     assert 0 < t['first_step_seconds'] < t['epochs'][0]['train_seconds']   # one of the epoch's steps
-    assert set(t['fit_end_parts']) == {'predictions', 'state_hashes', 'curves', 'val_drawings'}
+    assert set(t['fit_end_parts']) == {'predictions', 'state_hashes', 'curves', 'val_drawings', 'val_plots'}
     assert sum(t['fit_end_parts'].values()) <= t['fit_end_seconds']
     for e in t['epochs']:
         assert e['train_seconds'] <= e['seconds'] and set(e['validation']) >= {'forward', 'postprocess', 'evaluate', 'epoch'}
