@@ -20,10 +20,10 @@ from .masks import *
 from .masks import _floats, _image_index, _slices_up_to
 
 # %% auto #0
-__all__ = ['COCO80_IDS', 'STAT_NAMES', 'SUMMARY_NAMES', 'CONF_GRID', 'greedy_keep', 'nms', 'nms_reference', 'quiet', 'load_coco',
-           'coco_results', 'results_bytes', 'write_results', 'CocoStats', 'at_scores', 'f1_score', 'operating_point',
-           'class_eval', 'no_detections_eval', 'gt_counts', 'match_boxes', 'confusion_matrix', 'coco_evaluate',
-           'class_rows', 'class_table', 'speed_line', 'Validator']
+__all__ = ['COCO80_IDS', 'STAT_NAMES', 'SUMMARY_NAMES', 'CONF_GRID', 'PREDICT_CONF', 'greedy_keep', 'nms', 'nms_reference',
+           'quiet', 'load_coco', 'coco_results', 'results_bytes', 'write_results', 'CocoStats', 'at_scores', 'f1_score',
+           'operating_point', 'class_eval', 'no_detections_eval', 'gt_counts', 'match_boxes', 'confusion_matrix',
+           'coco_evaluate', 'class_rows', 'class_table', 'speed_line', 'Validator', 'predict_conf']
 
 # %% ../nbs/07b_metrics.ipynb #a0b7cb8a
 def _candidates(scores:Tensor, conf:float, multi_label:bool, max_nms:int)->tuple[Tensor,Tensor,Tensor]: # (B,n) each
@@ -471,3 +471,10 @@ class Validator:
     def write(self, path)->str:
         "Write `results` as the predictions JSON (atomically); return its sha256."
         return write_results(path, self.results)
+
+# %% ../nbs/07b_metrics.ipynb #predconf0cd
+PREDICT_CONF = 0.25   # the least score a prediction keeps by default (validation keeps every score above its `conf`)
+
+def predict_conf(conf:float|None=None)->float:
+    "Prediction's score threshold for a checkpoint validated at `conf` (its `--model.conf`): `PREDICT_CONF`, or `conf` where higher."
+    return PREDICT_CONF if conf is None else max(conf, PREDICT_CONF)

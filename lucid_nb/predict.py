@@ -16,7 +16,7 @@ from fastcore.basics import patch
 from .core import *
 from .data import image_batch, load_rgb, pil_rgb
 from .heads import yolo_seg
-from .metrics import Validator
+from .metrics import PREDICT_CONF, Validator, predict_conf
 from .draw import draw_instances
 from .weights import load_weights, read_weights
 from .runs import note, read_checkpoint, weak_checkpoint
@@ -34,7 +34,7 @@ class Predictor:
                  class_names:list,         # name of each contiguous class
                  cat_ids:list,             # COCO category id of each class
                  imgsz:int=640,            # letterbox side
-                 conf:float=0.25,          # score threshold
+                 conf:float=PREDICT_CONF,  # score threshold
                  iou:float=0.7,            # NMS IoU threshold
                  max_det:int=300,          # detections kept per image
                 ):
@@ -50,7 +50,7 @@ class Predictor:
 def load(path,                      # a `lucid` checkpoint (`last.ckpt`, `best.ckpt`) or an Ultralytics YOLO11-seg one (`yolo11n-seg.pt`)
          device:str|None=None,      # None: the CPU
          imgsz:int|None=None,       # None: the checkpoint's training size (an Ultralytics file: 640)
-         conf:float=0.25,           # score threshold
+         conf:float|None=None,      # score threshold; None: `lucid predict`'s, `predict_conf` of the checkpoint's `--model.conf`
          option:str='lucid_nb.load',   # how error messages name the file's source
         )->Predictor:
     "A `Predictor` from a checkpoint file: `lucid_nb.load('best.ckpt').predict(images)`; read by `03a_weights`' safe reader."
@@ -60,12 +60,14 @@ def load(path,                      # a `lucid` checkpoint (`last.ckpt`, `best.c
         report = load_weights(net, w)
         if not report.complete: note(report.line)
         names = w.names if w.names and len(w.names) == w.num_classes else [str(k) for k in range(w.num_classes)]
-        return Predictor(net.requires_grad_(False).to(device or 'cpu'), names, list(range(w.num_classes)), imgsz or 640, conf)
+        return Predictor(net.requires_grad_(False).to(device or 'cpu'), names, list(range(w.num_classes)), imgsz or 640,
+                         PREDICT_CONF if conf is None else conf)
     hp, extra = w.ckpt.get('hyper_parameters') or {}, w.ckpt.get('lucid') or {}
     net.load_state_dict(w.state); net.requires_grad_(False)
     K = w.num_classes
     names = extra.get('class_names') or [str(k) for k in range(K)]
     cat_ids = extra.get('cat_ids') or list(range(K))
+    if conf is None: conf = predict_conf(hp.get('conf'))   # the threshold `lucid predict` applies to this checkpoint
     p = Predictor(net.to(device or 'cpu'), names, cat_ids, imgsz or extra.get('imgsz', 640), conf, hp.get('iou', 0.7), hp.get('max_det', 300))
     p.weak = weak_checkpoint(w.ckpt)
     return p

@@ -25,7 +25,7 @@ from .loss import SegLoss
 from .optim import build_optimizer, build_schedule
 from .ema import ModelEMA
 from .recorder import Recorder, model_outputs
-from .metrics import Validator, write_results, CocoStats, class_rows, class_table, speed_line
+from .metrics import Validator, write_results, CocoStats, class_rows, class_table, speed_line, predict_conf
 from .draw import draw_results, save_jpeg, save_val_plots
 from .runs import AtomicCheckpoint, EpochSummary, RunArtifacts, gather_objects, note, run_folder, say, _now, _run_dir
 
@@ -74,7 +74,7 @@ class LitYolo(L.LightningModule):
     ema_tau : float
         EMA ramp in updates.
     conf : float
-        Score threshold of validation's NMS (`predict` uses at least 0.25).
+        Score threshold of validation's NMS (prediction uses `predict_conf` of it: at least 0.25).
     iou : float
         IoU threshold of NMS.
     max_det : int
@@ -350,10 +350,10 @@ DATA_SOURCE = ('dataset', 'train_images', 'train_annotations', 'val_images', 'va
 # %% ../nbs/08c_trainer.ipynb #921548c1
 @patch
 def predict_step(self:LitYolo, batch:dict, batch_idx:int)->list:
-    "COCO results of one batch at a score threshold of at least 0.25, and a `problem` entry for each file that could not be read."
+    "COCO results of one batch at `predict_conf`'s score threshold (as `lucid_nb.load(...).predict`), and a `problem` entry for each file that could not be read."
     problems = [{'image_id': i, 'problem': p} for i, p in batch.get('problems', ())]
     if 'img' not in batch: return problems
-    v = self.make_validator(conf=max(self.hparams.conf, 0.25))
+    v = self.make_validator(conf=predict_conf(self.hparams.conf))
     v.update(self.ema.module(batch['img']), batch)
     return v.results + problems
 
