@@ -55,18 +55,14 @@ def load(path,                      # a `lucid` checkpoint (`last.ckpt`, `best.c
         )->Predictor:
     "A `Predictor` from a checkpoint file: `lucid_nb.load('best.ckpt').predict(images)`; read by `03a_weights`' safe reader."
     w = read_weights(path, option)
-    net = yolo_seg(w.scale, w.num_classes)
-    if w.kind == 'ultralytics':   # its own network, whole; its class names; ids 0..K-1
+    net, (cat_ids, names) = yolo_seg(w.scale, w.num_classes), w.classes   # `lucid predict --model.weights` reports the same classes
+    if w.kind == 'ultralytics':   # its own network, whole; ids 0..K-1
         report = load_weights(net, w)
         if not report.complete: note(report.line)
-        names = w.names if w.names and len(w.names) == w.num_classes else [str(k) for k in range(w.num_classes)]
-        return Predictor(net.requires_grad_(False).to(device or 'cpu'), names, list(range(w.num_classes)), imgsz or 640,
+        return Predictor(net.requires_grad_(False).to(device or 'cpu'), names, cat_ids, imgsz or 640,
                          PREDICT_CONF if conf is None else conf)
     hp, extra = w.ckpt.get('hyper_parameters') or {}, w.ckpt.get('lucid') or {}
     net.load_state_dict(w.state); net.requires_grad_(False)
-    K = w.num_classes
-    names = extra.get('class_names') or [str(k) for k in range(K)]
-    cat_ids = extra.get('cat_ids') or list(range(K))
     if conf is None: conf = predict_conf(hp.get('conf'))   # the threshold `lucid predict` applies to this checkpoint
     p = Predictor(net.to(device or 'cpu'), names, cat_ids, imgsz or extra.get('imgsz', 640), conf, hp.get('iou', 0.7), hp.get('max_det', 300))
     p.weak = weak_checkpoint(w.ckpt)

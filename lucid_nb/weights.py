@@ -173,6 +173,12 @@ class Weights:
     @property
     def title(self)->str:
         return (f"Ultralytics YOLO11{self.scale}-seg" if self.kind == 'ultralytics' else f"lucid {self.scale}") + f", {self.num_classes} classes"
+    @property
+    def classes(self)->tuple[list,list]:
+        "(COCO category ids, names) of the file's classes, as predicting with it reports them: a lucid checkpoint's own; else ids 0..K-1 and the names the file carries."
+        extra, K = (self.ckpt.get('lucid') or {}) if self.kind == 'lucid' else {}, self.num_classes
+        names = extra.get('class_names') or (self.names if self.names and len(self.names) == K else [str(k) for k in range(K)])
+        return list(extra.get('cat_ids') or range(K)), list(names)
     def check_size(self, size:str):
         "A one-line error unless the file's network is of size `size` (`--model.size`)."
         if self.scale != size:

@@ -85,12 +85,35 @@ def test_inference_api(ckpt):
     assert r.plot().shape == (H, W, 3) and r.plot(pil=True).size == (W, H)
 
 
+def cli_predictions(tmp_path, *args) -> list:
+    "The results JSON of a `lucid predict` subprocess on the CPU, on one thread."
+    r = subprocess.run([str(LUCID), 'predict', *args, '--trainer.accelerator', 'cpu', '--trainer.logger', 'false',
+                        '--trainer.enable_progress_bar', 'false', '--trainer.default_root_dir', str(tmp_path / 'out')],
+                       capture_output=True, text=True, timeout=600, env=dict(os.environ, OMP_NUM_THREADS='1'))
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads((tmp_path / 'out' / 'predict' / 'predictions.json').read_text())
+
+
+def assert_same_detections(cli: list, model, files: list):
+    """`model.predict(files)` gives what `lucid predict` wrote, in the same order (count, boxes, scores, classes,
+    masks), equal as the results JSON holds them: both round in `coco_results` (boxes to 3 decimals, scores to 5),
+    so any other difference shows. Run on one thread, as the subprocess is: the CPU's convolutions sum in an order
+    that depends on the thread count, which moves a box's third decimal now and then."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try: got = model.predict(files)
+    finally: torch.set_num_threads(threads)
+    for f, d in zip(files, got):
+        want = to_detections([x for x in cli if x['file_name'] == str(f)], d.image, model.cat_ids, model.class_names)
+        assert len(d) == len(want), f.name
+        for k in ('boxes', 'scores', 'class_ids', 'category_ids', 'masks'):
+            np.testing.assert_array_equal(getattr(d, k), getattr(want, k), err_msg=f'{f.name}: {k}')
+
+
 @pytest.mark.parametrize('conf', ['as trained', 'raised'])
 def test_api_matches_lucid_predict(tmp_path, ckpt, folder, conf):
-    """`lucid predict` and `lucid_nb.load(...).predict` on the same files: the same detections, in the same order
-    (count, boxes, scores, classes, masks), equal as the results JSON holds them: both round in `coco_results`
-    (boxes to 3 decimals, scores to 5), so any other difference shows. 'raised': a checkpoint validated with
-    `--model.conf` above predict's 0.25, which `lucid predict` applied and `load` did not."""
+    """`lucid predict --ckpt_path` and `lucid_nb.load(...).predict` on the same files: the same detections. 'raised':
+    a checkpoint validated with `--model.conf` above predict's 0.25, which `lucid predict` applied and `load` did not."""
     files = sorted(folder.iterdir())
     if conf == 'raised':
         scores = np.concatenate([d.scores for d in lucid_nb.load(ckpt).predict(files)])
@@ -98,20 +121,19 @@ def test_api_matches_lucid_predict(tmp_path, ckpt, folder, conf):
         c['hyper_parameters']['conf'] = float(np.median(scores))   # what `lucid fit --model.conf` stores
         assert (scores <= c['hyper_parameters']['conf']).any()       # some detections fall below it
         torch.save(c, ckpt := tmp_path / 'raised.ckpt')
-    r = subprocess.run([str(LUCID), 'predict', '--ckpt_path', str(ckpt), '--data.predict_images', str(folder),
-                        '--trainer.accelerator', 'cpu', '--trainer.logger', 'false', '--trainer.enable_progress_bar', 'false',
-                        '--trainer.default_root_dir', str(tmp_path / 'out')],
-                       capture_output=True, text=True, timeout=600, env=dict(os.environ, OMP_NUM_THREADS='1'))
-    assert r.returncode == 0, r.stderr[-3000:]
-    cli = json.loads((tmp_path / 'out' / 'predict' / 'predictions.json').read_text())
-    model = lucid_nb.load(ckpt)
-    api = model.predict(files)
-    if conf == 'as trained': assert sum(map(len, api)) > 0      # the fixture scores some boxes over 0.25
-    for f, d in zip(files, api):
-        want = to_detections([x for x in cli if x['file_name'] == str(f)], d.image, model.cat_ids, model.class_names)
-        assert len(d) == len(want), f.name
-        for k in ('boxes', 'scores', 'class_ids', 'category_ids', 'masks'):
-            np.testing.assert_array_equal(getattr(d, k), getattr(want, k), err_msg=f'{f.name}: {k}')
+    cli = cli_predictions(tmp_path, '--ckpt_path', str(ckpt), '--data.predict_images', str(folder))
+    if conf == 'as trained': assert len(cli) > 0      # the fixture scores some boxes over 0.25
+    assert_same_detections(cli, lucid_nb.load(ckpt), files)
+
+
+def test_api_matches_lucid_predict_with_ultralytics_weights(tmp_path, folder):
+    """`lucid predict --model.weights yolo11n-seg.pt` took the classes of the default data (COCO ids 1..90, and a
+    fresh head for a file of another class count); `lucid_nb.load` the file's own (ids 0..K-1): now both the file's."""
+    ultra = Path(__file__).parent / 'fixtures' / 'yolo11n-seg-random.pt'
+    files = sorted(folder.iterdir())
+    cli = cli_predictions(tmp_path, '--model.weights', str(ultra), '--data.predict_images', str(folder), '--data.imgsz', '64')
+    assert len(cli) > 0
+    assert_same_detections(cli, lucid_nb.load(ultra, imgsz=64), files)
 
 
 def test_import_stays_light():
