@@ -348,12 +348,17 @@ def _ckpt_options(self:LucidCLI):
     saved, self.ckpt_extra = ckpt.get('hyper_parameters') or {}, ckpt.get('lucid') or {}
     if sub in ('validate', 'test', 'predict'): self._take_checkpoint_data(sub, path, ckpt)
     if sub == 'predict' and (why := weak_checkpoint(ckpt)): note(f"warning: {why}")
+    self._take_checkpoint_model(sub, path, saved)
+    self.ckpt_hparams = saved
+
+@patch
+def _take_checkpoint_model(self:LucidCLI, sub:str, path, saved:dict):
+    "The checkpoint's model options (`saved`, its hyper-parameters) where the command line and `--config` gave none; one line says which."
     model = self.config[sub].model   # num_classes: linked from the data, checked against the checkpoint later
     taken = {k: v for k, v in saved.items() if k in model and k not in ('num_classes', 'weights') and k not in self.given_model_options}
     changed = ', '.join(f"{k}={v!r}" for k, v in taken.items() if v != model[k]) or 'none that differ from the defaults'
     self.config = self.parser.parse_object({sub: {'model': taken}}, self.config)
     note(f"model options taken from {path}: {changed} (options given on the command line or in --config win)")
-    self.ckpt_hparams = saved
 
 @patch
 def _take_checkpoint_data(self:LucidCLI, sub:str, path, ckpt:dict):
@@ -379,6 +384,9 @@ def _weights_options(self:LucidCLI):
         note(f"--model.weights {path} is not read: --ckpt_path {cfg.ckpt_path} restores the network")
         self.config = self.parser.parse_object(wrap({'model': {'weights': None}}), self.config); return
     w = self.model_weights = read_weights(path)   # handed to `LitYolo.start_from` (`instantiate_classes`): read once
+    if sub in ('validate', 'test', 'predict') and w.kind == 'lucid':   # its network as `--ckpt_path` has it: its size and options too
+        self.ckpt_extra = w.ckpt.get('lucid') or {}
+        self._take_checkpoint_data(sub, path, w.ckpt); self._take_checkpoint_model(sub, path, w.ckpt.get('hyper_parameters') or {})
     if w.scale == cfg.model.size: return
     if 'size' in self.given_model_options: w.check_size(cfg.model.size)
     self.config = self.parser.parse_object(wrap({'model': {'size': w.scale}}), self.config)

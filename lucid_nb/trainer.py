@@ -360,9 +360,14 @@ def predict_step(self:LitYolo, batch:dict, batch_idx:int)->list:
 class PredictionWriter(BasePredictionWriter):
     "Writes the predictions of `lucid predict` as COCO results JSON (with `file_name`) and one drawn JPEG per image."
     def __init__(self): super().__init__(write_interval='epoch')
+    def on_predict_epoch_start(self, trainer, pl_module): self.ran = set()
+    def on_predict_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+        "Note the images this batch ran on: `--trainer.limit_predict_batches` may stop before the last, and only these are written."
+        self.ran |= {int(i) for i in batch.get('image_id', ())} | {i for i, _ in batch.get('problems', ())}
+        super().on_predict_batch_end(trainer, pl_module, outputs, batch, batch_idx, dataloader_idx)
     def write_on_epoch_end(self, trainer, pl_module, predictions, batch_indices):
         dm = trainer.datamodule
-        files = dm.predict_paths
+        files = {i: f for i, f in dm.predict_paths.items() if i in self.ran}
         problems = {r['image_id']: r['problem'] for batch in predictions for r in batch if 'problem' in r}
         results = [dict(r, file_name=str(files[r['image_id']])) for batch in predictions for r in batch if 'problem' not in r]
         out = _run_dir(trainer)/'predict'; out.mkdir(exist_ok=True)

@@ -53,7 +53,7 @@ def test_predict_folder_without_json(monkeypatch, tmp_path, ckpt, folder, capsys
     results = json.loads((out / 'predictions.json').read_text())
     assert {Path(r['file_name']).name for r in results} == {p.name for p in folder.iterdir()}
     assert {'image_id', 'category_id', 'bbox', 'score', 'segmentation', 'file_name'} <= set(results[0])
-    assert 'imgsz: 64' in (out.parent / 'config.yaml').read_text()      # the checkpoint's size, not the default 640
+    assert '  imgsz: 64\n' in (out.parent / 'config.yaml').read_text()      # the checkpoint's size, not the default 640
     assert f"on {len(list(folder.iterdir()))} images" in capsys.readouterr().out
 
 
@@ -85,12 +85,18 @@ def test_inference_api(ckpt):
     assert r.plot().shape == (H, W, 3) and r.plot(pil=True).size == (W, H)
 
 
-def cli_predictions(tmp_path, *args) -> list:
-    "The results JSON of a `lucid predict` subprocess on the CPU, on one thread."
+def cli_predict(tmp_path, *args) -> str:
+    "What a `lucid predict` subprocess on the CPU, on one thread, printed; it writes into `tmp_path/out/predict`."
     r = subprocess.run([str(LUCID), 'predict', *args, '--trainer.accelerator', 'cpu', '--trainer.logger', 'false',
                         '--trainer.enable_progress_bar', 'false', '--trainer.default_root_dir', str(tmp_path / 'out')],
                        capture_output=True, text=True, timeout=600, env=dict(os.environ, OMP_NUM_THREADS='1'))
     assert r.returncode == 0, r.stderr[-3000:]
+    return r.stdout + r.stderr
+
+
+def cli_predictions(tmp_path, *args) -> list:
+    "The results JSON of a `lucid predict` subprocess on the CPU, on one thread."
+    cli_predict(tmp_path, *args)
     return json.loads((tmp_path / 'out' / 'predict' / 'predictions.json').read_text())
 
 
@@ -134,6 +140,31 @@ def test_api_matches_lucid_predict_with_ultralytics_weights(tmp_path, folder):
     cli = cli_predictions(tmp_path, '--model.weights', str(ultra), '--data.predict_images', str(folder), '--data.imgsz', '64')
     assert len(cli) > 0
     assert_same_detections(cli, lucid_nb.load(ultra, imgsz=64), files)
+
+
+def test_api_matches_lucid_predict_with_lucid_checkpoint_as_weights(tmp_path, ckpt, folder):
+    """`lucid predict --model.weights last.ckpt` predicted at 640 px with the default conf, iou and max_det;
+    `lucid_nb.load` of the same file at its own size and options: now both the checkpoint's."""
+    files = sorted(folder.iterdir())
+    cli = cli_predictions(tmp_path, '--model.weights', str(ckpt), '--data.predict_images', str(folder))
+    assert '  imgsz: 64\n' in (tmp_path / 'out' / 'config.yaml').read_text()      # not the default 640
+    assert_same_detections(cli, lucid_nb.load(ckpt), files)
+
+
+@pytest.mark.parametrize('source', ['folder', 'validation'])
+def test_limited_predict_counts_and_writes_only_the_images_it_ran(tmp_path, ckpt, folder, source):
+    """`--trainer.limit_predict_batches 1` ran one batch but said "N detections on <all> images" and drew a JPEG,
+    with no detections, for every image it never ran: the line, the JPEGs and predictions.json now cover the same images."""
+    images = ['--data.predict_images', str(folder)] if source == 'folder' else []   # 4 images; the fit's validation: 2
+    n = 2 if source == 'folder' else 1                                                # the images of one batch
+    said = cli_predict(tmp_path, '--ckpt_path', str(ckpt), *images, '--data.batch_size', str(n), '--data.val_batch_size', str(n),
+                       '--trainer.limit_predict_batches', '1')
+    out = tmp_path / 'out' / 'predict'
+    drawn = sorted(p.stem for p in out.glob('*.jpg'))
+    results = json.loads((out / 'predictions.json').read_text())
+    assert len(drawn) == n and {Path(r['file_name']).stem for r in results} <= set(drawn)
+    if source == 'folder': assert drawn == sorted(p.stem for p in sorted(folder.iterdir())[:n])
+    assert f"predict: {len(results)} detections on {n} images" in said, said[-2000:]
 
 
 def test_import_stays_light():
