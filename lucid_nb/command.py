@@ -170,7 +170,8 @@ class QuietLightning(logging.Filter):
             'LOCAL_RANK: ',                           # `CUDAAccelerator.setup_device`: the CUDA_VISIBLE_DEVICES of each process
             'Loading `train_dataloader` to estimate number of stepping batches',   # `estimated_stepping_batches`
             'Using bfloat16 Automatic Mixed Precision', 'Using 16bit Automatic Mixed Precision',   # --trainer.precision, said back
-            '`Trainer.fit` stopped: `max_epochs=')   # `_FitLoop.done`: the run did as asked, and the per-class table follows
+            '`Trainer.fit` stopped: `max_epochs=',   # `_FitLoop.done`: the run did as asked, and the per-class table follows
+            'You are using a CUDA device (')   # `_check_cuda_matmul_precision`: TF32 advice, which would change every float32 number
     verbose = False
     def filter(self, record)->bool: return self.verbose or not str(record.getMessage()).startswith(self.DROP)
 
