@@ -77,7 +77,7 @@ class LucidCLI(LightningCLI):
         "The number of classes: the checkpoint's (or the `--model.weights` file's) classes when predicting on plain images, else the training JSON's (which must be the checkpoint's)."
         saved = getattr(self, 'ckpt_extra', None) or {}
         if data.hparams.predict_images and 'class_names' in saved: data.set_classes(saved['cat_ids'], saved['class_names'])
-        elif self.subcommand == 'predict' and data.hparams.predict_images and (w := getattr(self, 'model_weights', None)):
+        elif data.hparams.predict_images and (w := getattr(self, 'model_weights', None)) and self.subcommand == 'predict':
             data.set_classes(*w.classes)   # `--model.weights` alone: its network whole, with its classes (as `lucid_nb.load`)
         elif 'cat_ids' in saved and list(saved['cat_ids']) != list(data.cat_ids):
             raise ValueError(f"the checkpoint was trained on category ids {_ids(saved['cat_ids'])}, the data has {_ids(data.cat_ids)}: "
