@@ -128,7 +128,9 @@ class ImageRecord:
 # %% ../nbs/01a_coco.ipynb #483cdeab
 def _non_finite(a:dict)->str|None:
     "The first field of annotation `a` (bbox, area, a polygon) holding NaN or an infinity, as `name value`; None if there is none."
-    bad = lambda v: isinstance(v, float) and not math.isfinite(v)
+    def bad(v)->bool:   # a float, or a string that `float` reads (as `_instance` does): 'nan', 'inf', 'Infinity'
+        try: return isinstance(v, (float, str)) and not math.isfinite(float(v))
+        except ValueError: return False   # a string that is no number: the checks in `_instance` name it
     seg = a.get('segmentation')
     fields = [('bbox', a.get('bbox')), ('area', a.get('area'))] + [
         (f'segmentation polygon {k}', p) for k, p in enumerate(seg if isinstance(seg, list) else [])]

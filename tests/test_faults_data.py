@@ -261,6 +261,8 @@ NON_FINITE = {  # name: (edit of annotation 2, what the message shows)
     'inf width': (dict(bbox=[5, 5, float('inf'), 10]), 'bbox [5, 5, inf'),
     'NaN polygon': (dict(segmentation=[[1, 1, 5, float('nan'), 9, 9]]), 'segmentation polygon 0'),
     'inf area': (dict(area=float('-inf')), 'area -inf'),
+    'NaN x as text': (dict(bbox=['nan', 5, 10, 10]), "bbox ['nan', 5, 10, 10]"),   # float() reads it: it was kept as a NaN box
+    'inf polygon as text': (dict(segmentation=[[1, 1, 5, 'Infinity', 9, 9]]), 'segmentation polygon 0'),
 }
 
 
