@@ -85,6 +85,7 @@ class DiskCache:
         except (OSError, ValueError): m = {}
         ok = isinstance(m, dict) and m.get('format') == CACHE_FORMAT and m.get('imgsz') == imgsz and isinstance(m.get('entries'), dict)
         self.entries = m['entries'] if ok else {}
+        self.changed = not ok or m.get('annotations') != self.annotations   # the manifest on disk differs from `entries`: `save` writes it
 
     def file(self, rec:ImageRecord)->Path: return self.folder/f"{rec.image_id}.bin"
 
@@ -128,7 +129,8 @@ def get(self:DiskCache, rec:ImageRecord)->Prepared|None:
     try: b = self.file(rec).read_bytes(); p = prepared_from_bytes(b)
     except (OSError, ValueError) as ex:
         log.warning(f"cache file {self.file(rec)} is unusable ({ex}); rebuilding it"); self._count('rebuilt (corrupt)'); return None
-    with self._lock: self.entries[str(rec.image_id)] = dict(e, orientation=p.orientation, bytes=len(b))   # trusted next time
+    if (new := dict(e, orientation=p.orientation, bytes=len(b))) != e:   # trusted next time
+        with self._lock: self.entries[str(rec.image_id)], self.changed = new, True
     self._count('reused'); return p
 
 @patch
@@ -139,9 +141,9 @@ def put(self:DiskCache, rec:ImageRecord, p:Prepared):
         try: atomic_write(self.file(rec), b)
         except OSError as e: self.turn_off(e)
         else:
-            with self._lock: self.entries[str(rec.image_id)] = dict(self.fingerprint(rec), orientation=p.orientation, bytes=len(b))
+            with self._lock: self.entries[str(rec.image_id)], self.changed = dict(self.fingerprint(rec), orientation=p.orientation, bytes=len(b)), True
             return
-    with self._lock: self.entries.pop(str(rec.image_id), None)   # without an entry its file is never read
+    with self._lock: self.changed |= self.entries.pop(str(rec.image_id), None) is not None   # without an entry its file is never read
     with suppress(OSError): self.file(rec).unlink(missing_ok=True)
     self._count('not written (cache off)')
 
