@@ -19,7 +19,7 @@ from .heads import yolo_seg
 from .metrics import PREDICT_CONF, Validator, predict_conf
 from .draw import draw_instances
 from .weights import load_weights, read_weights
-from .runs import note, read_checkpoint, weak_checkpoint
+from .runs import note, weak_checkpoint
 
 # %% auto #0
 __all__ = ['OUTPUT_NAMES', 'ONNX_NEEDS', 'Predictor', 'load', 'Detections', 'as_rgb', 'to_detections', 'ExportNet',
@@ -57,14 +57,12 @@ def load(path,                      # a `lucid` checkpoint (`last.ckpt`, `best.c
     w = read_weights(path, option)
     net, (cat_ids, names) = yolo_seg(w.scale, w.num_classes), w.classes   # `lucid predict --model.weights` reports the same classes
     if w.kind == 'ultralytics':   # its own network, whole; ids 0..K-1
-        report = load_weights(net, w)
-        if not report.complete: note(report.line)
-        return Predictor(net.requires_grad_(False).to(device or 'cpu'), names, cat_ids, imgsz or 640,
-                         PREDICT_CONF if conf is None else conf)
-    hp, extra = w.ckpt.get('hyper_parameters') or {}, w.ckpt.get('lucid') or {}
-    net.load_state_dict(w.state); net.requires_grad_(False)
+        if not (report := load_weights(net, w)).complete: note(report.line)
+    else: net.load_state_dict(w.state)
+    hp, extra = w.ckpt.get('hyper_parameters') or {}, w.ckpt.get('lucid') or {}   # {} for an Ultralytics file: the defaults
     if conf is None: conf = predict_conf(hp.get('conf'))   # the threshold `lucid predict` applies to this checkpoint
-    p = Predictor(net.to(device or 'cpu'), names, cat_ids, imgsz or extra.get('imgsz', 640), conf, hp.get('iou', 0.7), hp.get('max_det', 300))
+    p = Predictor(net.requires_grad_(False).to(device or 'cpu'), names, cat_ids, imgsz or extra.get('imgsz', 640), conf,
+                  hp.get('iou', 0.7), hp.get('max_det', 300))
     p.weak = weak_checkpoint(w.ckpt)
     return p
 
