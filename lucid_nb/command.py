@@ -21,7 +21,7 @@ from .core import *
 from .data import YoloData
 from .model import model_summary
 from .weights import read_weights, weights_read
-from .runs import LOCK_NAME, RunFolderInUse, SafeCheckpointIO, local_checkpoint, note, read_checkpoint, run_folder, run_lock, weak_checkpoint
+from .runs import LOCK_NAME, RunFolderInUse, SafeCheckpointIO, local_checkpoint, lock_owner_alive, note, read_checkpoint, read_lock, run_folder, run_lock, weak_checkpoint
 from .trainer import DATA_SOURCE, LitYolo
 
 # %% auto #0
@@ -222,7 +222,7 @@ def resume_hint(trainer)->str:
     here = Path(ck.dirpath)/f"{ck.CHECKPOINT_NAME_LAST}{ck.FILE_EXTENSION}" if ck is not None and ck.dirpath else None
     for last in (here, trainer.ckpt_path):   # this run's last.ckpt; else the one it resumed from
         if last and Path(last).is_file() and (epoch := checkpoint_epoch(last)) is not None:
-            if epoch + 1 >= trainer.max_epochs:
+            if 0 < trainer.max_epochs <= epoch + 1:   # max_epochs -1: no last epoch
                 return f"{last} holds epoch {epoch + 1}/{trainer.max_epochs}, the last: the training finished, the run's end (state_hashes.json, curves) was not written"
             return (f"{last} holds epoch {epoch + 1}/{trainer.max_epochs}, the last finished: "
                     f"resume with the same options and --ckpt_path {last}")
@@ -294,6 +294,7 @@ UNUSED_RUN_FILES = ('config.yaml', 'hparams.yaml', LOCK_NAME)   # what a command
 def remove_unused_run_folder(run:Path, made:list[Path])->bool:
     "Remove the run folder `run` if it holds no file but `UNUSED_RUN_FILES`, and the folders of `made` above it left empty; whether it did."
     if not run.is_dir() or any(p.is_file() and p.name not in UNUSED_RUN_FILES for p in run.rglob('*')): return False
+    if lock_owner_alive(read_lock(run/LOCK_NAME)): return False   # another run took the folder (two fits picked one version_N)
     shutil.rmtree(run, ignore_errors=True)
     for p in made:
         if p != run:

@@ -21,6 +21,7 @@ from fastcore.basics import patch
 from .core import *
 from .coco import BadInputError
 from .weights import safe_load, with_hashes
+from .loader import disk_free
 from .data import YoloData
 from .metrics import class_rows, class_table, speed_line, write_results
 from .draw import draw_train_batch, draw_val_batch, plot_curves, save_figure, save_jpeg, save_val_plots, val_labels_grid
@@ -112,10 +113,8 @@ class CheckpointWriteError(OSError): "A checkpoint could not be written (a user'
 
 def free_space(folder)->str:
     "Free space of the file system of `folder`, in words."
-    folder = Path(folder)
-    while not folder.exists() and folder != folder.parent: folder = folder.parent   # one not made yet: its file system
-    try: return f"{shutil.disk_usage(folder).free / 2**20:.0f} MB free there"
-    except OSError: return 'free space unknown'
+    free = disk_free(folder)   # a folder not made yet: the file system it would be on
+    return 'free space unknown' if free is None else f"{free / 2**20:.0f} MB free there"
 
 def write_checkpoint_file(state:dict, path):
     "`torch.save` of `state` into the file `path` (its folder made if need be), flushed to the disk."
