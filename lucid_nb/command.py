@@ -403,6 +403,7 @@ def instantiate_classes(self:LucidCLI):
     except ValueError as e:
         if e.__cause__ is None or 'compute_fn of link' not in str(e): raise
         raise e.__cause__ from None
+    finally: self.model_weights = None   # the file's tensors (a lucid checkpoint's optimiser too) are in the model now
 
 USER_ERRORS = (ValueError, OSError, RunFolderInUse, MisconfigurationException)
 
