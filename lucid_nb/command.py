@@ -347,11 +347,16 @@ def _ckpt_options(self:LucidCLI):
     if (local := local_checkpoint(path)) != path:   # a `file://` URL: its path; other URLs are refused (`08b_runs`)
         self.config = self.parser.parse_object({sub: {'ckpt_path': local}}, self.config); path = local
     ckpt = read_checkpoint(path)
-    saved, self.ckpt_extra = ckpt.get('hyper_parameters') or {}, ckpt.get('lucid') or {}
+    self._take_checkpoint(sub, path, ckpt)
+    self.ckpt_hparams = ckpt.get('hyper_parameters') or {}
+
+@patch
+def _take_checkpoint(self:LucidCLI, sub:str, path, ckpt:dict):
+    "What a command takes from a `lucid` checkpoint it runs (`--ckpt_path`, or `--model.weights` for validate/test/predict): for those three its data and image size, for predict a warning where it scored about nothing, and its model options."
+    self.ckpt_extra = ckpt.get('lucid') or {}
     if sub in ('validate', 'test', 'predict'): self._take_checkpoint_data(sub, path, ckpt)
     if sub == 'predict' and (why := weak_checkpoint(ckpt)): note(f"warning: {why}")
-    self._take_checkpoint_model(sub, path, saved)
-    self.ckpt_hparams = saved
+    self._take_checkpoint_model(sub, path, ckpt.get('hyper_parameters') or {})
 
 @patch
 def _take_checkpoint_model(self:LucidCLI, sub:str, path, saved:dict):
@@ -387,8 +392,8 @@ def _weights_options(self:LucidCLI):
         self.config = self.parser.parse_object(wrap({'model': {'weights': None}}), self.config); return
     w = self.model_weights = read_weights(path)   # handed to `LitYolo.start_from` (`instantiate_classes`): read once
     if sub in ('validate', 'test', 'predict') and w.kind == 'lucid':   # its network as `--ckpt_path` has it: its size and options too
-        self.ckpt_extra = w.ckpt.get('lucid') or {}
-        self._take_checkpoint_data(sub, path, w.ckpt); self._take_checkpoint_model(sub, path, w.ckpt.get('hyper_parameters') or {})
+        self._take_checkpoint(sub, path, w.ckpt)
+        cfg = self.config[sub]   # with what was taken (`parse_object` returns a new config): the size, when the checkpoint had one
     if w.scale == cfg.model.size: return
     if 'size' in self.given_model_options: w.check_size(cfg.model.size)
     self.config = self.parser.parse_object(wrap({'model': {'size': w.scale}}), self.config)

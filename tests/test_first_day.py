@@ -78,9 +78,10 @@ def test_export_warns_about_a_checkpoint_that_scored_nothing(three, tmp_path):
     assert weak_checkpoint({'callbacks': {'AtomicCheckpoint{...}': {'current_score': 0.0}}}) is not None   # written before 'val'
 
 
-def test_predict_warns_about_a_checkpoint_that_scored_nothing(three):
+@pytest.mark.parametrize('given', ['--ckpt_path', '--model.weights'])
+def test_predict_warns_about_a_checkpoint_that_scored_nothing(three, given):
     d, ckpt = three
-    r = _lucid('predict', '--trainer.accelerator', 'cpu', '--trainer.enable_progress_bar', 'false', '--ckpt_path', str(ckpt),
+    r = _lucid('predict', '--trainer.accelerator', 'cpu', '--trainer.enable_progress_bar', 'false', given, str(ckpt),
                '--data.predict_images', str(Path(EMBEDDED_IMAGES) / '000000000009.jpg'), cwd=d)
     assert r.returncode == 0, r.stderr[-3000:]
     assert len([l for l in r.stderr.splitlines() if l.startswith("lucid: warning: the checkpoint's last validation scored")]) == 1
