@@ -29,7 +29,7 @@ __all__ = ['BATCH_LIMITS', 'RESUME_FIXED', 'HELP', 'LIGHTNING_LOGS', 'QUIET_WARN
            'USER_ERRORS', 'OneLineParser', 'LucidCLI', 'refuse_resume_changes', 'run_logger', 'add_tensorboard',
            'cli_main', 'QuietLightning', 'quiet_lightning', 'model_line', 'ModelLine', 'quiet_trainer',
            'checkpoint_epoch', 'resume_hint', 'Interrupted', 'StopSignals', 'refuse_earlier_run',
-           'remove_unused_run_folder', 'one_line', 'main']
+           'remove_unused_run_folder', 'main']
 
 # %% ../nbs/10a_command.ipynb #d9baf6c2
 class OneLineParser(LightningArgumentParser):
@@ -411,8 +411,6 @@ def instantiate_classes(self:LucidCLI):
     finally: self.model_weights = None   # the file's tensors (a lucid checkpoint's optimiser too) are in the model now
 
 USER_ERRORS = (ValueError, OSError, RunFolderInUse, MisconfigurationException)
-
-def one_line(e:BaseException)->str: return '; '.join(l.strip() for l in str(e).splitlines() if l.strip()) or type(e).__name__
 
 def main(run=None):  # what to run (default: `cli_main`, the Lightning subcommands)
     "The `lucid` command: exit status 0 on success, 2 after a user error (one line), 143 after SIGTERM, 130 after Ctrl-C."

@@ -17,9 +17,9 @@ from .allocator import allocator_setting
 # %% auto #0
 __all__ = ['BATCH_KEYS', 'MASK_STRIDE', 'EMBEDDED_DATA', 'CONFIGS', 'EMBEDDED_IMAGES', 'EMBEDDED_ANNOTATIONS', 'TEST_IMG',
            'package_dir', 'repo_root', 'env_info', 'env_card', 'device_tag', 'module_pointers', 'tensor_bytes',
-           'digest', 'state_hashes', 'current_umask', 'atomic_write', 'test_bytes_equal', 'test_grads_equal',
-           'cuda_cell_skipped', 'skip_cuda_cells', 'HostSyncError', 'assert_no_host_sync', 'bbox_iou', 'box_area',
-           'box_iou', 'crop_mask', 'synth_batch']
+           'digest', 'state_hashes', 'current_umask', 'atomic_write', 'one_line', 'test_bytes_equal',
+           'test_grads_equal', 'cuda_cell_skipped', 'skip_cuda_cells', 'HostSyncError', 'assert_no_host_sync',
+           'bbox_iou', 'box_area', 'box_iou', 'crop_mask', 'synth_batch']
 
 # %% ../nbs/00b_core.ipynb #00d8c748
 BATCH_KEYS = ('img', 'boxes', 'cls', 'valid', 'masks', 'image_id', 'orig_hw', 'letterbox', 'hsv')
@@ -130,6 +130,11 @@ def atomic_write(path, data:bytes)->Path:
     except BaseException:
         Path(tmp).unlink(missing_ok=True); raise
     return path
+
+def one_line(e:BaseException)->str:
+    "An error's message on one line (its lines joined by '; '), for `lucid: error: …`; its type's name when it has none."
+    return '; '.join(l.strip() for l in str(e).splitlines() if l.strip()) or type(e).__name__
+
 
 # %% ../nbs/00b_core.ipynb #a2d58bbe
 def test_bytes_equal(a:Tensor, b:Tensor, what:str='tensor'):

@@ -478,7 +478,7 @@ def data_cli():
     try: data_main()
     except (ValueError, OSError) as e:   # a missing folder, a bad data.yaml or JSON, input that `on_bad_input='error'` refuses
         if os.environ.get('LUCID_DEBUG') == '1': raise
-        print(f"lucid-data: error: {'; '.join(l.strip() for l in str(e).splitlines() if l.strip())} (LUCID_DEBUG=1 shows the traceback)", file=sys.stderr)
+        print(f"lucid-data: error: {one_line(e)} (LUCID_DEBUG=1 shows the traceback)", file=sys.stderr)
         sys.exit(2)
 
 def data_main(argv:list[str]|None=None)->YoloData:
