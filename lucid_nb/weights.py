@@ -16,8 +16,8 @@ from .model import SCALES
 from .heads import yolo_seg
 
 # %% auto #0
-__all__ = ['UL_LAYERS', 'UL_HEAD', 'STAND_IN_MODULES', 'CHECKED_PARTS', 'HASH_KEY', 'PARITY_RTOL', 'UL_CLASSES', 'lucid_key',
-           'ultralytics_key', 'UnsafeCheckpoint', 'StandIn', 'stand_in', 'pickle_globals', 'safe_load',
+__all__ = ['UL_LAYERS', 'UL_HEAD', 'UL_HEAD_NAMES', 'STAND_IN_MODULES', 'CHECKED_PARTS', 'HASH_KEY', 'PARITY_RTOL', 'UL_CLASSES',
+           'lucid_key', 'ultralytics_key', 'UnsafeCheckpoint', 'StandIn', 'stand_in', 'pickle_globals', 'safe_load',
            'CorruptCheckpoint', 'with_hashes', 'check_hashes', 'flip_a_tensor_byte', 'Weights', 'module_tensors',
            'infer_scale', 'weights_read', 'read_weights', 'TransferReport', 'load_weights', 'parity',
            'write_ultralytics_layout']
@@ -26,6 +26,7 @@ __all__ = ['UL_LAYERS', 'UL_HEAD', 'STAND_IN_MODULES', 'CHECKED_PARTS', 'HASH_KE
 UL_LAYERS = {**{i: f'backbone.layers.{i}' for i in range(11)}, 13: 'neck.td4', 16: 'neck.td3', 17: 'neck.down3',
              19: 'neck.bu4', 20: 'neck.down4', 22: 'neck.bu5', 23: 'head'}   # Ultralytics layer → our module
 UL_HEAD = {'cv2': 'box', 'cv3': 'cls', 'cv4': 'coef', 'proto': 'proto'}      # head branches; `dfl`: no tensor of ours
+UL_HEAD_NAMES = {v: k for k, v in UL_HEAD.items()}                             # our branch → Ultralytics' name
 
 def lucid_key(key:str)->str|None:
     "Our name of an Ultralytics YOLO11-seg state-dict key (`model.23.cv3.0.2.weight` → `head.cls.0.2.weight`); None: no tensor of ours."
@@ -41,7 +42,7 @@ def ultralytics_key(key:str)->str:
     for i, base in UL_LAYERS.items():
         if base == 'head' and key.startswith('head.'):
             branch, _, tail = key[5:].partition('.')
-            return f'model.{i}.{ {v: k for k, v in UL_HEAD.items()}[branch]}.{tail}'
+            return f'model.{i}.{UL_HEAD_NAMES[branch]}.{tail}'
         if key.startswith(base + '.'): return f'model.{i}.{key[len(base) + 1:]}'
     raise KeyError(f"{key}: not a key of yolo_seg")
 
@@ -327,7 +328,7 @@ def _ul_name(m:nn.Module)->str:
     return f"ultralytics.nn.modules.{UL_CLASSES.get(c, 'block')}.{c}"
 
 def _tree(m:nn.Module)->StandIn:
-    return _record(m, _ul_name(m), {k: _tree(c) for k, c in m.named_children() if not isinstance(c, type(None))})
+    return _record(m, _ul_name(m), {k: _tree(c) for k, c in m.named_children()})
 
 def write_ultralytics_layout(net:nn.Module, path)->Path:
     "Write a `yolo_seg` network as Ultralytics lays out and pickles a stripped YOLO11-seg checkpoint (fp16), for tests."
@@ -335,7 +336,6 @@ def write_ultralytics_layout(net:nn.Module, path)->Path:
     sd = {ultralytics_key(k): v.detach().half() if v.is_floating_point() else v.detach() for k, v in net.state_dict().items()}
     layers = {}
     for i in range(24):
-        pre = f'model.{i}.'
         if i in (11, 14): layers[str(i)] = _record(nn.Upsample(), 'torch.nn.modules.upsampling.Upsample', {})
         elif i in (12, 15, 18, 21): layers[str(i)] = _record(nn.Module(), 'ultralytics.nn.modules.conv.Concat', {})
         else:
@@ -349,7 +349,7 @@ def write_ultralytics_layout(net:nn.Module, path)->Path:
         for k, sub in d['_modules'].items(): fill(sub, f'{pre}{k}.')
     # the head's names: branches as Ultralytics names them, and its fixed DFL convolution
     head = layers['23']; hm = vars(head)['_modules']
-    vars(head)['_modules'] = {({v: k for k, v in UL_HEAD.items()}).get(k, k): v for k, v in hm.items()}
+    vars(head)['_modules'] = {UL_HEAD_NAMES.get(k, k): v for k, v in hm.items()}
     dfl_conv = nn.Conv2d(16, 1, 1, bias=False)
     vars(head)['_modules']['dfl'] = _record(nn.Module(), 'ultralytics.nn.modules.block.DFL',
                                             {'conv': _record(dfl_conv, 'torch.nn.modules.conv.Conv2d', {})})
