@@ -12,7 +12,7 @@ from .allocator import allocator_defaults   # os alone: no heavy import
 
 # %% auto #0
 __all__ = ['LEAN_IMPORTS_HIDE', 'bytecode_cache', 'enable_bytecode_cache', 'HiddenDistributions', 'lean_imports',
-           'collector_paused', 'exit_status', 'exit_now', 'interrupted_line', 'run', 'main']
+           'collector_paused', 'exit_status', 'exit_now', 'interrupted_line', 'sigint_deferred', 'run', 'main']
 
 # %% ../nbs/10b_cli.ipynb #47b87641
 def bytecode_cache()->str|None:
@@ -90,15 +90,26 @@ def interrupted_line(argv:list)->str:
     if sub == 'fit': return "lucid: interrupted by Ctrl-C before training started; nothing was saved"
     return f"lucid: {sub + ' ' if sub else ''}interrupted by Ctrl-C before it finished: run it again"
 
+@contextlib.contextmanager
+def sigint_deferred():
+    "A Ctrl-C inside is remembered and raised as `KeyboardInterrupt` on leaving, not where it came; outside the main thread, nothing changes."
+    got = []
+    try: old = signal.signal(signal.SIGINT, lambda signum, frame: got.append(signum))
+    except ValueError: yield; return   # not the main thread: the signals are not ours to set
+    try: yield
+    finally: signal.signal(signal.SIGINT, old)
+    if got: raise KeyboardInterrupt
+
+
 # %% ../nbs/10b_cli.ipynb #a7a29ed0
 def run()->int:
     "Run the `lucid` command of `sys.argv` in this process and return its exit status: `lucid export` goes to `lucid_nb.predict`, every other subcommand to Lightning's CLI."
     enable_bytecode_cache()
     allocator_defaults()   # before anything can touch the GPU
-    with lean_imports(), collector_paused(): from lucid_nb.command import main as command_main
+    with sigint_deferred(), lean_imports(), collector_paused(): from lucid_nb.command import main as command_main
     job = None
     if sys.argv[1:2] == ['export']:   # not a Lightning subcommand: `lucid export --ckpt_path CKPT --format onnx|torchscript`
-        from lucid_nb.predict import export_main
+        with sigint_deferred(): from lucid_nb.predict import export_main
         job = lambda: export_main(sys.argv[2:])
     try: command_main(job); return 0
     except SystemExit as e: return exit_status(e.code)
