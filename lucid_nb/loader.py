@@ -466,6 +466,12 @@ class PieceSampler:
         return iter([x for p in pieces for x in p])
     def __len__(self): return sum(min(self.pieces, len(b)) for b in self.batches)
 
+def _joined(it, counts:list):
+    "The DataLoader's pieces from `it` joined back into whole batches (`counts[k]` pieces for batch k): the bytes of one `collate` of each."
+    for k in counts:
+        parts = [next(it) for _ in range(k)]
+        yield parts[0] if k == 1 else {key: torch.cat([p[key] for p in parts]) for key in parts[0]}
+
 class YoloLoader:
     "Epoch-seeded padded batches from a `YoloDataset`, via a DataLoader, optionally prefetched by a background thread."
     def __init__(self, dataset:YoloDataset, batch_size:int=4, shuffle:bool=True, drop_last:bool=True, seed:int=0,
@@ -482,16 +488,15 @@ class YoloLoader:
         self.pieces = PieceSampler(self.batch_sampler, pieces or max(1, min(workers, batch_size)))
         self.loader = DataLoader(dataset, batch_sampler=self.pieces, num_workers=workers, worker_init_fn=_worker_init,
                                  collate_fn=partial(collate, max_instances=dataset.max_instances), persistent_workers=workers > 0,
-                                 prefetch_factor=2 * self.pieces.pieces if workers else None)   # 2 batches a worker in flight, as whole
-    def _batches(self):
-        "The DataLoader's pieces joined back into the epoch's batches: the bytes of one `collate` of each whole batch."
-        it = iter(self.loader)
-        for k in list(self.pieces.counts):   # read by the iterator just made
-            parts = [next(it) for _ in range(k)]
-            yield parts[0] if k == 1 else {key: torch.cat([p[key] for p in parts]) for key in parts[0]}
+                                 prefetch_factor=2 * self.pieces.pieces if workers else None,   # 2 batches a worker in flight, as whole
+                                 generator=torch.Generator().manual_seed(seed))   # each iterator draws its seed here, not from torch's global RNG
+    def _open(self):
+        "The current epoch's whole batches, its iteration started here on the calling thread: its order, seed and piece counts are read now."
+        it = iter(self.loader)                        # reads the sampler's epoch and draws the iterator's seed
+        return _joined(it, list(self.pieces.counts))  # counts: read by the iterator just made
     def set_epoch(self, epoch:int): self.batch_sampler.set_epoch(epoch)
     def __len__(self): return len(self.batch_sampler)
-    def __iter__(self): return self._prefetched() if self.prefetch else self._timed(self._batches())
+    def __iter__(self): return self._prefetched() if self.prefetch else self._timed(self._open())
 
     def _timed(self, it):
         "Yield from `it`, adding the time spent waiting for each batch to `wait_seconds`."
@@ -508,6 +513,7 @@ def _produce(self:YoloLoader, epoch:int)->tuple:
     "Start a thread that puts the batches of `epoch` into a bounded queue: `(epoch, queue, thread, stop event)`."
     q, stop = queue.Queue(maxsize=self.depth), threading.Event()
     self.batch_sampler.set_epoch(epoch)
+    batches = self._open()   # here, not in the thread: what the epoch is made of is fixed before the thread runs
     def put(item):
         while not stop.is_set():
             try: q.put(item, timeout=.05); return True
@@ -516,7 +522,7 @@ def _produce(self:YoloLoader, epoch:int)->tuple:
     def work():
         try:
             if self.pin_device is not None: torch.cuda.set_device(self.pin_device)   # the current device is per thread
-            for b in self._batches():
+            for b in batches:
                 if self.pin_device is not None: b = {k: v.pin_memory() for k, v in b.items()}
                 if not put(('batch', b)): return
             put(('end', None))
