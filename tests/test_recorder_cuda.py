@@ -197,3 +197,20 @@ def test_lending_the_graphs_pool():
     assert torch.equal(out, expected)   # the replay rewrote its scratch before reading it
     with pytest.raises(RuntimeError, match="lent the recorded graphs' memory pool kept"):
         with graphs.lending(): kept = torch.empty(1 << 20, device='cuda')
+
+
+def test_fine_tuning_replayed_equals_native(tmp_path):
+    """Fine-tuning with `--model.weights` (an Ultralytics YOLO11n-seg `.pt`, then a lucid checkpoint), natively and
+    with the whole step replayed, each fit in its own process: every state hash equal within each start."""
+    def run(name, *extra):
+        runs = tmp_path / name
+        args = [sys.executable, '-c', 'import sys; from lucid_nb.command import cli_main; cli_main(sys.argv[1:])',
+                *tiny(runs, *GPU, *extra)]
+        r = subprocess.run(args, capture_output=True, text=True, cwd=Path(__file__).parent.parent)
+        assert r.returncode == 0, r.stderr[-3000:]
+        return hashes_only(json.loads(next(runs.rglob('state_hashes.json')).read_text())), next(runs.rglob('last.ckpt'))
+    pt = str(Path(__file__).parent / 'fixtures' / 'yolo11n-seg-random.pt')
+    native, ckpt = run('pt_native', '--model.weights', pt)
+    assert run('pt_step', '--model.weights', pt, *WHOLE)[0] == native
+    native2, _ = run('ckpt_native', '--model.weights', str(ckpt))
+    assert run('ckpt_step', '--model.weights', str(ckpt), *WHOLE)[0] == native2 and native2 != native
