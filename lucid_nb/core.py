@@ -15,15 +15,56 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from .allocator import allocator_setting
 
 # %% auto #0
-__all__ = ['BATCH_KEYS', 'MASK_STRIDE', 'EMBEDDED_DATA', 'CONFIGS', 'EMBEDDED_IMAGES', 'EMBEDDED_ANNOTATIONS', 'TEST_IMG',
-           'package_dir', 'repo_root', 'env_info', 'env_card', 'device_tag', 'module_pointers', 'tensor_bytes',
-           'digest', 'state_hashes', 'current_umask', 'atomic_write', 'one_line', 'test_bytes_equal',
-           'test_grads_equal', 'cuda_cell_skipped', 'skip_cuda_cells', 'HostSyncError', 'assert_no_host_sync',
-           'bbox_iou', 'box_area', 'box_iou', 'crop_mask', 'synth_batch']
+__all__ = ['BATCH_KEYS', 'MASK_STRIDE', 'INSTANCE_GROUP', 'EMBEDDED_DATA', 'CONFIGS', 'EMBEDDED_IMAGES', 'EMBEDDED_ANNOTATIONS',
+           'TEST_IMG', 'group_bucket', 'group_instances', 'pad_groups', 'image_instances', 'package_dir', 'repo_root',
+           'env_info', 'env_card', 'device_tag', 'module_pointers', 'tensor_bytes', 'digest', 'state_hashes',
+           'current_umask', 'atomic_write', 'one_line', 'test_bytes_equal', 'test_grads_equal', 'cuda_cell_skipped',
+           'skip_cuda_cells', 'HostSyncError', 'assert_no_host_sync', 'bbox_iou', 'box_area', 'box_iou', 'crop_mask',
+           'synth_batch']
 
 # %% ../nbs/00b_core.ipynb #00d8c748
-BATCH_KEYS = ('img', 'boxes', 'cls', 'valid', 'masks', 'image_id', 'orig_hw', 'letterbox', 'hsv')
-MASK_STRIDE = 4  # masks and prototypes live at 1/4 of the input side
+BATCH_KEYS = ('img', 'boxes', 'cls', 'valid', 'masks', 'owner', 'image_id', 'orig_hw', 'letterbox', 'hsv')
+MASK_STRIDE = 4     # masks and prototypes live at 1/4 of the input side
+INSTANCE_GROUP = 8  # G: instance slots per group; a group holds instances of one image
+
+def group_bucket(q:int)->int:
+    "The padded number of groups for `q`: at least 1, exact up to 8, then rounded up to 3 significant bits (8, 10, 12, 14, 16, 20, …)."
+    if q <= 8: return max(q, 1)
+    e = q.bit_length() - 3
+    return -(-q >> e) << e
+
+# %% ../nbs/00b_core.ipynb #30e19520
+def group_instances(images:list[dict], # per image: boxes (n,4), cls (n,), masks (n,s,s)
+                    s:int,              # mask side, S/4
+                    pad:bool=True,      # pad the groups to `group_bucket` of their number
+                    G:int=INSTANCE_GROUP)->dict[str,np.ndarray]:
+    "`boxes` (Q,G,4), `cls` (Q,G), `valid` (Q,G), `masks` (Q,G,s,s), `owner` (Q,) of the images' instances, in image order."
+    n = [len(x['cls']) for x in images]
+    q = [-(-k // G) for k in n]
+    Q = group_bucket(sum(q)) if pad else sum(q)
+    out = dict(boxes=np.zeros((Q * G, 4), np.float32), cls=np.zeros(Q * G, np.int64), valid=np.zeros(Q * G, bool),
+               masks=np.zeros((Q * G, s, s), np.uint8), owner=np.zeros(Q, np.int64))
+    g = 0
+    for b, (x, k, qb) in enumerate(zip(images, n, q)):
+        out['owner'][g:g + qb] = b
+        rows = slice(g * G, g * G + k)
+        out['boxes'][rows], out['cls'][rows], out['masks'][rows], out['valid'][rows] = x['boxes'], x['cls'], x['masks'], True
+        g += qb
+    return {k: v if k == 'owner' else v.reshape(Q, G, *v.shape[1:]) for k, v in out.items()}
+
+def pad_groups(batch:dict)->dict:
+    "`batch` with its groups padded to `group_bucket` of their number by empty groups of image 0."
+    Q = batch['owner'].shape[0]; extra = group_bucket(Q) - Q
+    if extra == 0: return batch
+    pad = lambda v: torch.cat([v, v.new_zeros((extra, *v.shape[1:]))])
+    return {**batch, **{k: pad(batch[k]) for k in ('boxes', 'cls', 'valid', 'masks', 'owner')}}
+
+def image_instances(batch:dict, b:int)->tuple[Tensor,Tensor,Tensor]:
+    "Boxes (n,4), classes (n,) and masks (n,s,s) of image `b` of a batch (either layout)."
+    owner = batch.get('owner')
+    rows = batch['valid'][b] if owner is None else (owner == b)[:, None] & batch['valid']
+    sel = lambda k: batch[k][b][rows] if owner is None else batch[k][rows]
+    return sel('boxes'), sel('cls'), sel('masks')
 
 # %% ../nbs/00b_core.ipynb #db8c02f2
 def package_dir()->Path:
@@ -134,6 +175,7 @@ def atomic_write(path, data:bytes)->Path:
 def one_line(e:BaseException)->str:
     "An error's message on one line (its lines joined by '; '), for `lucid: error: …`; its type's name when it has none."
     return '; '.join(l.strip() for l in str(e).splitlines() if l.strip()) or type(e).__name__
+
 
 
 # %% ../nbs/00b_core.ipynb #a2d58bbe
@@ -260,12 +302,13 @@ def crop_mask(
 def synth_batch(
     B:int=2,           # images
     S:int=64,          # image side (a multiple of 32)
-    M:int=8,           # padded instance slots
+    M:int=8,           # most instances an image gets
     K:int=80,          # classes
     seed:int=0,        # generator seed: the same seed gives the same bytes
     empty:bool=False,  # make the last image have no instances
+    grouped:bool=True, # the batch format's groups; False: padded to M slots per image, without `owner`
 )->dict:               # a batch in the format above, `img` still uint8
-    "A random batch in the padded batch format."
+    "A random batch in the batch format."
     g = torch.Generator().manual_seed(seed)
     n = torch.randint(1, M + 1, (B,), generator=g)
     if empty: n[-1] = 0
@@ -280,5 +323,10 @@ def synth_batch(
     inside = ((xx - c[..., 0, None, None]) / r[..., 0, None, None])**2 + ((yy - c[..., 1, None, None]) / r[..., 1, None, None])**2 <= 1
     masks = (inside & valid[..., None, None]).to(torch.uint8)             # (B,M,S/4,S/4)
     img = torch.randint(0, 256, (B, 3, S, S), generator=g, dtype=torch.uint8)
-    return dict(img=img, boxes=boxes, cls=cls, valid=valid, masks=masks, image_id=torch.arange(B),
-                orig_hw=torch.full((B, 2), S), letterbox=torch.tensor([[1., 0., 0.]]).repeat(B, 1), hsv=torch.ones(B, 3))
+    inst = dict(boxes=boxes, cls=cls, valid=valid, masks=masks)
+    if grouped:
+        per = [{k: v[b, :int(n[b])].numpy() for k, v in inst.items()} for b in range(B)]
+        inst = {k: torch.from_numpy(v) for k, v in group_instances(per, s).items()}
+    out = dict(img=img, **inst, image_id=torch.arange(B), orig_hw=torch.full((B, 2), S),
+               letterbox=torch.tensor([[1., 0., 0.]]).repeat(B, 1), hsv=torch.ones(B, 3))
+    return {k: out[k] for k in BATCH_KEYS if k in out}

@@ -459,13 +459,13 @@ def show_batch(batch:dict, class_names:list|None=None, n:int=8, ncols:int=4, siz
         ax.axis('off')
         if b >= n: continue
         ax.imshow(img[b])
-        valid = batch['valid'][b].cpu()
+        boxes, classes, masks = (t.cpu() for t in image_instances(batch, b))
         overlay = np.zeros((*batch['masks'].shape[-2:], 4))
-        for k in np.nonzero(valid.numpy())[0]:
-            c, (x1, y1, x2, y2) = colors[k % 20], batch['boxes'][b, k].tolist()
-            overlay[batch['masks'][b, k].cpu().numpy() > 0] = (*c, .45)
+        for k in range(len(classes)):
+            c, (x1, y1, x2, y2) = colors[k % 20], boxes[k].tolist()
+            overlay[masks[k].numpy() > 0] = (*c, .45)
             ax.add_patch(plt.Rectangle((x1, y1), x2 - x1, y2 - y1, fill=False, color=c, lw=1.2))
-            k_cls = int(batch['cls'][b, k])
+            k_cls = int(classes[k])
             ax.text(x1, y1, class_names[k_cls] if class_names else str(k_cls), color='white', fontsize=6, va='bottom', bbox=dict(fc=c, lw=0, pad=1))
         ax.imshow(overlay, extent=(0, S, S, 0), interpolation='nearest')
         ax.set_title(f"image {int(batch['image_id'][b])}", fontsize=8)

@@ -192,14 +192,12 @@ def draw_train_batch(batch:dict, class_names:list|None=None, n:int=16, size:int=
     "The first `n` images of a training batch (on any device) with their valid targets, as one grid image."
     img = batch['img'][:n].detach()
     img = (img * 255 if img.is_floating_point() else img).clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
-    valid, boxes, cls = (batch[k][:n].cpu().numpy() for k in ('valid', 'boxes', 'cls'))
-    S, tiles = img.shape[1], []
+    S, tiles, f = img.shape[1], [], img.shape[1] // batch['masks'].shape[-1]
     for b in range(len(img)):
-        k = np.nonzero(valid[b])[0]
-        f = S // batch['masks'].shape[-1]
-        masks = batch['masks'][b, k].cpu().numpy().astype(bool).repeat(f, 1).repeat(f, 2)
-        c = cls[b, k].tolist()
-        t, bx, m = fit_tile(img[b], boxes[b, k], masks, size)
+        boxes, cls, masks = (t.cpu().numpy() for t in image_instances(batch, b))
+        masks = masks.astype(bool).repeat(f, 1).repeat(f, 2)
+        c = cls.tolist()
+        t, bx, m = fit_tile(img[b], boxes, masks, size)
         tiles.append(draw_instances(t, bx, [class_names[i] if class_names else str(i) for i in c], c, m))
     return image_grid(tiles, size)
 

@@ -438,13 +438,13 @@ def replay(self:UpdateGraphs, grads:list[Tensor]):
 def release(self:UpdateGraphs): self.released, self.graph, self.static_grads = True, None, []
 
 # %% ../nbs/06a_graphs.ipynb #beb314d5
-STEP_INPUTS = ('img', 'cls', 'boxes', 'valid', 'masks')   # what the model (img) and `SegLoss` read of a padded batch
+STEP_INPUTS = ('img', 'cls', 'boxes', 'valid', 'masks', 'owner')   # what the model (img) and `SegLoss` read of a batch
 
 def step_inputs(batch:dict)->dict[str,Tensor]:
-    "The tensors of a padded batch that a training step reads."
-    return {k: batch[k] for k in STEP_INPUTS}
+    "The tensors of a batch that a training step reads (no `owner` in the padded layout)."
+    return {k: batch[k] for k in STEP_INPUTS if k in batch}
 
-def _describe_batch(sig:tuple)->str: return ', '.join(f"{k} {_describe(s)}" for k, s in zip(STEP_INPUTS, sig))
+def _describe_batch(sig:tuple)->str: return ', '.join(f"{k} {_describe(s)}" for k, s in zip(STEP_INPUTS, sig))   # in STEP_INPUTS order
 
 # %% ../nbs/06a_graphs.ipynb #b2f16cf0
 class StepGraphs(ModuleGraphs):

@@ -28,24 +28,18 @@ __all__ = ['CACHE_MODES', 'CACHE_FORMAT', 'RAM_SHARE', 'DISK_SHARE', 'GB', 'INDE
            'prepared_bytes', 'prepared_from_bytes', 'DiskCache', 'cache_name', 'default_cache_dir', 'mem_available',
            'disk_free', 'prepared_size', 'fit_cache', 'LabelIndex', 'label_index_path', 'save_label_index',
            'load_label_index', 'label_index', 'cached_categories', 'YoloDataset', 'EpochBatchSampler', 'PieceSampler',
-           'YoloLoader']
+           'join_pieces', 'YoloLoader']
 
 # %% ../nbs/01c_loader.ipynb #d7b328fe
-def collate(samples:list[dict], max_instances:int=100)->dict:
-    "Pad samples to `max_instances` slots and stack them into the batch format of `core.BATCH_KEYS`."
-    B, M, S = len(samples), max_instances, samples[0]['img'].shape[0]
-    s = S // MASK_STRIDE
-    boxes, cls = np.zeros((B, M, 4), np.float32), np.zeros((B, M), np.int64)
-    valid, masks = np.zeros((B, M), bool), np.zeros((B, M, s, s), np.uint8)
-    for b, x in enumerate(samples):
-        n = len(x['cls'])
-        if n > M: raise ValueError(f"a sample has {n} instances but max_instances={M}; raise max_instances")
-        boxes[b, :n], cls[b, :n], valid[b, :n], masks[b, :n] = x['boxes'], x['cls'], True, x['masks']
+def collate(samples:list[dict], max_instances:int=100, pad:bool=True)->dict:
+    "Stack samples into the batch format of `core.BATCH_KEYS`, their instances in groups (`group_instances`)."
+    for x in samples:
+        if (n := len(x['cls'])) > max_instances: raise ValueError(f"a sample has {n} instances but max_instances={max_instances}; raise max_instances")
     stack = lambda k: np.stack([x[k] for x in samples])
     img = np.ascontiguousarray(stack('img').transpose(0, 3, 1, 2))
-    out = dict(img=img, boxes=boxes, cls=cls, valid=valid, masks=masks, image_id=np.array([x['image_id'] for x in samples], np.int64),
+    out = dict(img=img, **group_instances(samples, img.shape[-1] // MASK_STRIDE, pad), image_id=np.array([x['image_id'] for x in samples], np.int64),
                orig_hw=stack('orig_hw'), letterbox=stack('letterbox'), hsv=stack('hsv'))
-    return {k: torch.from_numpy(v) for k, v in out.items()}
+    return {k: torch.from_numpy(out[k]) for k in BATCH_KEYS}
 
 # %% ../nbs/01c_loader.ipynb #f3c26868
 CACHE_MODES = ('none', 'ram', 'disk')   # where prepared images live: decoded at every use, in memory, in files
@@ -466,11 +460,14 @@ class PieceSampler:
         return iter([x for p in pieces for x in p])
     def __len__(self): return sum(min(self.pieces, len(b)) for b in self.batches)
 
+def join_pieces(parts:list[dict])->dict:
+    "Batches of consecutive images, unpadded (`collate(pad=False)`), as one: each piece's groups follow the last's, their `owner` shifted."
+    shift = np.cumsum([0] + [len(p['img']) for p in parts[:-1]]).tolist()
+    return {k: torch.cat([p[k] + s if k == 'owner' else p[k] for p, s in zip(parts, shift)]) for k in parts[0]}
+
 def _joined(it, counts:list):
-    "The DataLoader's pieces from `it` joined back into whole batches (`counts[k]` pieces for batch k): the bytes of one `collate` of each."
-    for k in counts:
-        parts = [next(it) for _ in range(k)]
-        yield parts[0] if k == 1 else {key: torch.cat([p[key] for p in parts]) for key in parts[0]}
+    "The DataLoader's unpadded pieces from `it` joined back into whole batches (`counts[k]` pieces for batch k), padded: the bytes of one `collate` of each."
+    for k in counts: yield pad_groups(join_pieces([next(it) for _ in range(k)]))
 
 class YoloLoader:
     "Epoch-seeded padded batches from a `YoloDataset`, via a DataLoader, optionally prefetched by a background thread."
@@ -487,7 +484,7 @@ class YoloLoader:
         self.batch_sampler = self.sampler = EpochBatchSampler(len(dataset), batch_size, shuffle, drop_last, seed, rank, world)
         self.pieces = PieceSampler(self.batch_sampler, pieces or max(1, min(workers, batch_size)))
         self.loader = DataLoader(dataset, batch_sampler=self.pieces, num_workers=workers, worker_init_fn=_worker_init,
-                                 collate_fn=partial(collate, max_instances=dataset.max_instances), persistent_workers=workers > 0,
+                                 collate_fn=partial(collate, max_instances=dataset.max_instances, pad=False), persistent_workers=workers > 0,
                                  prefetch_factor=2 * self.pieces.pieces if workers else None,   # 2 batches a worker in flight, as whole
                                  generator=torch.Generator().manual_seed(seed))   # each iterator draws its seed here, not from torch's global RNG
     def _open(self):

@@ -34,11 +34,11 @@ def dfl_loss(
 class Assignment(NamedTuple):
     "What the assigner gives the losses."
     fg:Tensor             # (B,A) bool: anchor is foreground
-    gt_idx:Tensor         # (B,A) int64: slot of the GT it learns (0 on background)
+    gt_idx:Tensor         # (B,A) int64: row (group × G + slot) of the GT it learns (a finite stand-in on background)
     target_boxes:Tensor   # (B,A,4) xyxy px of that GT
     target_scores:Tensor  # (B,A,K) normalised one-hot class targets, zero on background
-    mask_pos:Tensor       # (B,M,A) bool: anchor is assigned to this slot
-    topk_idx:Tensor       # (B,M,topk) int64: each slot's top-k anchors (every positive anchor is among them)
+    mask_pos:Tensor       # (Q,G,A) bool: anchor (of the group's image) is assigned to this slot
+    topk_idx:Tensor       # (Q,G,topk) int64: each slot's top-k anchors (every positive anchor is among them)
 
 # %% ../nbs/04_loss.ipynb #fba4a6f9
 def in_boxes(
@@ -56,84 +56,100 @@ def assign(
     pd_scores:Tensor,   # (B,A,K) class probabilities
     pd_boxes:Tensor,    # (B,A,4) predicted xyxy px
     anchors:Tensor,     # (A,2) anchor centres px
-    gt_cls:Tensor,      # (B,M) int64
-    gt_boxes:Tensor,    # (B,M,4) xyxy px
-    valid:Tensor,       # (B,M) bool
+    gt_cls:Tensor,      # (Q,G) int64
+    gt_boxes:Tensor,    # (Q,G,4) xyxy px
+    valid:Tensor,       # (Q,G) bool
+    owner:Tensor|None=None, # (Q,) int64: each group's image; None: group q is image q (one group per image)
     topk:int=10, alpha:float=0.5, beta:float=6.0, eps:float=1e-9,
 )->Assignment:
-    "Task-aligned assignment of anchors to ground-truth slots, with fixed shapes."
-    B, A, K = pd_scores.shape; M = gt_cls.shape[1]
-    cand = in_boxes(anchors, gt_boxes) & valid[..., None]                                 # (B,M,A)
-    ov = torch.where(cand, bbox_iou(gt_boxes[:, :, None], pd_boxes[:, None], ciou=True).clamp(0), 0)
-    s = torch.where(cand, pd_scores.gather(2, gt_cls[:, None].expand(B, A, M)).transpose(1, 2), 0)
-    metric = s.pow(alpha) * ov.pow(beta)                                                  # (B,M,A)
-    top = metric.sort(dim=-1, descending=True, stable=True).indices[..., :topk]              # (B,M,topk)
+    "Task-aligned assignment of anchors to ground-truth slots held in groups, with fixed shapes."
+    B, A, K = pd_scores.shape; Q, G = gt_cls.shape; R, dev = Q * G, pd_scores.device
+    if owner is None: owner = torch.arange(Q, device=dev)
+    cand = in_boxes(anchors, gt_boxes) & valid[..., None]                                         # (Q,G,A)
+    ov = torch.where(cand, bbox_iou(gt_boxes[:, :, None], pd_boxes[owner][:, None], ciou=True).clamp(0), 0)
+    cls_at = (owner[:, None, None] * A + torch.arange(A, device=dev)) * K + gt_cls[..., None]       # (Q,G,A): the slot's class at each anchor of its image
+    s = torch.where(cand, pd_scores.reshape(-1)[cls_at], 0)
+    metric = s.pow(alpha) * ov.pow(beta)                                                           # (Q,G,A)
+    top = metric.sort(dim=-1, descending=True, stable=True).indices[..., :topk]                   # (Q,G,topk)
     pos = torch.zeros_like(cand).scatter_(-1, top, True) & cand
-    best = torch.where(pos, ov, -1.).argmax(1)                                           # (B,A)
-    pos &= torch.arange(M, device=best.device)[None, :, None] == best[:, None]
-    fg = pos.any(1)
-    tcls, tbox = gt_cls.gather(1, best), gt_boxes.gather(1, best[..., None].expand(B, A, 4))
+    img = owner.repeat_interleave(G)[:, None].expand(R, A)                                        # (R,A): each row's image
+    val = torch.where(pos, ov, -1.).view(R, A)
+    top_ov = val.new_full((B, A), -1.).scatter_reduce_(0, img, val, 'amax')                       # per anchor, over its image's slots
+    row = torch.arange(R, device=dev)[:, None].expand(R, A)
+    best = row.new_full((B, A), R).scatter_reduce_(0, img, torch.where(val == top_ov.gather(0, img), row, R), 'amin').clamp_(max=R - 1)
+    pos &= row.view(Q, G, A) == best[owner][:, None]
+    fg = top_ov > -1
+    tcls, tbox = gt_cls.reshape(R)[best], gt_boxes.reshape(R, 4)[best]                            # (B,A), (B,A,4)
     metric = metric * pos
-    norm = (metric * (ov * pos).amax(-1, keepdim=True) / (metric.amax(-1, keepdim=True) + eps)).amax(1)  # (B,A)
-    onehot = tcls[..., None] == torch.arange(K, device=tcls.device)                      # (B,A,K)
+    term = metric * (ov * pos).amax(-1, keepdim=True) / (metric.amax(-1, keepdim=True) + eps)    # (Q,G,A)
+    norm = term.new_zeros(B, A).scatter_reduce_(0, img, term.view(R, A), 'amax')                  # (B,A)
+    onehot = tcls[..., None] == torch.arange(K, device=dev)                                       # (B,A,K)
     scores = onehot * (norm * fg)[..., None]
     return Assignment(fg, best, tbox, scores, pos, top)
 
 # %% ../nbs/04_loss.ipynb #7fdc7cfb
-MASK_CHUNK_ELEMENTS = 2**25   # logits per chunk of slots in `CroppedMaskBCE` (128 MB in float32)
+MASK_CHUNK_ELEMENTS = 2**25   # logits per chunk of groups in `CroppedMaskBCE` (128 MB in float32)
 
 def _cropped_bce_sum(c, proto, t, inside):
-    "Σ over (h,w) of inside · BCE(c · proto, t): c (B,m,k,P), proto (B,P,h,w), t and inside (B,m,h,w) → (B,m,k)."
-    x = torch.einsum('bmkp,bphw->bmkhw', c, proto)
+    "Σ over (h,w) of inside · BCE(c · proto, t): c (n,G,k,P), proto (n,P,h,w), t and inside (n,G,h,w) → (n,G,k)."
+    x = torch.einsum('qgkp,qphw->qgkhw', c, proto)
     bce = F.binary_cross_entropy_with_logits(x, t[:, :, None].expand_as(x), reduction='none')
     del x                                        # one chunk-sized tensor less at the peak
     return bce.mul_(inside[:, :, None]).sum((-2, -1))
 
 def chunk_grad(x, t, inside, g):
-    "∂ loss/∂x = (σ(x) − t) · inside · g, computed in `x`'s memory: x (B,m,k,h,w), t and inside (B,m,h,w) 0/1, g (B,m,k)."
+    "∂ loss/∂x = (σ(x) − t) · inside · g, computed in `x`'s memory: x (n,G,k,h,w), t and inside (n,G,h,w) 0/1, g (n,G,k)."
     return torch.sigmoid_(x).sub_(t[:, :, None]).mul_(inside[:, :, None]).mul_(g[..., None, None])
 
+def _chunk_inputs(proto, owner, t, mbox, s, e):
+    "Groups s..e-1: their images' prototypes (n,P,h,w), and their masks and box crops as 0/1 floats (n,G,h,w)."
+    h, w = proto.shape[-2:]
+    return proto[owner[s:e]], t[s:e].to(proto.dtype), crop_mask(mbox[s:e], h, w).to(proto.dtype)
+
+# %% ../nbs/04_loss.ipynb #b2214211
 class CroppedMaskBCE(torch.autograd.Function):
-    "Per (b, m, k) the BCE of mask logits `c · proto` against slot m's mask, summed inside its box; `chunk` slots at a time."
+    "Per (q, g, k) the BCE of mask logits `c · proto` against slot (q, g)'s mask, summed inside its box; `chunk` groups at a time."
     @staticmethod
-    def forward(ctx, c, proto, t, inside, chunk:int):   # c (B,M,k,P), proto (B,P,h,w), t and inside (B,M,h,w) 0/1 floats
-        ctx.save_for_backward(c, proto, t, inside); ctx.chunk = chunk
-        return torch.cat([_cropped_bce_sum(c[:, s:s + chunk], proto, t[:, s:s + chunk], inside[:, s:s + chunk])
-                          for s in range(0, c.shape[1], chunk)], 1)
+    def forward(ctx, c, proto, owner, t, mbox, chunk:int):   # c (Q,G,k,P), proto (B,P,h,w), owner (Q,), t (Q,G,h,w) 0/1, mbox (Q,G,4) mask px
+        ctx.save_for_backward(c, proto, owner, t, mbox); ctx.chunk = chunk
+        return torch.cat([_cropped_bce_sum(c[s:s + chunk], *_chunk_inputs(proto, owner, t, mbox, s, s + chunk))
+                          for s in range(0, len(c), chunk)])
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, g):                                 # g (B,M,k)
-        c, proto, t, inside = ctx.saved_tensors
-        gc, gp = [], torch.zeros_like(proto)
-        for s in range(0, c.shape[1], ctx.chunk):
-            cs, sl = c[:, s:s + ctx.chunk], slice(s, s + ctx.chunk)
-            x = torch.einsum('bmkp,bphw->bmkhw', cs, proto)
-            gx = chunk_grad(x, t[:, sl], inside[:, sl], g[:, sl])                                     # ∂/∂x, in x's memory
-            gc.append(torch.einsum('bmkhw,bphw->bmkp', gx, proto))
-            gp += torch.einsum('bmkhw,bmkp->bphw', gx, cs)
-        return torch.cat(gc, 1), gp, None, None, None
+    def backward(ctx, g):                                 # g (Q,G,k)
+        c, proto, owner, t, mbox = ctx.saved_tensors
+        gc, per_group = [], proto.new_empty(len(c), *proto.shape[1:])   # (Q,P,h,w): each group's share of ∂/∂proto
+        for s in range(0, len(c), ctx.chunk):
+            e = s + ctx.chunk; cs, (ps, ts, ins) = c[s:e], _chunk_inputs(proto, owner, t, mbox, s, e)
+            gx = chunk_grad(torch.einsum('qgkp,qphw->qgkhw', cs, ps), ts, ins, g[s:e])                # ∂/∂x, in x's memory
+            gc.append(torch.einsum('qgkhw,qphw->qgkp', gx, ps))
+            per_group[s:e] = torch.einsum('qgkhw,qgkp->qphw', gx, cs)
+        images = (owner == torch.arange(len(proto), device=owner.device)[:, None]).to(proto.dtype)   # (B,Q) one-hot
+        gp = images.mm(per_group.flatten(1)).view_as(proto)   # each image's groups summed by a product: no atomic adds
+        return torch.cat(gc), gp, None, None, None, None
 
-# %% ../nbs/04_loss.ipynb #b2214211
+# %% ../nbs/04_loss.ipynb #204805a4
 def mask_loss(
     coef:Tensor,        # (B,A,P) mask coefficients
     proto:Tensor,       # (B,P,h,w) prototypes, h = w = S/4
     a:Assignment,
-    gt_boxes:Tensor,    # (B,M,4) xyxy px of the letterboxed image
-    masks:Tensor,       # (B,M,h,w) instance masks, 0/1
+    gt_boxes:Tensor,    # (Q,G,4) xyxy px of the letterboxed image
+    masks:Tensor,       # (Q,G,h,w) instance masks, 0/1 (uint8 or float)
     img_hw:tuple,       # (H,W) of the input image in px
+    owner:Tensor|None=None, # (Q,) each group's image; None: group q is image q
     eps:float=1e-9,
 )->Tensor:              # 0-dim: mean over foreground anchors
     "Cropped, area-normalised mask BCE over the foreground anchors, computed for each slot's top-k anchors."
-    B, M, k = a.topk_idx.shape; P, h, w = proto.shape[1:]
-    wt = a.mask_pos.gather(2, a.topk_idx)                                               # (B,M,k)
-    c = coef.gather(1, a.topk_idx.reshape(B, M * k, 1).expand(B, M * k, P)).view(B, M, k, P)
+    Q, G, k = a.topk_idx.shape; B, A, P = coef.shape; h, w = proto.shape[-2:]
+    if owner is None: owner = torch.arange(Q, device=coef.device)
+    wt = a.mask_pos.gather(2, a.topk_idx)                                               # (Q,G,k)
+    c = coef.reshape(B * A, P)[(owner[:, None, None] * A + a.topk_idx).view(-1)].view(Q, G, k, P)   # each slot's top-k, of its image
     sx, sy = w / img_hw[1], h / img_hw[0]
-    mbox = torch.stack([gt_boxes[..., 0] * sx, gt_boxes[..., 1] * sy, gt_boxes[..., 2] * sx, gt_boxes[..., 3] * sy], -1)  # (B,M,4) mask px
-    inside = crop_mask(mbox, h, w).to(c.dtype)                                          # (B,M,h,w)
-    area = ((mbox[..., 2] - mbox[..., 0]) * (mbox[..., 3] - mbox[..., 1])).clamp_min(eps)  # (B,M)
-    chunk = max(1, min(M, MASK_CHUNK_ELEMENTS // (B * k * h * w)))
-    per = CroppedMaskBCE.apply(c, proto, masks.to(c.dtype), inside, chunk) / area[..., None]   # (B,M,k)
+    mbox = torch.stack([gt_boxes[..., 0] * sx, gt_boxes[..., 1] * sy, gt_boxes[..., 2] * sx, gt_boxes[..., 3] * sy], -1)  # (Q,G,4) mask px
+    area = ((mbox[..., 2] - mbox[..., 0]) * (mbox[..., 3] - mbox[..., 1])).clamp_min(eps)  # (Q,G)
+    chunk = max(1, min(Q, MASK_CHUNK_ELEMENTS // (G * k * h * w)))
+    per = CroppedMaskBCE.apply(c, proto, owner, masks, mbox, chunk) / area[..., None]   # (Q,G,k)
     return (per * wt).sum() / a.fg.sum().clamp_min(1)
 
 # %% ../nbs/04_loss.ipynb #c9e5e5f5
@@ -165,23 +181,22 @@ def flatten_out(self:SegLoss, out:dict)->tuple:
 
 @patch
 def targets(self:SegLoss, batch:dict)->tuple:
-    "Classes (B,M), boxes (B,M,4) float32, valid (B,M), masks (B,M,S/4,S/4) with padded slots zeroed."
-    v = batch['valid']
-    return (torch.where(v, batch['cls'], 0), torch.where(v[..., None], batch['boxes'].float(), 0), v,
-            torch.where(v[..., None, None], batch['masks'], 0))
+    "Classes (Q,G), boxes (Q,G,4) float32 with empty slots zeroed, valid (Q,G), masks (Q,G,S/4,S/4) uint8, owner (Q,) or None."
+    v = batch['valid']   # an empty slot's zero box crops no mask pixel, so its mask is never read
+    return torch.where(v, batch['cls'], 0), torch.where(v[..., None], batch['boxes'].float(), 0), v, batch['masks'], batch.get('owner')
 
 # %% ../nbs/04_loss.ipynb #03f9361c
 @patch
 def forward(self:SegLoss, out:dict, batch:dict)->dict:
-    "Loss terms for the Segment head's training output `out` and a padded `batch`."
+    "Loss terms for the Segment head's training output `out` and a `batch` (instances in groups, or padded: one group per image)."
     with torch.autocast(out['proto'].device.type, enabled=False):
         pdist, pcls, coef, proto = self.flatten_out(out)               # (B,A,4,R) (B,A,K) (B,A,P) (B,P,h,w)
         shapes = [tuple(x.shape[-2:]) for x in out['cls']]
         img_hw = (shapes[0][0] * self.strides[0], shapes[0][1] * self.strides[0])
         anchors, stride = make_anchors(shapes, self.strides, device=pcls.device)       # (A,2) grid units, (A,1)
         pbox = decode_boxes(pdist.flatten(-2), anchors, self.reg_max)                # (B,A,4) grid units, as the head decodes
-        gcls, gbox, valid, gmask = self.targets(batch)
-        a = assign(pcls.detach().sigmoid(), pbox.detach() * stride, anchors * stride, gcls, gbox, valid,
+        gcls, gbox, valid, gmask, owner = self.targets(batch)
+        a = assign(pcls.detach().sigmoid(), pbox.detach() * stride, anchors * stride, gcls, gbox, valid, owner,
                    self.topk, self.alpha, self.beta)
         tss = a.target_scores.sum().clamp_min(1)
         w = a.target_scores.sum(-1)                                                  # (B,A), 0 on background
@@ -190,7 +205,7 @@ def forward(self:SegLoss, out:dict, batch:dict)->dict:
             box=((1 - bbox_iou(pbox, tbox, ciou=True)) * w).sum() / tss,
             cls=F.binary_cross_entropy_with_logits(pcls, a.target_scores, reduction='sum') / tss,
             dfl=(dfl_loss(pdist, bbox2dist(anchors, tbox, self.reg_max - 1 - 0.01)) * w).sum() / tss,
-            seg=mask_loss(coef, proto, a, gbox, gmask, img_hw))
+            seg=mask_loss(coef, proto, a, gbox, gmask, img_hw, owner))
         return {k: v * self.gains[k] for k, v in terms.items()}
 
 # %% ../nbs/04_loss.ipynb #7a3638d4

@@ -15,6 +15,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from fastcore.basics import patch
 from .core import *
 from .graphs import *
+from .graphs import _describe_batch
 from .optim import CapturedUpdate, captured_update, state_ready, update_blocker
 
 # %% auto #0
@@ -297,33 +298,50 @@ def step_fit_blocker(trainer, module, model:nn.Module, backend=None)->str|None:
 
 # %% ../nbs/06b_recorder.ipynb #da5687ba
 class StepRegion(Region):
-    "The whole training forward and backward: recorded at the first training batch, replayed every step."
+    "The whole training forward and backward: recorded at the first batch of each set of shapes, replayed every step."
     option, what = 'capture_train_step', 'the step'
-    def __init__(self, backend=None, model:str='model', max_records:int=3):  # model: attribute path in the module
+    def __init__(self, backend=None, model:str='model', max_records:int=3, # model: attribute path in the module
+                 max_shapes:int=16):   # recordings of different batch shapes kept at once
         super().__init__(backend, max_records)
-        self.model_path, self.model = model, None
+        self.model_path, self.model, self.max_shapes, self.shapes, self.moves = model, None, max_shapes, {}, 0
+    def reset_stats(self): super().reset_stats(); self.seen = set()   # the batch shapes recorded in this fit
     def start(self, model:nn.Module, blocked:str|None=None):
         "Record `model`'s step at its next call unless `blocked` says why not."
-        self.begin(blocked); self.model = model
+        self.begin(blocked); self.model, self.moves = model, 0
     def fit_start(self, trainer, module):
         model = operator.attrgetter(self.model_path)(module)
         self.start(model, step_fit_blocker(trainer, module, model, self.backend))
     def report(self)->dict:
         "What the step region did in this fit."
-        return dict(super().report(), replayed_steps=self.replayed, native_steps=self.native)
-    def summary(self)->str: return f"{self.replayed} training steps replayed, {self.native} native"
+        return dict(super().report(), replayed_steps=self.replayed, native_steps=self.native, shapes=len(self.seen))
+    def summary(self)->str: return f"{self.replayed} training steps replayed ({len(self.seen)} batch shapes recorded), {self.native} native"
+    def release(self):
+        "Drop every recording (idempotent)."
+        for g in self.shapes.values(): g.release()
+        if self.graphs is not None: self.graphs.release()
+        self.shapes, self.graphs = {}, None
 
 # %% ../nbs/06b_recorder.ipynb #163b35b3
 @patch
+def select(self:StepRegion, model:nn.Module, step_fn, batch:dict)->str|None:
+    "Make the recording for `batch`'s shapes current, recording it if they are new; why it cannot, or None."
+    sig = input_signature(list(step_inputs(batch).values()))
+    g = self.shapes.get(sig)
+    if g is not None and g.current_pointers() != g.pointers:
+        log.warning("capture_train_step: the model's parameters or buffers were replaced; recording again")
+        self.release(); self.moves += 1; g = None
+    if g is None:
+        if len(self.shapes) >= self.max_shapes:
+            return f"the batch's shapes took more than {self.max_shapes} values (now {_describe_batch(sig)}); such steps run natively"
+        if why := self.record(model, step_fn, batch): return why
+        g = self.shapes[sig] = self.graphs; self.seen.add(sig)
+    self.graphs = g
+    return None
+
+@patch
 def losses(self:StepRegion, model:nn.Module, step_fn, batch:dict, native_fn=None)->tuple[dict,Tensor]:
     "The step's loss terms and total: replayed when possible, else `native_fn(batch)` (default `step_fn`)."
-    why = self.blocked or step_call_blocker(model, self.model, self.graphs)
-    if why is None and self.graphs is not None:
-        why = self.graphs.mismatch(batch)
-        if why is None and self.graphs.current_pointers() != self.graphs.pointers:
-            log.warning("capture_train_step: the model's parameters or buffers were replaced; recording again")
-            self.release()
-    if why is None and self.graphs is None: why = self.record(model, step_fn, batch)
+    why = self.blocked or step_call_blocker(model, self.model, self.graphs) or self.select(model, step_fn, batch)
     if why is not None:
         self.note(why); self.native += 1
         return (native_fn or step_fn)(batch)
@@ -335,7 +353,7 @@ def losses(self:StepRegion, model:nn.Module, step_fn, batch:dict, native_fn=None
 @patch
 def record(self:StepRegion, model:nn.Module, step_fn, batch:dict)->str|None:
     "Record the step on `batch`; return why it could not, or None."
-    if len(self.recordings) >= self.max_records:
+    if self.moves >= self.max_records:
         self.blocked = f"the model's parameters kept moving; stopped after {self.max_records} recordings"
         return self.blocked
     return self.record_graphs(lambda alias_params: StepGraphs(model, step_fn, batch, self.backend_, alias_params))

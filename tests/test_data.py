@@ -76,11 +76,11 @@ def test_synthetic_dataset_batches(coco):
     batches = list(dm.val_dataloader())
     assert [len(b['img']) for b in batches] == [2, 1]                          # validation keeps the partial batch
     b = batches[0]
-    want = dict(img=((2, 3, 64, 64), torch.uint8), boxes=((2, 100, 4), torch.float32), cls=((2, 100), torch.int64),
-                valid=((2, 100), torch.bool), masks=((2, 100, 16, 16), torch.uint8), image_id=((2,), torch.int64),
+    want = dict(img=((2, 3, 64, 64), torch.uint8), boxes=((2, 8, 4), torch.float32), cls=((2, 8), torch.int64),
+                valid=((2, 8), torch.bool), masks=((2, 8, 16, 16), torch.uint8), owner=((2,), torch.int64), image_id=((2,), torch.int64),
                 orig_hw=((2, 2), torch.int64), letterbox=((2, 3), torch.float32), hsv=((2, 3), torch.float32))
     assert tuple(b) == BATCH_KEYS and {k: (tuple(v.shape), v.dtype) for k, v in b.items()} == want
-    assert b['valid'].sum(1).tolist() == [2, 2]                                # the crowd region is not a target
+    assert b['valid'].sum(1).tolist() == [2, 2] and b['owner'].tolist() == [0, 1]   # one group each; the crowd region is not a target
     assert b['image_id'].tolist() == [50, 60] and b['orig_hw'].tolist() == [[80, 120], [96, 64]]
     assert b['cls'][0, :2].tolist() == [0, 1] and b['cls'][1, :2].tolist() == [2, 0]   # ids 3, 17, 90 -> 0, 1, 2
     assert torch.equal(b['hsv'], torch.ones(2, 3))
@@ -208,7 +208,7 @@ def test_more_instances_than_slots_keeps_the_largest(coco):
     dm = dm_for(coco, max_instances=1, on_bad_input='error'); dm.setup()    # not a fatal problem, even under 'error'
     assert dm.report.counts == {'more instances than max_instances': 6}
     b = next(iter(dm.val_dataloader()))
-    assert b['valid'].shape == (2, 1) and b['valid'].all()
+    assert b['valid'].sum(1).tolist() == [1, 1] and b['owner'].tolist() == [0, 1]
     assert b['cls'][0, 0] == 1                                              # the multi-part polygon spans more than the rectangle
     big = [dict(img=np.zeros((64, 64, 3), np.uint8), boxes=np.zeros((3, 4), np.float32), cls=np.zeros(3, np.int64),
                 masks=np.zeros((3, 16, 16), np.uint8), image_id=0, orig_hw=np.zeros(2, np.int64), letterbox=np.zeros(3, np.float32), hsv=np.ones(3, np.float32))]

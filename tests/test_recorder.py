@@ -10,6 +10,7 @@ from torch import nn
 from lightning.pytorch.callbacks import Callback
 
 from lucid_nb.core import digest, synth_batch
+from lucid_nb.graphs import step_inputs
 from lucid_nb.heads import yolo_seg
 from lucid_nb.loss import SegLoss
 from lucid_nb.optim import SGDUpdate, build_optimizer, build_schedule
@@ -518,8 +519,12 @@ def test_whole_step_traces_partial_batch_and_none_grads(caplog):
     b = train_trace(model(), batches, rec)
     traces_equal(a, b)
     assert b['steps'][0]['grads']['unused'] is None and b['steps'][0]['grads']['head.box.2.0.conv.weight'] is None
-    assert (rec.replayed, rec.native) == (3, 1)
-    assert [r.getMessage() for r in caplog.records][0].startswith(STEP_LINE + 'the batch changed from img 2×3×64×64 float')
+    shapes = [tuple(tuple(v.shape) for v in step_inputs(x).values()) for x in batches]
+    assert (rec.replayed, rec.native, len(rec.seen)) == (4, 0, len(set(shapes)))   # each new set of shapes recorded once
+    one = StepRegion(backend=EagerGraphs(), max_shapes=1)
+    traces_equal(a, train_trace(model(), batches, one))
+    assert (one.replayed, one.native) == (shapes.count(shapes[0]), 4 - shapes.count(shapes[0]))
+    assert [r.getMessage() for r in caplog.records][0].startswith(STEP_LINE + "the batch's shapes took more than 1 values (now img ")
 
 
 def test_whole_step_gradients_are_copied_not_stolen():
