@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 from .core import digest, state_hashes
 from .loss import SegLoss
 from .recorder import model_outputs
@@ -91,18 +92,20 @@ def test_traces_equal(a:dict, b:dict):
 
 # %% ../nbs/11_testing.ipynb #659e6687
 class TensorBytes(TorchDispatchMode):
-    "Bytes of the tensors operations make under it, each counted until it is freed: alive now (`live`) and at most (`peak`, since the start or the last `reset`)."
-    def __init__(self): super().__init__(); self.live = self.peak = 0
+    "Bytes of the storages operations make under it, each counted until it is freed: alive now (`live`) and at most (`peak`, since the start or the last `reset`)."
+    def __init__(self): super().__init__(); self.live = self.peak = 0; self.counted = set()   # data pointers of the storages alive
 
     def reset(self): self.peak = self.live
 
-    def _freed(self, n): self.live -= n
+    def _freed(self, ptr, n): self.counted.discard(ptr); self.live -= n
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        inputs = {a.untyped_storage().data_ptr() for a in [*args, *(kwargs or {}).values()] if isinstance(a, torch.Tensor)}
-        for t in (out if isinstance(out, (tuple, list)) else [out]):
-            if not isinstance(t, torch.Tensor) or t._base is not None or t.untyped_storage().data_ptr() in inputs: continue   # a view or in place: nothing new
-            n = t.untyped_storage().nbytes(); self.live += n; self.peak = max(self.peak, self.live)
-            weakref.finalize(t, self._freed, n)
+        inputs = {t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)}
+        for t in tree_flatten(out)[0]:
+            if not isinstance(t, torch.Tensor): continue
+            s = t.untyped_storage(); ptr, n = s.data_ptr(), s.nbytes()
+            if not n or ptr in inputs or ptr in self.counted: continue   # a view, in place, or counted already: nothing new
+            self.counted.add(ptr); self.live += n; self.peak = max(self.peak, self.live)
+            weakref.finalize(s, self._freed, ptr, n)
         return out

@@ -1,4 +1,4 @@
-"""How many bytes of tensors does one validation's post-processing hold at once, by revision? 194 MiB on a 1-epoch model's outputs, 185 on a 4-epoch model's (results/validation_memory_cpu_young{1,}_edb5b8f.json), at edb5b8f.
+"""How many bytes of tensors does one validation's post-processing hold at once, by revision? 194 MiB on a 1-epoch model's outputs, 185 on a 4-epoch model's (results/validation_memory_cpu_young{1,}_edb5b8f.json, kept in git history: `git show 627a9b1:benchmarks/results/validation_memory_cpu_young_edb5b8f.json`), at edb5b8f.
 
 How much tensor memory one validation's post-processing holds at once: a device-independent count, by revision.
 
