@@ -15,12 +15,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from .allocator import allocator_setting
 
 # %% auto #0
-__all__ = ['BATCH_KEYS', 'MASK_STRIDE', 'INSTANCE_GROUP', 'EMBEDDED_DATA', 'CONFIGS', 'EMBEDDED_IMAGES', 'EMBEDDED_ANNOTATIONS',
-           'TEST_IMG', 'group_bucket', 'group_instances', 'pad_groups', 'image_instances', 'package_dir', 'repo_root',
-           'env_info', 'env_card', 'device_tag', 'module_pointers', 'tensor_bytes', 'digest', 'state_hashes',
-           'current_umask', 'atomic_write', 'one_line', 'test_bytes_equal', 'test_grads_equal', 'cuda_cell_skipped',
-           'skip_cuda_cells', 'HostSyncError', 'assert_no_host_sync', 'bbox_iou', 'box_area', 'box_iou', 'crop_mask',
-           'synth_batch']
+__all__ = ['BATCH_KEYS', 'MASK_STRIDE', 'INSTANCE_GROUP', 'GROUP_KEYS', 'EMBEDDED_DATA', 'CONFIGS', 'EMBEDDED_IMAGES',
+           'EMBEDDED_ANNOTATIONS', 'TEST_IMG', 'group_bucket', 'group_instances', 'pad_groups', 'image_instances',
+           'package_dir', 'repo_root', 'env_info', 'env_card', 'device_tag', 'module_pointers', 'tensor_bytes',
+           'digest', 'state_hashes', 'current_umask', 'atomic_write', 'one_line', 'test_bytes_equal',
+           'test_grads_equal', 'cuda_cell_skipped', 'skip_cuda_cells', 'HostSyncError', 'assert_no_host_sync',
+           'bbox_iou', 'box_area', 'box_iou', 'crop_mask', 'synth_batch']
 
 # %% ../nbs/00b_core.ipynb #00d8c748
 BATCH_KEYS = ('img', 'boxes', 'cls', 'valid', 'masks', 'owner', 'image_id', 'orig_hw', 'letterbox', 'hsv')
@@ -34,21 +34,24 @@ def group_bucket(q:int)->int:
     return -(-q >> e) << e
 
 # %% ../nbs/00b_core.ipynb #30e19520
-def group_instances(images:list[dict], # per image: boxes (n,4), cls (n,), masks (n,s,s)
+GROUP_KEYS = ('boxes', 'cls', 'valid', 'masks', 'owner')   # the keys that hold groups (`masks` where there are masks)
+
+def group_instances(images:list[dict], # per image: boxes (n,4), cls (n,), and masks (n,s,s) where the task has them
                     s:int,              # mask side, S/4
                     pad:bool=True,      # pad the groups to `group_bucket` of their number
                     G:int=INSTANCE_GROUP)->dict[str,np.ndarray]:
-    "`boxes` (Q,G,4), `cls` (Q,G), `valid` (Q,G), `masks` (Q,G,s,s), `owner` (Q,) of the images' instances, in image order."
+    "`boxes` (Q,G,4), `cls` (Q,G), `valid` (Q,G), `masks` (Q,G,s,s) if the images have masks, `owner` (Q,) of the images' instances, in image order."
     n = [len(x['cls']) for x in images]
     q = [-(-k // G) for k in n]
     Q = group_bucket(sum(q)) if pad else sum(q)
+    keys = ('boxes', 'cls', 'valid') + (('masks',) if all('masks' in x for x in images) else ())
     out = dict(boxes=np.zeros((Q * G, 4), np.float32), cls=np.zeros(Q * G, np.int64), valid=np.zeros(Q * G, bool),
-               masks=np.zeros((Q * G, s, s), np.uint8), owner=np.zeros(Q, np.int64))
+               **({'masks': np.zeros((Q * G, s, s), np.uint8)} if 'masks' in keys else {}), owner=np.zeros(Q, np.int64))
     g = 0
     for b, (x, k, qb) in enumerate(zip(images, n, q)):
         out['owner'][g:g + qb] = b
         rows = slice(g * G, g * G + k)
-        out['boxes'][rows], out['cls'][rows], out['masks'][rows], out['valid'][rows] = x['boxes'], x['cls'], x['masks'], True
+        for key in keys: out[key][rows] = True if key == 'valid' else x[key]
         g += qb
     return {k: v if k == 'owner' else v.reshape(Q, G, *v.shape[1:]) for k, v in out.items()}
 
@@ -57,13 +60,13 @@ def pad_groups(batch:dict)->dict:
     Q = batch['owner'].shape[0]; extra = group_bucket(Q) - Q
     if extra == 0: return batch
     pad = lambda v: torch.cat([v, v.new_zeros((extra, *v.shape[1:]))])
-    return {**batch, **{k: pad(batch[k]) for k in ('boxes', 'cls', 'valid', 'masks', 'owner')}}
+    return {**batch, **{k: pad(batch[k]) for k in GROUP_KEYS if k in batch}}
 
-def image_instances(batch:dict, b:int)->tuple[Tensor,Tensor,Tensor]:
-    "Boxes (n,4), classes (n,) and masks (n,s,s) of image `b` of a batch (either layout)."
+def image_instances(batch:dict, b:int)->tuple[Tensor,Tensor,Tensor|None]:
+    "Boxes (n,4), classes (n,) and masks (n,s,s) of image `b` of a batch (either layout); masks None in a batch without them."
     owner = batch.get('owner')
     rows = batch['valid'][b] if owner is None else (owner == b)[:, None] & batch['valid']
-    sel = lambda k: batch[k][b][rows] if owner is None else batch[k][rows]
+    sel = lambda k: None if k not in batch else batch[k][b][rows] if owner is None else batch[k][rows]
     return sel('boxes'), sel('cls'), sel('masks')
 
 # %% ../nbs/00b_core.ipynb #db8c02f2
@@ -307,6 +310,7 @@ def synth_batch(
     seed:int=0,        # generator seed: the same seed gives the same bytes
     empty:bool=False,  # make the last image have no instances
     grouped:bool=True, # the batch format's groups; False: padded to M slots per image, without `owner`
+    masks:bool=True,   # instance masks (segmentation); False: none (detection)
 )->dict:               # a batch in the format above, `img` still uint8
     "A random batch in the batch format."
     g = torch.Generator().manual_seed(seed)
@@ -321,9 +325,9 @@ def synth_batch(
     yy, xx = torch.meshgrid(torch.arange(s) + .5, torch.arange(s) + .5, indexing='ij')
     c, r = (boxes[..., :2] + boxes[..., 2:]) / (2 * MASK_STRIDE), wh / (2 * MASK_STRIDE)
     inside = ((xx - c[..., 0, None, None]) / r[..., 0, None, None])**2 + ((yy - c[..., 1, None, None]) / r[..., 1, None, None])**2 <= 1
-    masks = (inside & valid[..., None, None]).to(torch.uint8)             # (B,M,S/4,S/4)
+    m = (inside & valid[..., None, None]).to(torch.uint8)                 # (B,M,S/4,S/4)
     img = torch.randint(0, 256, (B, 3, S, S), generator=g, dtype=torch.uint8)
-    inst = dict(boxes=boxes, cls=cls, valid=valid, masks=masks)
+    inst = dict(boxes=boxes, cls=cls, valid=valid, **({'masks': m} if masks else {}))
     if grouped:
         per = [{k: v[b, :int(n[b])].numpy() for k, v in inst.items()} for b in range(B)]
         inst = {k: torch.from_numpy(v) for k, v in group_instances(per, s).items()}
