@@ -10,11 +10,12 @@ import math
 import torch, torch.nn as nn
 from torch import Tensor
 from .core import *
-from .model import Backbone, Conv, DWConv, Neck, SegmentationModel, get_scale
+from .model import Backbone, Conv, DWConv, Neck, YoloModel, get_scale
+from .tasks import get_task
 
 # %% auto #0
 __all__ = ['make_anchors', 'dist2bbox', 'bbox2dist', 'dfl_expectation', 'decode_boxes', 'DFL', 'flatten_levels', 'DetectHead',
-           'Proto', 'SegHead', 'yolo_seg']
+           'Proto', 'SegHead', 'yolo', 'yolo_seg', 'yolo_detect']
 
 # %% ../nbs/03_heads.ipynb #d5ac6ec7
 def make_anchors(
@@ -177,15 +178,26 @@ class SegHead(DetectHead):
         return {**super().decode(out), 'coef': flatten_levels(out['coef']).float(), 'proto': out['proto'].float()}
 
 # %% ../nbs/03_heads.ipynb #ca0faa74
-def yolo_seg(
+def yolo(
     scale:str='n',        # model scale: one of `SCALES` ('n', 's', 'm')
     num_classes:int=80,   # K
-    num_protos:int=32,    # P, prototypes and mask coefficients
+    task:str='segment',   # a task of `TASKS` (`00c_tasks`): 'segment' or 'detect'
+    num_protos:int=32,    # P, prototypes and mask coefficients (segmentation)
     reg_max:int=16,       # R, bins of the box distribution
-)->SegmentationModel:
-    "A YOLO11-style instance-segmentation model of the given scale."
-    sc = get_scale(scale)
+)->YoloModel:
+    "A YOLO11-style model of the given scale for `task`: the Segment head where its instances carry masks, else the Detect head."
+    sc, t = get_scale(scale), get_task(task)
     if not isinstance(num_classes, int) or num_classes < 1: raise ValueError(f"num_classes={num_classes!r}: need an int >= 1")
     bb = Backbone(sc); nk = Neck(sc, bb.channels)
-    head = SegHead(nk.channels, num_classes, num_protos=num_protos, proto_channels=sc.ch(256), reg_max=reg_max)
-    return SegmentationModel(bb, nk, head, dict(scale=scale, num_classes=num_classes, num_protos=num_protos, reg_max=reg_max))
+    if t.masks: head = SegHead(nk.channels, num_classes, num_protos=num_protos, proto_channels=sc.ch(256), reg_max=reg_max)
+    else: head = DetectHead(nk.channels, num_classes, reg_max=reg_max)
+    return YoloModel(bb, nk, head, dict(task=t.name, scale=scale, num_classes=num_classes, reg_max=reg_max,
+                                        **({'num_protos': num_protos} if t.masks else {})))
+
+def yolo_seg(scale:str='n', num_classes:int=80, num_protos:int=32, reg_max:int=16)->YoloModel:
+    "A YOLO11-style instance-segmentation model of the given scale (`yolo` of task 'segment')."
+    return yolo(scale, num_classes, 'segment', num_protos, reg_max)
+
+def yolo_detect(scale:str='n', num_classes:int=80, reg_max:int=16)->YoloModel:
+    "A YOLO11-style object-detection model of the given scale (`yolo` of task 'detect')."
+    return yolo(scale, num_classes, 'detect', reg_max=reg_max)

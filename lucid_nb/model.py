@@ -1,4 +1,4 @@
-"""Conv-BN-SiLU, the CSP blocks, SPPF and C2PSA, a backbone and PAN-FPN neck over strides 8/16/32, named scales `n`/`s`/`m`, the `SegmentationModel` chain and the model summary.
+"""Conv-BN-SiLU, the CSP blocks, SPPF and C2PSA, a backbone and PAN-FPN neck over strides 8/16/32, named scales `n`/`s`/`m`, the `YoloModel` chain and the model summary.
 
 Docs: https://lucid-nb.github.io/lucid_nb/model.html.md"""
 
@@ -15,7 +15,7 @@ from .core import *
 
 # %% auto #0
 __all__ = ['SCALES', 'Conv', 'DWConv', 'Bottleneck', 'C2f', 'C3k', 'C3k2', 'SPPF', 'Attention', 'PSABlock', 'C2PSA', 'Scale',
-           'get_scale', 'Backbone', 'Neck', 'SegmentationModel', 'ModelSummary', 'summary_layers', 'model_summary']
+           'get_scale', 'Backbone', 'Neck', 'YoloModel', 'ModelSummary', 'summary_layers', 'model_summary']
 
 # %% ../nbs/02_model.ipynb #3991d58f
 class Conv(nn.Module):
@@ -207,7 +207,7 @@ class Neck(nn.Module):
         return [n3, n4, n5]
 
 # %% ../nbs/02_model.ipynb #ec39ed74
-class SegmentationModel(nn.Module):
+class YoloModel(nn.Module):
     "Backbone → neck → head; `forward` returns the head's output dict."
     def __init__(self, backbone:nn.Module, neck:nn.Module, head:nn.Module, config:dict|None=None):
         super().__init__()
@@ -216,6 +216,7 @@ class SegmentationModel(nn.Module):
     def features(self, x:Tensor)->list[Tensor]:  # (B,3,S,S) → 3 maps, strides 8/16/32
         return self.neck(self.backbone(x))
     def forward(self, x:Tensor)->dict: return self.head(self.features(x))
+
 
 
 # %% ../nbs/02_model.ipynb #cd37eb6b
@@ -258,7 +259,7 @@ class ModelSummary:
 # %% ../nbs/02_model.ipynb #eabff302
 def summary_layers(model:nn.Module)->list[tuple[str,nn.Module]]:
     "The layers a summary reports: backbone layers, neck blocks, and the head's prediction calls (else top-level children)."
-    if not isinstance(model, SegmentationModel): return list(model.named_children())
+    if not isinstance(model, YoloModel): return list(model.named_children())
     names = {m: n for n, m in model.named_modules()}
     layers = [(f'backbone.layers.{i}', m) for i, m in enumerate(model.backbone.layers)]
     layers += [(f'neck.{n}', m) for n, m in model.neck.named_children()]

@@ -4,8 +4,8 @@ import copy, io, pickle, types
 import pytest, torch, torch.nn as nn
 from lucid_nb.core import digest
 from lucid_nb.heads import DetectHead, SegHead
-from lucid_nb.model import SCALES, Scale, SegmentationModel, get_scale, model_summary, summary_layers
-from lucid_nb.heads import yolo_seg
+from lucid_nb.model import SCALES, Scale, YoloModel, get_scale, model_summary, summary_layers
+from lucid_nb.heads import yolo_detect, yolo_seg
 
 
 @pytest.fixture(scope='module')
@@ -32,7 +32,7 @@ def test_pickle_and_torch_save_roundtrip(nano, x):
     assert digest(back(x)) == digest(nano(x))
     buf = io.BytesIO(); torch.save(nano, buf); buf.seek(0)
     loaded = torch.load(buf, weights_only=False)
-    assert isinstance(loaded, SegmentationModel) and loaded.config == nano.config
+    assert isinstance(loaded, YoloModel) and loaded.config == nano.config
     assert digest(loaded.state_dict()) == digest(nano.state_dict())
 
 
@@ -69,6 +69,16 @@ def test_parameter_counts_match_yolo11_seg(scale, ref_m):
     # Ours: 2,876,832 / 10,113,232 / 22,420,880 (Ultralytics counts 16 more: its fixed DFL conv weights).
     n = sum(p.numel() for p in yolo_seg(scale).parameters())
     assert abs(n / 1e6 - ref_m) / ref_m < 0.02, (scale, n)
+
+
+@pytest.mark.parametrize('scale,ultralytics', [('n', 2_624_080), ('s', 9_458_752), ('m', 20_114_688)])
+def test_parameter_counts_equal_yolo11_detect(scale, ultralytics):
+    # sum(p.numel() for p in YOLO(f'yolo11{scale}.yaml').model.parameters()), Ultralytics 8.4.190: ours less the 16 fixed
+    # weights of its DFL convolution; the backbone and neck are the segmentation model's, tensor for tensor
+    det, seg = yolo_detect(scale), yolo_seg(scale)
+    assert sum(p.numel() for p in det.parameters()) == ultralytics - 16
+    assert {k: v.shape for k, v in det.state_dict().items() if not k.startswith('head.')} == \
+           {k: v.shape for k, v in seg.state_dict().items() if not k.startswith('head.')}
 
 
 def test_few_classes():
