@@ -1,4 +1,4 @@
-"""Task-aligned assignment, then box (CIoU), class (BCE), DFL and mask losses as a dict of named terms, with fixed shapes and no host syncs.
+"""Task-aligned assignment, then box (CIoU), class (BCE), DFL and mask losses as a dict of named terms, with fixed shapes and no host syncs: `DetectLoss`, and `SegLoss` built on it.
 
 Docs: https://lucid-nb.github.io/lucid_nb/loss.html.md"""
 
@@ -12,11 +12,12 @@ from torch import nn, Tensor
 from torch.autograd.function import once_differentiable
 from fastcore.basics import patch
 from .core import *
+from .tasks import get_task
 from .heads import make_anchors, bbox2dist, flatten_levels, decode_boxes
 
 # %% auto #0
 __all__ = ['MASK_CHUNK_ELEMENTS', 'dfl_loss', 'Assignment', 'in_boxes', 'assign', 'chunk_grad', 'CroppedMaskBCE', 'mask_loss',
-           'SegLoss', 'synth_head_out']
+           'DetectLoss', 'SegLoss', 'Assigned', 'task_loss', 'synth_head_out']
 
 # %% ../nbs/04_loss.ipynb #ca19813e
 def dfl_loss(
@@ -153,8 +154,8 @@ def mask_loss(
     return (per * wt).sum() / a.fg.sum().clamp_min(1)
 
 # %% ../nbs/04_loss.ipynb #c9e5e5f5
-class SegLoss(nn.Module):
-    "YOLOv8-style segmentation loss: a dict of gain-weighted 0-dim terms `box`, `cls`, `dfl`, `seg`; no host syncs."
+class DetectLoss(nn.Module):
+    "YOLOv8-style detection loss: a dict of gain-weighted 0-dim terms `box`, `cls`, `dfl`; no host syncs."
     def __init__(self,
                  num_classes:int=80,     # K
                  reg_max:int=16,         # R, bins of the box distribution
@@ -162,51 +163,90 @@ class SegLoss(nn.Module):
                  box:float=7.5,          # gain of the CIoU term
                  cls:float=0.5,          # gain of the classification BCE
                  dfl:float=1.5,          # gain of the distribution focal loss
-                 seg:float=7.5,          # gain of the mask BCE (YOLOv8-seg uses the box gain)
                  topk:int=10,            # candidates per instance in the assigner
                  alpha:float=0.5,        # exponent of the class score in the alignment metric
                  beta:float=6.0):        # exponent of the CIoU in the alignment metric
         super().__init__()
         self.num_classes, self.reg_max, self.strides = num_classes, reg_max, tuple(strides)
-        self.gains = dict(box=box, cls=cls, dfl=dfl, seg=seg)
+        self.gains = dict(box=box, cls=cls, dfl=dfl)
         self.topk, self.alpha, self.beta = topk, alpha, beta
 
+class SegLoss(DetectLoss):
+    "YOLOv8-style segmentation loss: `DetectLoss`'s terms and the mask term `seg`, on the same assignment."
+    def __init__(self, num_classes:int=80, reg_max:int=16, strides=(8, 16, 32), box:float=7.5, cls:float=0.5,
+                 dfl:float=1.5,
+                 seg:float=7.5,          # gain of the mask BCE (YOLOv8-seg uses the box gain)
+                 topk:int=10, alpha:float=0.5, beta:float=6.0):
+        super().__init__(num_classes, reg_max, strides, box, cls, dfl, topk, alpha, beta)
+        self.gains['seg'] = seg
+
 # %% ../nbs/04_loss.ipynb #824512b3
-@patch
-def flatten_out(self:SegLoss, out:dict)->tuple:
-    "Head output → DFL logits (B,A,4,R), class logits (B,A,K), coefficients (B,A,P), prototypes (B,P,S/4,S/4), float32."
-    cat = lambda xs: flatten_levels(xs).float()
-    box = cat(out['box'])
-    return box.view(*box.shape[:2], 4, self.reg_max), cat(out['cls']), cat(out['coef']), out['proto'].float()
+class Assigned(NamedTuple):
+    "The assignment of the box terms and what it was made from, for terms computed on it (`extra_terms`)."
+    a:Assignment
+    gt_boxes:Tensor         # (Q,G,4) xyxy px of the letterboxed image, empty slots zeroed
+    owner:Tensor|None       # (Q,) each group's image; None: group q is image q
+    img_hw:tuple            # (H,W) of the input image in px
 
 @patch
-def targets(self:SegLoss, batch:dict)->tuple:
-    "Classes (Q,G), boxes (Q,G,4) float32 with empty slots zeroed, valid (Q,G), masks (Q,G,S/4,S/4) uint8, owner (Q,) or None."
-    v = batch['valid']   # an empty slot's zero box crops no mask pixel, so its mask is never read
-    return torch.where(v, batch['cls'], 0), torch.where(v[..., None], batch['boxes'].float(), 0), v, batch['masks'], batch.get('owner')
+def flatten_out(self:DetectLoss, out:dict)->tuple:
+    "Head output → DFL logits (B,A,4,R) and class logits (B,A,K), float32."
+    cat = lambda xs: flatten_levels(xs).float()
+    box = cat(out['box'])
+    return box.view(*box.shape[:2], 4, self.reg_max), cat(out['cls'])
+
+@patch
+def targets(self:DetectLoss, batch:dict)->tuple:
+    "Classes (Q,G), boxes (Q,G,4) float32 with empty slots zeroed, valid (Q,G), owner (Q,) or None."
+    v = batch['valid']
+    return torch.where(v, batch['cls'], 0), torch.where(v[..., None], batch['boxes'].float(), 0), v, batch.get('owner')
 
 # %% ../nbs/04_loss.ipynb #03f9361c
 @patch
-def forward(self:SegLoss, out:dict, batch:dict)->dict:
-    "Loss terms for the Segment head's training output `out` and a `batch` (instances in groups, or padded: one group per image)."
-    with torch.autocast(out['proto'].device.type, enabled=False):
-        pdist, pcls, coef, proto = self.flatten_out(out)               # (B,A,4,R) (B,A,K) (B,A,P) (B,P,h,w)
-        shapes = [tuple(x.shape[-2:]) for x in out['cls']]
-        img_hw = (shapes[0][0] * self.strides[0], shapes[0][1] * self.strides[0])
-        anchors, stride = make_anchors(shapes, self.strides, device=pcls.device)       # (A,2) grid units, (A,1)
-        pbox = decode_boxes(pdist.flatten(-2), anchors, self.reg_max)                # (B,A,4) grid units, as the head decodes
-        gcls, gbox, valid, gmask, owner = self.targets(batch)
-        a = assign(pcls.detach().sigmoid(), pbox.detach() * stride, anchors * stride, gcls, gbox, valid, owner,
-                   self.topk, self.alpha, self.beta)
-        tss = a.target_scores.sum().clamp_min(1)
-        w = a.target_scores.sum(-1)                                                  # (B,A), 0 on background
-        tbox = a.target_boxes / stride                                               # (B,A,4) grid units
-        terms = dict(
-            box=((1 - bbox_iou(pbox, tbox, ciou=True)) * w).sum() / tss,
-            cls=F.binary_cross_entropy_with_logits(pcls, a.target_scores, reduction='sum') / tss,
-            dfl=(dfl_loss(pdist, bbox2dist(anchors, tbox, self.reg_max - 1 - 0.01)) * w).sum() / tss,
-            seg=mask_loss(coef, proto, a, gbox, gmask, img_hw, owner))
+def box_terms(self:DetectLoss, out:dict, batch:dict)->tuple[dict,Assigned]:
+    "The `box`, `cls` and `dfl` terms before their gains, and the assignment they were computed on."
+    pdist, pcls = self.flatten_out(out)                                          # (B,A,4,R) (B,A,K)
+    shapes = [tuple(x.shape[-2:]) for x in out['cls']]
+    img_hw = (shapes[0][0] * self.strides[0], shapes[0][1] * self.strides[0])
+    anchors, stride = make_anchors(shapes, self.strides, device=pcls.device)       # (A,2) grid units, (A,1)
+    pbox = decode_boxes(pdist.flatten(-2), anchors, self.reg_max)                # (B,A,4) grid units, as the head decodes
+    gcls, gbox, valid, owner = self.targets(batch)
+    a = assign(pcls.detach().sigmoid(), pbox.detach() * stride, anchors * stride, gcls, gbox, valid, owner,
+               self.topk, self.alpha, self.beta)
+    tss = a.target_scores.sum().clamp_min(1)
+    w = a.target_scores.sum(-1)                                                  # (B,A), 0 on background
+    tbox = a.target_boxes / stride                                               # (B,A,4) grid units
+    return dict(box=((1 - bbox_iou(pbox, tbox, ciou=True)) * w).sum() / tss,
+                cls=F.binary_cross_entropy_with_logits(pcls, a.target_scores, reduction='sum') / tss,
+                dfl=(dfl_loss(pdist, bbox2dist(anchors, tbox, self.reg_max - 1 - 0.01)) * w).sum() / tss), Assigned(a, gbox, owner, img_hw)
+
+@patch
+def extra_terms(self:DetectLoss, out:dict, batch:dict, assigned:Assigned)->dict:
+    "Terms beyond the box terms, on their assignment: none for detection."
+    return {}
+
+@patch
+def forward(self:DetectLoss, out:dict, batch:dict)->dict:
+    "Gain-weighted loss terms of the head's training output `out` for a `batch` (instances in groups, or padded: one group per image)."
+    with torch.autocast(out['cls'][0].device.type, enabled=False):
+        terms, assigned = self.box_terms(out, batch)
+        terms |= self.extra_terms(out, batch, assigned)
         return {k: v * self.gains[k] for k, v in terms.items()}
+
+# %% ../nbs/04_loss.ipynb #ad49930f
+@patch
+def extra_terms(self:SegLoss, out:dict, batch:dict, assigned:Assigned)->dict:
+    "The mask term `seg`: the Segment head's coefficients (B,A,P) and prototypes (B,P,S/4,S/4) against the batch's masks."
+    coef, proto = flatten_levels(out['coef']).float(), out['proto'].float()
+    return dict(seg=mask_loss(coef, proto, assigned.a, assigned.gt_boxes, batch['masks'], assigned.img_hw, assigned.owner))
+
+def task_loss(task:str='segment', # a task of `TASKS` (`00c_tasks`)
+              num_classes:int=80, box:float=7.5, cls:float=0.5, dfl:float=1.5,
+              seg:float=7.5,      # the mask term's gain; not used without masks
+              **kwargs)->DetectLoss:  # further `DetectLoss` arguments (reg_max, strides, topk, alpha, beta)
+    "The loss of `task`: `SegLoss` where its instances carry masks, else `DetectLoss`."
+    if get_task(task).masks: return SegLoss(num_classes, box=box, cls=cls, dfl=dfl, seg=seg, **kwargs)
+    return DetectLoss(num_classes, box=box, cls=cls, dfl=dfl, **kwargs)
 
 # %% ../nbs/04_loss.ipynb #7a3638d4
 def synth_head_out(
@@ -214,9 +254,11 @@ def synth_head_out(
     strides=(8, 16, 32),
     seed:int=0,
     requires_grad:bool=True,
-)->dict:                        # the Segment head's training-mode output format (03_heads)
-    "Random Segment-head training outputs (leaf tensors) for a batch of `B` images of side `S`."
+    masks:bool=True,            # the Segment head's outputs; False: the Detect head's (`box` and `cls`, the same bytes)
+)->dict:                        # the head's training-mode output format (03_heads)
+    "Random Segment-head (or Detect-head) training outputs (leaf tensors) for a batch of `B` images of side `S`."
     g = torch.Generator().manual_seed(seed)
     lv = lambda c, bias=0.: [(torch.randn(B, c, S // s, S // s, generator=g) + bias).requires_grad_(requires_grad) for s in strides]
-    return dict(box=lv(4 * R), cls=lv(K, -4.), coef=lv(P),
-                proto=torch.randn(B, P, S // MASK_STRIDE, S // MASK_STRIDE, generator=g).requires_grad_(requires_grad))
+    out = dict(box=lv(4 * R), cls=lv(K, -4.))
+    if not masks: return out
+    return dict(out, coef=lv(P), proto=torch.randn(B, P, S // MASK_STRIDE, S // MASK_STRIDE, generator=g).requires_grad_(requires_grad))
