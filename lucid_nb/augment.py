@@ -106,8 +106,10 @@ def _clip_poly(xy:np.ndarray, crop:tuple)->np.ndarray:
 def _apply(M:np.ndarray, xy:np.ndarray)->np.ndarray: return xy @ M[:2, :2].T + M[:2, 2]
 
 # %% ../nbs/01b_augment.ipynb #01d817d5
-def place_instances(p:Prepared, M:np.ndarray, crop:tuple, size:int)->tuple[np.ndarray, np.ndarray, np.ndarray]:
-    "Boxes (n,4) in output px, masks (n,s,s) uint8 at s = size/4, and each box's area before cropping."
+def place_instances(p:Prepared, M:np.ndarray, crop:tuple, size:int,
+                    masks:bool=True, # rasterise the masks; False: boxes only (detection)
+                   )->tuple[np.ndarray, np.ndarray|None, np.ndarray]:
+    "Boxes (n,4) in output px, masks (n,s,s) uint8 at s = size/4 (None without `masks`), and each box's area before cropping."
     n, s, (x1, y1, x2, y2) = len(p.cls), size // MASK_STRIDE, crop
     b = p.boxes.astype(np.float64)
     def corners(b): return np.stack([b[:, [0, 1]], b[:, [2, 1]], b[:, [2, 3]], b[:, [0, 3]]], 1)   # (n,4,2)
@@ -116,17 +118,17 @@ def place_instances(p:Prepared, M:np.ndarray, crop:tuple, size:int)->tuple[np.nd
     cb = corners(np.stack([b[:, 0].clip(x1, x2), b[:, 1].clip(y1, y2), b[:, 2].clip(x1, x2), b[:, 3].clip(y1, y2)], 1))
     c = _apply(M, cb.reshape(-1, 2)).reshape(n, 4, 2)
     boxes = np.concatenate([c.min(1), c.max(1)], 1)
-    Q = np.diag([1 / MASK_STRIDE, 1 / MASK_STRIDE, 1.]) @ M
-    masks, per, start = np.zeros((n, s, s), np.uint8), {}, 0
+    per, start = {}, 0
     for k, cnt in p.parts: per.setdefault(int(k), []).append(p.polys[start:start + cnt].astype(np.float64)); start += cnt
-    rotated = not (M[0, 1] == 0 and M[1, 0] == 0)
-    for k, polys in per.items():
-        rl = mask_utils.frPyObjects([_apply(Q, xy).ravel().tolist() for xy in polys], s, s)
-        masks[k] = mask_utils.decode(mask_utils.merge(rl))
-        if rotated:
+    if not (M[0, 1] == 0 and M[1, 0] == 0):   # rotated or sheared
+        for k, polys in per.items():
             v = [_apply(M, c) for c in (_clip_poly(xy, crop) for xy in polys) if len(c)]
             if v: v = np.concatenate(v); boxes[k] = (*v.min(0), *v.max(0))
-    u = (np.arange(s) + .5)
+    if not masks: return boxes.clip(0, size).astype(np.float32), None, area0
+    Q, m_ = np.diag([1 / MASK_STRIDE, 1 / MASK_STRIDE, 1.]) @ M, np.zeros((n, s, s), np.uint8)
+    for k, polys in per.items():
+        m_[k] = mask_utils.decode(mask_utils.merge(mask_utils.frPyObjects([_apply(Q, xy).ravel().tolist() for xy in polys], s, s)))
+    masks, u = m_, (np.arange(s) + .5)
     src = _apply(np.linalg.inv(Q), np.stack(np.meshgrid(u, u, indexing='xy'), -1).reshape(-1, 2))
     ix, iy = np.floor(src[:, 0]).astype(np.int64), np.floor(src[:, 1]).astype(np.int64)
     inside = ((ix >= x1) & (ix < x2) & (iy >= y1) & (iy < y2)).reshape(s, s)
@@ -164,6 +166,7 @@ def build_sample(
     mosaic:bool=False,           # lay out `ps` as a mosaic
     xy_centre:tuple=(0, 0),      # mosaic centre on the 2S canvas
     max_instances:int=100,       # slots M; the largest instances are kept
+    masks:bool=True,             # the instances' masks; False: none, no `masks` key (detection)
 )->dict:                         # img (S,S,3) uint8, boxes (n,4), cls (n,), masks (n,S/4,S/4), meta
     "One sample: letterbox, or mosaic + random affine + flip, with instances filtered consistently."
     p0, hsv = ps[0], np.ones(3, np.float32)
@@ -175,16 +178,16 @@ def build_sample(
         A = random_affine(rng, size, 2 * size if mosaic else size, aug.degrees, aug.translate, aug.scale, aug.shear, aug.fliplr)
         hsv = (rng.uniform(-1, 1, 3) * (aug.hsv_h, aug.hsv_s, aug.hsv_v) + 1).astype(np.float32)
     img = warp_image(canvas, A, size) if canvas is not None else warp_image(p0.img, A @ placed[0][1], size)
-    parts = [place_instances(p, A @ T, crop, size) + (p.cls,) for p, T, crop in placed]
-    boxes, masks, area0, cls = (np.concatenate(x) for x in zip(*parts))
-    keep = _keep(boxes, area0)
-    boxes, masks, cls = boxes[keep], masks[keep], cls[keep]
-    dropped = 0
-    if len(cls) > max_instances:
-        dropped, area = len(cls) - max_instances, (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
+    parts = [place_instances(p, A @ T, crop, size, masks) for p, T, crop in placed]
+    inst = dict(boxes=np.concatenate([b for b, _, _ in parts]), cls=np.concatenate([p.cls for p, _, _ in placed]),
+                **({'masks': np.concatenate([m for _, m, _ in parts])} if masks else {}))
+    inst = {k: v[_keep(inst['boxes'], np.concatenate([a for _, _, a in parts]))] for k, v in inst.items()}
+    dropped, boxes = 0, inst['boxes']
+    if len(boxes) > max_instances:
+        dropped, area = len(boxes) - max_instances, (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
         idx = np.sort(np.argsort(-area, kind='stable')[:max_instances])
-        boxes, masks, cls = boxes[idx], masks[idx], cls[idx]
-    return dict(img=img, boxes=boxes, cls=cls, masks=masks, image_id=p0.image_id, orig_hw=np.array(p0.orig_hw, np.int64),
+        inst = {k: v[idx] for k, v in inst.items()}
+    return dict(img=img, **inst, image_id=p0.image_id, orig_hw=np.array(p0.orig_hw, np.int64),
                 letterbox=np.array([scale, px, py], np.float32), hsv=hsv, dropped=dropped)
 
 # %% ../nbs/01b_augment.ipynb #9af68a1d

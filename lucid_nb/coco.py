@@ -1,4 +1,4 @@
-"""COCO annotation files (and Ultralytics YOLO-seg labels) and images read and checked: records, input problems and their messages, pixels as displayed, prepared once.
+"""COCO annotation files (and Ultralytics YOLO labels) and images read and checked: records, input problems and their messages, pixels as displayed, prepared once.
 
 Docs: https://lucid-nb.github.io/lucid_nb/coco.html.md"""
 
@@ -126,22 +126,22 @@ class ImageRecord:
     entry: int = -1          # index of the JSON 'images' entry it was read from
 
 # %% ../nbs/01a_coco.ipynb #483cdeab
-def _non_finite(a:dict)->str|None:
-    "The first field of annotation `a` (bbox, area, a polygon) holding NaN or an infinity, as `name value`; None if there is none."
+def _non_finite(a:dict, masks:bool=True)->str|None:
+    "The first field of annotation `a` (bbox, area, a polygon where `masks` are read) holding NaN or an infinity, as `name value`; None if there is none."
     def bad(v)->bool:   # a float, or a string that `float` reads (as `_instance` does): 'nan', 'inf', 'Infinity'
         try: return isinstance(v, (float, str)) and not math.isfinite(float(v))
         except ValueError: return False   # a string that is no number: the checks in `_instance` name it
-    seg = a.get('segmentation')
+    seg = a.get('segmentation') if masks else None
     fields = [('bbox', a.get('bbox')), ('area', a.get('area'))] + [
         (f'segmentation polygon {k}', p) for k, p in enumerate(seg if isinstance(seg, list) else [])]
     for name, v in fields:
         if bad(v) or (isinstance(v, list) and any(map(bad, v))): return f"{name} {v}"
     return None
 
-def _instance(a:dict, hw:tuple, lut:dict)->Instance|tuple|None:
-    "An `Instance`, None for a crowd region, or `(reason, detail)` for a bad annotation."
+def _instance(a:dict, hw:tuple, lut:dict, masks:bool=True)->Instance|tuple|None:
+    "An `Instance`, None for a crowd region, or `(reason, detail)` for a bad annotation; without `masks`, its class and box only."
     H, W = hw
-    if (where := _non_finite(a)): return 'NaN or infinite number', where   # NaN passes every comparison below
+    if (where := _non_finite(a, masks)): return 'NaN or infinite number', where   # NaN passes every comparison below
     if a.get('iscrowd', 0): return None
     if a.get('category_id') not in lut: return 'unknown category id', f"category_id {a.get('category_id')!r}"
     try: x, y, w, h = (float(v) for v in a['bbox'])
@@ -150,6 +150,7 @@ def _instance(a:dict, hw:tuple, lut:dict)->Instance|tuple|None:
     box = (max(x, 0.), max(y, 0.), min(x + w, W), min(y + h, H))
     if box[2] - box[0] <= 0 or box[3] - box[1] <= 0: return 'box outside the image', f"bbox {a['bbox']} in {W}x{H}"
     seg, inst = a.get('segmentation'), Instance(a.get('id'), lut[a['category_id']], box)
+    if not masks: return inst
     if isinstance(seg, list) and seg:
         if any(not isinstance(p, list) or len(p) < 6 for p in seg): return 'polygon with fewer than 3 points', ''
         if any(len(p) % 2 for p in seg): return 'bad segmentation', 'odd number of polygon coordinates'
@@ -174,6 +175,7 @@ def read_records(
     cat_ids:list[int],        # COCO id of each contiguous class
     report:DataReport,        # where problems and notes go
     source:str='annotations', # name of the JSON in messages
+    masks:bool=True,          # read and check each annotation's `segmentation`; False: boxes only (detection)
 )->list[ImageRecord]:         # every usable image entry, in JSON order
     "Check each image entry and annotation of `d` under `report`'s policy."
     images, lut, recs, by_id, anns = Path(images), {c: k for k, c in enumerate(cat_ids)}, [], {}, {}
@@ -197,13 +199,14 @@ def read_records(
     for rec in recs:
         mine = anns.get(rec.image_id, [])
         for j, a in mine:
-            inst = _instance(a, rec.hw, lut)
+            inst = _instance(a, rec.hw, lut, masks)
             if inst is None: report.note('crowd regions (evaluation only)')
             elif isinstance(inst, tuple):
                 report.problem(f"{rec.path.name} annotation {a.get('id')}", *inst); rec.bad_anns.add(j)
             else: rec.instances.append(inst)
         if not mine: report.note('images without annotations (kept as negatives)')
-        rec.ann_hash = hashlib.sha256(json.dumps([[a for _, a in mine], list(cat_ids), rec.hw], sort_keys=True, default=str).encode()).hexdigest()
+        key = [[a for _, a in mine], list(cat_ids), rec.hw] + ([] if masks else ['boxes only'])   # what a cached image holds differs
+        rec.ann_hash = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
     return recs
 
 def _check_annotation_ids(anns:list, report:DataReport, source:str):
@@ -217,8 +220,14 @@ def _check_annotation_ids(anns:list, report:DataReport, source:str):
 
 def eval_annotations(anns:list)->list[dict]:
     """Annotations for pycocotools' ground truth, numbered 1, 2, … in order, image ids as ints: its index keys them by `id`
-    (a repeated id would evaluate one of them in place of the others) and its matching takes id 0 for no match."""
-    return [dict(a, id=n, image_id=coco_id(a.get('image_id'))) for n, a in enumerate(anns, 1)]
+    (a repeated id would evaluate one of them in place of the others) and its matching takes id 0 for no match. An
+    annotation without an `area` (a detection file may have none) gets its box's, which COCOeval's size ranges read."""
+    return [dict(a, id=n, image_id=coco_id(a.get('image_id')), **({} if 'area' in a else {'area': _box_area(a)}))
+            for n, a in enumerate(anns, 1)]
+
+def _box_area(a:dict)->float:
+    try: return float(a['bbox'][2]) * float(a['bbox'][3])
+    except (KeyError, TypeError, ValueError, IndexError): return 0.   # a bad box: left out of training, scored as COCO does
 
 # %% ../nbs/01a_coco.ipynb #b90342ee
 def _scale16(a:np.ndarray)->np.ndarray:
@@ -302,7 +311,7 @@ def prepare(rec:ImageRecord, imgsz:int)->Prepared:
         if inst.polys is not None:
             for p in inst.polys:
                 xy.append((np.asarray(p, np.float64).reshape(-1, 2) * (sx, sy)).astype(np.float32)); parts.append((k, len(p) // 2))
-        else:
+        elif inst.rle is not None:   # neither: a box (detection)
             m = np.asarray(Image.fromarray(mask_utils.decode(inst.rle)).resize((w, h), Image.NEAREST))
             rles.append((k, mask_utils.encode(np.asfortranarray(m))['counts']))
     return Prepared(img, rec.image_id, (H, W), boxes, np.array([i.cls for i in rec.instances], np.int64),
@@ -369,11 +378,16 @@ def displayed_hw(path:str|Path)->tuple:
     return (w, h) if o in (5, 6, 7, 8) else (h, w)
 
 # %% ../nbs/01a_coco.ipynb #05a8c7da
+def _yolo_class(w:str, K:int)->int|tuple:
+    "The class index a label line starts with, or `(reason, detail)` if it is not one of the K classes."
+    try: c = float(w)
+    except ValueError: return 'bad class index', f"{w!r} is not a number"
+    if not (c.is_integer() and 0 <= c < K): return 'unknown class index', f"class {w}, data.yaml names {K} classes (0..{K - 1})"
+    return int(c)
+
 def _yolo_line(v:list, K:int)->tuple:
     "The class and normalised coordinates of one label line (split into words), or `(reason, detail)` if it is bad."
-    try: c = float(v[0])
-    except ValueError: return 'bad class index', f"{v[0]!r} is not a number"
-    if not (c.is_integer() and 0 <= c < K): return 'unknown class index', f"class {v[0]}, data.yaml names {K} classes (0..{K - 1})"
+    if isinstance(c := _yolo_class(v[0], K), tuple): return c
     try: xy = [float(s) for s in v[1:]]
     except ValueError as e: return 'bad number', str(e)
     if len(xy) % 2: return 'bad segmentation', f"odd number of polygon coordinates ({len(xy)})"
@@ -381,7 +395,7 @@ def _yolo_line(v:list, K:int)->tuple:
     if not all(map(math.isfinite, xy)): return 'NaN or infinite number', ' '.join(v[1:])
     if (out := next((s for s, f in zip(v[1:], xy) if not 0 <= f <= 1), None)) is not None:
         return 'coordinate outside 0..1', f"{out}: YOLO coordinates are normalised by the image's width and height"
-    return int(c), xy
+    return c, xy
 
 def _yolo_annotation(c:int, xy:list, hw:tuple)->dict|tuple:
     "A COCO annotation (pixels) of class `c` and normalised polygon `xy` in an (H, W) image, or `(reason, detail)` for a degenerate one."
@@ -392,26 +406,41 @@ def _yolo_annotation(c:int, xy:list, hw:tuple)->dict|tuple:
     area = float(mask_utils.area(mask_utils.frPyObjects([poly], H, W))[0])
     return dict(category_id=c, segmentation=[poly], bbox=[x0, y0, x1 - x0, y1 - y0], area=area, iscrowd=0)
 
+def _yolo_box(v:list, K:int, hw:tuple)->dict|tuple:
+    "A COCO annotation (pixels, no segmentation) of a detection line `class cx cy w h` in an (H, W) image, or `(reason, detail)` if it is bad."
+    if isinstance(c := _yolo_class(v[0], K), tuple): return c
+    try: cx, cy, w, h = (float(s) for s in v[1:])
+    except ValueError as e: return 'bad number', str(e)
+    if not all(map(math.isfinite, (cx, cy, w, h))): return 'NaN or infinite number', ' '.join(v[1:])
+    if (out := next((s for s, f in zip(v[1:], (cx, cy, w, h)) if not 0 <= f <= 1), None)) is not None:
+        return 'coordinate outside 0..1', f"{out}: YOLO coordinates are normalised by the image's width and height"
+    (H, W), clip = hw, lambda f: min(max(f, 0.), 1.)
+    x0, y0, x1, y1 = clip(cx - w / 2) * W, clip(cy - h / 2) * H, clip(cx + w / 2) * W, clip(cy + h / 2) * H
+    if not (x1 > x0 and y1 > y0): return 'zero-area box', f"the box spans {x1 - x0:g} x {y1 - y0:g} pixels"
+    return dict(category_id=c, bbox=[x0, y0, x1 - x0, y1 - y0], area=(x1 - x0) * (y1 - y0), iscrowd=0)
+
 # %% ../nbs/01a_coco.ipynb #580462a7
-DETECTION_LINE = ("a detection label (class cx cy w h: 5 numbers); this package trains segmentation: each line must be "
-                  "a class and a polygon, class x1 y1 x2 y2 x3 y3 … (Ultralytics YOLO-seg format)")
+DETECTION_LINE = ("a detection label (class cx cy w h: 5 numbers), and this run trains segmentation (--model.task segment), "
+                  "whose every line is a class and a polygon, class x1 y1 x2 y2 x3 y3 … (Ultralytics YOLO-seg format); "
+                  "to train a detector on these labels, give --model.task detect")
 
 def yolo_annotations(
     txt:Path,             # label file; none there: no annotations
     hw:tuple,             # (H, W) of its image as displayed
     K:int,                # number of classes
     report:DataReport,    # where bad lines go, as `file:line`
+    masks:bool=True,      # segmentation: polygon lines only; False (detection): box lines too, and polygons read as their boxes
 )->list[dict]|None:       # COCO annotations (no ids yet) of the good lines; None if the file cannot be read
-    "The annotations of one label file; a detection-only line is a `BadInputError` whatever the policy."
+    "The annotations of one label file; a detection line for segmentation is a `BadInputError` whatever the policy."
     try: lines = txt.read_text().splitlines()
     except FileNotFoundError: return []
     except (OSError, UnicodeDecodeError) as e: report.problem(str(txt), 'unreadable label file', str(e)); return None
     anns = []
     for n, line in enumerate(lines, 1):
         if not (v := line.split()): continue
-        if len(v) == 5: raise BadInputError(f"{txt}:{n}: {DETECTION_LINE}")
-        a = _yolo_line(v, K)
-        if isinstance(a[0], int): a = _yolo_annotation(*a, hw)
+        if len(v) == 5 and masks: raise BadInputError(f"{txt}:{n}: {DETECTION_LINE}")
+        if len(v) == 5: a = _yolo_box(v, K, hw)
+        elif isinstance((a := _yolo_line(v, K))[0], int): a = _yolo_annotation(*a, hw)
         if isinstance(a, tuple): report.problem(f"{txt}:{n}", *a)
         else: anns.append(a)
     return anns
@@ -422,6 +451,7 @@ def yolo_coco(
     split:str,            # 'train' or 'val'
     report:DataReport,    # where problems and notes go
     first_id:int=1,       # id of the split's first image
+    masks:bool=True,      # segmentation labels; False: detection (`yolo_annotations`)
 )->dict:                  # COCO instances dict; `file_name`s relative to `spec.root`
     "One split of an Ultralytics dataset as a COCO instances dict: images in file order with their displayed sizes, each good label line an annotation."
     files = sorted({f for d in spec.splits[split] for f in d.rglob('*') if f.suffix.lower() in IMAGE_SUFFIXES and f.is_file()})
@@ -431,7 +461,7 @@ def yolo_coco(
         try: hw = displayed_hw(f)
         except _IMAGE_ERRORS as e: report.problem(str(f), 'unreadable image', f"{type(e).__name__}: {e}"); continue
         if not (txt := yolo_label_path(f)).is_file(): report.note('images without a label file (background)')
-        if (mine := yolo_annotations(txt, hw, len(spec.names), report)) is None: continue
+        if (mine := yolo_annotations(txt, hw, len(spec.names), report, masks)) is None: continue
         i = first_id + len(images)
         images.append(dict(id=i, file_name=str(f.relative_to(spec.root)) if f.is_relative_to(spec.root) else str(f), height=hw[0], width=hw[1]))
         anns += [dict(a, id=len(anns) + k, image_id=i) for k, a in enumerate(mine, 1)]

@@ -17,6 +17,7 @@ from PIL import Image
 from pycocotools.coco import COCO
 from torch.utils.data import DataLoader, Dataset
 from .core import *
+from .tasks import TASKS, get_task
 from .coco import *
 from .augment import *
 from .loader import *
@@ -32,6 +33,7 @@ def _check_options(o:dict):
     "Clear errors for bad settings, naming the option."
     if o['cache'] not in CACHE_MODES: raise ValueError(f"cache={o['cache']!r} is not allowed: use one of {', '.join(map(repr, CACHE_MODES))}")
     if o['on_bad_input'] not in BAD_INPUT_POLICIES: raise ValueError(f"on_bad_input={o['on_bad_input']!r} is not allowed: use 'skip' or 'error'")
+    get_task(o['task'])   # one of `TASKS`, or a one-line error
     if o['imgsz'] < 32 or o['imgsz'] % 32: raise ValueError(f"imgsz={o['imgsz']} must be a positive multiple of 32 (the model's largest stride)")
     for k in ('batch_size', 'max_instances', 'val_count'):
         if o[k] < 1: raise ValueError(f"{k}={o[k]} must be at least 1")
@@ -121,6 +123,9 @@ class YoloData(L.LightningDataModule):
     predict_images : str | None
         What `lucid predict` runs on: a folder, a glob pattern or one image file (no annotations needed). None: the
         validation images.
+    task : str
+        'segment' (instances with masks) or 'detect' (boxes only: no segmentation read, no masks in a batch). `lucid`
+        sets it from `--model.task`.
     """
     def __init__(self, dataset:str|None=None, train_images:str|None=None, train_annotations:str|None=None, val_images:str|None=None,
                  val_annotations:str|None=None, val_count:int=32, imgsz:int=640, batch_size:int=4, val_batch_size:int|None=None,
@@ -128,10 +133,11 @@ class YoloData(L.LightningDataModule):
                  cache:Literal['none', 'ram', 'disk']='ram', cache_dir:str|None=None, prefetch:bool=True, pin_memory:bool=True, max_instances:int=100,
                  on_bad_input:Literal['skip', 'error']='skip', fliplr:float=.5, degrees:float=0., translate:float=.1, scale:float=.5,
                  shear:float=0., mosaic:float=1., close_mosaic:int=10, hsv_h:float=.015, hsv_s:float=.7, hsv_v:float=.4,
-                 seed:int=0, max_epochs:int|None=None, predict_images:str|None=None):
+                 seed:int=0, max_epochs:int|None=None, predict_images:str|None=None, task:Literal['segment', 'detect']='segment'):
         super().__init__()
         _check_options(dict(locals()))
         self.save_hyperparameters()
+        self.task = get_task(task)
         self.aug = AugSettings(fliplr, degrees, translate, scale, shear, mosaic, hsv_h, hsv_s, hsv_v)
         self.report, self._train, self._val, self._json, self._val_coco, self._loaders = DataReport(on_bad_input), None, None, None, None, []
         self._disks = {}   # folder: DiskCache, shared by train and validation when they come from one JSON
@@ -163,7 +169,7 @@ def _categories(self:YoloData)->tuple:
     if self.hparams.dataset: return list(range(len(names := self._yolo_spec().names))), names
     if self._json_categories is None:
         h, (images, annotations) = self.hparams, self._paths()
-        c = cached_categories(annotations, images, h.cache_dir) if h.cache != 'none' and self._json is None else None
+        c = cached_categories(annotations, images, h.cache_dir, self.task.masks) if h.cache != 'none' and self._json is None else None
         self._json_categories = c or coco_categories(self._train_json())
     return self._json_categories
 
@@ -201,16 +207,18 @@ def _split(self:YoloData, names:list[str], recs:list)->tuple[list, list]:
 def _yolo_records(self:YoloData)->tuple:
     "Train and validation records of the `dataset` data.yaml (image ids: train first, then val), their disk-cache keys, and the validation source's name."
     spec, cat_ids, rep = self._yolo_spec(), self.cat_ids, self.report
-    d = yolo_coco(spec, 'train', rep)
-    self._val_json = yolo_coco(spec, 'val', rep, first_id=len(d['images']) + 1)
-    tr, va = read_records(d, spec.root, cat_ids, rep, 'train'), read_records(self._val_json, spec.root, cat_ids, rep, 'val')
+    masks = self.task.masks
+    d = yolo_coco(spec, 'train', rep, masks=masks)
+    self._val_json = yolo_coco(spec, 'val', rep, first_id=len(d['images']) + 1, masks=masks)
+    tr, va = read_records(d, spec.root, cat_ids, rep, 'train', masks), read_records(self._val_json, spec.root, cat_ids, rep, 'val', masks)
     return tr, va, (spec.splits['train'][0], spec.path), (spec.splits['val'][0], spec.path), f"the val images of {spec.path}"
 
 # %% ../nbs/01d_data.ipynb #955f4c69
 @patch
 def _disk_folder(self:YoloData, images:Path, annotations:Path)->Path:
     h = self.hparams
-    return Path(h.cache_dir)/cache_name(images, annotations, h.imgsz) if h.cache_dir else default_cache_dir(images, annotations, h.imgsz)
+    folder = Path(h.cache_dir)/cache_name(images, annotations, h.imgsz) if h.cache_dir else default_cache_dir(images, annotations, h.imgsz)
+    return folder if self.task.masks else folder.with_name(f"{folder.name}-boxes")   # a detection run's prepared images hold no polygons
 
 @patch
 def _dataset(self:YoloData, recs:list, images:Path, annotations:Path, augment:bool)->YoloDataset:
@@ -219,7 +227,8 @@ def _dataset(self:YoloData, recs:list, images:Path, annotations:Path, augment:bo
         folder = self._disk_folder(images, annotations)
         if folder not in self._disks: self._disks[folder] = DiskCache(folder, h.imgsz, annotations)
         disk = self._disks[folder]
-    return YoloDataset(recs, h.imgsz, self.cache_mode, disk, self.report, augment, self.aug, h.seed, h.max_instances, h.threads)
+    return YoloDataset(recs, h.imgsz, self.cache_mode, disk, self.report, augment, self.aug, h.seed, h.max_instances, h.threads,
+                       self.task.masks)
 
 @patch
 def _plan_cache(self:YoloData, recs:list, images:Path, annotations:Path)->str:
@@ -242,7 +251,7 @@ def setup(self:YoloData, stage:str|None=None):
             raise FileNotFoundError(f"{k} {folder}: {'not a folder' if Path(folder).exists() else 'no such folder'} "
                                     f"(the folder the file_names of {k.replace('images', 'annotations')} are read from)")
     on = h.cache != 'none'   # the label index is cached when images are
-    idx, d = label_index(annotations, images, self.report, cache=on, cache_dir=h.cache_dir, parsed=self._json)
+    idx, d = label_index(annotations, images, self.report, cache=on, cache_dir=h.cache_dir, parsed=self._json, masks=self.task.masks)
     self._json, self._json_categories = self._json or d, idx.categories
     if h.val_images is not None: self._json = None   # the parsed training JSON (GBs at COCO's size) is not needed again
     cat_ids, recs = list(idx.categories[0]), idx.records
@@ -251,7 +260,7 @@ def setup(self:YoloData, stage:str|None=None):
         vimages, vann = Path(h.val_images), Path(h.val_annotations)
         def same(cats):
             if list(cats[0]) != cat_ids: raise ValueError(f"{vann}: its categories differ from {annotations}'s")
-        vidx, self._val_json = label_index(vann, vimages, self.report, cat_ids, vann.name, on, h.cache_dir, check=same)
+        vidx, self._val_json = label_index(vann, vimages, self.report, cat_ids, vann.name, on, h.cache_dir, check=same, masks=self.task.masks)
         tr, va = recs, vidx.records
     vsrc = f"{h.val_annotations}" if h.val_images else f"the last {h.val_count} images of {annotations.name} (by file name)"
     self._setup_datasets(tr, va, (images, annotations),
@@ -272,7 +281,7 @@ def _setup_datasets(self:YoloData, tr:list, va:list, tkey:tuple, vkey:tuple, vsr
                          + ("fix them, or name other val images in the data.yaml" if h.dataset else "give val_images/val_annotations, or raise val_count"))
     if not any(r.instances for r in self._train.records):
         raise ValueError(f"no training instance: none of the {len(self._train)} training images has a usable annotation, so there "
-                         f"is nothing to learn (a segmentation model needs masks: polygons or RLE"
+                         f"is nothing to learn ({'a segmentation model needs masks: polygons or RLE' if self.task.masks else 'a detector needs boxes'}"
                          f"{'; YOLO labels are read from the labels/ folder beside images/' if h.dataset else ''})\n{self.report}")
     if len(self._train) < h.batch_size:
         raise ValueError(f"batch_size={h.batch_size} exceeds the {len(self._train)} usable training images (training drops the last partial batch)")
@@ -459,11 +468,11 @@ def show_batch(batch:dict, class_names:list|None=None, n:int=8, ncols:int=4, siz
         ax.axis('off')
         if b >= n: continue
         ax.imshow(img[b])
-        boxes, classes, masks = (t.cpu() for t in image_instances(batch, b))
-        overlay = np.zeros((*batch['masks'].shape[-2:], 4))
+        boxes, classes, masks = (None if t is None else t.cpu() for t in image_instances(batch, b))
+        overlay = np.zeros((S // MASK_STRIDE, S // MASK_STRIDE, 4))
         for k in range(len(classes)):
             c, (x1, y1, x2, y2) = colors[k % 20], boxes[k].tolist()
-            overlay[masks[k].numpy() > 0] = (*c, .45)
+            if masks is not None: overlay[masks[k].numpy() > 0] = (*c, .45)
             ax.add_patch(plt.Rectangle((x1, y1), x2 - x1, y2 - y1, fill=False, color=c, lw=1.2))
             k_cls = int(classes[k])
             ax.text(x1, y1, class_names[k_cls] if class_names else str(k_cls), color='white', fontsize=6, va='bottom', bbox=dict(fc=c, lw=0, pad=1))
@@ -483,17 +492,19 @@ def data_cli():
 
 def data_main(argv:list[str]|None=None)->YoloData:
     "Console entry point `lucid-data`: load a COCO or Ultralytics dataset (default: embedded coco128), print what it holds, time an epoch."
-    ap = argparse.ArgumentParser(prog='lucid-data', description='Load a COCO instance-segmentation dataset the way training does and report on it.')
+    ap = argparse.ArgumentParser(prog='lucid-data', description='Load a COCO (or Ultralytics YOLO) segmentation or detection dataset the way training does and report on it.')
     for k in ('dataset', 'train-images', 'train-annotations', 'val-images', 'val-annotations', 'cache-dir'): ap.add_argument(f'--{k}', default=None)
     ap.add_argument('--imgsz', type=int, default=640); ap.add_argument('--batch-size', type=int, default=4)
     ap.add_argument('--val-count', type=int, default=32, help='validation images split off when no validation set is given')
     ap.add_argument('--workers', type=int, default=0); ap.add_argument('--cache', default='ram', choices=CACHE_MODES)
     ap.add_argument('--no-prefetch', action='store_true'); ap.add_argument('--seed', type=int, default=0)
     ap.add_argument('--on-bad-input', default='skip', choices=BAD_INPUT_POLICIES)
+    ap.add_argument('--task', default='segment', choices=list(TASKS), help="segment: instances with masks; detect: boxes only")
     ap.add_argument('--batches', type=int, default=0, help='batches to time (0: one epoch)')
     a = ap.parse_args(argv)
     dm = YoloData(a.dataset, a.train_images, a.train_annotations, a.val_images, a.val_annotations, a.val_count, imgsz=a.imgsz, batch_size=a.batch_size,
-                  workers=a.workers, cache=a.cache, cache_dir=a.cache_dir, prefetch=not a.no_prefetch, seed=a.seed, on_bad_input=a.on_bad_input)
+                  workers=a.workers, cache=a.cache, cache_dir=a.cache_dir, prefetch=not a.no_prefetch, seed=a.seed, on_bad_input=a.on_bad_input,
+                  task=a.task)
     dm.setup('fit')
     print(f"classes: {', '.join(dm.class_names[:8])}{', ...' if dm.num_classes > 8 else ''}")
     ld, n, t0 = dm.train_dataloader(), 0, time.perf_counter()

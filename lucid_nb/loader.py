@@ -39,7 +39,7 @@ def collate(samples:list[dict], max_instances:int=100, pad:bool=True)->dict:
     img = np.ascontiguousarray(stack('img').transpose(0, 3, 1, 2))
     out = dict(img=img, **group_instances(samples, img.shape[-1] // MASK_STRIDE, pad), image_id=np.array([x['image_id'] for x in samples], np.int64),
                orig_hw=stack('orig_hw'), letterbox=stack('letterbox'), hsv=stack('hsv'))
-    return {k: torch.from_numpy(out[k]) for k in BATCH_KEYS}
+    return {k: torch.from_numpy(out[k]) for k in BATCH_KEYS if k in out}
 
 # %% ../nbs/01c_loader.ipynb #f3c26868
 CACHE_MODES = ('none', 'ram', 'disk')   # where prepared images live: decoded at every use, in memory, in files
@@ -230,15 +230,15 @@ class _Recording:
     def problem(self, *a, **k): self.calls.append(['problem', a, k]); self.report.problem(*a, **k)
     def note(self, *a, **k): self.calls.append(['note', a, k]); self.report.note(*a, **k)
 
-def label_index_path(images:str|Path, annotations:str|Path, cache_dir:str|Path|None=None)->Path:
-    "The label index file of one images folder and JSON: `<images>-<json>-<hash>.labels.npz` beside the disk cache folders."
+def label_index_path(images:str|Path, annotations:str|Path, cache_dir:str|Path|None=None, masks:bool=True)->Path:
+    "The label index file of one images folder and JSON: `<images>-<json>-<hash>.labels.npz` beside the disk cache folders (`.boxes.npz`: detection's, without `masks`)."
     name, _, key = cache_name(images, annotations, 0).rsplit('-', 2)
-    return (Path(cache_dir) if cache_dir else default_cache_dir(images, annotations, 0).parent)/f"{name}-{key}.labels.npz"
+    return (Path(cache_dir) if cache_dir else default_cache_dir(images, annotations, 0).parent)/f"{name}-{key}.{'labels' if masks else 'boxes'}.npz"
 
-def _index_key(images:Path, annotations:Path, cat_ids:list|None, source:str)->dict:
+def _index_key(images:Path, annotations:Path, cat_ids:list|None, source:str, masks:bool=True)->dict:
     st = annotations.stat()
     return dict(format=INDEX_FORMAT, json=str(annotations.resolve()), size=st.st_size, mtime_ns=st.st_mtime_ns,
-                images=str(images.resolve()), cat_ids=None if cat_ids is None else [int(c) for c in cat_ids], source=source)
+                images=str(images.resolve()), cat_ids=None if cat_ids is None else [int(c) for c in cat_ids], source=source, masks=masks)
 
 # %% ../nbs/01c_loader.ipynb #b61dd685
 def save_label_index(path:Path, key:dict, idx:LabelIndex, files:list[str]):
@@ -254,7 +254,7 @@ def save_label_index(path:Path, key:dict, idx:LabelIndex, files:list[str]):
                  ann_hash=np.array([r.ann_hash for r in R], 'S64'), bad_n=np.array([len(r.bad_anns) for r in R], np.int64),
                  bad=np.array([j for r in R for j in sorted(r.bad_anns)], np.int64),
                  cls=np.array([i.cls for i in I], np.int64), box=np.array([i.box for i in I], np.float64).reshape(-1, 4),
-                 parts=np.array([-1 if i.polys is None else len(i.polys) for i in I], np.int64),
+                 parts=np.array([len(i.polys) if i.polys is not None else -1 if i.rle is not None else -2 for i in I], np.int64),   # -2: a box
                  part_len=np.array([len(p) for p in polys], np.int64), xy=np.concatenate([np.zeros(0), *polys]),
                  rle_len=np.array([len(c) for c in rles], np.int64), rle=np.frombuffer(b''.join(rles), np.uint8))
         path.parent.mkdir(parents=True, exist_ok=True); atomic_write(path, buf.getvalue())
@@ -282,8 +282,8 @@ def load_label_index(path:Path, key:dict, images:Path)->LabelIndex|None:
         rec = ImageRecord(i, images/f, (H, W), [], h.decode(), set(bad[b:b + nb]), entry); b += nb
         for j in range(k, k + m):
             inst = Instance(ann_ids[j], cls[j], tuple(box[j]))
-            if parts[j] < 0: inst.rle = dict(size=[H, W], counts=next(rles))
-            else: inst.polys = [next(polys) for _ in range(parts[j])]
+            if parts[j] == -1: inst.rle = dict(size=[H, W], counts=next(rles))
+            elif parts[j] >= 0: inst.polys = [next(polys) for _ in range(parts[j])]
             rec.instances.append(inst)
         k += m; recs.append(rec)
     return LabelIndex(recs, tuple(meta['categories']), meta['names'], meta['calls'])
@@ -294,12 +294,13 @@ def label_index(annotations:str|Path, images:str|Path, report:DataReport, cat_id
                 cache_dir:str|Path|None=None, # folder of the index (None: beside the default disk cache folders)
                 check=None,                   # called with the JSON's (cat_ids, names) before its records are read
                 parsed:dict|None=None,        # the JSON, when it was already read
+                masks:bool=True,              # `read_records`' masks: False reads boxes only (detection)
                )->tuple[LabelIndex, dict|None]:
     "The records of `annotations` with `cat_ids` (None: its own), from the cached index when it is this JSON's; and the JSON dict when it was read."
     annotations, images = Path(annotations), Path(images)
     source, path = source or annotations.name, None
     if cache and annotations.is_file() and annotations.stat().st_size >= INDEX_MIN_BYTES:
-        path, key = label_index_path(images, annotations, cache_dir), _index_key(images, annotations, cat_ids, source)
+        path, key = label_index_path(images, annotations, cache_dir, masks), _index_key(images, annotations, cat_ids, source, masks)
         if (idx := load_label_index(path, key, images)) is not None:
             if check: check(idx.categories)
             for what, a, k in idx.calls: getattr(report, what)(*a, **k)
@@ -307,18 +308,18 @@ def label_index(annotations:str|Path, images:str|Path, report:DataReport, cat_id
     d = parsed if parsed is not None else load_coco_json(annotations); cats = coco_categories(d)
     if check: check(cats)
     rec = _Recording(report)
-    recs = read_records(d, images, cats[0] if cat_ids is None else cat_ids, rec, source)
+    recs = read_records(d, images, cats[0] if cat_ids is None else cat_ids, rec, source, masks)
     idx = LabelIndex(recs, cats, [str(e.get('file_name')) if isinstance(e, dict) else '' for e in d['images']], rec.calls)
     if path is not None: save_label_index(path, key, idx, [d['images'][r.entry]['file_name'] for r in recs])
     return idx, d
 
-def cached_categories(annotations:str|Path, images:str|Path, cache_dir:str|Path|None=None)->tuple|None:
+def cached_categories(annotations:str|Path, images:str|Path, cache_dir:str|Path|None=None, masks:bool=True)->tuple|None:
     "`(cat_ids, names)` of `annotations` from its cached label index when it is this JSON's (nothing parsed but the index's header), else None."
     annotations, images = Path(annotations), Path(images)
     if not annotations.is_file() or annotations.stat().st_size < INDEX_MIN_BYTES: return None
-    key = _index_key(images, annotations, None, annotations.name)
+    key = _index_key(images, annotations, None, annotations.name, masks)
     try:
-        with np.load(label_index_path(images, annotations, cache_dir), allow_pickle=False) as z: meta = json.loads(z['meta'].tobytes())
+        with np.load(label_index_path(images, annotations, cache_dir, masks), allow_pickle=False) as z: meta = json.loads(z['meta'].tobytes())
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile): return None
     return tuple(meta['categories']) if meta.get('key') == key else None
 
@@ -345,8 +346,9 @@ class YoloDataset(Dataset):
     def __init__(self, records:list[ImageRecord], imgsz:int=640, cache:str='ram', disk:DiskCache|None=None,
                  report:DataReport|None=None, augment:bool=False, aug:AugSettings|None=None, seed:int=0,
                  max_instances:int=100,
-                 threads:int|None=None): # threads that check the images at setup and build a batch's samples outside loader workers (None: up to 8, the CPU count)
-        self.imgsz, self.cache, self.disk, self.augment, self.aug = imgsz, cache, disk, augment, aug or AugSettings()
+                 threads:int|None=None, # threads that check the images at setup and build a batch's samples outside loader workers (None: up to 8, the CPU count)
+                 masks:bool=True):      # samples with their masks; False: without (detection)
+        self.imgsz, self.cache, self.disk, self.augment, self.aug, self.masks = imgsz, cache, disk, augment, aug or AugSettings(), masks
         self.seed, self.max_instances, self.mosaic_until = seed, max_instances, None
         self.report = report if report is not None else DataReport()
         self.threads, self._pool = threads or min(8, os.cpu_count() or 1), None
@@ -398,12 +400,12 @@ def prepared(self:YoloDataset, i:int)->Prepared:
 def __getitem__(self:YoloDataset, key:tuple|int)->dict:
     "Sample `i` of `epoch` for `key = (epoch, i)` (an int `i`: epoch 0)."
     epoch, i = key if isinstance(key, tuple) else (0, int(key))
-    if not self.augment: return build_sample([self.prepared(i)], self.imgsz, max_instances=self.max_instances)
+    if not self.augment: return build_sample([self.prepared(i)], self.imgsz, max_instances=self.max_instances, masks=self.masks)
     rng = np.random.default_rng([self.seed, epoch, i])
     use = rng.random() < self.aug.mosaic and (self.mosaic_until is None or epoch < self.mosaic_until)
     others, centre = rng.integers(0, len(self), 3), rng.integers(self.imgsz // 2, 3 * self.imgsz // 2, 2)
     ps = [self.prepared(i)] + ([self.prepared(int(j)) for j in others] if use else [])
-    s = build_sample(ps, self.imgsz, rng, self.aug, use, tuple(int(c) for c in centre), self.max_instances)
+    s = build_sample(ps, self.imgsz, rng, self.aug, use, tuple(int(c) for c in centre), self.max_instances, self.masks)
     if s['dropped'] and rank_zero_only.rank == 0:
         log.warning(f"sample {i} of epoch {epoch} (a mosaic) had {s['dropped']} instances over max_instances={self.max_instances}; kept the largest")
     return s

@@ -1,26 +1,27 @@
 """Checks of `lucid_nb.loss` that need a longer run or a property the notebook `04_loss` does not teach (the notebook
 holds the lessons, references and edge cases)."""
-import torch
+import pytest, torch
 
 from lucid_nb.core import synth_batch
 from lucid_nb.data import YoloData
-from lucid_nb.loss import SegLoss, synth_head_out
+from lucid_nb.loss import SegLoss, synth_head_out, task_loss
 
 
-def real_batch(n=2, S=128):
+def real_batch(n=2, S=128, task='segment'):
     "The first `n` validation images of the embedded data, letterboxed to `S` by the data pipeline, as the trainer gets them."
-    dm = YoloData(imgsz=S, batch_size=n, val_count=n, workers=0, prefetch=False)
+    dm = YoloData(imgsz=S, batch_size=n, val_count=n, workers=0, prefetch=False, task=task)
     dm.setup('fit')
     return dm.on_after_batch_transfer(next(iter(dm.val_dataloader())))
 
 
-def test_overfit_real_batch_nano_128px():
+@pytest.mark.parametrize('task', ['segment', 'detect'])
+def test_overfit_real_batch_nano_128px(task):
     "The nano model fits two real images: the total halves and every term falls (a broken gradient path fails)."
-    from lucid_nb.heads import yolo_seg
+    from lucid_nb.heads import yolo
     torch.manual_seed(0)
-    batch = real_batch(2, 128)
-    assert batch['valid'].any(1).all()
-    model, loss_fn = yolo_seg('n').train(), SegLoss()
+    batch = real_batch(2, 128, task)
+    assert batch['valid'].any(1).all() and ('masks' in batch) == (task == 'segment')
+    model, loss_fn = yolo('n', task=task).train(), task_loss(task)
     opt, hist = torch.optim.Adam(model.parameters(), lr=2e-3), []
     for _ in range(15):
         opt.zero_grad(); losses = loss_fn(model(batch['img']), batch); sum(losses.values()).backward(); opt.step()
