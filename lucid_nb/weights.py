@@ -1,4 +1,4 @@
-"""Start from pretrained weights: Ultralytics YOLO11-seg checkpoints and `lucid` checkpoints, read without running code, mapped onto `yolo_seg` and transferred tensor by tensor.
+"""Start from pretrained weights: Ultralytics YOLO11-seg and YOLO11 detect checkpoints and `lucid` checkpoints, read without running code, mapped onto `yolo` and transferred tensor by tensor.
 
 Docs: https://lucid-nb.github.io/lucid_nb/weights.html.md"""
 
@@ -13,14 +13,15 @@ import torch
 from torch import nn, Tensor
 from .core import *
 from .model import SCALES
-from .heads import yolo_seg
+from .tasks import TASKS, get_task
+from .heads import yolo, yolo_seg
 
 # %% auto #0
-__all__ = ['UL_LAYERS', 'UL_HEAD', 'UL_HEAD_NAMES', 'STAND_IN_MODULES', 'CHECKED_PARTS', 'HASH_KEY', 'PARITY_RTOL', 'UL_CLASSES',
-           'lucid_key', 'ultralytics_key', 'UnsafeCheckpoint', 'StandIn', 'stand_in', 'pickle_globals', 'safe_load',
-           'CorruptCheckpoint', 'with_hashes', 'check_hashes', 'flip_a_tensor_byte', 'Weights', 'module_tensors',
-           'infer_scale', 'weights_read', 'read_weights', 'TransferReport', 'load_weights', 'parity',
-           'write_ultralytics_layout']
+__all__ = ['UL_LAYERS', 'UL_HEAD', 'UL_HEAD_NAMES', 'STAND_IN_MODULES', 'CHECKED_PARTS', 'HASH_KEY', 'BACKBONE_PARTS',
+           'PARITY_RTOL', 'UL_CLASSES', 'lucid_key', 'ultralytics_key', 'UnsafeCheckpoint', 'StandIn', 'stand_in',
+           'pickle_globals', 'safe_load', 'CorruptCheckpoint', 'with_hashes', 'check_hashes', 'flip_a_tensor_byte',
+           'Weights', 'module_tensors', 'infer_scale', 'weights_read', 'read_weights', 'ultralytics_task',
+           'TransferReport', 'load_weights', 'parity', 'write_ultralytics_layout']
 
 # %% ../nbs/03a_weights.ipynb #cc62107b
 UL_LAYERS = {**{i: f'backbone.layers.{i}' for i in range(11)}, 13: 'neck.td4', 16: 'neck.td3', 17: 'neck.down3',
@@ -162,7 +163,7 @@ def flip_a_tensor_byte(src, dst)->Path:
 # %% ../nbs/03a_weights.ipynb #7dbaa054
 @dataclass
 class Weights:
-    "Network weights read from a file, in `yolo_seg`'s key layout, with what the file says about them."
+    "Network weights read from a file, in `yolo`'s key layout, with what the file says about them."
     state:dict              # our key → float32 tensor
     scale:str               # 'n', 's' or 'm'
     num_classes:int         # K of the file
@@ -171,9 +172,11 @@ class Weights:
     names:list|None = None  # class names the file carries (never used for training: those come from the data)
     ckpt:dict = field(default_factory=dict, repr=False)   # a lucid checkpoint's dict (hyper_parameters, lucid)
     extra:list = field(default_factory=list)              # file keys with no tensor of ours
+    task:str = 'segment'    # the network's task (`00c_tasks`)
     @property
     def title(self)->str:
-        return (f"Ultralytics YOLO11{self.scale}-seg" if self.kind == 'ultralytics' else f"lucid {self.scale}") + f", {self.num_classes} classes"
+        name = f"Ultralytics {get_task(self.task).title(self.scale)}" if self.kind == 'ultralytics' else f"lucid {self.scale} {self.task}"
+        return f"{name}, {self.num_classes} classes"
     @property
     def classes(self)->tuple[list,list]:
         "(COCO category ids, names) of the file's classes, as predicting with it reports them: a lucid checkpoint's own; else ids 0..K-1 and the names the file carries."
@@ -185,6 +188,12 @@ class Weights:
         if self.scale != size:
             raise ValueError(f"--model.weights {self.path} holds a size {self.scale} network ({self.title}), and --model.size "
                              f"is {size}: give --model.size {self.scale}, or leave it out to take the file's")
+    def check_task(self, task:str, backbone:bool=False):
+        "A one-line error unless the file's network is of task `task` (`--model.task`), or only its backbone and neck are taken (`backbone`)."
+        if backbone or self.task == get_task(task).name: return
+        raise ValueError(f"--model.weights {self.path} holds a {self.task} network ({self.title}), and --model.task is {task}: "
+                         f"give --model.task {self.task}, or leave it out to take the file's; to start a {task} model's backbone "
+                         "and neck from it, fit with --model.weights_backbone true")
 
 def module_tensors(m, prefix:str='')->dict:
     "`state_dict()` of a pickled module tree of `StandIn`s: parameters and persistent buffers, by dotted name."
@@ -232,10 +241,12 @@ def read_weights(path, option:str='--model.weights')->Weights:
         state = {k[len(pre):]: v for k, v in sd.items() if k.startswith(pre)}
         if not state: raise ValueError(f"{option} {p}: a Lightning checkpoint without a lucid network in it")
         K = hp.get('num_classes') or state['head.cls.0.2.weight'].shape[0]
-        return Weights(state, hp.get('size', 'n'), K, 'lucid', p, (ckpt.get('lucid') or {}).get('class_names'), ckpt)
+        return Weights(state, hp.get('size', 'n'), K, 'lucid', p, (ckpt.get('lucid') or {}).get('class_names'), ckpt,
+                       task=get_task(hp.get('task')).name)
     net = (ckpt.get('ema') or ckpt.get('model')) if isinstance(ckpt, dict) else None
     if not isinstance(net, StandIn):
         raise ValueError(f"{option} {p}: neither a lucid checkpoint nor an Ultralytics one (no 'state_dict', no 'model' network)")
+    task = ultralytics_task(net, option, p)
     raw = module_tensors(net)
     state = {lucid_key(k): v.float() for k, v in raw.items() if lucid_key(k)}
     extra = [k for k in raw if not lucid_key(k)]
@@ -248,9 +259,18 @@ def read_weights(path, option:str='--model.weights')->Weights:
         raise ValueError(f"{option} {p}: not a YOLO11-seg network of size {', '.join(SCALES)} (lucid's sizes): its backbone "
                          f"and neck fit none of them ({len(raw)} tensors, first convolution "
                          f"{tuple(first.shape) if first is not None else 'missing'}{f', the file says scale {said!r}' if said else ''})")
-    return Weights(state, scale, int(K), 'ultralytics', p, _names(vars(net).get('names')), extra=extra)
+    return Weights(state, scale, int(K), 'ultralytics', p, _names(vars(net).get('names')), extra=extra, task=task)
 
-# %% ../nbs/03a_weights.ipynb #8aa8764c
+def ultralytics_task(net:StandIn, option:str, p:Path)->str:
+    "The task of an Ultralytics network, by the class of its last layer (`Segment`, `Detect`); another head is a one-line error."
+    layers = vars(vars(net).get('_modules', {}).get('model', net)).get('_modules') or {}
+    head = type(list(layers.values())[-1]).__qualname__ if layers else None
+    by_head = {t.ultralytics: t.name for t in TASKS.values()}
+    if head in by_head: return by_head[head]
+    raise ValueError(f"{option} {p}: an Ultralytics network whose head is {head or 'missing'}; lucid reads YOLO11 "
+                     f"{' and '.join(by_head)} networks ({', '.join(TASKS)})")
+
+# %% ../nbs/03a_weights.ipynb #cd6ba0a5
 def _modules_of(keys:list)->str:
     "Module names of tensor keys, a head branch's levels folded: `head.cls.{0,1,2}.2`."
     groups = {}
@@ -270,6 +290,7 @@ class TransferReport:
     missing:list   # our keys the file does not have
     total:int      # tensors of the network
     num_classes:int
+    left:list = field(default_factory=list)   # our keys not taken by choice: the head, for a backbone start
     @property
     def complete(self)->bool: return len(self.taken) == self.total
     @property
@@ -281,19 +302,24 @@ class TransferReport:
             cls = f"{w.num_classes} classes in the file, {self.num_classes} here" if w.num_classes != self.num_classes else "another shape in the file"
             why.append(f"shape differs ({cls}): {_modules_of(self.differ)}")
         if self.missing: why.append(f"not in the file: {_modules_of(self.missing)}")
-        return f"{s}; {len(self.differ) + len(self.missing)} stay freshly initialised: " + '; '.join(why)
+        if self.left: why.append(f"not taken (--model.weights_backbone: the backbone and neck only): the head")
+        return f"{s}; {len(self.differ) + len(self.missing) + len(self.left)} stay freshly initialised: " + '; '.join(why)
+
+BACKBONE_PARTS = ('backbone.', 'neck.')   # the tensors both tasks' networks share, key for key (`03_heads`)
 
 @torch.no_grad()
-def load_weights(net:nn.Module, weights:Weights)->TransferReport:
-    "Copy into `net` every tensor of `weights` whose name and shape fit; the others stay as they are."
-    taken, differ, missing, own = [], [], [], net.state_dict()
+def load_weights(net:nn.Module, weights:Weights,
+                 backbone:bool=False)->TransferReport: # take only the backbone's and neck's tensors
+    "Copy into `net` every tensor of `weights` whose name and shape fit (only `BACKBONE_PARTS` with `backbone`); the others stay as they are."
+    taken, differ, missing, left, own = [], [], [], [], net.state_dict()
     for k, t in own.items():
         src = weights.state.get(k)
-        if src is None: missing.append(k)
+        if backbone and not k.startswith(BACKBONE_PARTS): left.append(k)
+        elif src is None: missing.append(k)
         elif src.shape != t.shape: differ.append(k)
         else: t.copy_(src); taken.append(k)
     K = getattr(getattr(net, 'head', None), 'num_classes', weights.num_classes)
-    return TransferReport(weights, taken, differ, missing, len(own), K)
+    return TransferReport(weights, taken, differ, missing, len(own), K, left)
 
 # %% ../nbs/03a_weights.ipynb #1a2d898a
 PARITY_RTOL = 1e-3   # of each output's largest magnitude: float32 rounding of the two orders above (measured: 2e-5 at most)
@@ -307,10 +333,11 @@ def parity(net:nn.Module, reference:dict)->dict:
         out = net.head.decode(net.head.collect(raw))
     xyxy = out['boxes'].transpose(1, 2)                                          # (1,4,A)
     xywh = torch.cat([(xyxy[:, :2] + xyxy[:, 2:]) / 2, xyxy[:, 2:] - xyxy[:, :2]], 1)
-    mine = {**raw, 'decoded': torch.cat([xywh, out['scores'].transpose(1, 2), out['coef'].transpose(1, 2)], 1)}
+    coef = [out['coef'].transpose(1, 2)] if 'coef' in out else []               # a detector has none
+    mine = {**raw, 'decoded': torch.cat([xywh, out['scores'].transpose(1, 2), *coef], 1)}
     return {k: float((mine[k] - reference[k]).abs().max() / reference[k].abs().max()) for k in mine}
 
-# %% ../nbs/03a_weights.ipynb #92f4a515
+# %% ../nbs/03a_weights.ipynb #535302a5
 UL_CLASSES = {'Conv': 'conv', 'Concat': 'conv', 'C3k2': 'block', 'C3k': 'block', 'Bottleneck': 'block', 'SPPF': 'block',
               'C2PSA': 'block', 'PSABlock': 'block', 'Attention': 'block', 'Proto': 'block', 'DFL': 'block'}
 
@@ -324,15 +351,16 @@ def _record(m:nn.Module, name:str, children:dict, params=None, buffers=None)->St
 def _ul_name(m:nn.Module)->str:
     c = type(m).__name__
     if type(m).__module__.startswith('torch.nn'): return f'{type(m).__module__}.{c}'
-    if c in ('SegHead', 'DetectHead'): return 'ultralytics.nn.modules.head.Segment'
+    if c in ('SegHead', 'DetectHead'): return f"ultralytics.nn.modules.head.{'Segment' if c == 'SegHead' else 'Detect'}"
     return f"ultralytics.nn.modules.{UL_CLASSES.get(c, 'block')}.{c}"
 
 def _tree(m:nn.Module)->StandIn:
     return _record(m, _ul_name(m), {k: _tree(c) for k, c in m.named_children()})
 
 def write_ultralytics_layout(net:nn.Module, path)->Path:
-    "Write a `yolo_seg` network as Ultralytics lays out and pickles a stripped YOLO11-seg checkpoint (fp16), for tests."
+    "Write a `yolo` network as Ultralytics lays out and pickles a stripped YOLO11-seg (or YOLO11 detect) checkpoint (fp16), for tests."
     import sys, types
+    task = get_task(net.config.get('task'))
     sd = {ultralytics_key(k): v.detach().half() if v.is_floating_point() else v.detach() for k, v in net.state_dict().items()}
     layers = {}
     for i in range(24):
@@ -355,11 +383,11 @@ def write_ultralytics_layout(net:nn.Module, path)->Path:
                                             {'conv': _record(dfl_conv, 'torch.nn.modules.conv.Conv2d', {})})
     sd['model.23.dfl.conv.weight'] = torch.arange(16.).view(1, 16, 1, 1).half()
     seq = _record(nn.Module(), 'torch.nn.modules.container.Sequential', layers)
-    model = _record(nn.Module(), 'ultralytics.nn.tasks.SegmentationModel', {'model': seq})
+    model = _record(nn.Module(), f"ultralytics.nn.tasks.{'SegmentationModel' if task.masks else 'DetectionModel'}", {'model': seq})
     for i, rec in layers.items(): fill(rec, f'model.{i}.')
     s = net.config.get('scale', 'n')
     vars(model).update(yaml={'nc': net.head.num_classes, 'scale': s}, names={i: f'class{i}' for i in range(net.head.num_classes)},
-                       args={'task': 'segment', 'imgsz': 640}, stride=torch.tensor([8., 16., 32.]), task='segment')
+                       args={'task': task.name, 'imgsz': 640}, stride=torch.tensor([8., 16., 32.]), task=task.name)
     # pickle needs each class importable by its name: empty modules of those names, for the length of the save
     classes = {type(r) for r in _walk(model)}
     added, replaced = {}, []
@@ -374,7 +402,7 @@ def write_ultralytics_layout(net:nn.Module, path)->Path:
     try:
         torch.save({'date': '2025-01-01T00:00:00', 'version': 'lucid layout', 'license': 'AGPL-3.0 License', 'docs': '',
                     'epoch': -1, 'best_fitness': None, 'model': model, 'ema': None, 'updates': None, 'optimizer': None,
-                    'train_args': {'task': 'segment', 'imgsz': 640}, 'train_metrics': {}, 'train_results': {}}, path)
+                    'train_args': {'task': task.name, 'imgsz': 640}, 'train_metrics': {}, 'train_results': {}}, path)
     finally:
         for mod, name, was in reversed(replaced):
             if was is replaced: delattr(mod, name)
