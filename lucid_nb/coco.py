@@ -220,14 +220,8 @@ def _check_annotation_ids(anns:list, report:DataReport, source:str):
 
 def eval_annotations(anns:list)->list[dict]:
     """Annotations for pycocotools' ground truth, numbered 1, 2, … in order, image ids as ints: its index keys them by `id`
-    (a repeated id would evaluate one of them in place of the others) and its matching takes id 0 for no match. An
-    annotation without an `area` (a detection file may have none) gets its box's, which COCOeval's size ranges read."""
-    return [dict(a, id=n, image_id=coco_id(a.get('image_id')), **({} if 'area' in a else {'area': _box_area(a)}))
-            for n, a in enumerate(anns, 1)]
-
-def _box_area(a:dict)->float:
-    try: return float(a['bbox'][2]) * float(a['bbox'][3])
-    except (KeyError, TypeError, ValueError, IndexError): return 0.   # a bad box: left out of training, scored as COCO does
+    (a repeated id would evaluate one of them in place of the others) and its matching takes id 0 for no match."""
+    return [dict(a, id=n, image_id=coco_id(a.get('image_id'))) for n, a in enumerate(anns, 1)]
 
 # %% ../nbs/01a_coco.ipynb #b90342ee
 def _scale16(a:np.ndarray)->np.ndarray:

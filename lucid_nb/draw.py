@@ -113,7 +113,7 @@ def save_val_plots(run, stats, class_names:list|None=None)->list[Path]:
     names = list(class_names) if class_names else [str(c) for c in stats.cat_ids]
     by_id, run, out = dict(zip(stats.cat_ids, names)), Path(run), []
     for t, title in (('bbox', 'Box'), ('segm', 'Mask')):
-        ce = stats.classes[t]
+        if (ce := stats.classes.get(t)) is None: continue   # masks not scored (`detect`)
         figs = [('PR', plot_pr_curve(ce, by_id, title))] + [(w, plot_conf_curve(ce, by_id, w, title)) for w in ('F1', 'P', 'R')]
         for w, fig in figs: out.append(run/f'{title}{w}_curve.png'); plt.close(save_figure(fig, out[-1], tight=False))
     out.append(run/'confusion_matrix_normalized.png')
@@ -192,10 +192,10 @@ def draw_train_batch(batch:dict, class_names:list|None=None, n:int=16, size:int=
     "The first `n` images of a training batch (on any device) with their valid targets, as one grid image."
     img = batch['img'][:n].detach()
     img = (img * 255 if img.is_floating_point() else img).clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
-    S, tiles, f = img.shape[1], [], img.shape[1] // batch['masks'].shape[-1]
+    S, tiles, f = img.shape[1], [], MASK_STRIDE
     for b in range(len(img)):
-        boxes, cls, masks = (t.cpu().numpy() for t in image_instances(batch, b))
-        masks = masks.astype(bool).repeat(f, 1).repeat(f, 2)
+        boxes, cls, masks = (None if t is None else t.cpu().numpy() for t in image_instances(batch, b))
+        if masks is not None: masks = masks.astype(bool).repeat(f, 1).repeat(f, 2)   # none in a detection batch
         c = cls.tolist()
         t, bx, m = fit_tile(img[b], boxes, masks, size)
         tiles.append(draw_instances(t, bx, [class_names[i] if class_names else str(i) for i in c], c, m))
@@ -209,12 +209,14 @@ def draw_val_batch(dm, results:list|None=None, n:int=8, size:int=320, top:int=30
     by_image = {}
     for r in results or []: by_image.setdefault(r['image_id'], []).append(r)
     decode = gt.annToMask if results is None else (lambda a: mask_utils.decode(a['segmentation']))
+    task_masks = getattr(getattr(dm, 'task', None), 'masks', True)   # a detector's ground truth is drawn as boxes
     for k, rec in enumerate(dm.val_records[:n]):
         img = load_rgb(rec.path) if images is None else images[k]
         (H, W), (r, h, w) = img.shape[:2], tile_size(*img.shape[:2], size)
         rows = np.minimum(((np.arange(h) + .5) / r).astype(int), H - 1)   # nearest pixel of each tile row
         cols = np.minimum(((np.arange(w) + .5) / r).astype(int), W - 1)
         anns = gt.imgToAnns.get(rec.image_id, []) if results is None else by_image.get(rec.image_id, [])
+        if not task_masks: anns = [{k: v for k, v in a.items() if k != 'segmentation'} for a in anns]
         boxes, labels, cls, masks = instances_of([a for a in anns if not a.get('iscrowd')], dm.class_names, dm.cat_ids,
                                                  (h, w), lambda a: decode(a)[rows][:, cols],  # at tile size
                                                  top=None if results is None else top)

@@ -438,13 +438,14 @@ def replay(self:UpdateGraphs, grads:list[Tensor]):
 def release(self:UpdateGraphs): self.released, self.graph, self.static_grads = True, None, []
 
 # %% ../nbs/06a_graphs.ipynb #beb314d5
-STEP_INPUTS = ('img', 'cls', 'boxes', 'valid', 'masks', 'owner')   # what the model (img) and `SegLoss` read of a batch
+STEP_INPUTS = ('img', 'cls', 'boxes', 'valid', 'masks', 'owner')   # what the model (img) and the loss (`04_loss`) read of a batch
 
 def step_inputs(batch:dict)->dict[str,Tensor]:
-    "The tensors of a batch that a training step reads (no `owner` in the padded layout)."
+    "The tensors of a batch that a training step reads (no `owner` in the padded layout, no `masks` in a detection batch)."
     return {k: batch[k] for k in STEP_INPUTS if k in batch}
 
-def _describe_batch(sig:tuple)->str: return ', '.join(f"{k} {_describe(s)}" for k, s in zip(STEP_INPUTS, sig))   # in STEP_INPUTS order
+def _describe_batch(sig:tuple, batch:dict)->str:   # sig: `input_signature` of `step_inputs(batch)`, in its order
+    return ', '.join(f"{k} {_describe(s)}" for k, s in zip(step_inputs(batch), sig))
 
 # %% ../nbs/06a_graphs.ipynb #b2f16cf0
 class StepGraphs(ModuleGraphs):
@@ -460,7 +461,7 @@ class StepGraphs(ModuleGraphs):
         super().__init__(model, backend, alias_params)
         self.model, self.step_fn = model, step_fn
         inputs = step_inputs(batch)
-        self.signature = input_signature(list(inputs.values()))
+        self.signature, self.input_names = input_signature(list(inputs.values())), tuple(inputs)
         self.device_type = inputs['img'].device.type
         self.autocast = autocast_state(self.device_type)
         self.static_in = {k: torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device=v.device) for k, v in inputs.items()}
@@ -507,7 +508,7 @@ def mismatch(self:StepGraphs, batch:dict)->str|None:
     "Why `batch` cannot be replayed (another shape, stride or dtype of an input), or None."
     sig = input_signature(list(step_inputs(batch).values()))
     if sig == self.signature: return None
-    return (f"the batch changed from {_describe_batch(self.signature)} to {_describe_batch(sig)} (a partial last "
+    return (f"the batch changed from {_describe_batch(self.signature, dict.fromkeys(self.input_names))} to {_describe_batch(sig, batch)} (a partial last "
             "batch or another image size); such steps run natively")
 
 @patch

@@ -191,12 +191,13 @@ SUMMARY_NAMES = {'mAP50-95(B)': 'bbox/mAP50-95', 'mAP50(B)': 'bbox/mAP50',
                  'mAP50-95(M)': 'segm/mAP50-95', 'mAP50(M)': 'segm/mAP50'}
 
 class CocoStats(dict):
-    "COCOeval's numbers by name (`bbox/...`, `segm/...` and the summary `mAP50-95(B)`...); pycocotools' text in `log`."
+    "COCOeval's numbers by name (`bbox/...`, `segm/...` where masks were scored, and the summary `mAP50-95(B)`...); pycocotools' text in `log`."
     log:str = ''
-    def summary(self)->dict: return {k: self[k] for k in SUMMARY_NAMES}
+    def summary(self)->dict: return {k: self[k] for k in SUMMARY_NAMES if k in self}
     def _repr_markdown_(self):
-        rows = '\n'.join(f"| {n} | {self[f'bbox/{n}']:.4f} | {self[f'segm/{n}']:.4f} |" for n in STAT_NAMES)
-        return f"| | bbox | segm |\n|---|---|---|\n{rows}"
+        types = [t for t in ('bbox', 'segm') if f'{t}/mAP50' in self]
+        rows = '\n'.join(f"| {n} | " + ' | '.join(f"{self[f'{t}/{n}']:.4f}" for t in types) + ' |' for n in STAT_NAMES)
+        return f"| | {' | '.join(types)} |\n|---|{'---|' * len(types)}\n{rows}"
 
 # %% ../nbs/07b_metrics.ipynb #8e3456d8
 CONF_GRID = np.arange(1001) / 1000   # the score thresholds of the confidence curves: 0, 0.001, ..., 1 (exact)
@@ -324,6 +325,7 @@ def coco_evaluate(
     image_ids=None,      # images to evaluate on (default: all of `coco_gt`'s)
     mask_stats=None,     # per result: its mask's (area, [x, y, w, h]), pycocotools' `area` and `toBbox` (`mask_extent`), or None
     cat_ids=None,        # the model's category ids, in class order: the confusion matrix's rows and columns (default: `coco_gt`'s, sorted)
+    iou_types=('bbox', 'segm'), # what is scored: a detector's results (`00c_tasks`), `('bbox',)`
 )->CocoStats:            # 12 numbers each for `bbox/` and `segm/`, plus the summary; per class in `classes`, `confusion`
     "COCO mAP and mAR of boxes and masks, by COCOeval (ultrafast-pycocotools: pycocotools' numbers to the bit, faster), per class too."
     ids = sorted({int(i) for i in (coco_gt.getImgIds() if image_ids is None else _floats(image_ids))})
@@ -335,7 +337,7 @@ def coco_evaluate(
     stats, logs = CocoStats(), []
     stats.per_class = {}   # iou type -> {category id: AP50-95} of the categories with ground truth
     stats.classes = {}     # iou type -> `class_eval` of the categories with ground truth
-    for iou_type, key in (('bbox', 'bbox'), ('segm', 'segmentation')):
+    for iou_type, key in ((t, k) for t, k in (('bbox', 'bbox'), ('segm', 'segmentation')) if t in iou_types):
         mine = [(r, s) for r, s in scored if key in r]
         # a category without ground truth here only adds -1s: the same numbers with less work; each type sees only its
         # own field (as from a results file of its own), in fresh dicts: `loadRes` writes into what it is given. Masks
@@ -350,7 +352,7 @@ def coco_evaluate(
             stats.classes[iou_type] = no_detections_eval(coco_gt, ids, cats)
         stats.update({f'{iou_type}/{n}': float(v) for n, v in zip(STAT_NAMES, s)})
         logs.append(f'== {iou_type} on {len(ids)} images, {len(mine)} detections\n{log}')
-    stats.update({k: stats[v] for k, v in SUMMARY_NAMES.items()})
+    stats.update({k: stats[v] for k, v in SUMMARY_NAMES.items() if v in stats})
     stats.log = ''.join(logs)
     stats.gt_counts, stats.images = gt_counts(coco_gt, ids), len(ids)
     stats.cat_ids = [int(c) for c in (sorted(coco_gt.getCatIds()) if cat_ids is None else cat_ids)]
@@ -359,29 +361,31 @@ def coco_evaluate(
 
 # %% ../nbs/07b_metrics.ipynb #182df248
 def class_rows(stats:CocoStats, class_names=None)->list[dict]:
-    "The 'all' row and one row per class with ground truth: images, instances, and box and mask P, R, mAP50, mAP50-95."
+    "The 'all' row and one row per class with ground truth: images, instances, and box and (where masks were scored) mask P, R, mAP50, mAP50-95."
     names = dict(zip(stats.cat_ids, class_names or []))
-    box, mask = stats.classes['bbox'], stats.classes['segm']
+    box, mask = stats.classes['bbox'], stats.classes.get('segm')
     def numbers(ce, k): return {'P': ce['P'][k], 'R': ce['R'][k], 'mAP50': ce['mAP50'][k], 'mAP50-95': ce['mAP50-95'][k]}
     def mean(ce, t):
         ok = [k for k, n in enumerate(ce['n_gt']) if n]
         return {'P': float(np.mean([ce['P'][k] for k in ok])) if ok else 0., 'R': float(np.mean([ce['R'][k] for k in ok])) if ok else 0.,
                 'mAP50': stats[f'{t}/mAP50'], 'mAP50-95': stats[f'{t}/mAP50-95'], 'conf': ce['conf']}
     counts = stats.gt_counts
+    masks = lambda f: {} if mask is None else {'mask': f()}
     rows = [dict(cls='all', category_id=None, images=stats.images, instances=sum(n for _, n in counts.values()),
-                 box=mean(box, 'bbox'), mask=mean(mask, 'segm'))]
+                 box=mean(box, 'bbox'), **masks(lambda: mean(mask, 'segm')))]
     for k, c in enumerate(box['cat_ids']):
         if c in counts: rows.append(dict(cls=str(names.get(c, c)), category_id=c, images=counts[c][0], instances=counts[c][1],
-                                         box=numbers(box, k), mask=numbers(mask, k)))
+                                         box=numbers(box, k), **masks(lambda: numbers(mask, k))))
     return rows
 
 def class_table(rows:list[dict])->str:
     "`class_rows` as aligned text, one line per class (as Ultralytics prints it)."
     w = min(26, max(len(r['cls']) + 2 for r in rows + [dict(cls='Class' * 2)]))
-    head = ['Images', 'Instances', 'Box(P', 'R', 'mAP50', 'mAP50-95)', 'Mask(P', 'R', 'mAP50', 'mAP50-95)']
+    types = [t for t in ('box', 'mask') if t in rows[0]]   # a detector's rows have no mask numbers
+    head = ['Images', 'Instances'] + [h for t in types for h in (f'{t.title()}(P', 'R', 'mAP50', 'mAP50-95)')]
     lines = [f"{'Class':>{w}}" + ''.join(f"{h:>11}" for h in head)]
     for r in rows:
-        v = [r[t][n] for t in ('box', 'mask') for n in ('P', 'R', 'mAP50', 'mAP50-95')]
+        v = [r[t][n] for t in types for n in ('P', 'R', 'mAP50', 'mAP50-95')]
         lines.append(f"{r['cls'][:w - 2]:>{w}}{r['images']:>11}{r['instances']:>11}" + ''.join(f"{x:>11.3f}" if x is not None else f"{'-':>11}" for x in v))
     return '\n'.join(lines)
 
@@ -466,7 +470,8 @@ class Validator:
 
     def compute(self, coco_gt:COCO)->CocoStats:
         "COCO metrics of everything added since the last `reset`."
-        return coco_evaluate(coco_gt, self.results, self.image_ids, self.mask_stats, self.cat_ids)
+        return coco_evaluate(coco_gt, self.results, self.image_ids, self.mask_stats, self.cat_ids,
+                             ('bbox', 'segm') if self.masks else ('bbox',))
 
     def write(self, path)->str:
         "Write `results` as the predictions JSON (atomically); return its sha256."

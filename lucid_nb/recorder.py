@@ -332,7 +332,7 @@ def select(self:StepRegion, model:nn.Module, step_fn, batch:dict)->str|None:
         self.release(); self.moves += 1; g = None
     if g is None:
         if len(self.shapes) >= self.max_shapes:
-            return f"the batch's shapes took more than {self.max_shapes} values (now {_describe_batch(sig)}); such steps run natively"
+            return f"the batch's shapes took more than {self.max_shapes} values (now {_describe_batch(sig, batch)}); such steps run natively"
         if why := self.record(model, step_fn, batch): return why
         g = self.shapes[sig] = self.graphs; self.seen.add(sig)
     self.graphs = g

@@ -459,10 +459,11 @@ class RunArtifacts(Callback):
 
 # %% ../nbs/08b_runs.ipynb #52ce82d3
 def epoch_line(trainer, validated:bool=True)->str:
-    "The epoch's mean loss terms and, if it `validated`, its validation mAP50-95 (box, mask), from `callback_metrics`."
+    "The epoch's mean loss terms and, if it `validated`, its validation mAP50-95 (box, and mask where scored), from `callback_metrics`."
     m = {k: float(v) for k, v in trainer.callback_metrics.items()}
     terms = ' '.join(f"{k[6:-6]} {v:.3f}" for k, v in m.items() if k.startswith('train/') and k.endswith('_epoch'))
-    val = (f"  mAP50-95 box {m['mAP50-95(B)']:.4f} mask {m['mAP50-95(M)']:.4f}" if validated and 'mAP50-95(M)' in m else '')
+    scores = ' '.join(f"{t} {m[k]:.4f}" for t, k in (('box', 'mAP50-95(B)'), ('mask', 'mAP50-95(M)')) if k in m)
+    val = f"  mAP50-95 {scores}" if validated and scores else ''
     return f"epoch {trainer.current_epoch + 1}/{trainer.max_epochs}  loss {terms or '-'}{val}"
 
 class EpochSummary(Callback):
