@@ -16,6 +16,8 @@ from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 from torch import nn
 from jsonargparse import Namespace
+try: from jsonargparse._link_arguments import skip_apply_links   # a parse without defaults has no source for `model.task`'s link
+except ImportError: skip_apply_links = contextlib.nullcontext
 from fastcore.basics import patch
 from .core import *
 from .data import YoloData
@@ -61,6 +63,7 @@ class LucidCLI(LightningCLI):
     "`lucid`: LightningCLI for `LitYolo` + `YoloData`."
     def add_arguments_to_parser(self, parser):
         parser.link_arguments('data', 'model.num_classes', compute_fn=self.data_classes, apply_on='instantiate')
+        parser.link_arguments('model.task', 'data.task')   # one choice: the data are read for the model's task
         parser.add_argument('--tensorboard', type=bool, default=False,
                             help='Also write TensorBoard logs into the run folder (needs the tensorboard package).')
         parser.add_argument('--verbose', type=bool, default=False,
@@ -139,7 +142,7 @@ def add_tensorboard(trainer)->bool:
     trainer.loggers = [*trainer.loggers, TensorBoardLogger(trainer.loggers[0].log_dir, name='tensorboard', version='')]
     return True
 
-HELP = {'description': "lucid: YOLO-style instance segmentation (lucid_nb). Subcommands: fit, validate, test, predict "
+HELP = {'description': "lucid: YOLO-style instance segmentation and object detection (lucid_nb; --model.task segment|detect). Subcommands: fit, validate, test, predict "
                         "(Lightning's), and export (`lucid export --help`).",
         'fit': {'description': "Train. With no --config: the nano model (--model.size n) on the embedded coco128 data, "
                                "640 px, batch 4, for 10 epochs (--trainer.max_epochs); the run folder is runs/lucid/version_N, "
@@ -324,7 +327,8 @@ def parse_arguments(self:LucidCLI, parser, args):
     LightningCLI.parse_arguments(self, parser, args)
     sub = self.config.get('subcommand')   # None: `run=False` (notebooks, tests)
     quiet_lightning(bool((self.config[sub] if sub else self.config).get('verbose')))   # before the seed's line
-    given = parser.parse_object(args, defaults=False) if isinstance(args, (dict, Namespace)) else parser.parse_args(args, defaults=False)
+    with skip_apply_links():   # what was given, as given: no link fills in a value nobody gave
+        given = parser.parse_object(args, defaults=False) if isinstance(args, (dict, Namespace)) else parser.parse_args(args, defaults=False)
     pre = f"{given.subcommand}." if given.get('subcommand') else ''
     model, data = given.get(f"{pre}model"), given.get(f"{pre}data")
     self.given_model_options = set(model.keys()) if model else set()
@@ -362,7 +366,8 @@ def _take_checkpoint(self:LucidCLI, sub:str, path, ckpt:dict):
 def _take_checkpoint_model(self:LucidCLI, sub:str, path, saved:dict):
     "The checkpoint's model options (`saved`, its hyper-parameters) where the command line and `--config` gave none; one line says which."
     model = self.config[sub].model   # num_classes: linked from the data, checked against the checkpoint later
-    taken = {k: v for k, v in saved.items() if k in model and k not in ('num_classes', 'weights') and k not in self.given_model_options}
+    taken = {k: v for k, v in saved.items() if k in model and k not in ('num_classes', 'weights', 'weights_backbone')
+             and k not in self.given_model_options}
     changed = ', '.join(f"{k}={v!r}" for k, v in taken.items() if v != model[k]) or 'none that differ from the defaults'
     self.config = self.parser.parse_object({sub: {'model': taken}}, self.config)
     note(f"model options taken from {path}: {changed} (options given on the command line or in --config win)")
@@ -382,7 +387,7 @@ def _take_checkpoint_data(self:LucidCLI, sub:str, path, ckpt:dict):
 
 @patch
 def _weights_options(self:LucidCLI):
-    "`--model.weights`: read (safely) up front; its size where `--model.size` was not given, an error where another was; not read with `--ckpt_path`."
+    "`--model.weights`: read (safely) up front; its size and task where `--model.size` and `--model.task` were not given, an error where others were; not read with `--ckpt_path`."
     sub = self.config.get('subcommand')   # None: `run=False` (notebooks, tests), whose config has no subcommand level
     cfg, wrap = (self.config[sub], lambda d: {sub: d}) if sub else (self.config, lambda d: d)
     path, self.model_weights = cfg.model.get('weights'), None
@@ -394,10 +399,16 @@ def _weights_options(self:LucidCLI):
     if sub in ('validate', 'test', 'predict') and w.kind == 'lucid':   # its network as `--ckpt_path` has it: its size and options too
         self._take_checkpoint(sub, path, w.ckpt)
         cfg = self.config[sub]   # with what was taken (`parse_object` returns a new config): the size, when the checkpoint had one
-    if w.scale == cfg.model.size: return
-    if 'size' in self.given_model_options: w.check_size(cfg.model.size)
-    self.config = self.parser.parse_object(wrap({'model': {'size': w.scale}}), self.config)
-    note(f"--model.size {w.scale}: taken from --model.weights {path} ({w.title})")
+    backbone = cfg.model.get('weights_backbone')
+    if backbone and sub not in ('fit', None):
+        raise ValueError(f"--model.weights_backbone true is for fit (a start from a file's backbone and neck); lucid {sub} "
+                         f"runs the network of --model.weights {path} whole: leave it out")
+    for k, mine, check in (('task', w.task, lambda t: w.check_task(t, backbone)), ('size', w.scale, w.check_size)):
+        if mine == cfg.model[k]: continue
+        if k in self.given_model_options: check(cfg.model[k]); continue   # refused, or a backbone start of another task
+        self.config = self.parser.parse_object(wrap({'model': {k: mine}}), self.config)
+        cfg = self.config[sub] if sub else self.config
+        note(f"--model.{k} {mine}: taken from --model.weights {path} ({w.title})")
 
 # %% ../nbs/10a_command.ipynb #f4cc842c
 @patch

@@ -15,7 +15,8 @@ from torch import nn, Tensor
 from fastcore.basics import patch
 from .core import *
 from .data import image_batch, load_rgb, pil_rgb
-from .heads import yolo_seg
+from .tasks import get_task
+from .heads import yolo
 from .metrics import PREDICT_CONF, Validator, predict_conf
 from .draw import draw_instances
 from .weights import load_weights, read_weights
@@ -30,24 +31,26 @@ __all__ = ['OUTPUT_NAMES', 'ONNX_NEEDS', 'Predictor', 'load', 'Detections', 'as_
 class Predictor:
     "The EMA network of a `lucid` checkpoint with what inference needs: class names, COCO category ids, image size."
     def __init__(self,
-                 net:nn.Module,            # `yolo_seg` network (eval mode: decoded outputs)
+                 net:nn.Module,            # `yolo` network (eval mode: decoded outputs)
                  class_names:list,         # name of each contiguous class
                  cat_ids:list,             # COCO category id of each class
                  imgsz:int=640,            # letterbox side
                  conf:float=PREDICT_CONF,  # score threshold
                  iou:float=0.7,            # NMS IoU threshold
                  max_det:int=300,          # detections kept per image
+                 task:str|None=None,       # the network's task; None: its `config`'s (`segment` without one)
                 ):
         self.net, self.class_names, self.cat_ids = net.eval(), list(class_names), list(cat_ids)
+        self.task = get_task(task if task is not None else getattr(net, 'config', {}).get('task'))
         self.imgsz, self.conf, self.iou, self.max_det = imgsz, conf, iou, max_det
         self.weak = None   # why its detections will mean little (`runs.weak_checkpoint`), or None
 
     @property
     def device(self)->torch.device: return next(self.net.parameters()).device
-    def __repr__(self): return f"Predictor({len(self.class_names)} classes, imgsz {self.imgsz}, conf {self.conf}, {self.device})"
+    def __repr__(self): return f"Predictor({self.task.name}, {len(self.class_names)} classes, imgsz {self.imgsz}, conf {self.conf}, {self.device})"
 
 # %% ../nbs/09_predict.ipynb #e926beac
-def load(path,                      # a `lucid` checkpoint (`last.ckpt`, `best.ckpt`) or an Ultralytics YOLO11-seg one (`yolo11n-seg.pt`)
+def load(path,                      # a `lucid` checkpoint (`last.ckpt`, `best.ckpt`) or an Ultralytics YOLO11-seg or detect one (`yolo11n-seg.pt`, `yolo11n.pt`)
          device:str|None=None,      # None: the CPU
          imgsz:int|None=None,       # None: the checkpoint's training size (an Ultralytics file: 640)
          conf:float|None=None,      # score threshold; None: `lucid predict`'s, `predict_conf` of the checkpoint's `--model.conf`
@@ -55,26 +58,27 @@ def load(path,                      # a `lucid` checkpoint (`last.ckpt`, `best.c
         )->Predictor:
     "A `Predictor` from a checkpoint file: `lucid_nb.load('best.ckpt').predict(images)`; read by `03a_weights`' safe reader."
     w = read_weights(path, option)
-    net, (cat_ids, names) = yolo_seg(w.scale, w.num_classes), w.classes   # `lucid predict --model.weights` reports the same classes
+    net, (cat_ids, names) = yolo(w.scale, w.num_classes, w.task), w.classes   # `lucid predict --model.weights` reports the same classes
     if w.kind == 'ultralytics':   # its own network, whole; ids 0..K-1
         if not (report := load_weights(net, w)).complete: note(report.line)
     else: net.load_state_dict(w.state)
     hp, extra = w.ckpt.get('hyper_parameters') or {}, w.ckpt.get('lucid') or {}   # {} for an Ultralytics file: the defaults
     if conf is None: conf = predict_conf(hp.get('conf'))   # the threshold `lucid predict` applies to this checkpoint
     p = Predictor(net.requires_grad_(False).to(device or 'cpu'), names, cat_ids, imgsz or extra.get('imgsz', 640), conf,
-                  hp.get('iou', 0.7), hp.get('max_det', 300))
+                  hp.get('iou', 0.7), hp.get('max_det', 300), w.task)
     p.weak = weak_checkpoint(w.ckpt)
     return p
+
 
 
 # %% ../nbs/09_predict.ipynb #5463e053
 class Detections:
     "One image's detections in its original pixels; `plot()` draws them."
     def __init__(self, image:np.ndarray, boxes:np.ndarray, scores:np.ndarray, class_ids:np.ndarray, class_names:list,
-                 category_ids:np.ndarray, masks:np.ndarray, source=None):
+                 category_ids:np.ndarray, masks:np.ndarray|None, source=None):
         self.image, self.boxes, self.scores, self.class_ids = image, boxes, scores, class_ids   # (H,W,3), (n,4), (n,), (n,)
         self.names = [class_names[c] for c in class_ids]
-        self.category_ids, self.masks, self.source = category_ids, masks, source                # (n,), (n,H,W) bool
+        self.category_ids, self.masks, self.source = category_ids, masks, source                # (n,), (n,H,W) bool or None
     def __len__(self): return len(self.scores)
     def __repr__(self):
         names = sorted(set(self.names))
@@ -84,7 +88,7 @@ class Detections:
         "The image with masks, boxes, class names and scores drawn: (H,W,3) uint8, or a PIL image with `pil`."
         order = np.argsort(self.scores, kind='stable')          # the best drawn last, on top
         out = draw_instances(self.image, self.boxes[order], [f"{self.names[i]} {self.scores[i]:.2f}" for i in order],
-                             self.class_ids[order].tolist(), self.masks[order])
+                             self.class_ids[order].tolist(), None if self.masks is None else self.masks[order])
         return Image.fromarray(out) if pil else out
 
 # %% ../nbs/09_predict.ipynb #7567266c
@@ -98,12 +102,14 @@ def as_rgb(x)->np.ndarray:
         raise ValueError(f"an image array must be (H,W,3) uint8 RGB, got {a.shape} {a.dtype}")
     return np.ascontiguousarray(a[..., :3])
 
-def to_detections(results:list, img:np.ndarray, cat_ids:list, class_names:list, source=None)->Detections:
+def to_detections(results:list, img:np.ndarray, cat_ids:list, class_names:list, source=None,
+                  masks:bool=True)->Detections:   # masks: the results have masks (segmentation); False: `masks` None
     "One image's COCO results (xywh, compressed RLE) as `Detections`."
     lut = {c: k for k, c in enumerate(cat_ids)}
     H, W = img.shape[:2]
     boxes = np.array([(x, y, x + w, y + h) for x, y, w, h in (r['bbox'] for r in results)], np.float32).reshape(-1, 4)
-    masks = np.array([mask_utils.decode(r['segmentation']) for r in results], bool).reshape(-1, H, W)
+    if masks: masks = np.array([mask_utils.decode(r['segmentation']) for r in results], bool).reshape(-1, H, W)
+    else: masks = None
     cats = np.array([r['category_id'] for r in results], np.int64)
     return Detections(img, boxes, np.array([r['score'] for r in results], np.float32),
                       np.array([lut[c] for c in cats], np.int64), class_names, cats, masks, source)
@@ -118,50 +124,50 @@ def predict(self:Predictor, images, batch_size:int=8, conf:float|None=None)->lis
         srcs = images[i:i + batch_size]
         imgs = [as_rgb(x) for x in srcs]
         batch = image_batch(imgs, self.imgsz)
-        v = Validator(self.cat_ids, conf=self.conf if conf is None else conf, iou=self.iou, max_det=self.max_det)
+        v = Validator(self.cat_ids, conf=self.conf if conf is None else conf, iou=self.iou, max_det=self.max_det, masks=self.task.masks)
         with torch.no_grad(): v.update(self.net(batch['img'].to(self.device).float() / 255), batch)
         for k, (img, src) in enumerate(zip(imgs, srcs)):
             out.append(to_detections([r for r in v.results if r['image_id'] == k], img, self.cat_ids, self.class_names,
-                                     src if isinstance(src, (str, Path)) else None))
+                                     src if isinstance(src, (str, Path)) else None, self.task.masks))
     return out
 
-# %% ../nbs/09_predict.ipynb #153256a3
-OUTPUT_NAMES = ('boxes', 'scores', 'coef', 'proto')
+# %% ../nbs/09_predict.ipynb #3f480035
+OUTPUT_NAMES = get_task('segment').outputs   # a segmentation network's; a detector's are the first two
 
 class ExportNet(nn.Module):
-    "The network with its eval outputs as a tuple (`OUTPUT_NAMES`), for export."
-    def __init__(self, net:nn.Module): super().__init__(); self.net = net.eval()
-    def forward(self, img:Tensor)->tuple: out = self.net(img); return tuple(out[k] for k in OUTPUT_NAMES)
+    "The network with its eval outputs as a tuple (`outputs`: its task's, `Predictor.task.outputs`), for export."
+    def __init__(self, net:nn.Module, outputs:tuple=OUTPUT_NAMES): super().__init__(); self.net, self.outputs = net.eval(), tuple(outputs)
+    def forward(self, img:Tensor)->tuple: out = self.net(img); return tuple(out[k] for k in self.outputs)
 
 def export_input(imgsz:int, image=TEST_IMG)->Tensor:
     "A real image letterboxed as the exported network expects it: (1,3,imgsz,imgsz) float32 in [0,1]."
     return image_batch([as_rgb(image)], imgsz)['img'].float() / 255
 
-# %% ../nbs/09_predict.ipynb #3f480035
+# %% ../nbs/09_predict.ipynb #a1f89dcf
 ONNX_NEEDS = ('onnx', 'onnxscript')   # `torch.onnx.export` imports them; onnxruntime only runs the check
 
 def export_model(p:Predictor, fmt:str, path)->Path:
     "Write `p`'s network as ONNX (`torch.onnx.export`, dynamo first; any batch size, `onnx_metadata` in it) or TorchScript (`torch.jit.trace`)."
-    net, x, path = ExportNet(p.net).cpu(), export_input(p.imgsz), Path(path)
+    net, x, path, outputs = ExportNet(p.net, p.task.outputs).cpu(), export_input(p.imgsz), Path(path), p.task.outputs
     if fmt == 'onnx' and (missing := [m for m in ONNX_NEEDS if importlib.util.find_spec(m) is None]):
         raise ValueError(f"--format onnx needs {' and '.join(missing)}, which are not installed: pip install 'lucid_nb[export]'")
     with torch.no_grad():
         if fmt == 'torchscript': torch.jit.trace(net, x).save(str(path))
         elif fmt == 'onnx':
-            names = dict(input_names=['img'], output_names=list(OUTPUT_NAMES))
+            names = dict(input_names=['img'], output_names=list(outputs))
             try: torch.onnx.export(net, (x,), str(path), dynamo=True, dynamic_shapes=({0: torch.export.Dim('batch', min=1, max=4096)},), **names)
             except Exception as e:   # an op the dynamo exporter cannot take
                 note(f"export: the dynamo ONNX exporter failed ({type(e).__name__}); using the classic one")
                 torch.onnx.export(net, (x,), str(path), dynamo=False, opset_version=17, **names,
-                                  dynamic_axes={n: {0: 'batch'} for n in ('img', *OUTPUT_NAMES)})
+                                  dynamic_axes={n: {0: 'batch'} for n in ('img', *outputs)})
             add_onnx_metadata(path, onnx_metadata(p))
         else: raise ValueError(f"--format {fmt!r}: use onnx or torchscript")
     return path
 
 def onnx_metadata(p:Predictor)->dict:
-    "What an ONNX file's user needs besides the network (`metadata_props`, strings): class names, COCO ids, input size, outputs."
-    return dict(names=json.dumps(p.class_names), category_ids=json.dumps(p.cat_ids), imgsz=str(p.imgsz), task='segment',
-                input='img: (batch,3,imgsz,imgsz) float32 RGB in [0,1], letterboxed', outputs=','.join(OUTPUT_NAMES),
+    "What an ONNX file's user needs besides the network (`metadata_props`, strings): class names, COCO ids, input size, task, outputs."
+    return dict(names=json.dumps(p.class_names), category_ids=json.dumps(p.cat_ids), imgsz=str(p.imgsz), task=p.task.name,
+                input='img: (batch,3,imgsz,imgsz) float32 RGB in [0,1], letterboxed', outputs=','.join(p.task.outputs),
                 producer='lucid_nb')
 
 def add_onnx_metadata(path, props:dict):
@@ -173,7 +179,7 @@ def add_onnx_metadata(path, props:dict):
     onnx.helper.set_model_props(m, {**old, **props})
     onnx.save(m, str(path))
 
-# %% ../nbs/09_predict.ipynb #a1f89dcf
+# %% ../nbs/09_predict.ipynb #6afd3284
 def run_exported(path, fmt:str, x:Tensor)->list[np.ndarray]|None:
     "The exported file's outputs on `x`; None for ONNX without onnxruntime."
     if fmt == 'torchscript':
@@ -186,7 +192,7 @@ def run_exported(path, fmt:str, x:Tensor)->list[np.ndarray]|None:
 def export_check(p:Predictor, path, fmt:str, image=TEST_IMG)->tuple[float,float]|None:
     "Largest absolute difference between the exported file and PyTorch on a real image, and the largest relative to each output's range (None: no runtime to check)."
     x = export_input(p.imgsz, image)
-    with torch.no_grad(): ref = [t.numpy() for t in ExportNet(p.net).cpu()(x)]
+    with torch.no_grad(): ref = [t.numpy() for t in ExportNet(p.net, p.task.outputs).cpu()(x)]
     got = run_exported(path, fmt, x)
     if got is None: return None
     diffs = [(float(np.abs(a - b).max()), float(np.abs(a).max()) or 1.) for a, b in zip(ref, got)]
@@ -209,7 +215,7 @@ def export_main(argv:list[str]|None=None)->Path:
                                  "TorchScript and check it against PyTorch on a real image.")
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument('--ckpt_path', help='a lucid checkpoint (last.ckpt, best.ckpt)')
-    src.add_argument('--model.weights', dest='weights', help='an Ultralytics YOLO11-seg checkpoint (yolo11n-seg.pt) or a lucid checkpoint')
+    src.add_argument('--model.weights', dest='weights', help='an Ultralytics YOLO11-seg or detect checkpoint (yolo11n-seg.pt, yolo11n.pt) or a lucid checkpoint')
     ap.add_argument('--format', choices=('onnx', 'torchscript'), default='onnx', help='file format (default: onnx)')
     ap.add_argument('--imgsz', type=int, default=None, help="input side (default: the checkpoint's training size)")
     ap.add_argument('--output', default=None, help='file to write (default: beside the checkpoint, .onnx or .torchscript)')
@@ -221,7 +227,7 @@ def export_main(argv:list[str]|None=None)->Path:
     p = load(path, imgsz=a.imgsz, option=option)
     if p.weak: note(f"warning: {p.weak}")
     t0 = time.perf_counter(); export_model(p, a.format, out)
-    print(f"export: {out} ({a.format}, input ({'batch' if a.format == 'onnx' else 1},3,{p.imgsz},{p.imgsz}) float32 RGB 0..1, outputs {', '.join(OUTPUT_NAMES)}; "
+    print(f"export: {out} ({a.format}, input ({'batch' if a.format == 'onnx' else 1},3,{p.imgsz},{p.imgsz}) float32 RGB 0..1, {p.task.name} outputs {', '.join(p.task.outputs)}; "
           f"{sum(f.stat().st_size for f in (out, out.with_name(out.name + '.data')) if f.exists()) / 2**20:.1f} MiB in {time.perf_counter() - t0:.1f} s)")
     diff = export_check(p, out, a.format, a.image)
     if diff is None: print("export: check skipped: onnxruntime is not installed (pip install 'lucid_nb[export]' or pip install onnxruntime)")

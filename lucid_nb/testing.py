@@ -13,7 +13,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from .core import digest, state_hashes
-from .loss import SegLoss
+from .loss import task_loss
 from .recorder import model_outputs
 from .command import cli_main
 
@@ -48,12 +48,12 @@ def train_trace(model:nn.Module,                 # trained in place
                 batches:list[dict],              # batches in the padded format (`img` uint8)
                 recorder=None,                   # a `HeadRegion` or a `StepRegion`; None: native
                 lr:float=0.01,
-                loss_fn=None,                    # default `SegLoss(model.head.num_classes)`
+                loss_fn=None,                    # default: the loss of the model's task, `task_loss`
                 set_to_none:bool=True,           # `zero_grad(set_to_none=...)`
                )->dict:
     "Per-step loss bytes and gradient digests (None for a None grad), and final state hashes, of a short SGD run."
     dev = next(model.parameters()).device
-    loss_fn = loss_fn or SegLoss(model.head.num_classes)
+    loss_fn = loss_fn or task_loss(getattr(model, 'config', {}).get('task', 'segment'), model.head.num_classes)
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, nesterov=True)
     whole = callable(getattr(recorder, 'losses', None))   # a `StepRegion` (duck-typed: notebooks define their own class)
     head = None if whole else recorder

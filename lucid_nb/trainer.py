@@ -19,9 +19,10 @@ from .core import *
 from .allocator import expandable_segments
 from .data import load_rgb
 from .model import SCALES
-from .heads import yolo_seg
+from .tasks import get_task
+from .heads import yolo
 from .weights import TransferReport, load_weights, read_weights
-from .loss import SegLoss
+from .loss import task_loss
 from .optim import build_optimizer, build_schedule
 from .ema import ModelEMA
 from .recorder import Recorder, model_outputs
@@ -35,7 +36,7 @@ __all__ = ['DATA_SOURCE', 'LitYolo', 'StepLossBar', 'default_val_group_pixels', 
 
 # %% ../nbs/08c_trainer.ipynb #235f0363
 class LitYolo(L.LightningModule):
-    """YOLO-style instance segmentation.
+    """YOLO-style instance segmentation and object detection.
 
     Parameters
     ----------
@@ -68,7 +69,7 @@ class LitYolo(L.LightningModule):
     dfl : float
         Gain of the distribution focal loss of the box sides.
     seg : float
-        Gain of the mask loss.
+        Gain of the mask loss (segmentation only).
     ema_decay : float
         Final EMA decay.
     ema_tau : float
@@ -86,7 +87,7 @@ class LitYolo(L.LightningModule):
         default, `00a_allocator`), else 2**25 — what keeps validation within the training step's memory at the reference
         settings. The predictions are the same bytes for any value.
     capture_segment_heads : bool
-        Record the segment head's prediction calls and their backward into CUDA graphs at the first training batch
+        Record the head's prediction calls (segment or detect) and their backward into CUDA graphs at the first training batch
         and replay them every step (`06b_recorder`); results are bit-identical to native training. Off by default.
     capture_optimizer_step : bool
         Record the optimiser update (MuSGD, SGD or AdamW) into a CUDA graph at the first step that has optimiser
@@ -100,15 +101,25 @@ class LitYolo(L.LightningModule):
         Start the network from this file: an Ultralytics YOLO11-seg checkpoint (`yolo11n-seg.pt`, n/s/m; the size must
         be this one's) or a lucid checkpoint's EMA weights — not its optimiser, schedule or epoch (that is
         `--ckpt_path`). Every tensor whose shape fits is taken, the others (another class count) stay freshly
-        initialised, and one line says which (`03a_weights`). The EMA starts from the loaded weights.
+        initialised, and one line says which (`03a_weights`). The EMA starts from the loaded weights. A YOLO11 detect
+        file (`yolo11n.pt`) is a detector's: its task must be this one's (`lucid` takes it when `--model.task` is not
+        given), unless `weights_backbone`.
+    task : str
+        segment (instance segmentation: boxes, classes and masks) or detect (object detection: boxes and classes).
+    weights_backbone : bool
+        Take only the backbone and neck of `weights` (for fit): a start from a network of another task (a detector's
+        file for a segmentation model, or the reverse) or with a fresh head. Off by default: the whole network.
     """
     def __init__(self, size:Literal['n', 's', 'm']='n', num_classes:int=80, optimizer:Literal['sgd', 'adamw', 'musgd']='sgd', lr:float=0.01, momentum:float=0.937,
                  weight_decay:float=5e-4, warmup_epochs:float=3.0, warmup_bias_lr:float=0.1,
                  warmup_momentum:float=0.8, lrf:float=0.01, cosine:bool=False, box:float=7.5, cls:float=0.5,
                  dfl:float=1.5, seg:float=7.5, ema_decay:float=0.9999, ema_tau:float=2000.0, conf:float=0.001,
                  iou:float=0.7, max_det:int=300, val_group_pixels:int|None=None, capture_segment_heads:bool=False,
-                 capture_optimizer_step:bool=False, capture_train_step:bool=False, weights:str|None=None):
+                 capture_optimizer_step:bool=False, capture_train_step:bool=False, weights:str|None=None,
+                 task:Literal['segment', 'detect']='segment', weights_backbone:bool=False):
         super().__init__()
+        self.task = get_task(task)
+        if weights_backbone and not weights: raise ValueError("--model.weights_backbone true: give --model.weights, the file whose backbone and neck to take")
         if size not in SCALES: raise ValueError(f"--model.size={size!r} is not a model size; allowed values: {', '.join(SCALES)}")
         if val_group_pixels is not None and val_group_pixels < 1:
             raise ValueError(f"--model.val_group_pixels={val_group_pixels} must be at least 1, or left unset (`default_val_group_pixels`)")
@@ -121,7 +132,7 @@ class LitYolo(L.LightningModule):
         self.model = self.build_model()
         if weights: self.start_from(weights)   # before the EMA's copy: the average starts from the loaded weights
         self.ema = ModelEMA(self.model, self.build_model, ema_decay, ema_tau)
-        self.loss_fn = SegLoss(num_classes, box=box, cls=cls, dfl=dfl, seg=seg)
+        self.loss_fn = task_loss(task, num_classes, box=box, cls=cls, dfl=dfl, seg=seg)
         self.validator = None   # built at the first validation, when the datamodule's categories are known
         self.last_losses, self.term_sums, self.term_count = {}, None, 0   # last step's terms; the epoch's sums (`log_train_terms`)
         self.recorder = None    # a `Recorder` with a capture option on (`configure_callbacks`)
@@ -129,22 +140,23 @@ class LitYolo(L.LightningModule):
     def on_load_checkpoint(self, checkpoint:dict):
         "Refuse a checkpoint of another architecture with a message that says which option differs."
         saved = checkpoint.get('hyper_parameters', {})
-        diff = [f"{k}={saved[k]!r} (this run: {self.hparams[k]!r})" for k in ('size', 'num_classes')
+        if saved: saved = {**saved, 'task': get_task(saved.get('task')).name}   # none: a segmentation model's
+        diff = [f"{k}={saved[k]!r} (this run: {self.hparams[k]!r})" for k in ('task', 'size', 'num_classes')
                 if k in saved and saved[k] != self.hparams[k]]
         if diff: raise ValueError(f"--ckpt_path: the checkpoint does not match this model: it has {', '.join(diff)}; "
                                   "use the checkpoint's settings (its run folder holds config.yaml) or another checkpoint")
 
     def start_from(self, path)->TransferReport:
-        "Load `--model.weights` into the network (every tensor that fits) and say in one line what was taken."
-        w = read_weights(path)   # `lucid` read it already: that reading (`weights_read`)
-        w.check_size(self.hparams.size)
-        report = load_weights(self.model, w)
+        "Load `--model.weights` into the network (every tensor that fits; the backbone and neck only with `weights_backbone`) and say in one line what was taken."
+        w, backbone = read_weights(path), self.hparams.weights_backbone   # `lucid` read it already: that reading (`weights_read`)
+        w.check_size(self.hparams.size); w.check_task(self.task.name, backbone)
+        report = load_weights(self.model, w, backbone)
         note(report.line)
         return report
 
     def build_model(self)->nn.Module:
-        "A fresh network of this module's size and class count (the model, and the EMA's copy)."
-        return yolo_seg(self.hparams.size, self.hparams.num_classes)
+        "A fresh network of this module's task, size and class count (the model, and the EMA's copy)."
+        return yolo(self.hparams.size, self.hparams.num_classes, self.task.name)
 
     def forward(self, img:Tensor)->dict:
         "Inference: the EMA network's outputs for a (B,3,S,S) float batch in [0,1]."
@@ -227,11 +239,11 @@ def default_val_group_pixels()->int:
 
 @patch
 def make_validator(self:LitYolo, conf:float|None=None)->Validator:
-    "A `Validator` with this module's thresholds and group size and the datamodule's category ids."
+    "A `Validator` with this module's thresholds, group size and task (masks or not) and the datamodule's category ids."
     h = self.hparams
     group = default_val_group_pixels() if h.get('val_group_pixels') is None else h.val_group_pixels
     return Validator(self.trainer.datamodule.cat_ids, conf=h.conf if conf is None else conf, iou=h.iou, max_det=h.max_det,
-                     group_pixels=group)
+                     masks=self.task.masks, group_pixels=group)
 
 @patch
 def on_validation_epoch_start(self:LitYolo):
@@ -426,8 +438,8 @@ class DistributedRun(Callback):
 
 
 # %% ../nbs/08c_trainer.ipynb #b31efe7c
-def default_callbacks()->list:
-    return [AtomicCheckpoint(monitor='mAP50-95(M)', mode='max', filename='best', save_last=True, save_top_k=1),
+def default_callbacks(monitor:str='mAP50-95(M)')->list:   # monitor: what `best.ckpt` is best at (`Task.monitor`)
+    return [AtomicCheckpoint(monitor=monitor, mode='max', filename='best', save_last=True, save_top_k=1),
             RunArtifacts(), PredictionWriter(), EpochSummary(), DistributedRun(), FrozenHeap()]
 
 @patch
@@ -438,4 +450,4 @@ def configure_callbacks(self:LitYolo):
         self.recorder = Recorder(head=h.capture_segment_heads, optimizer=h.capture_optimizer_step, step=h.capture_train_step)
     bar = self._trainer.progress_bar_callback if self._trainer is not None else None
     if type(bar) is TQDMProgressBar: extra.append(StepLossBar(bar.refresh_rate))
-    return default_callbacks() + ([self.recorder] if self.recorder is not None else []) + extra
+    return default_callbacks(self.task.monitor) + ([self.recorder] if self.recorder is not None else []) + extra
