@@ -11,6 +11,7 @@
 #   step<b>               profile_step.py at batch b, each arm of $STEP_ARMS (default native step)
 #   startup               profile_startup.py: the seconds before the first step, by stage, under cProfile
 #   learns                it_learns.py: 100 epochs from scratch on the 128 images (about 5 minutes on the H200)
+#   learns_detect         the same with --task detect: the detector (box mAP50 to hold against the segment model's)
 #   hooks                 a 4-epoch fit under Lightning's SimpleProfiler (its report to $OUT/results)
 # e.g. LUCID_NB_COMMIT=$(git rev-parse --short HEAD) ARMS=native,step,ul bash benchmarks/gpu_session.sh warm tests ref4x2@0
 # .whl/ holds CPython 3.12 manylinux wheels of what that image lacks: pycocotools, ultrafast-pycocotools, jsonargparse,
@@ -54,6 +55,7 @@ for stage in "$@"; do
            done ;;
     startup) python3 benchmarks/profile_startup.py --out "$OUT/results" 2>&1 | grep -E " s$|->" || status=1 ;;
     learns) python3 benchmarks/it_learns.py --out "$OUT/results" 2>&1 | tail -2 || status=1 ;;
+    learns_detect) python3 benchmarks/it_learns.py --task detect --out "$OUT/results" 2>&1 | tail -2 || status=1 ;;
     hooks) python3 -c "$LUCID" fit --config configs/coco128-seg-n.yaml \
              --trainer.max_epochs 4 --trainer.enable_progress_bar false --trainer.default_root_dir /tmp/hooks \
              --trainer.profiler '{"class_path": "lightning.pytorch.profilers.SimpleProfiler", "init_args": {"dirpath": "'"$OUT/results"'", "filename": "simple_profiler"}}' \
