@@ -96,6 +96,11 @@ class LitYolo(L.LightningModule):
         CUDA graphs at the first training batch and replay it every step (`06b_recorder`); implies the two options
         above (they cover the steps the whole-step recording cannot, e.g. a partial last batch). Bit-identical to
         native training. Off by default.
+    channels_last : bool
+        Keep the network's weights and activations in channels-last memory order (NHWC), which the GPU's
+        convolution and batch-norm kernels of bf16 prefer; the same numbers in another memory order, so native and
+        replayed steps stay bit-identical to each other. Off by default; `benchmarks/scale.py` measures what it
+        buys on the GPU.
     weights : str | None
         Start the network from this file: an Ultralytics YOLO11-seg checkpoint (`yolo11n-seg.pt`, n/s/m; the size must
         be this one's) or a lucid checkpoint's EMA weights — not its optimiser, schedule or epoch (that is
@@ -107,7 +112,7 @@ class LitYolo(L.LightningModule):
                  warmup_momentum:float=0.8, lrf:float=0.01, cosine:bool=False, box:float=7.5, cls:float=0.5,
                  dfl:float=1.5, seg:float=7.5, ema_decay:float=0.9999, ema_tau:float=2000.0, conf:float=0.001,
                  iou:float=0.7, max_det:int=300, val_group_pixels:int|None=None, capture_segment_heads:bool=False,
-                 capture_optimizer_step:bool=False, capture_train_step:bool=False, weights:str|None=None):
+                 capture_optimizer_step:bool=False, capture_train_step:bool=False, channels_last:bool=False, weights:str|None=None):
         super().__init__()
         if size not in SCALES: raise ValueError(f"--model.size={size!r} is not a model size; allowed values: {', '.join(SCALES)}")
         if val_group_pixels is not None and val_group_pixels < 1:
@@ -143,8 +148,9 @@ class LitYolo(L.LightningModule):
         return report
 
     def build_model(self)->nn.Module:
-        "A fresh network of this module's size and class count (the model, and the EMA's copy)."
-        return yolo_seg(self.hparams.size, self.hparams.num_classes)
+        "A fresh network of this module's size and class count (the model, and the EMA's copy), channels-last if asked."
+        m = yolo_seg(self.hparams.size, self.hparams.num_classes)
+        return m.to(memory_format=torch.channels_last) if self.hparams.get('channels_last') else m
 
     def forward(self, img:Tensor)->dict:
         "Inference: the EMA network's outputs for a (B,3,S,S) float batch in [0,1]."
@@ -154,7 +160,8 @@ class LitYolo(L.LightningModule):
 @patch
 def step_loss(self:LitYolo, batch:dict, recorder=None)->tuple[dict,Tensor]:
     "The loss terms of one padded batch, and their sum scaled by the batch size; the head's calls through `recorder`."
-    losses = self.loss_fn(model_outputs(self.model, batch['img'], recorder), batch)
+    img = batch['img'].contiguous(memory_format=torch.channels_last) if self.hparams.get('channels_last') else batch['img']
+    losses = self.loss_fn(model_outputs(self.model, img, recorder), batch)
     return losses, sum(losses.values()) * batch['img'].shape[0]
 
 @patch

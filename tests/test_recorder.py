@@ -578,3 +578,12 @@ def test_validation_batches_run_in_the_memory_the_whole_step_lends(tmp_path):
     assert report['step']['replayed_steps'] == 4
     assert backend.lent == batches.seen - batches.sanity > 0, (backend.lent, batches.seen, batches.sanity)
     assert isinstance(Recorder(backend=LendingEager(), step=True).lending(), contextlib.nullcontext)   # nothing recorded
+
+
+def test_whole_step_in_channels_last_order_equals_native():
+    "A network in channels-last memory order (`--model.channels_last`): the replayed step equals its native step, step by step."
+    import torch as T
+    cl = lambda: fresh_model().to(memory_format=T.channels_last)
+    assert all(p.is_contiguous(memory_format=T.channels_last) for p in cl().parameters() if p.dim() == 4)
+    batches = [synth_batch(B=2, S=64, K=4, seed=s) for s in range(3)]
+    traces_equal(train_trace(cl(), batches), train_trace(cl(), batches, StepRegion(backend=EagerGraphs())))
