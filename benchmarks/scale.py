@@ -11,7 +11,9 @@ Stages (each takes `--n N --root DIR`: the data set `<DIR>/n<N>`, made when miss
              sorted by id, normalised polygons, a multi-part mask joined into one outline by zero-width bridges, crowd
              regions left out). `manifest.json` last: a folder with the same N and recipe is kept as it is.
     fit      alternating processes per round and batch size: `native` (lucid fit, `configs/coco128-seg-n.yaml`, the GPU
-             configuration), `step` (`--model.capture_train_step true`), `ul` (Ultralytics' public API, offline as
+             configuration), `step` (`--model.capture_train_step true`), any other arm of `reference_run.py` (`step-cl`:
+             channels-last; `step@base`: the library in $LUCID_NB_BASELINE, for before/after in one call; every run of
+             one library must end with the same hashes), `ul` (Ultralytics' public API, offline as
              `.ulcmp/run.py` runs it; left out, with a line, where `ultralytics` does not import), E epochs. Steady state:
              the training images of epochs 1..E-1 over their training seconds (validation excluded). Per run also each
              epoch's data wait (lucid: `timing.json`; Ultralytics: host seconds between a batch's end and the next one's
@@ -267,9 +269,11 @@ def summarize(runs: list, arms: list, batches: list) -> dict:
         ul = {r['round']: r['images_per_s'] for r in by.get('ul', [])}
         sb['over_ul'] = {arm: [r['images_per_s'] / ul[r['round']] if ul.get(r['round']) else None for r in rs]
                          for arm, rs in by.items() if arm != 'ul'} if ul else None
-        lucid = [r for r in ok if 'hashes' in r]
-        sb['lucid_hashes_equal'] = len({json.dumps(r['hashes'], sort_keys=True) for r in lucid}) == 1 if lucid else None
-        sb['lucid_hashes'] = sorted({r['hashes'].get('all', '')[:12] for r in lucid})
+        lucid = [r for r in ok if 'hashes' in r]   # the runs of one library (`@base`: the other) and memory order (`-cl`) end byte-identical
+        kind = lambda arm: ('baseline' if arm.endswith('@base') else 'current') + ('-cl' if '-cl' in arm else '')
+        libs = {k: [r for r in lucid if kind(r['arm']) == k] for k in sorted({kind(r['arm']) for r in lucid})}
+        sb['lucid_hashes_equal'] = {lib: len({json.dumps(r['hashes'], sort_keys=True) for r in rs}) == 1 for lib, rs in libs.items() if rs} or None
+        sb['lucid_hashes'] = {lib: sorted({r['hashes'].get('all', '')[:12] for r in rs}) for lib, rs in libs.items() if rs}
         sb['failed_runs'] = [(r['arm'], r['round']) for r in runs if r['batch'] == b and 'error' in r]
         s[f'b{b}'] = sb
     return s
