@@ -15,15 +15,23 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from .allocator import allocator_setting
 
 # %% auto #0
-__all__ = ['BATCH_KEYS', 'MASK_STRIDE', 'EMBEDDED_DATA', 'CONFIGS', 'EMBEDDED_IMAGES', 'EMBEDDED_ANNOTATIONS', 'TEST_IMG',
-           'package_dir', 'repo_root', 'env_info', 'env_card', 'device_tag', 'module_pointers', 'tensor_bytes',
-           'digest', 'state_hashes', 'current_umask', 'atomic_write', 'one_line', 'test_bytes_equal',
-           'test_grads_equal', 'cuda_cell_skipped', 'skip_cuda_cells', 'HostSyncError', 'assert_no_host_sync',
-           'bbox_iou', 'box_area', 'box_iou', 'crop_mask', 'synth_batch']
+__all__ = ['BATCH_KEYS', 'MASK_STRIDE', 'RULES', 'EMBEDDED_DATA', 'CONFIGS', 'EMBEDDED_IMAGES', 'EMBEDDED_ANNOTATIONS',
+           'TEST_IMG', 'check_rules', 'package_dir', 'repo_root', 'env_info', 'env_card', 'device_tag',
+           'module_pointers', 'tensor_bytes', 'digest', 'state_hashes', 'current_umask', 'atomic_write', 'one_line',
+           'test_bytes_equal', 'test_grads_equal', 'cuda_cell_skipped', 'skip_cuda_cells', 'HostSyncError',
+           'assert_no_host_sync', 'bbox_iou', 'box_area', 'box_iou', 'crop_mask', 'synth_batch']
 
 # %% ../nbs/00b_core.ipynb #00d8c748
 BATCH_KEYS = ('img', 'boxes', 'cls', 'valid', 'masks', 'image_id', 'orig_hw', 'letterbox', 'hsv')
 MASK_STRIDE = 4  # masks and prototypes live at 1/4 of the input side
+
+# %% ../nbs/00b_core.ipynb #6b5d9ef7
+RULES = ('lucid', 'ultralytics')   # the inference rules a checkpoint can carry (above)
+
+def check_rules(rules:str)->str:
+    "`rules` if it names a set of `RULES`, else a one-line error."
+    if rules not in RULES: raise ValueError(f"inference rules {rules!r}: use one of {', '.join(RULES)}")
+    return rules
 
 # %% ../nbs/00b_core.ipynb #db8c02f2
 def package_dir()->Path:
@@ -134,6 +142,7 @@ def atomic_write(path, data:bytes)->Path:
 def one_line(e:BaseException)->str:
     "An error's message on one line (its lines joined by '; '), for `lucid: error: …`; its type's name when it has none."
     return '; '.join(l.strip() for l in str(e).splitlines() if l.strip()) or type(e).__name__
+
 
 
 # %% ../nbs/00b_core.ipynb #a2d58bbe
