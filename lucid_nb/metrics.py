@@ -490,7 +490,8 @@ def _update_ultralytics(self:Validator, eval_out:dict, batch:dict):
             m = ultralytics_masks(eval_out['coef'][i][d['anchors']], eval_out['proto'][i],
                                   p['boxes'] if self.predict else d['boxes'], hws[i], rps[i], native=self.predict)
             if self.predict: keep = m.flatten(1).any(1); p, m = {k: v[keep] for k, v in p.items()}, m[keep]
-            p['masks'] = rle_encode(m)
+            p['masks'] = rle_encode(m) if m.is_cuda else [dict(r, counts=r['counts'].decode()) for r in   # pycocotools': faster on a CPU
+                         (mask_utils.encode(np.asfortranarray(m.permute(1, 2, 0).numpy().astype(np.uint8))) if len(m) else [])]
         preds.append(p)
     self.results += coco_results(preds, ids, self.cat_ids)
     self.mask_stats += [None] * (len(self.results) - len(self.mask_stats))   # COCOeval decodes these masks itself
