@@ -353,6 +353,7 @@ def _ckpt_options(self:LucidCLI):
     if (local := local_checkpoint(path)) != path:   # a `file://` URL: its path; other URLs are refused (`08b_runs`)
         self.config = self.parser.parse_object({sub: {'ckpt_path': local}}, self.config); path = local
     ckpt = read_checkpoint(path)
+    if sub in ('validate', 'test', 'predict'): self.inference_rules = check_rules((ckpt.get('lucid') or {}).get('rules', 'lucid'))
     self._take_checkpoint(sub, path, ckpt)
     self.ckpt_hparams = ckpt.get('hyper_parameters') or {}
 
