@@ -73,7 +73,8 @@ class YoloData(L.LightningDataModule):
         Images per training batch.
     val_batch_size : int | None
         Images per validation batch. None: twice `batch_size` (validation keeps no activations for a backward, and
-        fewer, larger batches mean fewer forward and NMS calls from the host).
+        fewer, larger batches mean fewer forward and NMS calls from the host); by Ultralytics' inference rules (an
+        Ultralytics `.pt`), Ultralytics' 16, on which its rectangular batches' shapes depend.
     workers : int
         DataLoader worker processes (0: build batches in this process).
     threads : int | None
