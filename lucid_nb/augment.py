@@ -16,8 +16,9 @@ from .core import *
 from .coco import *
 
 # %% auto #0
-__all__ = ['HSV_CHUNK_PIXELS', 'translate', 'letterbox_params', 'random_affine', 'warp_image', 'mosaic_canvas', 'place_instances',
-           'AugSettings', 'build_sample', 'hsv_jitter']
+__all__ = ['HSV_CHUNK_PIXELS', 'translate', 'letterbox_params', 'random_affine', 'resize_linear', 'letterbox_cv2',
+           'val_resized_hw', 'rect_batches', 'warp_image', 'mosaic_canvas', 'place_instances', 'AugSettings',
+           'build_sample', 'hsv_jitter']
 
 # %% ../nbs/01b_augment.ipynb #d796d5c4
 def translate(tx:float, ty:float)->np.ndarray:
@@ -39,6 +40,65 @@ def random_affine(rng:np.random.Generator, size:int, canvas:int, degrees:float=0
     c, si = math.cos(math.radians(a)) * s, math.sin(math.radians(a)) * s
     A = translate(tx, ty) @ np.array([[1, shx, 0], [shy, 1, 0], [0, 0, 1]]) @ np.array([[c, si, 0], [-si, c, 0], [0, 0, 1]]) @ translate(-canvas / 2, -canvas / 2)
     return np.array([[-1., 0, size], [0, 1, 0], [0, 0, 1]]) @ A if flip else A
+
+# %% ../nbs/01b_augment.ipynb #de1d5307
+def _linear_taps(n_out:int, n_in:int)->tuple[np.ndarray, np.ndarray, np.ndarray]:
+    "OpenCV's `INTER_LINEAR` along one axis: the first source index of each output pixel, and its two 11-bit weights."
+    f = ((np.arange(n_out) + .5) * (1. / (n_out / n_in)) - .5).astype(np.float32)   # as OpenCV: 1 / (its inverse scale)
+    i = np.floor(f).astype(np.int64)
+    f = f - i.astype(np.float32)
+    return i, np.rint((np.float32(1) - f) * np.float32(2048)).astype(np.int64), np.rint(f * np.float32(2048)).astype(np.int64)
+
+def resize_linear(img:np.ndarray, w:int, h:int)->np.ndarray:
+    "(H,W,C) uint8 resized to (h,w,C) with OpenCV's `cv2.resize(img, (w, h), interpolation=cv2.INTER_LINEAR)` bytes."
+    H, W = img.shape[:2]
+    if (h, w) == (H, W): return img.copy()
+    s = img.astype(np.int64)
+    if (H, W) == (2 * h, 2 * w): return ((s[::2, ::2] + s[::2, 1::2] + s[1::2, ::2] + s[1::2, 1::2] + 2) >> 2).astype(np.uint8)
+    x, a0, a1 = _linear_taps(w, W)
+    edge = (x < 0) | (x >= W - 1)                        # OpenCV: one source pixel, the nearest edge
+    x = x.clip(0, W - 1); a0[edge], a1[edge] = 2048, 0
+    rows = s[:, x] * a0[:, None] + s[:, np.minimum(x + 1, W - 1)] * a1[:, None]   # (H,w,C), weights × 2048
+    y, b0, b1 = _linear_taps(h, H)                       # rows past an edge repeat it, with their weights as they are
+    top, bottom = rows[y.clip(0, H - 1)] >> 4, rows[(y + 1).clip(0, H - 1)] >> 4
+    v = ((b0[:, None, None] * top) >> 16) + ((b1[:, None, None] * bottom) >> 16)
+    return ((v + 2) >> 2).clip(0, 255).astype(np.uint8)
+
+# %% ../nbs/01b_augment.ipynb #0a1d5443
+def letterbox_cv2(img:np.ndarray,            # (H,W,3) uint8
+                  shape:tuple,               # (h, w) to pad into (`auto`: at most)
+                  auto:bool=False,           # pad only to the next multiple of `stride`
+                  stride:int=32,
+                  resized:tuple|None=None,   # (h, w) the image is resized to first (None: fit `shape`, sides rounded)
+                 )->tuple[np.ndarray, np.ndarray]: # the padded image, ratio_pad (gain_y, gain_x, pad_x, pad_y) float64
+    "Ultralytics' `LetterBox` with OpenCV's resize (`resize_linear`): predict (`auto`) and validation (`resized`)."
+    H, W = img.shape[:2]
+    if resized is None:
+        r = min(shape[0] / H, shape[1] / W)
+        resized = max(round(H * r), 1), max(round(W * r), 1)
+    h, w = resized
+    dh, dw = shape[0] - h, shape[1] - w
+    if auto: dh, dw = dh % stride, dw % stride
+    top, bottom, left, right = round(dh / 2 - .1), round(dh / 2 + .1), round(dw / 2 - .1), round(dw / 2 + .1)
+    out = np.full((h + top + bottom, w + left + right, img.shape[2]), 114, np.uint8)
+    out[top:top + h, left:left + w] = resize_linear(img, w, h)
+    return out, np.array([h / H, w / W, left, top], np.float64)
+
+def val_resized_hw(hw:tuple, imgsz:int)->tuple[int, int]:
+    "Ultralytics validation's first resize: the long side to `imgsz`, the other rounded up."
+    r = imgsz / max(hw)
+    return tuple(hw) if r == 1 else tuple(min(math.ceil(s * r), imgsz) for s in hw)
+
+def rect_batches(hws:list, batch_size:int, imgsz:int, stride:int=32)->tuple[np.ndarray, np.ndarray]:
+    "Ultralytics' rectangular validation batches: the images' order (by aspect ratio, numpy's default sort) and each place's (h, w)."
+    ar = np.array([h / w for h, w in hws])
+    order = ar.argsort()
+    ar, batch = ar[order], np.arange(len(hws)) // batch_size
+    shapes = np.ones((len(hws), 2))
+    for b in range(batch[-1] + 1 if len(hws) else 0):
+        lo, hi = ar[batch == b].min(), ar[batch == b].max()
+        shapes[batch == b] = [hi, 1] if hi < 1 else [1, 1 / lo] if lo > 1 else [1, 1]
+    return order, (np.ceil(shapes * imgsz / stride + .5).astype(int) * stride)
 
 # %% ../nbs/01b_augment.ipynb #de974c4c
 def _is_shift(M:np.ndarray)->bool:

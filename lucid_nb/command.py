@@ -23,6 +23,7 @@ from .model import model_summary
 from .weights import read_weights, weights_read
 from .runs import LOCK_NAME, RunFolderInUse, SafeCheckpointIO, local_checkpoint, lock_owner_alive, note, read_checkpoint, read_lock, run_folder, run_lock, weak_checkpoint
 from .trainer import DATA_SOURCE, LitYolo
+from .metrics import conf_line, predict_conf
 
 # %% auto #0
 __all__ = ['BATCH_LIMITS', 'RESUME_FIXED', 'HELP', 'LIGHTNING_LOGS', 'QUIET_WARNINGS', 'RUN_RECORDS', 'UNUSED_RUN_FILES',
@@ -104,6 +105,11 @@ class LucidCLI(LightningCLI):
         # Lightning's own reading of `--ckpt_path` through the one safe reader (`08b_runs`)
         s = self.trainer.strategy
         if type(s.checkpoint_io) is TorchCheckpointIO: s.checkpoint_io = SafeCheckpointIO()
+        if getattr(self, 'datamodule', None) is not None: self.datamodule.set_rules(getattr(self, 'inference_rules', 'lucid'))   # a `.pt`'s: Ultralytics' (`_weights_options`)
+        if self.subcommand == 'predict':   # `--model.conf` as given (`predict_conf`); below the default, one line says what it allows
+            self.model.conf_given = 'conf' in getattr(self, 'given_model_options', set())
+            h = self.model.hparams
+            if line := conf_line(predict_conf(h.conf, self.model.conf_given), h.max_det): note(line)
 
 RESUME_FIXED = ('optimizer', 'lr', 'momentum', 'weight_decay', 'warmup_epochs', 'warmup_bias_lr', 'warmup_momentum', 'lrf', 'cosine')
 
@@ -347,6 +353,7 @@ def _ckpt_options(self:LucidCLI):
     if (local := local_checkpoint(path)) != path:   # a `file://` URL: its path; other URLs are refused (`08b_runs`)
         self.config = self.parser.parse_object({sub: {'ckpt_path': local}}, self.config); path = local
     ckpt = read_checkpoint(path)
+    if sub in ('validate', 'test', 'predict'): self.inference_rules = check_rules((ckpt.get('lucid') or {}).get('rules', 'lucid'))
     self._take_checkpoint(sub, path, ckpt)
     self.ckpt_hparams = ckpt.get('hyper_parameters') or {}
 
@@ -391,9 +398,15 @@ def _weights_options(self:LucidCLI):
         note(f"--model.weights {path} is not read: --ckpt_path {cfg.ckpt_path} restores the network")
         self.config = self.parser.parse_object(wrap({'model': {'weights': None}}), self.config); return
     w = self.model_weights = read_weights(path)   # handed to `LitYolo.start_from` (`instantiate_classes`): read once
+    if sub in ('validate', 'test', 'predict'): self.inference_rules = w.rules   # training is by lucid's rules whatever the start
     if sub in ('validate', 'test', 'predict') and w.kind == 'lucid':   # its network as `--ckpt_path` has it: its size and options too
         self._take_checkpoint(sub, path, w.ckpt)
         cfg = self.config[sub]   # with what was taken (`parse_object` returns a new config): the size, when the checkpoint had one
+    elif sub in ('validate', 'test', 'predict'):   # an Ultralytics file: the size it was trained at, and its rules
+        if 'imgsz' not in self.given_data_options and cfg.data.imgsz != w.imgsz:
+            self.config = self.parser.parse_object(wrap({'data': {'imgsz': w.imgsz}}), self.config); cfg = self.config[sub]
+        note(f"{sub} by Ultralytics' rules (OpenCV's resize, its letterbox and masks) at imgsz={cfg.data.imgsz}"
+             f"{'' if 'imgsz' in self.given_data_options else ', the size the file was trained at'}")
     if w.scale == cfg.model.size: return
     if 'size' in self.given_model_options: w.check_size(cfg.model.size)
     self.config = self.parser.parse_object(wrap({'model': {'size': w.scale}}), self.config)

@@ -15,12 +15,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from .allocator import allocator_setting
 
 # %% auto #0
-__all__ = ['BATCH_KEYS', 'MASK_STRIDE', 'INSTANCE_GROUP', 'EMBEDDED_DATA', 'CONFIGS', 'EMBEDDED_IMAGES', 'EMBEDDED_ANNOTATIONS',
-           'TEST_IMG', 'group_bucket', 'group_instances', 'pad_groups', 'image_instances', 'package_dir', 'repo_root',
-           'env_info', 'env_card', 'device_tag', 'module_pointers', 'tensor_bytes', 'digest', 'state_hashes',
-           'current_umask', 'atomic_write', 'one_line', 'test_bytes_equal', 'test_grads_equal', 'cuda_cell_skipped',
-           'skip_cuda_cells', 'HostSyncError', 'assert_no_host_sync', 'bbox_iou', 'box_area', 'box_iou', 'crop_mask',
-           'synth_batch']
+__all__ = ['BATCH_KEYS', 'MASK_STRIDE', 'INSTANCE_GROUP', 'RULES', 'EMBEDDED_DATA', 'CONFIGS', 'EMBEDDED_IMAGES',
+           'EMBEDDED_ANNOTATIONS', 'TEST_IMG', 'group_bucket', 'group_instances', 'pad_groups', 'image_instances',
+           'check_rules', 'package_dir', 'repo_root', 'env_info', 'env_card', 'device_tag', 'module_pointers',
+           'tensor_bytes', 'digest', 'state_hashes', 'current_umask', 'atomic_write', 'one_line', 'test_bytes_equal',
+           'test_grads_equal', 'cuda_cell_skipped', 'skip_cuda_cells', 'HostSyncError', 'assert_no_host_sync',
+           'bbox_iou', 'box_area', 'box_iou', 'crop_mask', 'synth_batch']
 
 # %% ../nbs/00b_core.ipynb #00d8c748
 BATCH_KEYS = ('img', 'boxes', 'cls', 'valid', 'masks', 'owner', 'image_id', 'orig_hw', 'letterbox', 'hsv')
@@ -65,6 +65,14 @@ def image_instances(batch:dict, b:int)->tuple[Tensor,Tensor,Tensor]:
     rows = batch['valid'][b] if owner is None else (owner == b)[:, None] & batch['valid']
     sel = lambda k: batch[k][b][rows] if owner is None else batch[k][rows]
     return sel('boxes'), sel('cls'), sel('masks')
+
+# %% ../nbs/00b_core.ipynb #6b5d9ef7
+RULES = ('lucid', 'ultralytics')   # the inference rules a checkpoint can carry (above)
+
+def check_rules(rules:str)->str:
+    "`rules` if it names a set of `RULES`, else a one-line error."
+    if rules not in RULES: raise ValueError(f"inference rules {rules!r}: use one of {', '.join(RULES)}")
+    return rules
 
 # %% ../nbs/00b_core.ipynb #db8c02f2
 def package_dir()->Path:

@@ -22,8 +22,8 @@ from .augment import *
 from .loader import *
 
 # %% auto #0
-__all__ = ['YoloData', 'image_files', 'pil_rgb', 'prepare_image', 'image_batch', 'ImageFiles', 'collate_images', 'show_batch',
-           'data_cli', 'data_main']
+__all__ = ['ULTRALYTICS_VAL_BATCH', 'YoloData', 'image_files', 'pil_rgb', 'prepare_image', 'ultralytics_sample', 'image_batch',
+           'ImageFiles', 'collate_images', 'RectImages', 'show_batch', 'data_cli', 'data_main']
 
 # %% ../nbs/01d_data.ipynb #ac8594aa
 _COCO_OPTIONS = ('train_images', 'train_annotations', 'val_images', 'val_annotations')   # the options that name COCO data
@@ -73,7 +73,8 @@ class YoloData(L.LightningDataModule):
         Images per training batch.
     val_batch_size : int | None
         Images per validation batch. None: twice `batch_size` (validation keeps no activations for a backward, and
-        fewer, larger batches mean fewer forward and NMS calls from the host).
+        fewer, larger batches mean fewer forward and NMS calls from the host); by Ultralytics' inference rules (an
+        Ultralytics `.pt`), Ultralytics' 16, on which its rectangular batches' shapes depend.
     workers : int
         DataLoader worker processes (0: build batches in this process).
     threads : int | None
@@ -137,6 +138,7 @@ class YoloData(L.LightningDataModule):
         self._disks = {}   # folder: DiskCache, shared by train and validation when they come from one JSON
         self._classes, self._predict, self._spec = None, None, None   # classes from `set_classes`; the `predict_images` dataset; the data.yaml read
         self._json_categories, self.cache_mode = None, cache   # the training JSON's classes; the cache used (`setup`: what fits)
+        self.rules = 'lucid'   # the inference rules of validation and prediction (`set_rules`)
 
 # %% ../nbs/01d_data.ipynb #6c41de4f
 @patch
@@ -355,13 +357,15 @@ def train_dataloader(self:YoloData)->YoloLoader:
     return self._make_loader(self._train, True)
 
 @patch
-def val_dataloader(self:YoloData)->YoloLoader:
-    "Letterbox-only batches in file order, the last one partial."
+def val_dataloader(self:YoloData)->YoloLoader|DataLoader:
+    "Letterbox-only batches in file order, the last one partial; by Ultralytics' rules its rectangular batches (`_rect_loader`)."
+    if self.rules == 'ultralytics': return self._rect_loader()
     self.setup('validate'); return self._make_loader(self._val, False)
 
 @patch
-def test_dataloader(self:YoloData)->YoloLoader:
+def test_dataloader(self:YoloData)->YoloLoader|DataLoader:
     "`lucid test` scores the validation images (give the test set as `val_images`/`val_annotations`)."
+    if self.rules == 'ultralytics': return self._rect_loader()
     self.setup('test'); return self._make_loader(self._val, False)
 
 # %% ../nbs/01d_data.ipynb #284252de
@@ -403,32 +407,62 @@ def prepare_image(img:np.ndarray, imgsz:int, image_id:int=0)->Prepared:
     return Prepared(img, image_id, (H, W), np.zeros((0, 4), np.float32), np.zeros(0, np.int64),
                     np.zeros((0, 2), np.float32), np.zeros((0, 2), np.int64), [])
 
-def image_batch(imgs:list[np.ndarray], imgsz:int, first_id:int=0)->dict:
-    "Letterboxed images as a batch in the format of `collate` (`image_id` counts from `first_id`)."
+def ultralytics_sample(img:np.ndarray, imgsz:int, image_id:int=0, shape=None)->dict:
+    "An (H,W,3) uint8 RGB image as a sample by Ultralytics' rules (`letterbox_cv2`): predict's shape, or validation's into its batch's `shape`; with `ratio_pad`."
+    H, W = img.shape[:2]
+    if shape is None: out, rp = letterbox_cv2(img, (imgsz, imgsz), auto=True)
+    else: out, rp = letterbox_cv2(img, tuple(shape), resized=val_resized_hw((H, W), imgsz))
+    s = out.shape[0] // MASK_STRIDE
+    return dict(img=out, boxes=np.zeros((0, 4), np.float32), cls=np.zeros(0, np.int64), masks=np.zeros((0, s, s), np.uint8),
+                image_id=image_id, orig_hw=np.array([H, W], np.int64), letterbox=rp[[1, 2, 3]].astype(np.float32),
+                hsv=np.ones(3, np.float32), dropped=0, ratio_pad=rp)
+
+def image_batch(imgs:list[np.ndarray], imgsz:int, first_id:int=0, rules:str='lucid')->dict:
+    "Letterboxed images as a batch in the format of `collate` (`image_id` counts from `first_id`); by Ultralytics' rules, images of one shape."
+    if check_rules(rules) == 'ultralytics': return collate_images([ultralytics_sample(a, imgsz, first_id + i) for i, a in enumerate(imgs)])
     return collate([build_sample([prepare_image(a, imgsz, first_id + i)], imgsz, max_instances=1) for i, a in enumerate(imgs)], 1)
 
-# %% ../nbs/01d_data.ipynb #df04aba3
+# %% ../nbs/01d_data.ipynb #9458abf8
 class ImageFiles(Dataset):
-    "Plain image files as letterboxed samples; `image_id` is the file's index in `files`; a file that cannot be read is a `problem` sample naming it."
-    def __init__(self, files:list[Path], imgsz:int=640): self.files, self.imgsz = list(files), imgsz
+    "Plain image files as letterboxed samples; `image_id` is the file's index in `files` (or its `ids` entry); a file that cannot be read is a `problem` sample naming it."
+    def __init__(self, files:list[Path], imgsz:int=640, rules:str='lucid', ids:list|None=None):
+        self.files, self.imgsz, self.rules = list(files), imgsz, check_rules(rules)
+        self.ids = list(range(len(self.files))) if ids is None else list(ids)
     def __len__(self): return len(self.files)
     def __getitem__(self, i:int)->dict:
         try: img = load_rgb(self.files[i])
-        except BadInputError as e: return {'problem': str(e), 'image_id': i}   # the others' results are kept (`collate_images`)
-        return build_sample([prepare_image(img, self.imgsz, i)], self.imgsz, max_instances=1)
+        except BadInputError as e: return {'problem': str(e), 'image_id': self.ids[i]}   # the others' results are kept (`collate_images`)
+        if self.rules == 'ultralytics': return ultralytics_sample(img, self.imgsz, self.ids[i])
+        return build_sample([prepare_image(img, self.imgsz, self.ids[i])], self.imgsz, max_instances=1)
 
 def collate_images(samples:list[dict])->dict:
-    "`ImageFiles` samples as a batch of the good ones (no `img` when none is), with `problems`: (image_id, message) of the bad files."
+    "`ImageFiles` samples as a batch of the good ones (no `img` when none is), with `problems`: (image_id, message) of the bad files; `ratio_pad` (B,4) by Ultralytics' rules."
     good = [s for s in samples if 'problem' not in s]
     batch = collate(good, max_instances=1) if good else {}
+    if good and 'ratio_pad' in good[0]: batch['ratio_pad'] = torch.from_numpy(np.stack([s['ratio_pad'] for s in good]))
     batch['problems'] = [(s['image_id'], s['problem']) for s in samples if 'problem' in s]
     return batch
+
+class RectImages(Dataset):
+    "Validation records as samples by Ultralytics' validation rules: in `rect_batches`' order, each letterboxed into its batch's shape."
+    def __init__(self, records:list, imgsz:int, batch_size:int):
+        self.records, self.imgsz = list(records), imgsz
+        self.order, self.shapes = rect_batches([r.hw for r in self.records], batch_size, imgsz)
+    def __len__(self): return len(self.records)
+    def __getitem__(self, k:int)->dict:
+        r = self.records[self.order[k]]
+        return ultralytics_sample(load_rgb(r.path), self.imgsz, r.image_id, self.shapes[k])
 
 # %% ../nbs/01d_data.ipynb #fcce96c1
 @patch
 def predict_dataloader(self:YoloData)->DataLoader|YoloLoader:
-    "The `predict_images` files batched like validation; without them, `lucid predict` runs on the validation images."
+    "The `predict_images` files batched like validation; without them, `lucid predict` runs on the validation images. By Ultralytics' rules one image a batch, each of its own shape."
     h = self.hparams
+    if self.rules == 'ultralytics':
+        if not h.predict_images: self.setup('predict')
+        files, ids = (image_files(h.predict_images), None) if h.predict_images else ([r.path for r in self.val_records], self.val_image_ids)
+        self._predict = ImageFiles(files, h.imgsz, 'ultralytics', ids)
+        return DataLoader(self._predict, batch_size=1, num_workers=h.workers, collate_fn=collate_images)
     if not h.predict_images: self.setup('predict'); return self._make_loader(self._val, False)
     self._predict = ImageFiles(image_files(h.predict_images), h.imgsz)
     return DataLoader(self._predict, batch_size=h.batch_size, num_workers=h.workers, collate_fn=collate_images)
@@ -444,6 +478,20 @@ def predict_paths(self:YoloData)->dict:
 def set_classes(self:YoloData, cat_ids:list, class_names:list):
     "Use these classes (e.g. a checkpoint's) instead of the training JSON's."
     self._classes = (list(cat_ids), list(class_names))
+
+ULTRALYTICS_VAL_BATCH = 16   # Ultralytics' validation batch: its rectangular batches' shapes depend on it
+
+@patch
+def set_rules(self:YoloData, rules:str):
+    "Read images for validation and prediction by these inference rules (`00b_core`; the CLI sets a YOLO11-seg `.pt`'s)."
+    self.rules = check_rules(rules)
+
+@patch
+def _rect_loader(self:YoloData)->DataLoader:
+    "Validation batches by Ultralytics' rules: `RectImages` in order, `val_batch_size` (default `ULTRALYTICS_VAL_BATCH`) a batch."
+    self.setup('validate'); h = self.hparams
+    bs = h.val_batch_size or ULTRALYTICS_VAL_BATCH
+    return DataLoader(RectImages(self.val_records, h.imgsz, bs), batch_size=bs, num_workers=h.workers, collate_fn=collate_images)
 
 # %% ../nbs/01d_data.ipynb #8337cfae
 def show_batch(batch:dict, class_names:list|None=None, n:int=8, ncols:int=4, size:float=3.):

@@ -37,20 +37,21 @@ class Predictor:
                  conf:float=PREDICT_CONF,  # score threshold
                  iou:float=0.7,            # NMS IoU threshold
                  max_det:int=300,          # detections kept per image
+                 rules:str='lucid',        # inference rules (`00b_core`): an Ultralytics file's are 'ultralytics'
                 ):
         self.net, self.class_names, self.cat_ids = net.eval(), list(class_names), list(cat_ids)
-        self.imgsz, self.conf, self.iou, self.max_det = imgsz, conf, iou, max_det
+        self.imgsz, self.conf, self.iou, self.max_det, self.rules = imgsz, conf, iou, max_det, check_rules(rules)
         self.weak = None   # why its detections will mean little (`runs.weak_checkpoint`), or None
 
     @property
     def device(self)->torch.device: return next(self.net.parameters()).device
-    def __repr__(self): return f"Predictor({len(self.class_names)} classes, imgsz {self.imgsz}, conf {self.conf}, {self.device})"
+    def __repr__(self): return f"Predictor({len(self.class_names)} classes, imgsz {self.imgsz}, conf {self.conf}, {self.rules} rules, {self.device})"
 
 # %% ../nbs/09_predict.ipynb #e926beac
 def load(path,                      # a `lucid` checkpoint (`last.ckpt`, `best.ckpt`) or an Ultralytics YOLO11-seg one (`yolo11n-seg.pt`)
          device:str|None=None,      # None: the CPU
-         imgsz:int|None=None,       # None: the checkpoint's training size (an Ultralytics file: 640)
-         conf:float|None=None,      # score threshold; None: `lucid predict`'s, `predict_conf` of the checkpoint's `--model.conf`
+         imgsz:int|None=None,       # None: the checkpoint's training size (an Ultralytics file's `train_args`; 640 where it says none)
+         conf:float|None=None,      # score threshold, taken as given; None: `lucid predict`'s, `predict_conf` of the checkpoint's `--model.conf`
          option:str='lucid_nb.load',   # how error messages name the file's source
         )->Predictor:
     "A `Predictor` from a checkpoint file: `lucid_nb.load('best.ckpt').predict(images)`; read by `03a_weights`' safe reader."
@@ -59,12 +60,13 @@ def load(path,                      # a `lucid` checkpoint (`last.ckpt`, `best.c
     if w.kind == 'ultralytics':   # its own network, whole; ids 0..K-1
         if not (report := load_weights(net, w)).complete: note(report.line)
     else: net.load_state_dict(w.state)
-    hp, extra = w.ckpt.get('hyper_parameters') or {}, w.ckpt.get('lucid') or {}   # {} for an Ultralytics file: the defaults
+    hp = w.ckpt.get('hyper_parameters') or {}   # {} for an Ultralytics file: the defaults
     if conf is None: conf = predict_conf(hp.get('conf'))   # the threshold `lucid predict` applies to this checkpoint
-    p = Predictor(net.requires_grad_(False).to(device or 'cpu'), names, cat_ids, imgsz or extra.get('imgsz', 640), conf,
-                  hp.get('iou', 0.7), hp.get('max_det', 300))
+    p = Predictor(net.requires_grad_(False).to(device or 'cpu'), names, cat_ids, imgsz or w.imgsz, conf,
+                  hp.get('iou', 0.7), hp.get('max_det', 300), w.rules)
     p.weak = weak_checkpoint(w.ckpt)
     return p
+
 
 
 # %% ../nbs/09_predict.ipynb #5463e053
@@ -111,14 +113,15 @@ def to_detections(results:list, img:np.ndarray, cat_ids:list, class_names:list, 
 # %% ../nbs/09_predict.ipynb #4ce67ce8
 @patch
 def predict(self:Predictor, images, batch_size:int=8, conf:float|None=None)->list[Detections]:
-    "Detections of each image (files, PIL images or (H,W,3) uint8 RGB arrays), in order."
+    "Detections of each image (files, PIL images or (H,W,3) uint8 RGB arrays), in order; by Ultralytics' rules one image at a time, each of its own shape."
     if isinstance(images, (str, Path, Image.Image, np.ndarray)): images = [images]
-    out = []
+    out, batch_size = [], 1 if self.rules == 'ultralytics' else batch_size
     for i in range(0, len(images), batch_size):
         srcs = images[i:i + batch_size]
         imgs = [as_rgb(x) for x in srcs]
-        batch = image_batch(imgs, self.imgsz)
-        v = Validator(self.cat_ids, conf=self.conf if conf is None else conf, iou=self.iou, max_det=self.max_det)
+        batch = image_batch(imgs, self.imgsz, rules=self.rules)
+        v = Validator(self.cat_ids, conf=self.conf if conf is None else conf, iou=self.iou, max_det=self.max_det,
+                      rules=self.rules, predict=True)
         with torch.no_grad(): v.update(self.net(batch['img'].to(self.device).float() / 255), batch)
         for k, (img, src) in enumerate(zip(imgs, srcs)):
             out.append(to_detections([r for r in v.results if r['image_id'] == k], img, self.cat_ids, self.class_names,

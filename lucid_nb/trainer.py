@@ -74,7 +74,7 @@ class LitYolo(L.LightningModule):
     ema_tau : float
         EMA ramp in updates.
     conf : float
-        Score threshold of validation's NMS (prediction uses `predict_conf` of it: at least 0.25).
+        Score threshold of validation's NMS; prediction takes it as given on the command line, else at least 0.25 (`predict_conf`).
     iou : float
         IoU threshold of NMS.
     max_det : int
@@ -233,12 +233,12 @@ def default_val_group_pixels()->int:
     return 2**27 if expandable_segments() else 2**25
 
 @patch
-def make_validator(self:LitYolo, conf:float|None=None)->Validator:
-    "A `Validator` with this module's thresholds and group size and the datamodule's category ids."
-    h = self.hparams
+def make_validator(self:LitYolo, conf:float|None=None, predict:bool=False)->Validator:
+    "A `Validator` with this module's thresholds and group size and the datamodule's category ids and inference rules (`00b_core`)."
+    h, dm = self.hparams, self.trainer.datamodule
     group = default_val_group_pixels() if h.get('val_group_pixels') is None else h.val_group_pixels
-    return Validator(self.trainer.datamodule.cat_ids, conf=h.conf if conf is None else conf, iou=h.iou, max_det=h.max_det,
-                     group_pixels=group)
+    return Validator(dm.cat_ids, conf=h.conf if conf is None else conf, iou=h.iou, max_det=h.max_det,
+                     group_pixels=group, rules=getattr(dm, 'rules', 'lucid'), predict=predict)
 
 @patch
 def on_validation_epoch_start(self:LitYolo):
@@ -347,7 +347,7 @@ def on_save_checkpoint(self:LitYolo, checkpoint:dict):
     dm = self.trainer.datamodule if self._trainer is not None else None
     if dm is None: return
     h, absolute = dm.hparams, lambda p: None if p is None else str(Path(p).absolute())
-    checkpoint['lucid'] = dict(class_names=list(dm.class_names), cat_ids=list(dm.cat_ids), imgsz=h.imgsz,
+    checkpoint['lucid'] = dict(class_names=list(dm.class_names), cat_ids=list(dm.cat_ids), imgsz=h.imgsz, rules='lucid',   # trained by lucid's rules
                                data={k: absolute(h[k]) for k in DATA_SOURCE[:5]} | dict(val_count=h.val_count))
     if (stats := getattr(self, 'last_val_stats', None)) is not None:
         checkpoint['lucid']['val'] = {k: float(v) for k, v in stats.summary().items()}
@@ -357,10 +357,10 @@ DATA_SOURCE = ('dataset', 'train_images', 'train_annotations', 'val_images', 'va
 # %% ../nbs/08c_trainer.ipynb #921548c1
 @patch
 def predict_step(self:LitYolo, batch:dict, batch_idx:int)->list:
-    "COCO results of one batch at `predict_conf`'s score threshold (as `lucid_nb.load(...).predict`), and a `problem` entry for each file that could not be read."
+    "COCO results of one batch at `predict_conf`'s score threshold (as `lucid_nb.load(...).predict`; `conf_given`: `--model.conf` was asked for), and a `problem` entry for each file that could not be read."
     problems = [{'image_id': i, 'problem': p} for i, p in batch.get('problems', ())]
     if 'img' not in batch: return problems
-    v = self.make_validator(conf=predict_conf(self.hparams.conf))
+    v = self.make_validator(conf=predict_conf(self.hparams.conf, getattr(self, 'conf_given', False)), predict=True)
     v.update(self.ema.module(batch['img']), batch)
     return v.results + problems
 

@@ -171,6 +171,15 @@ class Weights:
     names:list|None = None  # class names the file carries (never used for training: those come from the data)
     ckpt:dict = field(default_factory=dict, repr=False)   # a lucid checkpoint's dict (hyper_parameters, lucid)
     extra:list = field(default_factory=list)              # file keys with no tensor of ours
+    train_imgsz:int|None = None                           # the image size an Ultralytics file was trained at (its `train_args`)
+    @property
+    def rules(self)->str:
+        "The inference rules the file's network predicts and validates by (`00b_core`): a `.pt`'s are Ultralytics'; a lucid checkpoint's are the ones it records (`lucid` where it records none)."
+        return 'ultralytics' if self.kind == 'ultralytics' else check_rules((self.ckpt.get('lucid') or {}).get('rules', 'lucid'))
+    @property
+    def imgsz(self)->int:
+        "The image size the network was trained at: predicting and validating take it unless another is asked for (640 where the file does not say)."
+        return int(self.train_imgsz or (self.ckpt.get('lucid') or {}).get('imgsz') or 640)
     @property
     def title(self)->str:
         return (f"Ultralytics YOLO11{self.scale}-seg" if self.kind == 'ultralytics' else f"lucid {self.scale}") + f", {self.num_classes} classes"
@@ -248,7 +257,10 @@ def read_weights(path, option:str='--model.weights')->Weights:
         raise ValueError(f"{option} {p}: not a YOLO11-seg network of size {', '.join(SCALES)} (lucid's sizes): its backbone "
                          f"and neck fit none of them ({len(raw)} tensors, first convolution "
                          f"{tuple(first.shape) if first is not None else 'missing'}{f', the file says scale {said!r}' if said else ''})")
-    return Weights(state, scale, int(K), 'ultralytics', p, _names(vars(net).get('names')), extra=extra)
+    args = ckpt.get('train_args') if isinstance(ckpt.get('train_args'), dict) else vars(net).get('args')
+    size = args.get('imgsz') if isinstance(args, dict) else None
+    return Weights(state, scale, int(K), 'ultralytics', p, _names(vars(net).get('names')), extra=extra,
+                   train_imgsz=size if isinstance(size, int) and size > 0 else None)
 
 # %% ../nbs/03a_weights.ipynb #8aa8764c
 def _modules_of(keys:list)->str:

@@ -132,6 +132,21 @@ def test_api_matches_lucid_predict(tmp_path, ckpt, folder, conf):
     assert_same_detections(cli, lucid_nb.load(ckpt), files)
 
 
+def test_predict_takes_conf_as_given(tmp_path):
+    """`lucid predict --model.conf 0.05` was raised to 0.25 without a word (a young model: "0 detections"); now the
+    threshold is taken as given, and one line says what it allows per image (`--model.max_det`). The model: a
+    YOLO11n-seg Ultralytics trained (`test_ultralytics_parity.py`), whose scores spread over (0, 1)."""
+    folder = tmp_path / 'images'; folder.mkdir()
+    for p in sorted(EMBEDDED_IMAGES.glob('*.jpg'))[-3:]: (folder / p.name).write_bytes(p.read_bytes())   # images it was trained on
+    args = ['--model.weights', str(Path(__file__).parent / 'fixtures' / 'yolo11n-seg-coco128.pt'), '--data.predict_images', str(folder)]
+    out = cli_predict(tmp_path / 'low', *args, '--model.conf', '0.05')
+    assert out.count('scores above 0.05 kept (below the default 0.25): up to 300 detections per image') == 1
+    low = json.loads((tmp_path / 'low' / 'out' / 'predict' / 'predictions.json').read_text())
+    assert 'scores above' not in cli_predict(tmp_path / 'default', *args)          # the default 0.25: no line
+    default = json.loads((tmp_path / 'default' / 'out' / 'predict' / 'predictions.json').read_text())
+    assert min(r['score'] for r in low) < 0.25 <= min(r['score'] for r in default) and len(low) > len(default)
+
+
 def test_api_matches_lucid_predict_with_ultralytics_weights(tmp_path, folder):
     """`lucid predict --model.weights yolo11n-seg.pt` took the classes of the default data (COCO ids 1..90, and a
     fresh head for a file of another class count); `lucid_nb.load` the file's own (ids 0..K-1): now both the file's."""
