@@ -430,11 +430,16 @@ def yolo_coco(
     "One split of an Ultralytics dataset as a COCO instances dict: images in file order with their displayed sizes, each good label line an annotation."
     files = sorted({f for d in spec.splits[split] for f in d.rglob('*') if f.suffix.lower() in IMAGE_SUFFIXES and f.is_file()})
     if not files: raise FileNotFoundError(f"{spec.path}: '{split}': no image files ({', '.join(IMAGE_SUFFIXES)}) in {', '.join(map(str, spec.splits[split]))}")
-    images, anns = [], []
+    images, anns, readers = [], [], {}
+    for f in files: readers.setdefault(yolo_label_path(f), []).append(f)   # `a.jpg` and `a.png` both read `a.txt`
     for f in files:
+        txt, others = yolo_label_path(f), [g.name for g in readers[yolo_label_path(f)] if g != f]
+        if others and txt.is_file():
+            report.problem(str(f), 'label file shared by several images', f"{txt} is also the label file of {', '.join(others)}: "
+                           "whose polygons they are cannot be told; rename the images apart, each with its own label file"); continue
         try: hw = displayed_hw(f)
         except _IMAGE_ERRORS as e: report.problem(str(f), 'unreadable image', f"{type(e).__name__}: {e}"); continue
-        if not (txt := yolo_label_path(f)).is_file(): report.note('images without a label file (background)')
+        if not txt.is_file(): report.note('images without a label file (background)')
         if (mine := yolo_annotations(txt, hw, len(spec.names), report)) is None: continue
         i = first_id + len(images)
         images.append(dict(id=i, file_name=str(f.relative_to(spec.root)) if f.is_relative_to(spec.root) else str(f), height=hw[0], width=hw[1]))
