@@ -235,7 +235,7 @@ def setup(self:YoloData, stage:str|None=None):
     "Read, check, split and cache the data (once), then print the report; `predict` on `predict_images` reads nothing here."
     if self._train is not None or (stage == 'predict' and self.hparams.predict_images): return
     h, t0 = self.hparams, time.perf_counter()
-    if h.dataset: self._setup_datasets(*self._yolo_records(), t0); return
+    if h.dataset: self._setup_datasets(*self._yolo_records(), t0, stage); return
     images, annotations = self._paths()
     for k, folder in (('train_images', images), ('val_images', h.val_images)):   # named once, not once per image in it
         if folder is not None and not Path(folder).is_dir():
@@ -255,11 +255,11 @@ def setup(self:YoloData, stage:str|None=None):
         tr, va = recs, vidx.records
     vsrc = f"{h.val_annotations}" if h.val_images else f"the last {h.val_count} images of {annotations.name} (by file name)"
     self._setup_datasets(tr, va, (images, annotations),
-                         (Path(h.val_images) if h.val_images else images, Path(h.val_annotations) if h.val_annotations else annotations), vsrc, t0)
+                         (Path(h.val_images) if h.val_images else images, Path(h.val_annotations) if h.val_annotations else annotations), vsrc, t0, stage)
 
 @patch
-def _setup_datasets(self:YoloData, tr:list, va:list, tkey:tuple, vkey:tuple, vsrc:str, t0:float):
-    "Check and cache the train and validation records (`tkey`, `vkey`: their disk cache's images folder and annotations file), then print the report."
+def _setup_datasets(self:YoloData, tr:list, va:list, tkey:tuple, vkey:tuple, vsrc:str, t0:float, stage:str|None=None):
+    "Check and cache the train and validation records (`tkey`, `vkey`: their disk cache's images folder and annotations file), then print the report; validation must hold an instance unless `stage` is 'predict'."
     h = self.hparams
     self.cache_mode = self._plan_cache(tr + va, *tkey)
     self._val = self._dataset(va, *vkey, False)
@@ -274,6 +274,11 @@ def _setup_datasets(self:YoloData, tr:list, va:list, tkey:tuple, vkey:tuple, vsr
         raise ValueError(f"no training instance: none of the {len(self._train)} training images has a usable annotation, so there "
                          f"is nothing to learn (a segmentation model needs masks: polygons or RLE"
                          f"{'; YOLO labels are read from the labels/ folder beside images/' if h.dataset else ''})\n{self.report}")
+    if stage != 'predict' and not any(r.instances for r in self._val.records):   # predicting needs no annotation
+        fix = ('give val images with label files in the data.yaml' if h.dataset else
+               'raise val_count, or give val_images/val_annotations with annotations' if h.val_images is None else 'give val_annotations with annotations')
+        raise ValueError(f"no validation instance: none of the {len(self._val)} validation images ({vsrc}) has a usable annotation, so "
+                         f"mAP is undefined there (COCOeval gives -1) and best.ckpt would be chosen on nothing; {fix}")
     if len(self._train) < h.batch_size:
         raise ValueError(f"batch_size={h.batch_size} exceeds the {len(self._train)} usable training images (training drops the last partial batch)")
     self.setup_seconds = time.perf_counter() - t0

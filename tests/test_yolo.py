@@ -173,8 +173,11 @@ def test_bad_names_are_one_error(tmp_path, names, msg):
 
 
 def test_missing_or_empty_label_file_is_background(tmp_path):
-    dm, recs = records(_tiny(tmp_path, {'t1': f'0 {SQUARE}\n1 {SQUARE}\n', 't2': '', 'v1': None}))
-    assert [len(recs[s].instances) for s in ('t1', 't2', 'v1')] == [2, 0, 0]
+    from PIL import Image
+    y = _tiny(tmp_path, {'t1': f'0 {SQUARE}\n1 {SQUARE}\n', 't2': '', 'v1': f'1 {SQUARE}\n'})
+    Image.fromarray(np.zeros((48, 64, 3), np.uint8)).save(tmp_path / 'images/train/t3.png')   # no label file
+    dm, recs = records(y)
+    assert [len(recs[s].instances) for s in ('t1', 't2', 't3', 'v1')] == [2, 0, 0, 1]
     assert dm.report.counts == {} and dm.report.notes['images without a label file (background)'] == 1
     assert dm.report.notes['images without annotations (kept as negatives)'] == 2
     assert recs['t1'].instances[0].box == pytest.approx((6.4, 4.8, 32., 24.))   # the polygon's extent in pixels
