@@ -6,7 +6,7 @@ Docs: https://lucid-nb.github.io/lucid_nb/command.html.md"""
 
 # %% ../nbs/10a_command.ipynb #0d0572cb
 from __future__ import annotations
-import contextlib, importlib.util, logging, os, shutil, signal, sys, threading, warnings
+import contextlib, importlib.util, logging, os, re, shutil, signal, sys, threading, warnings
 from pathlib import Path
 import torch
 from lightning.pytorch.callbacks import Callback, ModelSummary, RichModelSummary
@@ -20,8 +20,8 @@ from fastcore.basics import patch
 from .core import *
 from .data import YoloData
 from .model import model_summary
-from .weights import read_weights, weights_read
-from .runs import LOCK_NAME, RunFolderInUse, SafeCheckpointIO, local_checkpoint, lock_owner_alive, note, read_checkpoint, read_lock, run_folder, run_lock, weak_checkpoint
+from .weights import local_file, read_weights, weights_read
+from .runs import LOCK_NAME, RunFolderInUse, SafeCheckpointIO, lock_owner_alive, note, read_checkpoint, read_lock, run_folder, run_lock, weak_checkpoint
 from .trainer import DATA_SOURCE, LitYolo
 
 # %% auto #0
@@ -344,8 +344,9 @@ def _ckpt_options(self:LucidCLI):
     self.ckpt_hparams, self.ckpt_extra, sub = {}, {}, self.config.get('subcommand')
     path = self.config[sub].get('ckpt_path') if sub else None
     if not path or path in ('last', 'best', 'hpc'): return   # Lightning's names of this run's own checkpoints
-    if (local := local_checkpoint(path)) != path:   # a `file://` URL: its path; other URLs are refused (`08b_runs`)
-        self.config = self.parser.parse_object({sub: {'ckpt_path': local}}, self.config); path = local
+    local = local_file(path, '--ckpt_path')   # the one rule (`03a_weights`): a file:// URL is its path, other URLs are refused
+    if str(local) != path or re.fullmatch(r'registry(:.*)?', path, re.I | re.S):   # Lightning gets the file (one named as its registry keyword: by its full path)
+        path = str(local.absolute()); self.config = self.parser.parse_object({sub: {'ckpt_path': path}}, self.config)
     ckpt = read_checkpoint(path)
     self._take_checkpoint(sub, path, ckpt)
     self.ckpt_hparams = ckpt.get('hyper_parameters') or {}
@@ -391,6 +392,7 @@ def _weights_options(self:LucidCLI):
         note(f"--model.weights {path} is not read: --ckpt_path {cfg.ckpt_path} restores the network")
         self.config = self.parser.parse_object(wrap({'model': {'weights': None}}), self.config); return
     w = self.model_weights = read_weights(path)   # handed to `LitYolo.start_from` (`instantiate_classes`): read once
+    if sub in ('validate', 'test', 'predict'): w.check_segment()   # another task's file has no mask branch: fit alone may start from it
     if sub in ('validate', 'test', 'predict') and w.kind == 'lucid':   # its network as `--ckpt_path` has it: its size and options too
         self._take_checkpoint(sub, path, w.ckpt)
         cfg = self.config[sub]   # with what was taken (`parse_object` returns a new config): the size, when the checkpoint had one

@@ -6,7 +6,7 @@ Docs: https://lucid-nb.github.io/lucid_nb/runs.html.md"""
 
 # %% ../nbs/08b_runs.ipynb #12ca6a79
 from __future__ import annotations
-import concurrent.futures, contextlib, datetime, hashlib, json, os, shutil, socket, sys, time, urllib.parse, zipfile
+import concurrent.futures, contextlib, datetime, hashlib, json, os, shutil, socket, sys, time, zipfile
 from pathlib import Path
 from weakref import proxy
 import numpy as np, torch
@@ -20,7 +20,7 @@ from torch import Tensor
 from fastcore.basics import patch
 from .core import *
 from .coco import BadInputError
-from .weights import safe_load, with_hashes
+from .weights import local_file, safe_load, with_hashes
 from .loader import disk_free
 from .data import YoloData
 from .metrics import class_rows, class_table, speed_line, write_results
@@ -29,11 +29,10 @@ from .draw import draw_train_batch, draw_val_batch, plot_curves, save_figure, sa
 # %% auto #0
 __all__ = ['LOCK_NAME', 'WEAK_MAP', 'AtomicCheckpoint', 'CheckpointWriteError', 'free_space', 'write_checkpoint_file',
            'wait_for_checkpoints', 'link_or_copy', 'note', 'RunFolderInUse', 'read_lock', 'lock_owner_alive',
-           'acquire_run_lock', 'run_lock', 'remove_leftovers', 'read_checkpoint', 'local_checkpoint',
-           'SafeCheckpointIO', 'weak_checkpoint', 'run_folder', 'write_predictions', 'gather_objects',
-           'rank_state_hashes', 'say', 'close_bars', 'fit_state_hashes', 'write_json_atomic', 'data_wait',
-           'val_data_wait', 'checkpoint_seconds', 'process_age', 'start_labels_grid', 'RunArtifacts', 'epoch_line',
-           'EpochSummary']
+           'acquire_run_lock', 'run_lock', 'remove_leftovers', 'read_checkpoint', 'SafeCheckpointIO', 'weak_checkpoint',
+           'run_folder', 'write_predictions', 'gather_objects', 'rank_state_hashes', 'say', 'close_bars',
+           'fit_state_hashes', 'write_json_atomic', 'data_wait', 'val_data_wait', 'checkpoint_seconds', 'process_age',
+           'start_labels_grid', 'RunArtifacts', 'epoch_line', 'EpochSummary']
 
 # %% ../nbs/08b_runs.ipynb #cbbc85fc
 class AtomicCheckpoint(ModelCheckpoint):
@@ -235,25 +234,15 @@ def remove_leftovers(folder:Path)->list[Path]:
 
 # %% ../nbs/08b_runs.ipynb #eecc4ead
 def read_checkpoint(path, option:str='--ckpt_path')->dict:
-    "Load a Lightning checkpoint on the CPU with `safe_load` (weights only); a file that is none, or would run code, raises an error naming it and what is wrong."
+    "Load a Lightning checkpoint on the CPU with `safe_load` (weights only, the file named by `local_file`); a file that is none, or would run code, raises an error naming it and what is wrong."
     ckpt = safe_load(path, option)
     if not isinstance(ckpt, dict) or 'state_dict' not in ckpt:
-        raise ValueError(f"{option} {Path(path)} is not a Lightning checkpoint: it holds no 'state_dict'")
+        raise ValueError(f"{option} {local_file(path, option)} is not a Lightning checkpoint: it holds no 'state_dict'")
     return ckpt
-
-def local_checkpoint(path, option:str='--ckpt_path')->str:
-    "The local file a checkpoint source names: a `file://` URL is its path; another URL, or a model-registry name, is refused."
-    s = str(path)
-    if s.startswith('file://'): return urllib.parse.unquote(urllib.parse.urlparse(s).path)
-    if '://' in s or s.startswith('registry'):
-        raise ValueError(f"{option} {s}: lucid reads checkpoints from local files only, each through its safe reader; "
-                         "download the file yourself and give its path")
-    return s
 
 class SafeCheckpointIO(TorchCheckpointIO):
     "Lightning's checkpoint I/O whose reading is `read_checkpoint` of a local file (weights only, one-line errors), whatever form the path has."
-    def load_checkpoint(self, path, map_location=None, weights_only=None)->dict:
-        return read_checkpoint(local_checkpoint(path))
+    def load_checkpoint(self, path, map_location=None, weights_only=None)->dict: return read_checkpoint(path)
 
 # %% ../nbs/08b_runs.ipynb #weakckpt0cd
 WEAK_MAP = 1e-3   # a last validation's mAP50-95 (box and mask) below this: the network has learnt nothing yet

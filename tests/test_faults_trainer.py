@@ -13,7 +13,7 @@ from lucid_nb.core import EMBEDDED_ANNOTATIONS, EMBEDDED_IMAGES
 from lucid_nb.command import cli_main
 from lucid_nb.predict import load as load_predictor
 from lucid_nb.runs import LOCK_NAME, read_checkpoint
-from lucid_nb.weights import HASH_KEY, flip_a_tensor_byte
+from lucid_nb.weights import DAMAGE, HASH_KEY, damaged_copy
 
 from helpers import LUCID, fit, hashes_only, lucid_main, tiny
 
@@ -197,7 +197,7 @@ def test_lock_released_after_an_error(tmp_path, monkeypatch, capsys):
 
 # ---- bad checkpoint files ----
 
-@pytest.mark.parametrize('kind, says', [('text', 'is not a checkpoint'), ('truncated', 'is truncated')])
+@pytest.mark.parametrize('kind, says', [('text', 'is not a checkpoint'), ('truncated', 'is corrupt')])
 def test_bad_checkpoint_file(reference, tmp_path, kind, says):
     bad = tmp_path / f'{kind}.ckpt'
     good = (ckpts(reference[1]) / 'last.ckpt').read_bytes()
@@ -216,6 +216,28 @@ def test_remote_checkpoint_is_refused_in_one_line(tmp_path, monkeypatch, capsys,
     last_line = capsys.readouterr().err.strip().splitlines()[-1]
     assert last_line.startswith(f'lucid: error: --ckpt_path {source}: lucid reads checkpoints from local files only'), last_line
     assert 'download the file yourself' in last_line
+
+
+def test_one_path_rule_for_every_entry_point(reference, tmp_path, monkeypatch, capsys):
+    """`--ckpt_path`, `--model.weights`, `lucid_nb.load` and `export` name a checkpoint alike: a local file whatever its name
+    (Lightning's registry keyword is only `registry` or `registry:NAME`), a `file://` URL as its path, another URL refused."""
+    ckpt = tmp_path / 'registry_ok.ckpt'; shutil.copyfile(ckpts(reference[1]) / 'last.ckpt', ckpt)
+    for source in (str(ckpt), ckpt.as_uri()):
+        assert load_predictor(source).class_names
+        assert lucid_main(monkeypatch, *tiny(tmp_path, '--ckpt_path', source, sub='validate')) == 0
+        assert lucid_main(monkeypatch, *tiny(tmp_path, '--model.weights', source, sub='validate')) == 0
+        out = tmp_path / 'net.torchscript'; out.unlink(missing_ok=True)
+        assert lucid_main(monkeypatch, 'export', '--ckpt_path', source, '--format', 'torchscript', '--imgsz', '64', '--output', str(out)) == 0
+        assert out.is_file()
+    capsys.readouterr()
+    for source in ('https://example.invalid/last.ckpt', 'hf://org/model/last.ckpt', 'registry'):
+        for how in ('--ckpt_path', '--model.weights'):
+            assert lucid_main(monkeypatch, *tiny(tmp_path, how, source, sub='validate')) == 2
+            last = capsys.readouterr().err.strip().splitlines()[-1]
+            assert last.startswith(f'lucid: error: {how} {source}: lucid reads checkpoints from local files only'), last
+        assert lucid_main(monkeypatch, 'export', '--model.weights', source) == 2
+        assert f'--model.weights {source}: lucid reads checkpoints from local files only' in capsys.readouterr().err
+        with pytest.raises(ValueError, match=f'lucid_nb.load {source}: lucid reads checkpoints from local files only'): load_predictor(source)
 
 
 def test_file_url_is_read_as_its_path(reference, tmp_path, capsys):
@@ -437,16 +459,22 @@ def test_resume_into_a_new_folder_removes_the_old_folders_leftovers(one_epoch, t
     assert load(ckpts(tmp_path / 'runs' / 'tiny' / 'version_0') / 'last.ckpt')['epoch'] == 1
 
 
-def test_a_corrupt_checkpoint_is_one_line(one_epoch, tmp_path, monkeypatch, capsys):
-    "A checkpoint whose tensor bytes changed on disk (torch reads it without a word) is refused on every path; one that stores no hashes loads quietly."
+@pytest.mark.parametrize('damage', DAMAGE)
+def test_a_corrupt_checkpoint_is_one_line(one_epoch, tmp_path, monkeypatch, capsys, damage):
+    """A checkpoint damaged on disk — a tensor byte (torch reads it without a word), a `data.pkl` byte (a 15-frame
+    BadZipFile traceback), the zip directory, a copy cut short — is the same one line on every path, exit 2; one that
+    stores no hashes loads quietly."""
     good = ckpts(one_epoch) / 'last.ckpt'
-    bad = flip_a_tensor_byte(good, tmp_path / 'bad.ckpt')
-    assert load(bad)['epoch'] == load(good)['epoch']   # an archive torch still reads
-    says = f'checkpoint {bad} is corrupt: its stored hash of state_dict does not match'
-    with pytest.raises(ValueError, match=says): load_predictor(bad)
-    for args in (tiny(tmp_path, '--ckpt_path', str(bad), sub='validate'), tiny(tmp_path, '--model.weights', str(bad), epochs=1)):
+    bad = damaged_copy(good, tmp_path / 'bad.ckpt', damage)
+    if damage == 'a tensor byte': assert load(bad)['epoch'] == load(good)['epoch']   # an archive torch still reads
+    says = (f'{bad} is corrupt: its bytes changed after it was written (a disk error, or a copy that failed or was cut short); '
+            'use another checkpoint of the run, or copy it again from where it was written')
+    with pytest.raises(ValueError) as e: load_predictor(bad)
+    assert str(e.value) == f'lucid_nb.load {says}'
+    for how, args in (('--ckpt_path', tiny(tmp_path, '--ckpt_path', str(bad), sub='validate')),
+                      ('--model.weights', tiny(tmp_path, '--model.weights', str(bad), epochs=1))):
         assert lucid_main(monkeypatch, *args) == 2
-        last_line = capsys.readouterr().err.strip().splitlines()[-1]
-        assert last_line.startswith(f'lucid: error: {says}'), last_line
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err[-1] == f'lucid: error: {how} {says} (LUCID_DEBUG=1 shows the traceback)' and 'Traceback' not in '\n'.join(err), err
     old = load(good); old.pop(HASH_KEY); torch.save(old, tmp_path / 'old.ckpt')   # as written before the hashes were stored
     assert load_predictor(tmp_path / 'old.ckpt').class_names and capsys.readouterr().err == ''
