@@ -218,7 +218,7 @@ def fit_cache(cache:str, need:int, folder:Path|None, processes:int=1)->tuple[str
         return 'disk', (f"lucid_nb data: {why}: using the disk cache in {where} instead" if why else None)
     why = (why + ', and the disk cache') if why else f"cache 'disk' would take {_size(need)}"
     return 'none', (f"lucid_nb data: {why} more than {DISK_SHARE:.0%} of the {_size(free)} free in {folder}: no cache, "
-                    "images are decoded at every use (slower); free memory or disk space, or give --data.cache_dir on a larger disk")
+                    "images are decoded at every use (slower); free memory or disk space, or give --data.cache_dir DIR on a larger disk")
 
 # %% ../nbs/01c_loader.ipynb #a5012dd0
 INDEX_FORMAT = 1

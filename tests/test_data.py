@@ -428,7 +428,7 @@ def test_lightning_fit_uses_the_datamodule(coco):
     (dict(on_bad_input='ignore'), "on_bad_input='ignore'"), (dict(imgsz=100), 'imgsz=100 must be a positive multiple of 32'),
     (dict(batch_size=0), 'batch_size=0'), (dict(workers=-1), 'workers=-1'), (dict(threads=0), 'threads=0 must be at least 1'),
     (dict(fliplr=2.), 'fliplr=2.0'),
-    (dict(scale=1.), r'scale=1.0 must be in \[0, 1\)'), (dict(train_images='x'), 'give both train_images and train_annotations'),
+    (dict(scale=1.), r'scale=1.0 must be in \[0, 1\)'), (dict(train_images='x'), 'give both --data.train_images and --data.train_annotations'),
 ])
 def test_bad_options(kw, msg):
     with pytest.raises(ValueError, match=msg): YoloData(**kw)
@@ -442,7 +442,7 @@ def test_validation_batches(coco):
     assert [len(b['img']) for b in dm.val_dataloader()] == [2, 1]
     dm.trainer = types.SimpleNamespace(global_rank=3, world_size=4, max_epochs=1, state=types.SimpleNamespace(fn='validate'),
                                      strategy=types.SimpleNamespace(root_device=torch.device('cpu')))   # 3 images for 4 processes
-    with pytest.raises(ValueError, match=r'3 validation images make 2 batches of val_batch_size=2, fewer than the 4 processes.*--data.val_batch_size or raise --data.val_count'):
+    with pytest.raises(ValueError, match=r'3 validation images make 2 batches of val_batch_size=2, fewer than the 4 processes.*give --trainer.devices 3 or fewer and --data.val_batch_size 1, or a larger --data.val_count'):
         dm.val_dataloader()
 
 

@@ -144,7 +144,7 @@ def test_validation_without_any_instance_is_refused(coco, tmp_path, monkeypatch,
     imgs, ann = coco
     _edit_json(ann, lambda d: d.update(annotations=[a for a in d['annotations'] if a['image_id'] < 50 or (kept == 'crowd' and a['iscrowd'])]))
     want = r"no validation instance: none of the 3 validation images \(the last 3 images of annotations.json \(by file name\)\) has a usable annotation"
-    with pytest.raises(ValueError, match=want + r", so mAP is undefined there .* raise val_count"): dm_for(coco).setup()
+    with pytest.raises(ValueError, match=want + r", so mAP is undefined there .* a larger --data.val_count"): dm_for(coco).setup()
     dm = dm_for(coco); dm.setup('predict')
     assert dm.val_image_ids == [50, 60, 70]
     capsys.readouterr()
