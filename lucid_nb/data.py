@@ -46,7 +46,7 @@ def _check_options(o:dict):
     if o['dataset'] is not None and (coco := [k for k in _COCO_OPTIONS if o[k] is not None]):
         raise ValueError(f"dataset (an Ultralytics data.yaml) and {', '.join(coco)} (COCO files) both name the data: give one or the other")
     for a, b in (('train_images', 'train_annotations'), ('val_images', 'val_annotations')):
-        if (o[a] is None) != (o[b] is None): raise ValueError(f"give both {a} and {b}, or neither")
+        if (o[a] is None) != (o[b] is None): raise ValueError(f"give both --data.{a} and --data.{b}, or neither")
 
 # %% ../nbs/01d_data.ipynb #35b43b01
 class YoloData(L.LightningDataModule):
@@ -194,7 +194,7 @@ def num_classes(self:YoloData)->int:
 def _split(self:YoloData, names:list[str], recs:list)->tuple[list, list]:
     "Train and validation records: a record validates when its own JSON entry is among the last `val_count` by file name (`names`: each entry's)."
     n, v = len(names), self.hparams.val_count
-    if v >= n: raise ValueError(f"val_count={v} leaves no training images out of {n}; lower val_count or give val_images/val_annotations")
+    if v >= n: raise ValueError(f"val_count={v} leaves no training images out of {n}; give --data.val_count {max(n - 1, 1)} or lower, or --data.val_images and --data.val_annotations")
     last = set(sorted(range(n), key=lambda k: names[k])[n - v:])
     return [r for r in recs if r.entry not in last], [r for r in recs if r.entry in last]
 
@@ -237,7 +237,7 @@ def setup(self:YoloData, stage:str|None=None):
     "Read, check, split and cache the data (once), then print the report; `predict` on `predict_images` reads nothing here."
     if self._train is not None or (stage == 'predict' and self.hparams.predict_images): return
     h, t0 = self.hparams, time.perf_counter()
-    if h.dataset: self._setup_datasets(*self._yolo_records(), t0); return
+    if h.dataset: self._setup_datasets(*self._yolo_records(), t0, stage); return
     images, annotations = self._paths()
     for k, folder in (('train_images', images), ('val_images', h.val_images)):   # named once, not once per image in it
         if folder is not None and not Path(folder).is_dir():
@@ -257,11 +257,11 @@ def setup(self:YoloData, stage:str|None=None):
         tr, va = recs, vidx.records
     vsrc = f"{h.val_annotations}" if h.val_images else f"the last {h.val_count} images of {annotations.name} (by file name)"
     self._setup_datasets(tr, va, (images, annotations),
-                         (Path(h.val_images) if h.val_images else images, Path(h.val_annotations) if h.val_annotations else annotations), vsrc, t0)
+                         (Path(h.val_images) if h.val_images else images, Path(h.val_annotations) if h.val_annotations else annotations), vsrc, t0, stage)
 
 @patch
-def _setup_datasets(self:YoloData, tr:list, va:list, tkey:tuple, vkey:tuple, vsrc:str, t0:float):
-    "Check and cache the train and validation records (`tkey`, `vkey`: their disk cache's images folder and annotations file), then print the report."
+def _setup_datasets(self:YoloData, tr:list, va:list, tkey:tuple, vkey:tuple, vsrc:str, t0:float, stage:str|None=None):
+    "Check and cache the train and validation records (`tkey`, `vkey`: their disk cache's images folder and annotations file), then print the report; validation must hold an instance unless `stage` is 'predict'."
     h = self.hparams
     self.cache_mode = self._plan_cache(tr + va, *tkey)
     self._val = self._dataset(va, *vkey, False)
@@ -271,11 +271,17 @@ def _setup_datasets(self:YoloData, tr:list, va:list, tkey:tuple, vkey:tuple, vsr
         for k, n in disk.stats.items(): self.report.note(f"disk cache {k}", n)
     if len(self._val) == 0:
         raise ValueError(f"no usable validation image: every one of {vsrc} was left out as bad input (see the report above); "
-                         + ("fix them, or name other val images in the data.yaml" if h.dataset else "give val_images/val_annotations, or raise val_count"))
+                         + ("fix them, or name other val images in the data.yaml" if h.dataset else "give --data.val_images and --data.val_annotations, or a larger --data.val_count"))
     if not any(r.instances for r in self._train.records):
         raise ValueError(f"no training instance: none of the {len(self._train)} training images has a usable annotation, so there "
                          f"is nothing to learn (a segmentation model needs masks: polygons or RLE"
                          f"{'; YOLO labels are read from the labels/ folder beside images/' if h.dataset else ''})\n{self.report}")
+    if stage != 'predict' and not any(r.instances for r in self._val.records):   # predicting needs no annotation
+        fix = ('give val images with label files in the data.yaml' if h.dataset else
+               'give a larger --data.val_count, or --data.val_images and --data.val_annotations with annotations' if h.val_images is None else
+               'give --data.val_annotations with annotations')
+        raise ValueError(f"no validation instance: none of the {len(self._val)} validation images ({vsrc}) has a usable annotation, so "
+                         f"mAP is undefined there (COCOeval gives -1) and best.ckpt would be chosen on nothing; {fix}")
     if len(self._train) < h.batch_size:
         raise ValueError(f"batch_size={h.batch_size} exceeds the {len(self._train)} usable training images (training drops the last partial batch)")
     self.setup_seconds = time.perf_counter() - t0
@@ -345,9 +351,11 @@ def _make_loader(self:YoloData, ds:YoloDataset, train:bool)->YoloLoader:
     ld = YoloLoader(ds, bs, shuffle=train, drop_last=train, seed=h.seed, workers=h.workers, prefetch=h.prefetch,
                     ahead_until=ahead, rank=rank, world=world, pin_device=pin)
     if len(ld) == 0:   # a process without a batch would leave the others waiting for it at the epoch's end
+        fit = len(ds) // world   # the largest batch that leaves every process one
+        fix = f"give --data.{name} {fit} or less" if fit else f"give --trainer.devices {len(ds)} or fewer and --data.{name} 1"
         raise ValueError(f"{len(ds)} {'training' if train else 'validation'} images make {len(ds) // bs if train else -(-len(ds) // bs)} batches of "
                          f"{name}={bs}, fewer than the {world} processes (--trainer.devices): every process needs one; "
-                         f"lower --data.{name}{'' if train else ' or raise --data.val_count'}")
+                         f"{fix}{'' if train else ', or a larger --data.val_count'}")
     self._loaders.append(ld); return ld
 
 @patch

@@ -18,7 +18,7 @@ from .data import image_batch, load_rgb, pil_rgb
 from .heads import yolo_seg
 from .metrics import PREDICT_CONF, Validator, predict_conf
 from .draw import draw_instances
-from .weights import load_weights, read_weights
+from .weights import load_weights, local_file, read_weights
 from .runs import note, weak_checkpoint
 
 # %% auto #0
@@ -56,6 +56,7 @@ def load(path,                      # a `lucid` checkpoint (`last.ckpt`, `best.c
         )->Predictor:
     "A `Predictor` from a checkpoint file: `lucid_nb.load('best.ckpt').predict(images)`; read by `03a_weights`' safe reader."
     w = read_weights(path, option)
+    w.check_segment(option)   # a detection or pose file has no mask branch: refused in one line naming its task
     net, (cat_ids, names) = yolo_seg(w.scale, w.num_classes), w.classes   # `lucid predict --model.weights` reports the same classes
     if w.kind == 'ultralytics':   # its own network, whole; ids 0..K-1
         if not (report := load_weights(net, w)).complete: note(report.line)
@@ -196,14 +197,16 @@ def export_check(p:Predictor, path, fmt:str, image=TEST_IMG)->tuple[float,float]
     return max(d for d, _ in diffs), max(d / m for d, m in diffs)
 
 # %% ../nbs/09_predict.ipynb #exportopts0cd
-def check_export_options(imgsz:int|None, out:Path):
-    "`lucid export`'s options, checked before anything is read or built: `imgsz` a positive multiple of 32, `out` a file this process can write."
+def check_export_options(imgsz:int|None, out:Path, image=TEST_IMG):
+    "`lucid export`'s options, checked before anything is read or built: `imgsz` a positive multiple of 32, `out` a file this process can write, `image` an image it can read."
     if imgsz is not None and (imgsz < 32 or imgsz % 32):
         raise ValueError(f"--imgsz {imgsz}: the input side must be a positive multiple of 32, the network's largest stride "
                          f"(e.g. {max(32, round(imgsz / 32) * 32)})")
     try:
         with tempfile.NamedTemporaryFile(dir=Path(out).parent, prefix=f'.{Path(out).name}.', suffix='.probe'): pass
     except OSError as e: raise OSError(f"lucid export: cannot write {out}: {e.strerror or e}") from None
+    try: load_rgb(image)
+    except ValueError as e: raise ValueError(f"--image {e}") from None   # `BadInputError`: the file and why
 
 # %% ../nbs/09_predict.ipynb #15193b43
 def export_main(argv:list[str]|None=None)->Path:
@@ -219,8 +222,8 @@ def export_main(argv:list[str]|None=None)->Path:
     ap.add_argument('--image', default=str(TEST_IMG), help='image of the check against PyTorch (default: one embedded COCO image)')
     a = ap.parse_args(argv)
     path, option = (a.ckpt_path, '--ckpt_path') if a.ckpt_path else (a.weights, '--model.weights')
-    out = Path(a.output or Path(path).with_suffix(f'.{a.format}'))   # ONNX: weights in `<out>.data` beside it
-    check_export_options(a.imgsz, out)
+    out = Path(a.output or local_file(path, option).with_suffix(f'.{a.format}'))   # ONNX: weights in `<out>.data` beside it
+    check_export_options(a.imgsz, out, a.image)
     p = load(path, imgsz=a.imgsz, option=option)
     if p.weak: note(f"warning: {p.weak}")
     t0 = time.perf_counter(); export_model(p, a.format, out)

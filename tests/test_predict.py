@@ -200,17 +200,20 @@ def test_export_round_trip(monkeypatch, tmp_path, ckpt, capsys, fmt):
     assert 'max abs difference vs PyTorch' in said and rel < 1e-4
 
 
-@pytest.mark.parametrize('case', ['imgsz', 'unwritable'])
+@pytest.mark.parametrize('case', ['imgsz', 'unwritable', 'image'])
 def test_export_options_are_checked_in_one_line(monkeypatch, tmp_path, ckpt, capsys, case):
-    "A size the network cannot tile and a file that cannot be written are one line each, before anything is built."
+    "A size the network cannot tile, a file that cannot be written and an image that cannot be read are one line each, before anything is built."
     (blocker := tmp_path / 'a-file').write_text('')
-    args = ['--imgsz', '100'] if case == 'imgsz' else ['--format', 'torchscript', '--output', str(blocker / 'model.torchscript')]
+    out = tmp_path / 'model.torchscript'
+    args = {'imgsz': ['--imgsz', '100'], 'unwritable': ['--format', 'torchscript', '--output', str(blocker / 'model.torchscript')],
+            'image': ['--format', 'torchscript', '--output', str(out), '--image', str(blocker)]}[case]
+    monkeypatch.setattr('lucid_nb.predict.export_model', lambda *a: pytest.fail('exported before the options were checked'))
     assert lucid_main(monkeypatch, 'export', '--ckpt_path', str(ckpt), *args) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    says = ('--imgsz 100: the input side must be a positive multiple of 32' if case == 'imgsz' else
-            f'lucid export: cannot write {blocker / "model.torchscript"}')
+    says = {'imgsz': '--imgsz 100: the input side must be a positive multiple of 32', 'unwritable': f'lucid export: cannot write {blocker / "model.torchscript"}',
+            'image': f'--image {blocker}: unreadable image'}[case]
     assert err[-1].startswith(f'lucid: error: {says}'), err
-    assert 'Traceback' not in '\n'.join(err)
+    assert 'Traceback' not in '\n'.join(err) and not out.exists()
 
 
 def test_predict_keeps_the_good_images_and_names_every_bad_one(monkeypatch, tmp_path, ckpt, folder, capsys):
