@@ -35,7 +35,7 @@ def group_bucket(q:int)->int:
 
 # %% ../nbs/00b_core.ipynb #30e19520
 def group_instances(images:list[dict], # per image: boxes (n,4), cls (n,), masks (n,s,s)
-                    s:int,              # mask side, S/4
+                    s:int|tuple,        # mask side S/4, or (height, width) for non-square images
                     pad:bool=True,      # pad the groups to `group_bucket` of their number
                     G:int=INSTANCE_GROUP)->dict[str,np.ndarray]:
     "`boxes` (Q,G,4), `cls` (Q,G), `valid` (Q,G), `masks` (Q,G,s,s), `owner` (Q,) of the images' instances, in image order."
@@ -43,12 +43,12 @@ def group_instances(images:list[dict], # per image: boxes (n,4), cls (n,), masks
     q = [-(-k // G) for k in n]
     Q = group_bucket(sum(q)) if pad else sum(q)
     out = dict(boxes=np.zeros((Q * G, 4), np.float32), cls=np.zeros(Q * G, np.int64), valid=np.zeros(Q * G, bool),
-               masks=np.zeros((Q * G, s, s), np.uint8), owner=np.zeros(Q, np.int64))
+               masks=np.zeros((Q * G, *((s, s) if isinstance(s, int) else s)), np.uint8), owner=np.zeros(Q, np.int64))
     g = 0
     for b, (x, k, qb) in enumerate(zip(images, n, q)):
         out['owner'][g:g + qb] = b
         rows = slice(g * G, g * G + k)
-        out['boxes'][rows], out['cls'][rows], out['masks'][rows], out['valid'][rows] = x['boxes'], x['cls'], x['masks'], True
+        if k: out['boxes'][rows], out['cls'][rows], out['masks'][rows], out['valid'][rows] = x['boxes'], x['cls'], x['masks'], True
         g += qb
     return {k: v if k == 'owner' else v.reshape(Q, G, *v.shape[1:]) for k, v in out.items()}
 

@@ -37,7 +37,7 @@ def collate(samples:list[dict], max_instances:int=100, pad:bool=True)->dict:
         if (n := len(x['cls'])) > max_instances: raise ValueError(f"a sample has {n} instances but max_instances={max_instances}; raise max_instances")
     stack = lambda k: np.stack([x[k] for x in samples])
     img = np.ascontiguousarray(stack('img').transpose(0, 3, 1, 2))
-    out = dict(img=img, **group_instances(samples, img.shape[-1] // MASK_STRIDE, pad), image_id=np.array([x['image_id'] for x in samples], np.int64),
+    out = dict(img=img, **group_instances(samples, (img.shape[-2] // MASK_STRIDE, img.shape[-1] // MASK_STRIDE), pad), image_id=np.array([x['image_id'] for x in samples], np.int64),
                orig_hw=stack('orig_hw'), letterbox=stack('letterbox'), hsv=stack('hsv'))
     return {k: torch.from_numpy(out[k]) for k in BATCH_KEYS}
 
