@@ -2,6 +2,8 @@
 validation), 640 px, batch 16, on one GPU, and record box and mask mAP per validation and the wall time.
 
     python benchmarks/it_learns.py --epochs 100 --val-every 5 --out benchmarks/results
+    PYTHONPATH=DIR python benchmarks/it_learns.py --tag cpu_base -- --trainer.accelerator cpu ...   # on the CPU, reduced;
+        # DIR holds another revision's exported lucid_nb/ (`git archive REV lucid_nb | tar -x -C DIR`): before and after
 
 Writes `it_learns_<device>_<commit>.json` (every validation's 24 COCO numbers, wall times, the exact command,
 environment; `common.write_result`) and the same name `.png` (mAP per epoch). Nothing is tuned to a target: the settings are the defaults of
@@ -25,6 +27,8 @@ def main(argv=None):
     p.add_argument('--workers', type=int, default=4)
     p.add_argument('--out', default='benchmarks/results')
     p.add_argument('--run-root', default=None, help='where the run folder goes (default: a temporary folder)')
+    p.add_argument('--tag', default='', help='appended to the result file name (e.g. cpu_before)')
+    p.add_argument('extra', nargs='*', help='further `lucid fit` arguments, after --')
     a = p.parse_args(argv)
     from lucid_nb.core import EMBEDDED_ANNOTATIONS, EMBEDDED_IMAGES
     from lucid_nb.command import cli_main
@@ -35,7 +39,7 @@ def main(argv=None):
             '--data.batch_size', str(a.batch_size), '--data.workers', str(a.workers),
             '--trainer.max_epochs', str(a.epochs), '--trainer.check_val_every_n_epoch', str(a.val_every),
             '--trainer.enable_progress_bar', 'false', '--model.max_det', '100',
-            '--trainer.logger.init_args.save_dir', str(run_root)]
+            '--trainer.logger.init_args.save_dir', str(run_root), *a.extra]
     t0 = time.perf_counter()
     cli = cli_main(args)
     wall = time.perf_counter() - t0
@@ -47,12 +51,12 @@ def main(argv=None):
                   env=env(), state_hashes=json.loads((run / 'state_hashes.json').read_text()),
                   timing=json.loads((run / 'timing.json').read_text()),
                   validations=[{k: v for k, v in d.items()} for d in vals])
-    path = write_result('it_learns', result, out=a.out)
+    path = write_result('it_learns', result, out=a.out, tag=a.tag)
     fig, ax = plt.subplots(figsize=(7, 4))
     for key, label in (('bbox/mAP50', 'box mAP50'), ('bbox/mAP50-95', 'box mAP50-95'),
                        ('segm/mAP50', 'mask mAP50'), ('segm/mAP50-95', 'mask mAP50-95')):
         ax.plot([d['epoch'] + 1 for d in vals], [d[key] for d in vals], marker='.', label=label)
-    ax.set(xlabel='epoch', ylabel='COCO mAP (EMA weights)', title=f"nano seg, coco128 train=val, 640 px, batch {a.batch_size} — {result['env']['device']}")
+    ax.set(xlabel='epoch', ylabel='COCO mAP (EMA weights)', title=f"nano seg, coco128 train=val, {cli.datamodule.hparams.imgsz} px, batch {a.batch_size} — {result['env']['device']}")
     ax.legend(); fig.tight_layout(); fig.savefig(path.with_suffix('.png'), dpi=110)
     last = vals[-1]
     print(f"wall {wall:.0f} s; last validation (epoch {last['epoch'] + 1}): box mAP50 {last['bbox/mAP50']:.3f} "
