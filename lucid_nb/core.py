@@ -37,18 +37,22 @@ def group_bucket(q:int)->int:
 def group_instances(images:list[dict], # per image: boxes (n,4), cls (n,), masks (n,s,s)
                     s:int|tuple,        # mask side S/4, or (height, width) for non-square images
                     pad:bool=True,      # pad the groups to `group_bucket` of their number
-                    G:int=INSTANCE_GROUP)->dict[str,np.ndarray]:
+                    G:int=INSTANCE_GROUP,
+                    masks:bool=True,    # False: no `masks` (they are made later, on the device: `01b_augment_device`)
+                   )->dict[str,np.ndarray]:
     "`boxes` (Q,G,4), `cls` (Q,G), `valid` (Q,G), `masks` (Q,G,s,s), `owner` (Q,) of the images' instances, in image order."
     n = [len(x['cls']) for x in images]
     q = [-(-k // G) for k in n]
     Q = group_bucket(sum(q)) if pad else sum(q)
-    out = dict(boxes=np.zeros((Q * G, 4), np.float32), cls=np.zeros(Q * G, np.int64), valid=np.zeros(Q * G, bool),
-               masks=np.zeros((Q * G, *((s, s) if isinstance(s, int) else s)), np.uint8), owner=np.zeros(Q, np.int64))
+    out = dict(boxes=np.zeros((Q * G, 4), np.float32), cls=np.zeros(Q * G, np.int64), valid=np.zeros(Q * G, bool), owner=np.zeros(Q, np.int64))
+    if masks: out['masks'] = np.zeros((Q * G, *((s, s) if isinstance(s, int) else s)), np.uint8)
     g = 0
     for b, (x, k, qb) in enumerate(zip(images, n, q)):
         out['owner'][g:g + qb] = b
         rows = slice(g * G, g * G + k)
-        if k: out['boxes'][rows], out['cls'][rows], out['masks'][rows], out['valid'][rows] = x['boxes'], x['cls'], x['masks'], True
+        if not k: continue   # an image without instances copies nothing (its empty arrays may have another shape)
+        out['boxes'][rows], out['cls'][rows], out['valid'][rows] = x['boxes'], x['cls'], True
+        if masks: out['masks'][rows] = x['masks']
         g += qb
     return {k: v if k == 'owner' else v.reshape(Q, G, *v.shape[1:]) for k, v in out.items()}
 
@@ -57,7 +61,7 @@ def pad_groups(batch:dict)->dict:
     Q = batch['owner'].shape[0]; extra = group_bucket(Q) - Q
     if extra == 0: return batch
     pad = lambda v: torch.cat([v, v.new_zeros((extra, *v.shape[1:]))])
-    return {**batch, **{k: pad(batch[k]) for k in ('boxes', 'cls', 'valid', 'masks', 'owner')}}
+    return {**batch, **{k: pad(batch[k]) for k in ('boxes', 'cls', 'valid', 'masks', 'owner') if k in batch}}
 
 def image_instances(batch:dict, b:int)->tuple[Tensor,Tensor,Tensor]:
     "Boxes (n,4), classes (n,) and masks (n,s,s) of image `b` of a batch (either layout)."

@@ -20,16 +20,19 @@ from .core import *
 from .coco import *
 from .augment import *
 from .loader import *
+from .augment_device import *
 
 # %% auto #0
-__all__ = ['ULTRALYTICS_VAL_BATCH', 'YoloData', 'image_files', 'pil_rgb', 'prepare_image', 'ultralytics_sample', 'image_batch',
-           'ImageFiles', 'collate_images', 'RectImages', 'show_batch', 'data_cli', 'data_main']
+__all__ = ['AUGMENT_ON', 'ULTRALYTICS_VAL_BATCH', 'YoloData', 'image_files', 'pil_rgb', 'prepare_image', 'ultralytics_sample',
+           'image_batch', 'ImageFiles', 'collate_images', 'RectImages', 'show_batch', 'data_cli', 'data_main']
 
 # %% ../nbs/01d_data.ipynb #ac8594aa
 _COCO_OPTIONS = ('train_images', 'train_annotations', 'val_images', 'val_annotations')   # the options that name COCO data
+AUGMENT_ON = ('cpu', 'device')   # where the training samples' pixels and masks are made: loader, or the batch's device
 
 def _check_options(o:dict):
     "Clear errors for bad settings, naming the option."
+    if o['augment_on'] not in AUGMENT_ON: raise ValueError(f"augment_on={o['augment_on']!r} is not allowed: use one of {', '.join(map(repr, AUGMENT_ON))}")
     if o['cache'] not in CACHE_MODES: raise ValueError(f"cache={o['cache']!r} is not allowed: use one of {', '.join(map(repr, CACHE_MODES))}")
     if o['on_bad_input'] not in BAD_INPUT_POLICIES: raise ValueError(f"on_bad_input={o['on_bad_input']!r} is not allowed: use 'skip' or 'error'")
     if o['imgsz'] < 32 or o['imgsz'] % 32: raise ValueError(f"imgsz={o['imgsz']} must be a positive multiple of 32 (the model's largest stride)")
@@ -115,6 +118,10 @@ class YoloData(L.LightningDataModule):
         Saturation gain range (1 ± hsv_s).
     hsv_v : float
         Value gain range (1 ± hsv_v).
+    augment_on : str
+        Where training samples' pixels and masks are made: 'cpu' (the loader builds each sample) or 'device' (the
+        loader draws the same random numbers and hands over the prepared uint8 images; `on_after_batch_transfer`
+        makes the same bytes on the batch's device, `01b_augment_device`).
     seed : int
         Seed of the shuffle order and every augmentation draw.
     max_epochs : int | None
@@ -129,7 +136,7 @@ class YoloData(L.LightningDataModule):
                  cache:Literal['none', 'ram', 'disk']='ram', cache_dir:str|None=None, prefetch:bool=True, pin_memory:bool=True, max_instances:int=100,
                  on_bad_input:Literal['skip', 'error']='skip', fliplr:float=.5, degrees:float=0., translate:float=.1, scale:float=.5,
                  shear:float=0., mosaic:float=1., close_mosaic:int=10, hsv_h:float=.015, hsv_s:float=.7, hsv_v:float=.4,
-                 seed:int=0, max_epochs:int|None=None, predict_images:str|None=None):
+                 augment_on:Literal['cpu', 'device']='cpu', seed:int=0, max_epochs:int|None=None, predict_images:str|None=None):
         super().__init__()
         _check_options(dict(locals()))
         self.save_hyperparameters()
@@ -221,7 +228,7 @@ def _dataset(self:YoloData, recs:list, images:Path, annotations:Path, augment:bo
         folder = self._disk_folder(images, annotations)
         if folder not in self._disks: self._disks[folder] = DiskCache(folder, h.imgsz, annotations)
         disk = self._disks[folder]
-    return YoloDataset(recs, h.imgsz, self.cache_mode, disk, self.report, augment, self.aug, h.seed, h.max_instances, h.threads)
+    return YoloDataset(recs, h.imgsz, self.cache_mode, disk, self.report, augment, self.aug, h.seed, h.max_instances, h.threads, h.augment_on)
 
 @patch
 def _plan_cache(self:YoloData, recs:list, images:Path, annotations:Path)->str:
@@ -385,7 +392,8 @@ def teardown(self:YoloData, stage:str|None=None):
 
 @patch
 def on_after_batch_transfer(self:YoloData, batch:dict, dataloader_idx:int=0)->dict:
-    "On the device: `img` to float32 in [0,1], with HSV jitter when training."
+    "On the device: a device recipe's samples made (`build_on_device`), then `img` to float32 in [0,1], with HSV jitter when training."
+    if 'aug_src' in batch: batch = build_on_device(batch)   # `augment_on='device'`: outside the step, no host sync, no global RNG
     if 'img' not in batch: return batch   # a batch of `predict_images` files none of which could be read
     a, training = self.aug, self.trainer is not None and self.trainer.training
     jitter = training and (a.hsv_h or a.hsv_s or a.hsv_v)

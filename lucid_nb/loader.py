@@ -22,6 +22,7 @@ from .core import *
 from .coco import *
 from .coco import _decode, _IMAGE_ERRORS
 from .augment import *
+from .augment_device import *
 
 # %% auto #0
 __all__ = ['CACHE_MODES', 'CACHE_FORMAT', 'RAM_SHARE', 'DISK_SHARE', 'GB', 'INDEX_FORMAT', 'INDEX_MIN_BYTES', 'collate',
@@ -347,8 +348,10 @@ class YoloDataset(Dataset):
     def __init__(self, records:list[ImageRecord], imgsz:int=640, cache:str='ram', disk:DiskCache|None=None,
                  report:DataReport|None=None, augment:bool=False, aug:AugSettings|None=None, seed:int=0,
                  max_instances:int=100,
-                 threads:int|None=None): # threads that check the images at setup and build a batch's samples outside loader workers (None: up to 8, the CPU count)
+                 threads:int|None=None, # threads that check the images at setup and build a batch's samples outside loader workers (None: up to 8, the CPU count)
+                 augment_on:str='cpu'): # 'device': augmented samples are `device_recipe`s, made into pixels on the batch's device (`01b_augment_device`)
         self.imgsz, self.cache, self.disk, self.augment, self.aug = imgsz, cache, disk, augment, aug or AugSettings()
+        self.recipes = augment and augment_on == 'device'   # what `__getitem__` gives: recipes, or built samples
         self.seed, self.max_instances, self.mosaic_until = seed, max_instances, None
         self.report = report if report is not None else DataReport()
         self.threads, self._pool = threads or min(8, os.cpu_count() or 1), None
@@ -405,8 +408,9 @@ def __getitem__(self:YoloDataset, key:tuple|int)->dict:
     rng = np.random.default_rng([self.seed, epoch, i])
     use = rng.random() < self.aug.mosaic and (self.mosaic_until is None or epoch < self.mosaic_until)
     others, centre = rng.integers(0, len(self), 3), rng.integers(self.imgsz // 2, 3 * self.imgsz // 2, 2)
-    ps = [self.prepared(i)] + ([self.prepared(int(j)) for j in others] if use else [])
-    s = build_sample(ps, self.imgsz, rng, self.aug, use, tuple(int(c) for c in centre), self.max_instances)
+    ids = [i] + ([int(j) for j in others] if use else [])
+    ps, args = [self.prepared(j) for j in ids], (self.imgsz, rng, self.aug, use, tuple(int(c) for c in centre), self.max_instances)
+    s = device_recipe(ps, ids, *args) if self.recipes else build_sample(ps, *args)
     if s['dropped'] and rank_zero_only.rank == 0:
         log.warning(f"sample {i} of epoch {epoch} (a mosaic) had {s['dropped']} instances over max_instances={self.max_instances}; kept the largest")
     return s
@@ -465,6 +469,8 @@ class PieceSampler:
 
 def join_pieces(parts:list[dict])->dict:
     "Batches of consecutive images, unpadded (`collate(pad=False)`), as one: each piece's groups follow the last's, their `owner` shifted."
+    if len(parts) == 1: return parts[0]
+    if 'aug_src' in parts[0]: return join_recipes(parts)   # device recipes: more indices to shift
     shift = np.cumsum([0] + [len(p['img']) for p in parts[:-1]]).tolist()
     return {k: torch.cat([p[k] + s if k == 'owner' else p[k] for p, s in zip(parts, shift)]) for k in parts[0]}
 
@@ -487,7 +493,7 @@ class YoloLoader:
         self.batch_sampler = self.sampler = EpochBatchSampler(len(dataset), batch_size, shuffle, drop_last, seed, rank, world)
         self.pieces = PieceSampler(self.batch_sampler, pieces or max(1, min(workers, batch_size)))
         self.loader = DataLoader(dataset, batch_sampler=self.pieces, num_workers=workers, worker_init_fn=_worker_init,
-                                 collate_fn=partial(collate, max_instances=dataset.max_instances, pad=False), persistent_workers=workers > 0,
+                                 collate_fn=partial(collate_recipes if getattr(dataset, 'recipes', False) else collate, max_instances=dataset.max_instances, pad=False), persistent_workers=workers > 0,
                                  prefetch_factor=2 * self.pieces.pieces if workers else None,   # 2 batches a worker in flight, as whole
                                  generator=torch.Generator().manual_seed(seed))   # each iterator draws its seed here, not from torch's global RNG
     def _open(self):
