@@ -4,6 +4,8 @@ and the wall time.
 
     python benchmarks/it_learns.py --epochs 100 --val-every 5 --out benchmarks/results
     python benchmarks/it_learns.py --task detect --out benchmarks/results   # it_learns_<device>_<commit>_detect.json
+    PYTHONPATH=DIR python benchmarks/it_learns.py --tag cpu_base -- --trainer.accelerator cpu ...   # on the CPU, reduced;
+        # DIR holds another revision's exported lucid_nb/ (`git archive REV lucid_nb | tar -x -C DIR`): before and after
 
 Writes `it_learns_<device>_<commit>.json` (every validation's 24 COCO numbers, wall times, the exact command,
 environment; `common.write_result`) and the same name `.png` (mAP per epoch). Nothing is tuned to a target: the settings are the defaults of
@@ -28,6 +30,8 @@ def main(argv=None):
     p.add_argument('--out', default='benchmarks/results')
     p.add_argument('--run-root', default=None, help='where the run folder goes (default: a temporary folder)')
     p.add_argument('--task', default='segment', choices=('segment', 'detect'), help='--model.task (detect: box mAP only)')
+    p.add_argument('--tag', default='', help='appended to the result file name (e.g. cpu_before)')
+    p.add_argument('extra', nargs='*', help='further `lucid fit` arguments, after --')
     a = p.parse_args(argv)
     from lucid_nb.core import EMBEDDED_ANNOTATIONS, EMBEDDED_IMAGES
     from lucid_nb.command import cli_main
@@ -38,7 +42,7 @@ def main(argv=None):
             '--data.batch_size', str(a.batch_size), '--data.workers', str(a.workers),
             '--trainer.max_epochs', str(a.epochs), '--trainer.check_val_every_n_epoch', str(a.val_every),
             '--trainer.enable_progress_bar', 'false', '--model.max_det', '100', '--model.task', a.task,
-            '--trainer.logger.init_args.save_dir', str(run_root)]
+            '--trainer.logger.init_args.save_dir', str(run_root), *a.extra]
     t0 = time.perf_counter()
     cli = cli_main(args)
     wall = time.perf_counter() - t0
@@ -50,13 +54,13 @@ def main(argv=None):
                   env=env(), state_hashes=json.loads((run / 'state_hashes.json').read_text()),
                   timing=json.loads((run / 'timing.json').read_text()),
                   validations=[{k: v for k, v in d.items()} for d in vals])
-    path = write_result('it_learns', result, out=a.out, tag='' if a.task == 'segment' else a.task)
+    path = write_result('it_learns', result, out=a.out, tag='_'.join(t for t in (a.task if a.task != 'segment' else '', a.tag) if t))
     fig, ax = plt.subplots(figsize=(7, 4))
     for key, label in (('bbox/mAP50', 'box mAP50'), ('bbox/mAP50-95', 'box mAP50-95'),
                        ('segm/mAP50', 'mask mAP50'), ('segm/mAP50-95', 'mask mAP50-95')):
         if key not in vals[0]: continue   # a detector's: boxes only
         ax.plot([d['epoch'] + 1 for d in vals], [d[key] for d in vals], marker='.', label=label)
-    ax.set(xlabel='epoch', ylabel='COCO mAP (EMA weights)', title=f"nano {a.task}, coco128 train=val, 640 px, batch {a.batch_size} — {result['env']['device']}")
+    ax.set(xlabel='epoch', ylabel='COCO mAP (EMA weights)', title=f"nano {a.task}, coco128 train=val, {cli.datamodule.hparams.imgsz} px, batch {a.batch_size} — {result['env']['device']}")
     ax.legend(); fig.tight_layout(); fig.savefig(path.with_suffix('.png'), dpi=110)
     last = vals[-1]
     masks = f", mask mAP50 {last['segm/mAP50']:.3f} mAP50-95 {last['segm/mAP50-95']:.3f}" if 'segm/mAP50' in last else ''

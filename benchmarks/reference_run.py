@@ -18,6 +18,8 @@ given. Arms, run in turn (arm 1, arm 2, ..., arm 1, arm 2, ...):
                 the allocator's segments grow instead of adding new ones, so validation fits in what training reserved)
     native-classic, step-classic, native-g27-classic, step-g27-classic  that arm with LUCID_NB_EXPANDABLE_SEGMENTS=0
                 (PyTorch's allocator defaults: the library before 2026-12-03)
+    native-cl, step-cl  that arm with the network in channels-last memory order (--model.channels_last true)
+    <arm>@base  that arm on another library, exported into $LUCID_NB_BASELINE (before and after a change in one call)
     ul          Ultralytics yolo11n-seg on the same split, batch, size and epochs (`.ulcmp/run.py`, when present)
 
 For a lucid run it keeps the whole-process wall time (measured from outside), the phases of `timing.json`
@@ -48,6 +50,7 @@ ARMS.update({f'{arm}-pageable': [*args, '--data.pin_memory', 'false'] for arm, a
 ARMS.update({f'{arm}-val16': [*args, '--data.val_batch_size', '16'] for arm in ('native', 'step') for args in [ARMS[arm]]})
 ARMS.update({f'{arm}-g{k}': [*args, '--model.val_group_pixels', str(2**k)]   # validation's groups of 2^k pixels
              for arm in ('native', 'step') for k in (26, 27) for args in [ARMS[arm]]})
+ARMS.update({f'{arm}-cl': [*ARMS[arm], '--model.channels_last', 'true'] for arm in ('native', 'step')})   # NHWC memory order
 # arms run with the CUDA caching allocator's expandable segments (less fragmentation), the library unchanged
 EXPANDABLE, CLASSIC = {'PYTORCH_CUDA_ALLOC_CONF': 'expandable_segments:True'}, {'LUCID_NB_EXPANDABLE_SEGMENTS': '0'}
 ARM_ENV = {f'{arm}-{kind}': env for arm in ('native', 'step', 'native-g27', 'step-g27')
@@ -55,18 +58,31 @@ ARM_ENV = {f'{arm}-{kind}': env for arm in ('native', 'step', 'native-g27', 'ste
 ARMS.update({arm: ARMS[arm.rsplit('-', 1)[0]] for arm in ARM_ENV})
 
 
+# `<arm>@base`: that arm on another library, exported into the folder $LUCID_NB_BASELINE (`git archive REV lucid_nb
+# ':!lucid_nb/embedded' | tar -x -C DIR`), run from there so that it imports first: before and after in one call
+BASE = '@base'
+
+
 def lucid_args(arm: str, batch_size: int, save_dir: Path, extra: list) -> list:
     logger = json.dumps({'class_path': 'lightning.pytorch.loggers.CSVLogger',
                          'init_args': {'save_dir': str(save_dir), 'name': arm, 'version': ''}})
     return [sys.executable, '-c', LUCID, 'fit', '--config', str(REFERENCE_CONFIG),
             '--data.batch_size', str(batch_size), '--trainer.logger', logger, '--trainer.enable_progress_bar', 'false',
-            *ARMS[arm], *extra]
+            *ARMS[arm.removesuffix(BASE)], *extra]
+
+
+def arm_cwd(arm: str) -> Path:
+    "Where an arm's process starts: the checkout, or $LUCID_NB_BASELINE for an `@base` arm."
+    if not arm.endswith(BASE): return ROOT
+    base = os.environ.get('LUCID_NB_BASELINE')
+    if not base or not (Path(base) / 'lucid_nb').is_dir(): raise SystemExit(f"{arm}: set LUCID_NB_BASELINE to a folder holding an exported lucid_nb/")
+    return Path(base)
 
 
 def run_lucid(arm: str, batch_size: int, save_dir: Path, extra: list) -> dict:
     args = lucid_args(arm, batch_size, save_dir, extra)
     t0 = time.perf_counter()
-    r = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, env={**os.environ, **ARM_ENV.get(arm, {})})
+    r = subprocess.run(args, capture_output=True, text=True, cwd=arm_cwd(arm), env={**os.environ, **ARM_ENV.get(arm.removesuffix(BASE), {})})
     wall = time.perf_counter() - t0
     if r.returncode != 0: raise SystemExit(f"{arm} run failed:\n{r.stderr[-4000:]}")
     run = save_dir / arm

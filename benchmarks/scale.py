@@ -11,7 +11,9 @@ Stages (each takes `--n N --root DIR`: the data set `<DIR>/n<N>`, made when miss
              sorted by id, normalised polygons, a multi-part mask joined into one outline by zero-width bridges, crowd
              regions left out). `manifest.json` last: a folder with the same N and recipe is kept as it is.
     fit      alternating processes per round and batch size: `native` (lucid fit, `configs/coco128-seg-n.yaml`, the GPU
-             configuration), `step` (`--model.capture_train_step true`), `ul` (Ultralytics' public API, offline as
+             configuration), `step` (`--model.capture_train_step true`), any other arm of `reference_run.py` (`step-cl`:
+             channels-last; `step@base`: the library in $LUCID_NB_BASELINE, for before/after in one call; every run of
+             one library must end with the same hashes), `ul` (Ultralytics' public API, offline as
              `.ulcmp/run.py` runs it; left out, with a line, where `ultralytics` does not import), E epochs. Steady state:
              the training images of epochs 1..E-1 over their training seconds (validation excluded). Per run also each
              epoch's data wait (lucid: `timing.json`; Ultralytics: host seconds between a batch's end and the next one's
@@ -26,16 +28,18 @@ Stages (each takes `--n N --root DIR`: the data set `<DIR>/n<N>`, made when miss
              by part and by kernel family (gemm/conv, batchnorm, elementwise, copy/cast, reduction, other), top kernels.
              `--capture`: the whole step replayed (kernel total and families only). On a CPU: operators' CPU time.
     cache    the cache modes against N (`--points`, default 128 1024 4096 16384: the first N images of the largest set),
-             each start a fresh process, smallest N first: for none / ram / disk a cold start (empty cache folder) and a
-             warm one (the same folder again): setup seconds, RSS, peak RSS (VmHWM), PSS (smaps_rollup), the cache
-             actually used and the fit check's line, the bytes on disk (prepared images and label index). Then the RAM
-             cache at `--pss-n` images with 0 and `--pss-workers` loader workers after one epoch: PSS of the main process
-             and of each worker (a page shared by k processes counts 1/k in each), so their sum is the real footprint.
+             each start a fresh process, smallest N first: for none / ram / disk (`--modes`) a cold start (empty cache
+             folder) and a warm one (the same folder again): setup seconds, RSS, peak RSS (VmHWM), PSS (smaps_rollup),
+             the cache actually used and the fit check's line, the bytes on disk (prepared images and label index). Then
+             the RAM cache at `--pss-n` images (0: not measured) with 0 and `--pss-workers` loader workers after one
+             epoch: PSS of the main process and of each worker (a page shared by k processes counts 1/k in each), so
+             their sum is the real footprint.
     index    the label index of N images under tracemalloc: read from the JSON (cold), from its cache file (warm) and, with
              `--baseline REV`, by that revision's `read_records`: seconds, bytes per image kept, the parsed JSON's bytes.
 
     python benchmarks/scale.py make --n 16384
     python benchmarks/scale.py cache --points 128 1024 4096 16384   # ~20 min on 2 CPU cores; the RAM cache's fit check guards the machine
+    python benchmarks/scale.py cache --points 16384 --modes disk --pss-n 0   # the disk cache alone, cold and warm (no workers PSS)
     python benchmarks/scale.py index --n 16384 --baseline <rev>
     python benchmarks/scale.py fit --n 4096 --batch 32 64 [--rounds 1] [--epochs 3] [--arms native,step,ul] [-- lucid args]
     python benchmarks/scale.py loader --n 4096 [--batch 64] [--workers 8 16] [--fit benchmarks/results/scale_...fit....json]
@@ -267,9 +271,11 @@ def summarize(runs: list, arms: list, batches: list) -> dict:
         ul = {r['round']: r['images_per_s'] for r in by.get('ul', [])}
         sb['over_ul'] = {arm: [r['images_per_s'] / ul[r['round']] if ul.get(r['round']) else None for r in rs]
                          for arm, rs in by.items() if arm != 'ul'} if ul else None
-        lucid = [r for r in ok if 'hashes' in r]
-        sb['lucid_hashes_equal'] = len({json.dumps(r['hashes'], sort_keys=True) for r in lucid}) == 1 if lucid else None
-        sb['lucid_hashes'] = sorted({r['hashes'].get('all', '')[:12] for r in lucid})
+        lucid = [r for r in ok if 'hashes' in r]   # the runs of one library (`@base`: the other) and memory order (`-cl`) end byte-identical
+        kind = lambda arm: ('baseline' if arm.endswith('@base') else 'current') + ('-cl' if '-cl' in arm else '')
+        libs = {k: [r for r in lucid if kind(r['arm']) == k] for k in sorted({kind(r['arm']) for r in lucid})}
+        sb['lucid_hashes_equal'] = {lib: len({json.dumps(r['hashes'], sort_keys=True) for r in rs}) == 1 for lib, rs in libs.items() if rs} or None
+        sb['lucid_hashes'] = {lib: sorted({r['hashes'].get('all', '')[:12] for r in rs}) for lib, rs in libs.items() if rs}
         sb['failed_runs'] = [(r['arm'], r['round']) for r in runs if r['batch'] == b and 'error' in r]
         s[f'b{b}'] = sb
     return s
@@ -395,7 +401,7 @@ def cache_point(a):
     ds, lines, me = Path(a.ds), [], os.getpid()
     h = logging.Handler(); h.emit = lambda r: lines.append(r.getMessage()); logging.getLogger('lucid_nb.data').addHandler(h)
     rss0 = _status_kib(me, 'VmRSS')
-    dm = YoloData(str(ds / 'train'), a.json, str(ds / 'val'), str(ds / 'val.json'), imgsz=a.imgsz, batch_size=16, cache=a.cache,
+    dm = YoloData(train_images=str(ds / 'train'), train_annotations=a.json, val_images=str(ds / 'val'), val_annotations=str(ds / 'val.json'), imgsz=a.imgsz, batch_size=16, cache=a.cache,
                   cache_dir=a.cache_dir, workers=a.workers, prefetch=False, mosaic=0.)
     t0 = time.perf_counter()
     with contextlib.redirect_stdout(io.StringIO()): dm.setup('fit')
@@ -437,7 +443,7 @@ def cache_scaling(a, ds: Path) -> Path:
         rows, a.points = old['rows'], old['points']
         rows_from = dict(file=Path(a.pss_into).name, commit=old['env'].get('commit'), command=old.get('command'), seconds=old.get('seconds'))
     for n in sorted(a.points) if not a.pss_into else []:
-        for cache in ('none', 'ram', 'disk'):
+        for cache in a.modes:
             cd = runs / f'{cache}_{n}'
             cold = point(n, cache, cd); disk_bytes = _dir_bytes(cd); warm = point(n, cache, cd)
             row = dict(n=n, cache=cache, used=cold['used'], fit_line=cold['fit_line'], cold=cold, warm=warm, disk_bytes=disk_bytes,
@@ -448,14 +454,14 @@ def cache_scaling(a, ds: Path) -> Path:
                   f"disk {disk_bytes / 2**20:7.0f} MiB; {time.perf_counter() - t_start:.0f} s so far", flush=True)
             if cold['fit_line']: print('   ', cold['fit_line'], flush=True)
     shared = []
-    for w in (0, a.pss_workers):   # the RAM cache with loader workers: PSS over the main process and its workers after an epoch
+    for w in (0, a.pss_workers) if a.pss_n else ():   # the RAM cache with loader workers: PSS over the main process and its workers after an epoch
         r = point(a.pss_n, 'ram', runs / 'pss', w, epoch=True); shared.append(r)
         print(f"workers {w}: n={a.pss_n} RAM cache, after one epoch: PSS total {r.get('pss_total_mib', r['pss_mib']):.0f} MiB "
               f"(main {r.get('pss_main_mib', r['pss_mib']):.0f}, workers {[round(x) for x in r.get('pss_workers_mib', [])]}); "
               f"RSS of each worker {[round(x) for x in r.get('rss_workers_mib', [])]} MiB", flush=True)
     shutil.rmtree(runs, ignore_errors=True)
     res = dict(what='cache modes against N: setup seconds cold and warm, RSS/PSS, disk bytes; RAM cache PSS with loader workers',
-               stage='cache', imgsz=a.imgsz, points=sorted(a.points), rows=rows, workers_pss=shared,
+               stage='cache', imgsz=a.imgsz, points=sorted(a.points), modes=a.modes, rows=rows, workers_pss=shared,
                seconds=round(time.perf_counter() - t_start, 1), cpu_count=os.cpu_count(), load_average=list(os.getloadavg()),
                command=' '.join([sys.executable, *sys.argv]), **({'rows_from': rows_from} if a.pss_into else {}))
     path = _write_result('scale', res, tag=f'cache_n{max(a.points)}{a.tag}'); print(f'-> {path}'); return path
@@ -560,6 +566,7 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument('--points', type=int, nargs='+', default=[128, 1024, 4096, 16384], help='N values (the largest is made; the others are its first N)')
     c.add_argument('--imgsz', type=int, default=640); c.add_argument('--pss-n', type=int, default=1024, help='N of the workers measurement')
     c.add_argument('--pss-workers', type=int, default=4)
+    c.add_argument('--modes', nargs='+', default=['none', 'ram', 'disk'], choices=['none', 'ram', 'disk'], help='cache modes to start (default: all three)')
     c.add_argument('--pss-into', help='an earlier `cache` result: keep its N points, measure the workers again')
     ix = sub.add_parser('index', parents=[common]); ix.add_argument('--baseline', default='', help='a revision whose read_records to measure too')
     ip = sub.add_parser('_index_point')   # one read, in its own process (index_memory)

@@ -16,8 +16,10 @@ from .core import *
 from .coco import *
 
 # %% auto #0
-__all__ = ['HSV_CHUNK_PIXELS', 'translate', 'letterbox_params', 'random_affine', 'warp_image', 'mosaic_canvas', 'place_instances',
-           'AugSettings', 'build_sample', 'hsv_jitter']
+__all__ = ['HSV_CHUNK_PIXELS', 'translate', 'letterbox_params', 'random_affine', 'resize_linear', 'letterbox_cv2',
+           'val_resized_hw', 'rect_batches', 'warp_image', 'axis_plan', 'mosaic_layout', 'paste_canvas',
+           'mosaic_canvas', 'mask_grid', 'instance_geometry', 'rasterise_instances', 'place_instances', 'AugSettings',
+           'sample_plan', 'kept_by_placed', 'build_sample', 'hsv_jitter']
 
 # %% ../nbs/01b_augment.ipynb #d796d5c4
 def translate(tx:float, ty:float)->np.ndarray:
@@ -40,6 +42,65 @@ def random_affine(rng:np.random.Generator, size:int, canvas:int, degrees:float=0
     A = translate(tx, ty) @ np.array([[1, shx, 0], [shy, 1, 0], [0, 0, 1]]) @ np.array([[c, si, 0], [-si, c, 0], [0, 0, 1]]) @ translate(-canvas / 2, -canvas / 2)
     return np.array([[-1., 0, size], [0, 1, 0], [0, 0, 1]]) @ A if flip else A
 
+# %% ../nbs/01b_augment.ipynb #de1d5307
+def _linear_taps(n_out:int, n_in:int)->tuple[np.ndarray, np.ndarray, np.ndarray]:
+    "OpenCV's `INTER_LINEAR` along one axis: the first source index of each output pixel, and its two 11-bit weights."
+    f = ((np.arange(n_out) + .5) * (1. / (n_out / n_in)) - .5).astype(np.float32)   # as OpenCV: 1 / (its inverse scale)
+    i = np.floor(f).astype(np.int64)
+    f = f - i.astype(np.float32)
+    return i, np.rint((np.float32(1) - f) * np.float32(2048)).astype(np.int64), np.rint(f * np.float32(2048)).astype(np.int64)
+
+def resize_linear(img:np.ndarray, w:int, h:int)->np.ndarray:
+    "(H,W,C) uint8 resized to (h,w,C) with OpenCV's `cv2.resize(img, (w, h), interpolation=cv2.INTER_LINEAR)` bytes."
+    H, W = img.shape[:2]
+    if (h, w) == (H, W): return img.copy()
+    s = img.astype(np.int64)
+    if (H, W) == (2 * h, 2 * w): return ((s[::2, ::2] + s[::2, 1::2] + s[1::2, ::2] + s[1::2, 1::2] + 2) >> 2).astype(np.uint8)
+    x, a0, a1 = _linear_taps(w, W)
+    edge = (x < 0) | (x >= W - 1)                        # OpenCV: one source pixel, the nearest edge
+    x = x.clip(0, W - 1); a0[edge], a1[edge] = 2048, 0
+    rows = s[:, x] * a0[:, None] + s[:, np.minimum(x + 1, W - 1)] * a1[:, None]   # (H,w,C), weights × 2048
+    y, b0, b1 = _linear_taps(h, H)                       # rows past an edge repeat it, with their weights as they are
+    top, bottom = rows[y.clip(0, H - 1)] >> 4, rows[(y + 1).clip(0, H - 1)] >> 4
+    v = ((b0[:, None, None] * top) >> 16) + ((b1[:, None, None] * bottom) >> 16)
+    return ((v + 2) >> 2).clip(0, 255).astype(np.uint8)
+
+# %% ../nbs/01b_augment.ipynb #0a1d5443
+def letterbox_cv2(img:np.ndarray,            # (H,W,3) uint8
+                  shape:tuple,               # (h, w) to pad into (`auto`: at most)
+                  auto:bool=False,           # pad only to the next multiple of `stride`
+                  stride:int=32,
+                  resized:tuple|None=None,   # (h, w) the image is resized to first (None: fit `shape`, sides rounded)
+                 )->tuple[np.ndarray, np.ndarray]: # the padded image, ratio_pad (gain_y, gain_x, pad_x, pad_y) float64
+    "Ultralytics' `LetterBox` with OpenCV's resize (`resize_linear`): predict (`auto`) and validation (`resized`)."
+    H, W = img.shape[:2]
+    if resized is None:
+        r = min(shape[0] / H, shape[1] / W)
+        resized = max(round(H * r), 1), max(round(W * r), 1)
+    h, w = resized
+    dh, dw = shape[0] - h, shape[1] - w
+    if auto: dh, dw = dh % stride, dw % stride
+    top, bottom, left, right = round(dh / 2 - .1), round(dh / 2 + .1), round(dw / 2 - .1), round(dw / 2 + .1)
+    out = np.full((h + top + bottom, w + left + right, img.shape[2]), 114, np.uint8)
+    out[top:top + h, left:left + w] = resize_linear(img, w, h)
+    return out, np.array([h / H, w / W, left, top], np.float64)
+
+def val_resized_hw(hw:tuple, imgsz:int)->tuple[int, int]:
+    "Ultralytics validation's first resize: the long side to `imgsz`, the other rounded up."
+    r = imgsz / max(hw)
+    return tuple(hw) if r == 1 else tuple(min(math.ceil(s * r), imgsz) for s in hw)
+
+def rect_batches(hws:list, batch_size:int, imgsz:int, stride:int=32)->tuple[np.ndarray, np.ndarray]:
+    "Ultralytics' rectangular validation batches: the images' order (by aspect ratio, numpy's default sort) and each place's (h, w)."
+    ar = np.array([h / w for h, w in hws])
+    order = ar.argsort()
+    ar, batch = ar[order], np.arange(len(hws)) // batch_size
+    shapes = np.ones((len(hws), 2))
+    for b in range(batch[-1] + 1 if len(hws) else 0):
+        lo, hi = ar[batch == b].min(), ar[batch == b].max()
+        shapes[batch == b] = [hi, 1] if hi < 1 else [1, 1 / lo] if lo > 1 else [1, 1]
+    return order, (np.ceil(shapes * imgsz / stride + .5).astype(int) * stride)
+
 # %% ../nbs/01b_augment.ipynb #de974c4c
 def _is_shift(M:np.ndarray)->bool:
     return bool((M[:2, :2] == np.eye(2)).all() and (M[:2, 2] == np.round(M[:2, 2])).all())
@@ -57,35 +118,49 @@ def warp_image(img:np.ndarray, M:np.ndarray, size:int, fill:int=114)->np.ndarray
                                                      resample=Image.BILINEAR, fillcolor=(fill,) * 3))
 
 # %% ../nbs/01b_augment.ipynb #89862911
-def _warp_axis_aligned(img:np.ndarray, M:np.ndarray, size:int, fill:int=114)->np.ndarray:
-    "`warp_image` for `M` without rotation or shear: resize the visible box, flip it, paste it."
+def axis_plan(M:np.ndarray, hw:tuple, size:int)->tuple:
+    "`(flip, x0, x1, y0, y1, box)` of `M` (no rotation or shear) on an (h, w) image: the output columns x0..x1 and rows y0..y1 the unflipped patch covers, and the box of source px resized into it (None: nothing visible)."
     flip = M[0, 0] < 0
     if flip: M = np.array([[-1., 0, size], [0, 1, 0], [0, 0, 1]]) @ M
-    (h, w), (sx, sy, tx, ty) = img.shape[:2], (M[0, 0], M[1, 1], M[0, 2], M[1, 2])
-    out = np.full((size, size, 3), fill, np.uint8)
+    (h, w), (sx, sy, tx, ty) = hw, (M[0, 0], M[1, 1], M[0, 2], M[1, 2])
     x0, x1 = max(0, math.ceil(tx - .5)), min(size, math.ceil(sx * w + tx - .5))   # output pixels whose centres land on the source
     y0, y1 = max(0, math.ceil(ty - .5)), min(size, math.ceil(sy * h + ty - .5))
-    if x1 > x0 and y1 > y0:
-        box = (max((x0 - tx) / sx, 0), max((y0 - ty) / sy, 0), min((x1 - tx) / sx, w), min((y1 - ty) / sy, h))
+    if not (x1 > x0 and y1 > y0): return flip, x0, x1, y0, y1, None
+    return flip, x0, x1, y0, y1, (max((x0 - tx) / sx, 0), max((y0 - ty) / sy, 0), min((x1 - tx) / sx, w), min((y1 - ty) / sy, h))
+
+def _warp_axis_aligned(img:np.ndarray, M:np.ndarray, size:int, fill:int=114)->np.ndarray:
+    "`warp_image` for `M` without rotation or shear: resize the visible box, flip it, paste it."
+    flip, x0, x1, y0, y1, box = axis_plan(M, img.shape[:2], size)
+    out = np.full((size, size, 3), fill, np.uint8)
+    if box is not None:
         patch = Image.fromarray(img).resize((x1 - x0, y1 - y0), Image.BILINEAR, box=box)
         if flip: patch, (x0, x1) = patch.transpose(Image.Transpose.FLIP_LEFT_RIGHT), (size - x1, size - x0)
         out[y0:y1, x0:x1] = np.asarray(patch)
     return out
 
 # %% ../nbs/01b_augment.ipynb #4220bdc3
-def mosaic_canvas(ps:list[Prepared], xc:int, yc:int, size:int)->tuple[np.ndarray, list]:
-    "Four prepared images around (xc, yc) on a (2·size)² canvas: the canvas and `[(prepared, shift, crop)]`."
-    S2, canvas, placed = 2 * size, np.full((2 * size, 2 * size, 3), 114, np.uint8), []
+def mosaic_layout(ps:list[Prepared], xc:int, yc:int, size:int)->list[tuple]:
+    "Where four prepared images go around (xc, yc) on a (2·size)² canvas: `[(prepared, shift, crop, rect)]`, `rect` = (xa1, ya1, xa2, ya2) on the canvas."
+    S2, placed = 2 * size, []
     for k, p in enumerate(ps):
         h, w = p.img.shape[:2]
         xa1, xa2 = (max(xc - w, 0), xc) if k in (0, 2) else (xc, min(xc + w, S2))
         ya1, ya2 = (max(yc - h, 0), yc) if k in (0, 1) else (yc, min(yc + h, S2))
         xb1 = w - (xa2 - xa1) if k in (0, 2) else 0
         yb1 = h - (ya2 - ya1) if k in (0, 1) else 0
-        xb2, yb2 = xb1 + xa2 - xa1, yb1 + ya2 - ya1
-        canvas[ya1:ya2, xa1:xa2] = p.img[yb1:yb2, xb1:xb2]
-        placed.append((p, translate(xa1 - xb1, ya1 - yb1), (xb1, yb1, xb2, yb2)))
-    return canvas, placed
+        placed.append((p, translate(xa1 - xb1, ya1 - yb1), (xb1, yb1, xb1 + xa2 - xa1, yb1 + ya2 - ya1), (xa1, ya1, xa2, ya2)))
+    return placed
+
+def paste_canvas(placed:list, size:int)->np.ndarray:
+    "The (2·size)² mosaic canvas of a `mosaic_layout`: each crop pasted at its rect, grey 114 elsewhere."
+    canvas = np.full((2 * size, 2 * size, 3), 114, np.uint8)
+    for p, _, (xb1, yb1, xb2, yb2), (xa1, ya1, xa2, ya2) in placed: canvas[ya1:ya2, xa1:xa2] = p.img[yb1:yb2, xb1:xb2]
+    return canvas
+
+def mosaic_canvas(ps:list[Prepared], xc:int, yc:int, size:int)->tuple[np.ndarray, list]:
+    "Four prepared images around (xc, yc) on a (2·size)² canvas: the canvas and `[(prepared, shift, crop)]`."
+    placed = mosaic_layout(ps, xc, yc, size)
+    return paste_canvas(placed, size), [x[:3] for x in placed]
 
 # %% ../nbs/01b_augment.ipynb #f2adbc2d
 def _clip_poly(xy:np.ndarray, crop:tuple)->np.ndarray:
@@ -106,11 +181,20 @@ def _clip_poly(xy:np.ndarray, crop:tuple)->np.ndarray:
 def _apply(M:np.ndarray, xy:np.ndarray)->np.ndarray: return xy @ M[:2, :2].T + M[:2, 2]
 
 # %% ../nbs/01b_augment.ipynb #01d817d5
-def place_instances(p:Prepared, M:np.ndarray, crop:tuple, size:int,
-                    masks:bool=True, # rasterise the masks; False: boxes only (detection)
-                   )->tuple[np.ndarray, np.ndarray|None, np.ndarray]:
-    "Boxes (n,4) in output px, masks (n,s,s) uint8 at s = size/4 (None without `masks`), and each box's area before cropping."
-    n, s, (x1, y1, x2, y2) = len(p.cls), size // MASK_STRIDE, crop
+def mask_grid(M:np.ndarray)->np.ndarray:
+    "`M` (source px → output px) as source px → mask px, the (S/4)² grid of the masks."
+    return np.diag([1 / MASK_STRIDE, 1 / MASK_STRIDE, 1.]) @ M
+
+def _grid_source(Qi:np.ndarray, s:int)->tuple[np.ndarray, np.ndarray]:
+    "The source pixel (ix, iy), each (s, s), under each mask pixel's centre: floor of `Qi` (mask px → source px) there."
+    u = np.arange(s) + .5
+    x = (u[None, :] * Qi[0, 0] + u[:, None] * Qi[0, 1]) + Qi[0, 2]
+    y = (u[None, :] * Qi[1, 0] + u[:, None] * Qi[1, 1]) + Qi[1, 2]
+    return np.floor(x).astype(np.int64), np.floor(y).astype(np.int64)
+
+def instance_geometry(p:Prepared, M:np.ndarray, crop:tuple, size:int)->tuple[np.ndarray, np.ndarray, dict]:
+    "Boxes (n,4) in output px, each box's area before cropping, and the polygon parts of each instance in source px `{k: [(m,2)]}`."
+    n, (x1, y1, x2, y2) = len(p.cls), crop
     b = p.boxes.astype(np.float64)
     def corners(b): return np.stack([b[:, [0, 1]], b[:, [2, 1]], b[:, [2, 3]], b[:, [0, 3]]], 1)   # (n,4,2)
     full = _apply(M, corners(b).reshape(-1, 2)).reshape(n, 4, 2)
@@ -120,24 +204,31 @@ def place_instances(p:Prepared, M:np.ndarray, crop:tuple, size:int,
     boxes = np.concatenate([c.min(1), c.max(1)], 1)
     per, start = {}, 0
     for k, cnt in p.parts: per.setdefault(int(k), []).append(p.polys[start:start + cnt].astype(np.float64)); start += cnt
-    if not (M[0, 1] == 0 and M[1, 0] == 0):   # rotated or sheared
+    if not (M[0, 1] == 0 and M[1, 0] == 0):   # rotated or sheared: the clipped polygons bound the box
         for k, polys in per.items():
             v = [_apply(M, c) for c in (_clip_poly(xy, crop) for xy in polys) if len(c)]
             if v: v = np.concatenate(v); boxes[k] = (*v.min(0), *v.max(0))
-    if not masks: return boxes.clip(0, size).astype(np.float32), None, area0
-    Q, m_ = np.diag([1 / MASK_STRIDE, 1 / MASK_STRIDE, 1.]) @ M, np.zeros((n, s, s), np.uint8)
-    for k, polys in per.items():
-        m_[k] = mask_utils.decode(mask_utils.merge(mask_utils.frPyObjects([_apply(Q, xy).ravel().tolist() for xy in polys], s, s)))
-    masks, u = m_, (np.arange(s) + .5)
-    src = _apply(np.linalg.inv(Q), np.stack(np.meshgrid(u, u, indexing='xy'), -1).reshape(-1, 2))
-    ix, iy = np.floor(src[:, 0]).astype(np.int64), np.floor(src[:, 1]).astype(np.int64)
-    inside = ((ix >= x1) & (ix < x2) & (iy >= y1) & (iy < y2)).reshape(s, s)
-    h, w = p.img.shape[:2]
-    for k, counts in p.rles:
-        m = mask_utils.decode(dict(size=[h, w], counts=counts))
-        masks[k] = (m[iy.clip(0, h - 1), ix.clip(0, w - 1)].reshape(s, s) & inside)
-    masks &= inside
-    return boxes.clip(0, size).astype(np.float32), masks, area0
+    return boxes.clip(0, size).astype(np.float32), area0, per
+
+# %% ../nbs/01b_augment.ipynb #6864445d
+def rasterise_instances(p:Prepared, M:np.ndarray, crop:tuple, size:int, per:dict, ks)->np.ndarray:
+    "Masks (len(ks),s,s) uint8 at s = size/4 of instances `ks` of `p` (`per`: their polygons, from `instance_geometry`)."
+    s, (x1, y1, x2, y2), rles = size // MASK_STRIDE, crop, dict(p.rles)
+    Q = mask_grid(M)
+    ix, iy = _grid_source(np.linalg.inv(Q), s)
+    inside = (ix >= x1) & (ix < x2) & (iy >= y1) & (iy < y2)
+    (h, w), masks = p.img.shape[:2], np.zeros((len(ks), s, s), np.uint8)
+    for j, k in enumerate(ks):
+        if k in per:
+            rl = mask_utils.frPyObjects([_apply(Q, xy).ravel().tolist() for xy in per[k]], s, s)
+            masks[j] = mask_utils.decode(mask_utils.merge(rl))
+        elif k in rles: masks[j] = mask_utils.decode(dict(size=[h, w], counts=rles[k]))[iy.clip(0, h - 1), ix.clip(0, w - 1)]
+    return masks & inside
+
+def place_instances(p:Prepared, M:np.ndarray, crop:tuple, size:int)->tuple[np.ndarray, np.ndarray, np.ndarray]:
+    "Boxes (n,4) in output px, masks (n,s,s) uint8 at s = size/4, and each box's area before cropping."
+    boxes, area0, per = instance_geometry(p, M, crop, size)
+    return boxes, rasterise_instances(p, M, crop, size, per, range(len(p.cls))), area0
 
 # %% ../nbs/01b_augment.ipynb #1192168d
 @dataclass
@@ -158,6 +249,31 @@ def _keep(boxes:np.ndarray, area0:np.ndarray)->np.ndarray:
     return (w > 2) & (h > 2) & (w * h > .1 * area0) & (np.maximum(w / (h + 1e-9), h / (w + 1e-9)) < 100)
 
 # %% ../nbs/01b_augment.ipynb #9584951d
+def sample_plan(ps:list[Prepared], size:int, rng:np.random.Generator|None=None, aug:AugSettings|None=None, mosaic:bool=False,
+                xy_centre:tuple=(0, 0), max_instances:int=100)->dict:   # the arguments of `build_sample`
+    "One sample's draws and geometry, no pixel touched: `placed` [(prepared, shift, crop, rect)], `A`, `hsv`, `letterbox`, `geo` (per placed), `keep`, `boxes`, `cls`, `dropped`."
+    p0, hsv, mosaic = ps[0], np.ones(3, np.float32), mosaic and rng is not None
+    scale, px, py = letterbox_params(p0.orig_hw, size)
+    placed = mosaic_layout(ps, *xy_centre, size) if mosaic else [(p0, translate(px, py), (0, 0, *p0.img.shape[1::-1]), None)]
+    A = np.eye(3)
+    if rng is not None:
+        A = random_affine(rng, size, 2 * size if mosaic else size, aug.degrees, aug.translate, aug.scale, aug.shear, aug.fliplr)
+        hsv = (rng.uniform(-1, 1, 3) * (aug.hsv_h, aug.hsv_s, aug.hsv_v) + 1).astype(np.float32)
+    geo = [instance_geometry(p, A @ T, crop, size) for p, T, crop, _ in placed]
+    boxes, area0 = np.concatenate([g[0] for g in geo]), np.concatenate([g[1] for g in geo])
+    keep, dropped = np.flatnonzero(_keep(boxes, area0)), 0
+    if len(keep) > max_instances:
+        dropped, b = len(keep) - max_instances, boxes[keep]
+        keep = keep[np.sort(np.argsort(-((b[:, 2] - b[:, 0]) * (b[:, 3] - b[:, 1])), kind='stable')[:max_instances])]
+    return dict(placed=placed, A=A, mosaic=mosaic, hsv=hsv, letterbox=np.array([scale, px, py], np.float32), geo=geo, keep=keep,
+                boxes=boxes[keep], cls=np.concatenate([p.cls for p, *_ in placed])[keep], dropped=dropped)
+
+def kept_by_placed(plan:dict)->list[np.ndarray]:
+    "The kept instances of each placed image, as its own instance indices (in the order of `plan['keep']`)."
+    ends = np.cumsum([len(p.cls) for p, *_ in plan['placed']])
+    return [plan['keep'][(plan['keep'] >= e - len(p.cls)) & (plan['keep'] < e)] - (e - len(p.cls)) for (p, *_), e in zip(plan['placed'], ends)]
+
+# %% ../nbs/01b_augment.ipynb #03681621
 def build_sample(
     ps:list[Prepared],           # 1 image, or 4 for a mosaic (the first is the sample's own)
     size:int,                    # output side S
@@ -169,26 +285,14 @@ def build_sample(
     masks:bool=True,             # the instances' masks; False: none, no `masks` key (detection)
 )->dict:                         # img (S,S,3) uint8, boxes (n,4), cls (n,), masks (n,S/4,S/4), meta
     "One sample: letterbox, or mosaic + random affine + flip, with instances filtered consistently."
-    p0, hsv = ps[0], np.ones(3, np.float32)
-    scale, px, py = letterbox_params(p0.orig_hw, size)
-    if rng is None: A, placed, canvas = np.eye(3), [(p0, translate(px, py), (0, 0, *p0.img.shape[1::-1]))], None
-    elif mosaic: canvas, placed = mosaic_canvas(ps, *xy_centre, size)
-    else: canvas, placed = None, [(p0, translate(px, py), (0, 0, *p0.img.shape[1::-1]))]
-    if rng is not None:
-        A = random_affine(rng, size, 2 * size if mosaic else size, aug.degrees, aug.translate, aug.scale, aug.shear, aug.fliplr)
-        hsv = (rng.uniform(-1, 1, 3) * (aug.hsv_h, aug.hsv_s, aug.hsv_v) + 1).astype(np.float32)
-    img = warp_image(canvas, A, size) if canvas is not None else warp_image(p0.img, A @ placed[0][1], size)
-    parts = [place_instances(p, A @ T, crop, size, masks) for p, T, crop in placed]
-    inst = dict(boxes=np.concatenate([b for b, _, _ in parts]), cls=np.concatenate([p.cls for p, _, _ in placed]),
-                **({'masks': np.concatenate([m for _, m, _ in parts])} if masks else {}))
-    inst = {k: v[_keep(inst['boxes'], np.concatenate([a for _, _, a in parts]))] for k, v in inst.items()}
-    dropped, boxes = 0, inst['boxes']
-    if len(boxes) > max_instances:
-        dropped, area = len(boxes) - max_instances, (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
-        idx = np.sort(np.argsort(-area, kind='stable')[:max_instances])
-        inst = {k: v[idx] for k, v in inst.items()}
+    plan = sample_plan(ps, size, rng, aug, mosaic, xy_centre, max_instances)
+    A, placed, p0 = plan['A'], plan['placed'], ps[0]
+    img = warp_image(paste_canvas(placed, size), A, size) if plan['mosaic'] else warp_image(p0.img, A @ placed[0][1], size)
+    inst = dict(boxes=plan['boxes'], cls=plan['cls'])
+    if masks: inst['masks'] = np.concatenate([rasterise_instances(p, A @ T, crop, size, g[2], ks)
+                                              for (p, T, crop, _), g, ks in zip(placed, plan['geo'], kept_by_placed(plan))])
     return dict(img=img, **inst, image_id=p0.image_id, orig_hw=np.array(p0.orig_hw, np.int64),
-                letterbox=np.array([scale, px, py], np.float32), hsv=hsv, dropped=dropped)
+                letterbox=plan['letterbox'], hsv=plan['hsv'], dropped=plan['dropped'])
 
 # %% ../nbs/01b_augment.ipynb #9af68a1d
 HSV_CHUNK_PIXELS = 2**20   # pixels of the images jittered at a time (their float temporaries: ~100 bytes a pixel)

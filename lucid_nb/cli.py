@@ -101,9 +101,17 @@ def sigint_deferred():
     if got: raise KeyboardInterrupt
 
 
+
 # %% ../nbs/10b_cli.ipynb #a7a29ed0
-def run()->int:
+def run(keep_sigint:bool=False, # leave SIGINT as the command left it (the console script, which ends next); else the caller's handler is put back
+       )->int:
     "Run the `lucid` command of `sys.argv` in this process and return its exit status: `lucid export` goes to `lucid_nb.predict`, every other subcommand to Lightning's CLI."
+    before = signal.getsignal(signal.SIGINT)
+    try: return _run()
+    finally:   # a run stopped by a signal leaves SIGINT ignored (`StopSignals`): its line is said, the process ends
+        if not keep_sigint and threading.current_thread() is threading.main_thread(): signal.signal(signal.SIGINT, before)
+
+def _run()->int:
     enable_bytecode_cache()
     allocator_defaults()   # before anything can touch the GPU
     with sigint_deferred(), lean_imports(), collector_paused(): from lucid_nb.command import main as command_main
@@ -116,7 +124,7 @@ def run()->int:
 
 def main():
     "The `lucid` console script: `run`, then the process ends at once (`exit_now`); `LUCID_NB_FAST_EXIT=0` exits the ordinary way; a Ctrl-C that reaches it is one line and status 130."
-    try: status = run()   # every import of `run` inside: a Ctrl-C while torch loads is caught too
+    try: status = run(keep_sigint=True)   # every import of `run` inside: a Ctrl-C while torch loads is caught too
     except KeyboardInterrupt:
         if os.environ.get('LUCID_DEBUG') == '1': raise
         print(interrupted_line(sys.argv), file=sys.stderr, flush=True); status = 128 + signal.SIGINT

@@ -78,11 +78,13 @@ DataReport._repr_markdown_ = lambda self: ('| reason | count |\n|---|---|\n' +
     ''.join(f"| *note:* {w} | {n} |\n" for w, n in sorted(self.notes.items())))
 
 # %% ../nbs/01a_coco.ipynb #e9eba921
-def load_coco_json(path:str|Path)->dict:
+def load_coco_json(path:str|Path,
+                   data:bytes|None=None, # the file's bytes, when they were already read (and hashed: `loader.label_index`)
+                  )->dict:
     "Read a COCO instances JSON; a missing or broken file is an error naming the file (and line/column)."
     path = Path(path)
-    if not path.is_file(): raise FileNotFoundError(f"annotations file not found: {path}")
-    try: d = json.loads(path.read_bytes())
+    if data is None and not path.is_file(): raise FileNotFoundError(f"annotations file not found: {path}")
+    try: d = json.loads(path.read_bytes() if data is None else data)
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}: malformed JSON at line {e.lineno}, column {e.colno}: {e.msg}") from None
     except UnicodeDecodeError as e: raise ValueError(f"{path}: not UTF-8 text ({e})") from None
@@ -293,10 +295,12 @@ def resized_hw(hw:tuple, imgsz:int)->tuple:
     r = imgsz / max(hw); return max(1, round(hw[0] * r)), max(1, round(hw[1] * r))
 
 # %% ../nbs/01a_coco.ipynb #c3f740d4
-def prepare(rec:ImageRecord, imgsz:int)->Prepared:
+def prepare(rec:ImageRecord, imgsz:int,
+            data:bytes|None=None, # the image file's bytes, when they were already read (and hashed: the disk cache)
+           )->Prepared:
     "Decode `rec`'s image as displayed (raising on unreadable, truncated or wrongly sized files) and resize it with its instances."
     (H, W), (h, w) = rec.hw, resized_hw(rec.hw, imgsz)
-    im, orientation = _decode(rec.path, rec.hw)
+    im, orientation = _decode(rec.path if data is None else io.BytesIO(data), rec.hw)
     img = np.array(im if (w, h) == (W, H) else im.resize((w, h), Image.BILINEAR))
     sx, sy = w / W, h / H
     boxes = (np.array([i.box for i in rec.instances], np.float64).reshape(-1, 4) * (sx, sy, sx, sy)).astype(np.float32)
@@ -450,11 +454,16 @@ def yolo_coco(
     "One split of an Ultralytics dataset as a COCO instances dict: images in file order with their displayed sizes, each good label line an annotation."
     files = sorted({f for d in spec.splits[split] for f in d.rglob('*') if f.suffix.lower() in IMAGE_SUFFIXES and f.is_file()})
     if not files: raise FileNotFoundError(f"{spec.path}: '{split}': no image files ({', '.join(IMAGE_SUFFIXES)}) in {', '.join(map(str, spec.splits[split]))}")
-    images, anns = [], []
+    images, anns, readers = [], [], {}
+    for f in files: readers.setdefault(yolo_label_path(f), []).append(f)   # `a.jpg` and `a.png` both read `a.txt`
     for f in files:
+        txt, others = yolo_label_path(f), [g.name for g in readers[yolo_label_path(f)] if g != f]
+        if others and txt.is_file():
+            report.problem(str(f), 'label file shared by several images', f"{txt} is also the label file of {', '.join(others)}: "
+                           "whose polygons they are cannot be told; rename the images apart, each with its own label file"); continue
         try: hw = displayed_hw(f)
         except _IMAGE_ERRORS as e: report.problem(str(f), 'unreadable image', f"{type(e).__name__}: {e}"); continue
-        if not (txt := yolo_label_path(f)).is_file(): report.note('images without a label file (background)')
+        if not txt.is_file(): report.note('images without a label file (background)')
         if (mine := yolo_annotations(txt, hw, len(spec.names), report, masks)) is None: continue
         i = first_id + len(images)
         images.append(dict(id=i, file_name=str(f.relative_to(spec.root)) if f.is_relative_to(spec.root) else str(f), height=hw[0], width=hw[1]))

@@ -6,7 +6,7 @@ Docs: https://lucid-nb.github.io/lucid_nb/command.html.md"""
 
 # %% ../nbs/10a_command.ipynb #0d0572cb
 from __future__ import annotations
-import contextlib, importlib.util, logging, os, shutil, signal, sys, threading, warnings
+import contextlib, importlib.util, itertools, logging, os, re, shutil, signal, sys, threading, warnings
 from pathlib import Path
 import torch
 from lightning.pytorch.callbacks import Callback, ModelSummary, RichModelSummary
@@ -22,16 +22,17 @@ from fastcore.basics import patch
 from .core import *
 from .data import YoloData
 from .model import model_summary
-from .weights import read_weights, weights_read
-from .runs import LOCK_NAME, RunFolderInUse, SafeCheckpointIO, local_checkpoint, lock_owner_alive, note, read_checkpoint, read_lock, run_folder, run_lock, weak_checkpoint
+from .weights import local_file, read_weights, weights_read
+from .runs import LOCK_NAME, RunFolderInUse, SafeCheckpointIO, CheckpointWriteError, checkpoint_epoch, lock_owner_alive, wait_for_checkpoints, note, read_checkpoint, read_lock, run_folder, run_lock, weak_checkpoint
 from .trainer import DATA_SOURCE, LitYolo
+from .tasks import TASKS
+from .metrics import conf_line, predict_conf
 
 # %% auto #0
 __all__ = ['BATCH_LIMITS', 'RESUME_FIXED', 'HELP', 'LIGHTNING_LOGS', 'QUIET_WARNINGS', 'RUN_RECORDS', 'UNUSED_RUN_FILES',
            'USER_ERRORS', 'OneLineParser', 'LucidCLI', 'refuse_resume_changes', 'run_logger', 'add_tensorboard',
-           'cli_main', 'QuietLightning', 'quiet_lightning', 'model_line', 'ModelLine', 'quiet_trainer',
-           'checkpoint_epoch', 'resume_hint', 'Interrupted', 'StopSignals', 'refuse_earlier_run',
-           'remove_unused_run_folder', 'main']
+           'cli_main', 'QuietLightning', 'quiet_lightning', 'model_line', 'ModelLine', 'quiet_trainer', 'resume_hint',
+           'Interrupted', 'StopSignals', 'other_run_folder', 'refuse_earlier_run', 'remove_unused_run_folder', 'main']
 
 # %% ../nbs/10a_command.ipynb #d9baf6c2
 class OneLineParser(LightningArgumentParser):
@@ -107,6 +108,11 @@ class LucidCLI(LightningCLI):
         # Lightning's own reading of `--ckpt_path` through the one safe reader (`08b_runs`)
         s = self.trainer.strategy
         if type(s.checkpoint_io) is TorchCheckpointIO: s.checkpoint_io = SafeCheckpointIO()
+        if getattr(self, 'datamodule', None) is not None: self.datamodule.set_rules(getattr(self, 'inference_rules', 'lucid'))   # a `.pt`'s: Ultralytics' (`_weights_options`)
+        if self.subcommand == 'predict':   # `--model.conf` as given (`predict_conf`); below the default, one line says what it allows
+            self.model.conf_given = 'conf' in getattr(self, 'given_model_options', set())
+            h = self.model.hparams
+            if line := conf_line(predict_conf(h.conf, self.model.conf_given), h.max_det): note(line)
 
 RESUME_FIXED = ('optimizer', 'lr', 'momentum', 'weight_decay', 'warmup_epochs', 'warmup_bias_lr', 'warmup_momentum', 'lrf', 'cosine')
 
@@ -116,7 +122,7 @@ def refuse_resume_changes(hparams, saved:dict, given:set):
             if k in given and k in saved and hparams[k] != saved[k]]
     if diff: raise ValueError(f"{', '.join(diff)}: a resumed fit (--ckpt_path) continues the checkpoint's optimiser and "
                               "learning-rate schedule and cannot change them; leave them out, or start a new run from the "
-                              "checkpoint with --model.weights")
+                              "checkpoint with --model.weights CKPT")
 
 def _ids(ids:list)->str:
     ids = list(ids); return f"{ids}" if len(ids) <= 12 else f"[{', '.join(map(str, ids[:10]))}, … {ids[-1]}] ({len(ids)} classes)"
@@ -213,11 +219,6 @@ def quiet_trainer(trainer, verbose:bool=False):
     if tables: trainer.callbacks.append(ModelLine())
 
 # %% ../nbs/10a_command.ipynb #30d045dc
-def checkpoint_epoch(path)->int|None:
-    "The epoch (0-based) a checkpoint file holds, read from it (memory-mapped, tensors not read); None if it cannot be read."
-    try: return int(torch.load(path, map_location='cpu', weights_only=True, mmap=True)['epoch'])
-    except Exception: return None
-
 def resume_hint(trainer)->str:
     "How to go on after a stopped run: the checkpoint of its last finished epoch, if there is one, and that epoch."
     if trainer.state.fn != 'fit': return 'run it again'
@@ -234,53 +235,68 @@ def resume_hint(trainer)->str:
 class Interrupted(BaseException): "A Ctrl-C before the fit loop: nothing to save. Not a `KeyboardInterrupt`, so Lightning adds no line of its own."
 
 class StopSignals(Callback):
-    "SIGINT (Ctrl-C) handled as SIGTERM while the fit loop runs: Lightning's SIGTERM flag set, the run stopped after the current step; one before the fit loop raises `Interrupted`, a second one `KeyboardInterrupt`, at once."
-    def __init__(self): super().__init__(); self.trainer, self.armed, self.ctrl_c = None, False, False
+    "SIGINT (Ctrl-C) handled as SIGTERM while the fit loop runs: Lightning's SIGTERM flag set, the run stopped after the current step; one before the fit loop raises `Interrupted`, a second one `KeyboardInterrupt`, at once; once the run is stopping, further ones change nothing."
+    def __init__(self): super().__init__(); self.trainer, self.armed, self.ctrl_c, self.stopping = None, False, False, False
     def on_train_start(self, trainer, module): self.trainer, self.armed = trainer, True   # Lightning's flag is reset before
     def __call__(self, signum, frame):
         if not self.armed: raise Interrupted
+        if self.stopping or self.trainer.interrupted: return   # its finished epochs' writes are awaited: a Ctrl-C now could only lose them
         if self.ctrl_c: raise KeyboardInterrupt
         self.ctrl_c = True
         self.trainer._signal_connector.received_sigterm = True   # what Lightning's SIGTERM handler sets
 
     @contextlib.contextmanager
     def installed(self, trainer):
-        "This handler for SIGINT and this callback in `trainer` inside the `with` block (in the main thread only)."
+        "This handler for SIGINT and this callback in `trainer` inside the `with` block (in the main thread only); after a stop, SIGINT stays ignored: the process is ending, and its line is said."
         if threading.current_thread() is not threading.main_thread(): yield self; return
         trainer.callbacks.append(self)
         old = signal.signal(signal.SIGINT, self)
         try: yield self
         finally:
-            signal.signal(signal.SIGINT, old)
+            signal.signal(signal.SIGINT, signal.SIG_IGN if self.stopping else old)   # `lucid_nb.cli.run` gives an in-process caller its own back
             if self in trainer.callbacks: trainer.callbacks.remove(self)
 
 def _stop_line(subcommand:str, sig:str, trainer)->str:
+    "The stop line, once every queued checkpoint is on disk: it names the epoch `last.ckpt` holds when the process has ended."
+    try: wait_for_checkpoints(trainer)
+    except CheckpointWriteError as e: note(str(e))
     return f"{subcommand} stopped by {sig} before it finished; {resume_hint(trainer)}"
 
 RUN_RECORDS = ('metrics.csv', 'val_metrics.jsonl', 'timing.json', 'state_hashes.json', 'predictions.json')   # a run's own files
 
-def refuse_earlier_run(run:Path):
-    "A new fit (no `--ckpt_path`) into a run folder that holds an earlier run (its checkpoints or records) is an error: the two runs would mix."
+def other_run_folder(run:Path, logged:bool=True)->str:
+    "The options, spelled as the parser takes them, that give a run the next free folder beside `run`: the run logger's save_dir, name and the first free version (`logged`), else another `--trainer.default_root_dir`."
+    if not logged: return f"--trainer.default_root_dir {run}-2"
+    taken = {p.name for p in run.parent.iterdir()} if run.parent.is_dir() else set()
+    k = next(k for k in itertools.count() if f'version_{k}' not in taken)   # CSVLogger writes version k into version_k
+    return f"--trainer.logger.save_dir {run.parent.parent} --trainer.logger.name {run.parent.name} --trainer.logger.version {k}"
+
+def refuse_earlier_run(run:Path, elsewhere:str=''):
+    "A new fit (no `--ckpt_path`) into a run folder that holds an earlier run (its checkpoints or records) is an error: the two runs would mix. `elsewhere`: `other_run_folder`'s options."
     found = sorted(str(p.relative_to(run)) for p in [*run.glob('checkpoints/*.ckpt'), *(run/n for n in RUN_RECORDS)] if p.is_file())
-    if found: raise ValueError(
-        f"{run} holds an earlier run ({', '.join(found[:3])}{', ...' if len(found) > 3 else ''}): a new fit would mix "
-        "the two. Resume it with --ckpt_path " + str(run/'checkpoints'/'last.ckpt') + ", or give another logger version "
-        "(none: the next version_N)")
+    if not found: return
+    last = run/'checkpoints'/'last.ckpt'   # named only where it is: a run killed in its first write has none
+    again = f"resume it with --ckpt_path {last}, or" if last.is_file() else "it left no last.ckpt to resume from:"
+    raise ValueError(f"{run} holds an earlier run ({', '.join(found[:3])}{', ...' if len(found) > 3 else ''}): a new fit would mix "
+                     f"the two; {again} give this run another folder{f' ({elsewhere})' if elsewhere else ''}")
 
 @patch
 def _run_locked(self:LucidCLI, subcommand:str, run:Path|None, fresh:bool):
     "Run `subcommand` holding the run folder `run`'s lock (`fresh`: it was empty); a run stopped by SIGTERM or Ctrl-C says so and how to resume."
-    if subcommand == 'fit' and run is not None and not self.config[subcommand].get('ckpt_path'): refuse_earlier_run(run)
+    elsewhere = other_run_folder(run, getattr(self.trainer, 'lucid_csv', None) is not None) if run is not None else ''
+    if subcommand == 'fit' and run is not None and not self.config[subcommand].get('ckpt_path'): refuse_earlier_run(run, elsewhere)
     stops = StopSignals()
-    with run_lock(run) if run is not None else contextlib.nullcontext(), warnings.catch_warnings(), stops.installed(self.trainer):
+    with run_lock(run, elsewhere) if run is not None else contextlib.nullcontext(), warnings.catch_warnings(), stops.installed(self.trainer):
         if fresh: warnings.filterwarnings('ignore', message='Experiment logs directory .* exists and is not empty')  # our lock
         try: LightningCLI._run_subcommand(self, subcommand)
         except Interrupted: raise KeyboardInterrupt from None   # one line from `lucid_nb.cli.main`, status 130
         except KeyboardInterrupt:   # a Ctrl-C outside the trainer's own handling
+            stops.stopping = stops.armed   # the fit loop ran: further Ctrl-Cs change nothing (before it, `Interrupted`)
             if os.environ.get('LUCID_DEBUG') == '1': raise
             note(_stop_line(subcommand, 'Ctrl-C', self.trainer)); raise SystemExit(128 + signal.SIGINT) from None
         except SystemExit as e:  # SIGTERMException after SIGTERM or a first Ctrl-C; Lightning's sys.exit(1) after a second
             if not self.trainer.interrupted: raise
+            stops.stopping = True
             sigterm = isinstance(e, SIGTERMException) and not stops.ctrl_c
             sig, status = ('SIGTERM', 128 + signal.SIGTERM) if sigterm else ('Ctrl-C', 128 + signal.SIGINT)
             note(_stop_line(subcommand, sig, self.trainer))
@@ -348,9 +364,11 @@ def _ckpt_options(self:LucidCLI):
     self.ckpt_hparams, self.ckpt_extra, sub = {}, {}, self.config.get('subcommand')
     path = self.config[sub].get('ckpt_path') if sub else None
     if not path or path in ('last', 'best', 'hpc'): return   # Lightning's names of this run's own checkpoints
-    if (local := local_checkpoint(path)) != path:   # a `file://` URL: its path; other URLs are refused (`08b_runs`)
-        self.config = self.parser.parse_object({sub: {'ckpt_path': local}}, self.config); path = local
+    local = local_file(path, '--ckpt_path')   # the one rule (`03a_weights`): a file:// URL is its path, other URLs are refused
+    if str(local) != path or re.fullmatch(r'registry(:.*)?', path, re.I | re.S):   # Lightning gets the file (one named as its registry keyword: by its full path)
+        path = str(local.absolute()); self.config = self.parser.parse_object({sub: {'ckpt_path': path}}, self.config)
     ckpt = read_checkpoint(path)
+    if sub in ('validate', 'test', 'predict'): self.inference_rules = check_rules((ckpt.get('lucid') or {}).get('rules', 'lucid'))
     self._take_checkpoint(sub, path, ckpt)
     self.ckpt_hparams = ckpt.get('hyper_parameters') or {}
 
@@ -396,15 +414,22 @@ def _weights_options(self:LucidCLI):
         note(f"--model.weights {path} is not read: --ckpt_path {cfg.ckpt_path} restores the network")
         self.config = self.parser.parse_object(wrap({'model': {'weights': None}}), self.config); return
     w = self.model_weights = read_weights(path)   # handed to `LitYolo.start_from` (`instantiate_classes`): read once
+    if sub in ('validate', 'test', 'predict'): w.check_lucid_task()   # a pose or OBB file has no branch of ours for its third: fit alone may start from it
+    if sub in ('validate', 'test', 'predict'): self.inference_rules = w.rules   # training is by lucid's rules whatever the start
     if sub in ('validate', 'test', 'predict') and w.kind == 'lucid':   # its network as `--ckpt_path` has it: its size and options too
         self._take_checkpoint(sub, path, w.ckpt)
         cfg = self.config[sub]   # with what was taken (`parse_object` returns a new config): the size, when the checkpoint had one
+    elif sub in ('validate', 'test', 'predict'):   # an Ultralytics file: the size it was trained at, and its rules
+        if 'imgsz' not in self.given_data_options and cfg.data.imgsz != w.imgsz:
+            self.config = self.parser.parse_object(wrap({'data': {'imgsz': w.imgsz}}), self.config); cfg = self.config[sub]
+        note(f"{sub} by Ultralytics' rules (OpenCV's resize, its letterbox{' and masks' if w.task == 'segment' else ''}) at imgsz={cfg.data.imgsz}"
+             f"{'' if 'imgsz' in self.given_data_options else ', the size the file was trained at'}")
     backbone = cfg.model.get('weights_backbone')
     if backbone and sub not in ('fit', None):
         raise ValueError(f"--model.weights_backbone true is for fit (a start from a file's backbone and neck); lucid {sub} "
                          f"runs the network of --model.weights {path} whole: leave it out")
     for k, mine, check in (('task', w.task, lambda t: w.check_task(t, backbone)), ('size', w.scale, w.check_size)):
-        if mine == cfg.model[k]: continue
+        if mine == cfg.model[k] or (k == 'task' and mine not in TASKS): continue   # a pose or OBB file: fit keeps the task asked for
         if k in self.given_model_options: check(cfg.model[k]); continue   # refused, or a backbone start of another task
         self.config = self.parser.parse_object(wrap({'model': {k: mine}}), self.config)
         cfg = self.config[sub] if sub else self.config

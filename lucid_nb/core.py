@@ -15,10 +15,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from .allocator import allocator_setting
 
 # %% auto #0
-__all__ = ['BATCH_KEYS', 'MASK_STRIDE', 'INSTANCE_GROUP', 'GROUP_KEYS', 'EMBEDDED_DATA', 'CONFIGS', 'EMBEDDED_IMAGES',
+__all__ = ['BATCH_KEYS', 'MASK_STRIDE', 'INSTANCE_GROUP', 'GROUP_KEYS', 'RULES', 'EMBEDDED_DATA', 'CONFIGS', 'EMBEDDED_IMAGES',
            'EMBEDDED_ANNOTATIONS', 'TEST_IMG', 'group_bucket', 'group_instances', 'pad_groups', 'image_instances',
-           'package_dir', 'repo_root', 'env_info', 'env_card', 'device_tag', 'module_pointers', 'tensor_bytes',
-           'digest', 'state_hashes', 'current_umask', 'atomic_write', 'one_line', 'test_bytes_equal',
+           'check_rules', 'package_dir', 'repo_root', 'env_info', 'env_card', 'device_tag', 'module_pointers',
+           'tensor_bytes', 'digest', 'state_hashes', 'current_umask', 'atomic_write', 'one_line', 'test_bytes_equal',
            'test_grads_equal', 'cuda_cell_skipped', 'skip_cuda_cells', 'HostSyncError', 'assert_no_host_sync',
            'bbox_iou', 'box_area', 'box_iou', 'crop_mask', 'synth_batch']
 
@@ -37,21 +37,25 @@ def group_bucket(q:int)->int:
 GROUP_KEYS = ('boxes', 'cls', 'valid', 'masks', 'owner')   # the keys that hold groups (`masks` where there are masks)
 
 def group_instances(images:list[dict], # per image: boxes (n,4), cls (n,), and masks (n,s,s) where the task has them
-                    s:int,              # mask side, S/4
+                    s:int|tuple,        # mask side S/4, or (height, width) for non-square images
                     pad:bool=True,      # pad the groups to `group_bucket` of their number
-                    G:int=INSTANCE_GROUP)->dict[str,np.ndarray]:
-    "`boxes` (Q,G,4), `cls` (Q,G), `valid` (Q,G), `masks` (Q,G,s,s) if the images have masks, `owner` (Q,) of the images' instances, in image order."
+                    G:int=INSTANCE_GROUP,
+                    masks:bool|None=None, # None: masks when the images have them; False: none (made later on the device: `01b_augment_device`)
+                   )->dict[str,np.ndarray]:
+    "`boxes` (Q,G,4), `cls` (Q,G), `valid` (Q,G), `masks` (Q,G,s,s) if there are masks, `owner` (Q,) of the images' instances, in image order."
+    if masks is None: masks = all('masks' in x for x in images)
     n = [len(x['cls']) for x in images]
     q = [-(-k // G) for k in n]
     Q = group_bucket(sum(q)) if pad else sum(q)
-    keys = ('boxes', 'cls', 'valid') + (('masks',) if all('masks' in x for x in images) else ())
-    out = dict(boxes=np.zeros((Q * G, 4), np.float32), cls=np.zeros(Q * G, np.int64), valid=np.zeros(Q * G, bool),
-               **({'masks': np.zeros((Q * G, s, s), np.uint8)} if 'masks' in keys else {}), owner=np.zeros(Q, np.int64))
+    out = dict(boxes=np.zeros((Q * G, 4), np.float32), cls=np.zeros(Q * G, np.int64), valid=np.zeros(Q * G, bool), owner=np.zeros(Q, np.int64))
+    if masks: out['masks'] = np.zeros((Q * G, *((s, s) if isinstance(s, int) else s)), np.uint8)
     g = 0
     for b, (x, k, qb) in enumerate(zip(images, n, q)):
         out['owner'][g:g + qb] = b
         rows = slice(g * G, g * G + k)
-        for key in keys: out[key][rows] = True if key == 'valid' else x[key]
+        if not k: continue   # an image without instances copies nothing (its empty arrays may have another shape)
+        out['boxes'][rows], out['cls'][rows], out['valid'][rows] = x['boxes'], x['cls'], True
+        if masks: out['masks'][rows] = x['masks']
         g += qb
     return {k: v if k == 'owner' else v.reshape(Q, G, *v.shape[1:]) for k, v in out.items()}
 
@@ -68,6 +72,14 @@ def image_instances(batch:dict, b:int)->tuple[Tensor,Tensor,Tensor|None]:
     rows = batch['valid'][b] if owner is None else (owner == b)[:, None] & batch['valid']
     sel = lambda k: None if k not in batch else batch[k][b][rows] if owner is None else batch[k][rows]
     return sel('boxes'), sel('cls'), sel('masks')
+
+# %% ../nbs/00b_core.ipynb #6b5d9ef7
+RULES = ('lucid', 'ultralytics')   # the inference rules a checkpoint can carry (above)
+
+def check_rules(rules:str)->str:
+    "`rules` if it names a set of `RULES`, else a one-line error."
+    if rules not in RULES: raise ValueError(f"inference rules {rules!r}: use one of {', '.join(RULES)}")
+    return rules
 
 # %% ../nbs/00b_core.ipynb #db8c02f2
 def package_dir()->Path:

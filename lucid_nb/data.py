@@ -21,19 +21,25 @@ from .tasks import TASKS, get_task
 from .coco import *
 from .augment import *
 from .loader import *
+from .augment_device import *
 
 # %% auto #0
-__all__ = ['YoloData', 'image_files', 'pil_rgb', 'prepare_image', 'image_batch', 'ImageFiles', 'collate_images', 'show_batch',
-           'data_cli', 'data_main']
+__all__ = ['AUGMENT_ON', 'ULTRALYTICS_VAL_BATCH', 'YoloData', 'image_files', 'pil_rgb', 'prepare_image', 'ultralytics_sample',
+           'image_batch', 'ImageFiles', 'collate_images', 'RectImages', 'show_batch', 'data_cli', 'data_main']
 
 # %% ../nbs/01d_data.ipynb #ac8594aa
 _COCO_OPTIONS = ('train_images', 'train_annotations', 'val_images', 'val_annotations')   # the options that name COCO data
+AUGMENT_ON = ('cpu', 'device')   # where the training samples' pixels and masks are made: loader, or the batch's device
 
 def _check_options(o:dict):
     "Clear errors for bad settings, naming the option."
+    if o['augment_on'] not in AUGMENT_ON: raise ValueError(f"augment_on={o['augment_on']!r} is not allowed: use one of {', '.join(map(repr, AUGMENT_ON))}")
     if o['cache'] not in CACHE_MODES: raise ValueError(f"cache={o['cache']!r} is not allowed: use one of {', '.join(map(repr, CACHE_MODES))}")
     if o['on_bad_input'] not in BAD_INPUT_POLICIES: raise ValueError(f"on_bad_input={o['on_bad_input']!r} is not allowed: use 'skip' or 'error'")
     get_task(o['task'])   # one of `TASKS`, or a one-line error
+    if o['augment_on'] == 'device' and not get_task(o['task']).masks:
+        raise ValueError(f"augment_on='device' is for segmentation (it makes the masks on the device); task={o['task']!r} augments on the CPU: "
+                         "leave --data.augment_on out, or give cpu")
     if o['imgsz'] < 32 or o['imgsz'] % 32: raise ValueError(f"imgsz={o['imgsz']} must be a positive multiple of 32 (the model's largest stride)")
     for k in ('batch_size', 'max_instances', 'val_count'):
         if o[k] < 1: raise ValueError(f"{k}={o[k]} must be at least 1")
@@ -48,7 +54,7 @@ def _check_options(o:dict):
     if o['dataset'] is not None and (coco := [k for k in _COCO_OPTIONS if o[k] is not None]):
         raise ValueError(f"dataset (an Ultralytics data.yaml) and {', '.join(coco)} (COCO files) both name the data: give one or the other")
     for a, b in (('train_images', 'train_annotations'), ('val_images', 'val_annotations')):
-        if (o[a] is None) != (o[b] is None): raise ValueError(f"give both {a} and {b}, or neither")
+        if (o[a] is None) != (o[b] is None): raise ValueError(f"give both --data.{a} and --data.{b}, or neither")
 
 # %% ../nbs/01d_data.ipynb #35b43b01
 class YoloData(L.LightningDataModule):
@@ -75,7 +81,8 @@ class YoloData(L.LightningDataModule):
         Images per training batch.
     val_batch_size : int | None
         Images per validation batch. None: twice `batch_size` (validation keeps no activations for a backward, and
-        fewer, larger batches mean fewer forward and NMS calls from the host).
+        fewer, larger batches mean fewer forward and NMS calls from the host); by Ultralytics' inference rules (an
+        Ultralytics `.pt`), Ultralytics' 16, on which its rectangular batches' shapes depend.
     workers : int
         DataLoader worker processes (0: build batches in this process).
     threads : int | None
@@ -116,6 +123,10 @@ class YoloData(L.LightningDataModule):
         Saturation gain range (1 ± hsv_s).
     hsv_v : float
         Value gain range (1 ± hsv_v).
+    augment_on : str
+        Where training samples' pixels and masks are made: 'cpu' (the loader builds each sample) or 'device' (the
+        loader draws the same random numbers and hands over the prepared uint8 images; `on_after_batch_transfer`
+        makes the same bytes on the batch's device, `01b_augment_device`).
     seed : int
         Seed of the shuffle order and every augmentation draw.
     max_epochs : int | None
@@ -133,7 +144,8 @@ class YoloData(L.LightningDataModule):
                  cache:Literal['none', 'ram', 'disk']='ram', cache_dir:str|None=None, prefetch:bool=True, pin_memory:bool=True, max_instances:int=100,
                  on_bad_input:Literal['skip', 'error']='skip', fliplr:float=.5, degrees:float=0., translate:float=.1, scale:float=.5,
                  shear:float=0., mosaic:float=1., close_mosaic:int=10, hsv_h:float=.015, hsv_s:float=.7, hsv_v:float=.4,
-                 seed:int=0, max_epochs:int|None=None, predict_images:str|None=None, task:Literal['segment', 'detect']='segment'):
+                 augment_on:Literal['cpu', 'device']='cpu', seed:int=0, max_epochs:int|None=None, predict_images:str|None=None,
+                 task:Literal['segment', 'detect']='segment'):
         super().__init__()
         _check_options(dict(locals()))
         self.save_hyperparameters()
@@ -143,6 +155,7 @@ class YoloData(L.LightningDataModule):
         self._disks = {}   # folder: DiskCache, shared by train and validation when they come from one JSON
         self._classes, self._predict, self._spec = None, None, None   # classes from `set_classes`; the `predict_images` dataset; the data.yaml read
         self._json_categories, self.cache_mode = None, cache   # the training JSON's classes; the cache used (`setup`: what fits)
+        self.rules = 'lucid'   # the inference rules of validation and prediction (`set_rules`)
 
 # %% ../nbs/01d_data.ipynb #6c41de4f
 @patch
@@ -198,7 +211,7 @@ def num_classes(self:YoloData)->int:
 def _split(self:YoloData, names:list[str], recs:list)->tuple[list, list]:
     "Train and validation records: a record validates when its own JSON entry is among the last `val_count` by file name (`names`: each entry's)."
     n, v = len(names), self.hparams.val_count
-    if v >= n: raise ValueError(f"val_count={v} leaves no training images out of {n}; lower val_count or give val_images/val_annotations")
+    if v >= n: raise ValueError(f"val_count={v} leaves no training images out of {n}; give --data.val_count {max(n - 1, 1)} or lower, or --data.val_images and --data.val_annotations")
     last = set(sorted(range(n), key=lambda k: names[k])[n - v:])
     return [r for r in recs if r.entry not in last], [r for r in recs if r.entry in last]
 
@@ -227,7 +240,7 @@ def _dataset(self:YoloData, recs:list, images:Path, annotations:Path, augment:bo
         folder = self._disk_folder(images, annotations)
         if folder not in self._disks: self._disks[folder] = DiskCache(folder, h.imgsz, annotations)
         disk = self._disks[folder]
-    return YoloDataset(recs, h.imgsz, self.cache_mode, disk, self.report, augment, self.aug, h.seed, h.max_instances, h.threads,
+    return YoloDataset(recs, h.imgsz, self.cache_mode, disk, self.report, augment, self.aug, h.seed, h.max_instances, h.threads, h.augment_on,
                        self.task.masks)
 
 @patch
@@ -244,7 +257,7 @@ def setup(self:YoloData, stage:str|None=None):
     "Read, check, split and cache the data (once), then print the report; `predict` on `predict_images` reads nothing here."
     if self._train is not None or (stage == 'predict' and self.hparams.predict_images): return
     h, t0 = self.hparams, time.perf_counter()
-    if h.dataset: self._setup_datasets(*self._yolo_records(), t0); return
+    if h.dataset: self._setup_datasets(*self._yolo_records(), t0, stage); return
     images, annotations = self._paths()
     for k, folder in (('train_images', images), ('val_images', h.val_images)):   # named once, not once per image in it
         if folder is not None and not Path(folder).is_dir():
@@ -264,11 +277,11 @@ def setup(self:YoloData, stage:str|None=None):
         tr, va = recs, vidx.records
     vsrc = f"{h.val_annotations}" if h.val_images else f"the last {h.val_count} images of {annotations.name} (by file name)"
     self._setup_datasets(tr, va, (images, annotations),
-                         (Path(h.val_images) if h.val_images else images, Path(h.val_annotations) if h.val_annotations else annotations), vsrc, t0)
+                         (Path(h.val_images) if h.val_images else images, Path(h.val_annotations) if h.val_annotations else annotations), vsrc, t0, stage)
 
 @patch
-def _setup_datasets(self:YoloData, tr:list, va:list, tkey:tuple, vkey:tuple, vsrc:str, t0:float):
-    "Check and cache the train and validation records (`tkey`, `vkey`: their disk cache's images folder and annotations file), then print the report."
+def _setup_datasets(self:YoloData, tr:list, va:list, tkey:tuple, vkey:tuple, vsrc:str, t0:float, stage:str|None=None):
+    "Check and cache the train and validation records (`tkey`, `vkey`: their disk cache's images folder and annotations file), then print the report; validation must hold an instance unless `stage` is 'predict'."
     h = self.hparams
     self.cache_mode = self._plan_cache(tr + va, *tkey)
     self._val = self._dataset(va, *vkey, False)
@@ -278,11 +291,17 @@ def _setup_datasets(self:YoloData, tr:list, va:list, tkey:tuple, vkey:tuple, vsr
         for k, n in disk.stats.items(): self.report.note(f"disk cache {k}", n)
     if len(self._val) == 0:
         raise ValueError(f"no usable validation image: every one of {vsrc} was left out as bad input (see the report above); "
-                         + ("fix them, or name other val images in the data.yaml" if h.dataset else "give val_images/val_annotations, or raise val_count"))
+                         + ("fix them, or name other val images in the data.yaml" if h.dataset else "give --data.val_images and --data.val_annotations, or a larger --data.val_count"))
     if not any(r.instances for r in self._train.records):
         raise ValueError(f"no training instance: none of the {len(self._train)} training images has a usable annotation, so there "
                          f"is nothing to learn ({'a segmentation model needs masks: polygons or RLE' if self.task.masks else 'a detector needs boxes'}"
                          f"{'; YOLO labels are read from the labels/ folder beside images/' if h.dataset else ''})\n{self.report}")
+    if stage != 'predict' and not any(r.instances for r in self._val.records):   # predicting needs no annotation
+        fix = ('give val images with label files in the data.yaml' if h.dataset else
+               'give a larger --data.val_count, or --data.val_images and --data.val_annotations with annotations' if h.val_images is None else
+               'give --data.val_annotations with annotations')
+        raise ValueError(f"no validation instance: none of the {len(self._val)} validation images ({vsrc}) has a usable annotation, so "
+                         f"mAP is undefined there (COCOeval gives -1) and best.ckpt would be chosen on nothing; {fix}")
     if len(self._train) < h.batch_size:
         raise ValueError(f"batch_size={h.batch_size} exceeds the {len(self._train)} usable training images (training drops the last partial batch)")
     self.setup_seconds = time.perf_counter() - t0
@@ -352,9 +371,11 @@ def _make_loader(self:YoloData, ds:YoloDataset, train:bool)->YoloLoader:
     ld = YoloLoader(ds, bs, shuffle=train, drop_last=train, seed=h.seed, workers=h.workers, prefetch=h.prefetch,
                     ahead_until=ahead, rank=rank, world=world, pin_device=pin)
     if len(ld) == 0:   # a process without a batch would leave the others waiting for it at the epoch's end
+        fit = len(ds) // world   # the largest batch that leaves every process one
+        fix = f"give --data.{name} {fit} or less" if fit else f"give --trainer.devices {len(ds)} or fewer and --data.{name} 1"
         raise ValueError(f"{len(ds)} {'training' if train else 'validation'} images make {len(ds) // bs if train else -(-len(ds) // bs)} batches of "
                          f"{name}={bs}, fewer than the {world} processes (--trainer.devices): every process needs one; "
-                         f"lower --data.{name}{'' if train else ' or raise --data.val_count'}")
+                         f"{fix}{'' if train else ', or a larger --data.val_count'}")
     self._loaders.append(ld); return ld
 
 @patch
@@ -364,13 +385,15 @@ def train_dataloader(self:YoloData)->YoloLoader:
     return self._make_loader(self._train, True)
 
 @patch
-def val_dataloader(self:YoloData)->YoloLoader:
-    "Letterbox-only batches in file order, the last one partial."
+def val_dataloader(self:YoloData)->YoloLoader|DataLoader:
+    "Letterbox-only batches in file order, the last one partial; by Ultralytics' rules its rectangular batches (`_rect_loader`)."
+    if self.rules == 'ultralytics': return self._rect_loader()
     self.setup('validate'); return self._make_loader(self._val, False)
 
 @patch
-def test_dataloader(self:YoloData)->YoloLoader:
+def test_dataloader(self:YoloData)->YoloLoader|DataLoader:
     "`lucid test` scores the validation images (give the test set as `val_images`/`val_annotations`)."
+    if self.rules == 'ultralytics': return self._rect_loader()
     self.setup('test'); return self._make_loader(self._val, False)
 
 # %% ../nbs/01d_data.ipynb #284252de
@@ -382,7 +405,8 @@ def teardown(self:YoloData, stage:str|None=None):
 
 @patch
 def on_after_batch_transfer(self:YoloData, batch:dict, dataloader_idx:int=0)->dict:
-    "On the device: `img` to float32 in [0,1], with HSV jitter when training."
+    "On the device: a device recipe's samples made (`build_on_device`), then `img` to float32 in [0,1], with HSV jitter when training."
+    if 'aug_src' in batch: batch = build_on_device(batch)   # `augment_on='device'`: outside the step, no host sync, no global RNG
     if 'img' not in batch: return batch   # a batch of `predict_images` files none of which could be read
     a, training = self.aug, self.trainer is not None and self.trainer.training
     jitter = training and (a.hsv_h or a.hsv_s or a.hsv_v)
@@ -412,32 +436,62 @@ def prepare_image(img:np.ndarray, imgsz:int, image_id:int=0)->Prepared:
     return Prepared(img, image_id, (H, W), np.zeros((0, 4), np.float32), np.zeros(0, np.int64),
                     np.zeros((0, 2), np.float32), np.zeros((0, 2), np.int64), [])
 
-def image_batch(imgs:list[np.ndarray], imgsz:int, first_id:int=0)->dict:
-    "Letterboxed images as a batch in the format of `collate` (`image_id` counts from `first_id`)."
+def ultralytics_sample(img:np.ndarray, imgsz:int, image_id:int=0, shape=None)->dict:
+    "An (H,W,3) uint8 RGB image as a sample by Ultralytics' rules (`letterbox_cv2`): predict's shape, or validation's into its batch's `shape`; with `ratio_pad`."
+    H, W = img.shape[:2]
+    if shape is None: out, rp = letterbox_cv2(img, (imgsz, imgsz), auto=True)
+    else: out, rp = letterbox_cv2(img, tuple(shape), resized=val_resized_hw((H, W), imgsz))
+    s = out.shape[0] // MASK_STRIDE
+    return dict(img=out, boxes=np.zeros((0, 4), np.float32), cls=np.zeros(0, np.int64), masks=np.zeros((0, s, s), np.uint8),
+                image_id=image_id, orig_hw=np.array([H, W], np.int64), letterbox=rp[[1, 2, 3]].astype(np.float32),
+                hsv=np.ones(3, np.float32), dropped=0, ratio_pad=rp)
+
+def image_batch(imgs:list[np.ndarray], imgsz:int, first_id:int=0, rules:str='lucid')->dict:
+    "Letterboxed images as a batch in the format of `collate` (`image_id` counts from `first_id`); by Ultralytics' rules, images of one shape."
+    if check_rules(rules) == 'ultralytics': return collate_images([ultralytics_sample(a, imgsz, first_id + i) for i, a in enumerate(imgs)])
     return collate([build_sample([prepare_image(a, imgsz, first_id + i)], imgsz, max_instances=1) for i, a in enumerate(imgs)], 1)
 
-# %% ../nbs/01d_data.ipynb #df04aba3
+# %% ../nbs/01d_data.ipynb #9458abf8
 class ImageFiles(Dataset):
-    "Plain image files as letterboxed samples; `image_id` is the file's index in `files`; a file that cannot be read is a `problem` sample naming it."
-    def __init__(self, files:list[Path], imgsz:int=640): self.files, self.imgsz = list(files), imgsz
+    "Plain image files as letterboxed samples; `image_id` is the file's index in `files` (or its `ids` entry); a file that cannot be read is a `problem` sample naming it."
+    def __init__(self, files:list[Path], imgsz:int=640, rules:str='lucid', ids:list|None=None):
+        self.files, self.imgsz, self.rules = list(files), imgsz, check_rules(rules)
+        self.ids = list(range(len(self.files))) if ids is None else list(ids)
     def __len__(self): return len(self.files)
     def __getitem__(self, i:int)->dict:
         try: img = load_rgb(self.files[i])
-        except BadInputError as e: return {'problem': str(e), 'image_id': i}   # the others' results are kept (`collate_images`)
-        return build_sample([prepare_image(img, self.imgsz, i)], self.imgsz, max_instances=1)
+        except BadInputError as e: return {'problem': str(e), 'image_id': self.ids[i]}   # the others' results are kept (`collate_images`)
+        if self.rules == 'ultralytics': return ultralytics_sample(img, self.imgsz, self.ids[i])
+        return build_sample([prepare_image(img, self.imgsz, self.ids[i])], self.imgsz, max_instances=1)
 
 def collate_images(samples:list[dict])->dict:
-    "`ImageFiles` samples as a batch of the good ones (no `img` when none is), with `problems`: (image_id, message) of the bad files."
+    "`ImageFiles` samples as a batch of the good ones (no `img` when none is), with `problems`: (image_id, message) of the bad files; `ratio_pad` (B,4) by Ultralytics' rules."
     good = [s for s in samples if 'problem' not in s]
     batch = collate(good, max_instances=1) if good else {}
+    if good and 'ratio_pad' in good[0]: batch['ratio_pad'] = torch.from_numpy(np.stack([s['ratio_pad'] for s in good]))
     batch['problems'] = [(s['image_id'], s['problem']) for s in samples if 'problem' in s]
     return batch
+
+class RectImages(Dataset):
+    "Validation records as samples by Ultralytics' validation rules: in `rect_batches`' order, each letterboxed into its batch's shape."
+    def __init__(self, records:list, imgsz:int, batch_size:int):
+        self.records, self.imgsz = list(records), imgsz
+        self.order, self.shapes = rect_batches([r.hw for r in self.records], batch_size, imgsz)
+    def __len__(self): return len(self.records)
+    def __getitem__(self, k:int)->dict:
+        r = self.records[self.order[k]]
+        return ultralytics_sample(load_rgb(r.path), self.imgsz, r.image_id, self.shapes[k])
 
 # %% ../nbs/01d_data.ipynb #fcce96c1
 @patch
 def predict_dataloader(self:YoloData)->DataLoader|YoloLoader:
-    "The `predict_images` files batched like validation; without them, `lucid predict` runs on the validation images."
+    "The `predict_images` files batched like validation; without them, `lucid predict` runs on the validation images. By Ultralytics' rules one image a batch, each of its own shape."
     h = self.hparams
+    if self.rules == 'ultralytics':
+        if not h.predict_images: self.setup('predict')
+        files, ids = (image_files(h.predict_images), None) if h.predict_images else ([r.path for r in self.val_records], self.val_image_ids)
+        self._predict = ImageFiles(files, h.imgsz, 'ultralytics', ids)
+        return DataLoader(self._predict, batch_size=1, num_workers=h.workers, collate_fn=collate_images)
     if not h.predict_images: self.setup('predict'); return self._make_loader(self._val, False)
     self._predict = ImageFiles(image_files(h.predict_images), h.imgsz)
     return DataLoader(self._predict, batch_size=h.batch_size, num_workers=h.workers, collate_fn=collate_images)
@@ -453,6 +507,20 @@ def predict_paths(self:YoloData)->dict:
 def set_classes(self:YoloData, cat_ids:list, class_names:list):
     "Use these classes (e.g. a checkpoint's) instead of the training JSON's."
     self._classes = (list(cat_ids), list(class_names))
+
+ULTRALYTICS_VAL_BATCH = 16   # Ultralytics' validation batch: its rectangular batches' shapes depend on it
+
+@patch
+def set_rules(self:YoloData, rules:str):
+    "Read images for validation and prediction by these inference rules (`00b_core`; the CLI sets a YOLO11-seg `.pt`'s)."
+    self.rules = check_rules(rules)
+
+@patch
+def _rect_loader(self:YoloData)->DataLoader:
+    "Validation batches by Ultralytics' rules: `RectImages` in order, `val_batch_size` (default `ULTRALYTICS_VAL_BATCH`) a batch."
+    self.setup('validate'); h = self.hparams
+    bs = h.val_batch_size or ULTRALYTICS_VAL_BATCH
+    return DataLoader(RectImages(self.val_records, h.imgsz, bs), batch_size=bs, num_workers=h.workers, collate_fn=collate_images)
 
 # %% ../nbs/01d_data.ipynb #8337cfae
 def show_batch(batch:dict, class_names:list|None=None, n:int=8, ncols:int=4, size:float=3.):

@@ -22,13 +22,14 @@ from .core import *
 from .coco import *
 from .coco import _decode, _IMAGE_ERRORS
 from .augment import *
+from .augment_device import *
 
 # %% auto #0
 __all__ = ['CACHE_MODES', 'CACHE_FORMAT', 'RAM_SHARE', 'DISK_SHARE', 'GB', 'INDEX_FORMAT', 'INDEX_MIN_BYTES', 'collate',
-           'prepared_bytes', 'prepared_from_bytes', 'DiskCache', 'cache_name', 'default_cache_dir', 'mem_available',
-           'disk_free', 'prepared_size', 'fit_cache', 'LabelIndex', 'label_index_path', 'save_label_index',
-           'load_label_index', 'label_index', 'cached_categories', 'YoloDataset', 'EpochBatchSampler', 'PieceSampler',
-           'join_pieces', 'YoloLoader']
+           'source_hash', 'prepared_bytes', 'prepared_from_bytes', 'DiskCache', 'cache_name', 'default_cache_dir',
+           'mem_available', 'disk_free', 'prepared_size', 'fit_cache', 'LabelIndex', 'label_index_path',
+           'save_label_index', 'load_label_index', 'label_index', 'cached_categories', 'YoloDataset',
+           'EpochBatchSampler', 'PieceSampler', 'join_pieces', 'YoloLoader']
 
 # %% ../nbs/01c_loader.ipynb #d7b328fe
 def collate(samples:list[dict], max_instances:int=100, pad:bool=True)->dict:
@@ -37,7 +38,7 @@ def collate(samples:list[dict], max_instances:int=100, pad:bool=True)->dict:
         if (n := len(x['cls'])) > max_instances: raise ValueError(f"a sample has {n} instances but max_instances={max_instances}; raise max_instances")
     stack = lambda k: np.stack([x[k] for x in samples])
     img = np.ascontiguousarray(stack('img').transpose(0, 3, 1, 2))
-    out = dict(img=img, **group_instances(samples, img.shape[-1] // MASK_STRIDE, pad), image_id=np.array([x['image_id'] for x in samples], np.int64),
+    out = dict(img=img, **group_instances(samples, (img.shape[-2] // MASK_STRIDE, img.shape[-1] // MASK_STRIDE), pad), image_id=np.array([x['image_id'] for x in samples], np.int64),
                orig_hw=stack('orig_hw'), letterbox=stack('letterbox'), hsv=stack('hsv'))
     return {k: torch.from_numpy(out[k]) for k in BATCH_KEYS if k in out}
 
@@ -45,6 +46,10 @@ def collate(samples:list[dict], max_instances:int=100, pad:bool=True)->dict:
 CACHE_MODES = ('none', 'ram', 'disk')   # where prepared images live: decoded at every use, in memory, in files
 CACHE_FORMAT = 2   # 2: EXIF orientation applied, the mode rule, the orientation stored
 _MAGIC = b'lucid_nb cache\n'
+
+def source_hash(data:bytes)->str:
+    "The sha256 of a source file's bytes (an image, a JSON): what a cache entry of it must have been built from."
+    return hashlib.sha256(data).hexdigest()
 
 def prepared_bytes(p:Prepared)->bytes:
     "Serialise `p`: magic, sha256 of the body, body (.npz, no pickle)."
@@ -83,15 +88,13 @@ class DiskCache:
 
     def file(self, rec:ImageRecord)->Path: return self.folder/f"{rec.image_id}.bin"
 
-    def fingerprint(self, rec:ImageRecord)->dict:
-        "What a cache file must have been built from to be reused."
-        st = rec.path.stat()
-        return dict(source=str(rec.path.resolve()), size=st.st_size, mtime_ns=st.st_mtime_ns, ann=rec.ann_hash,
-                    imgsz=self.imgsz, format=CACHE_FORMAT)
+    def fingerprint(self, rec:ImageRecord, sha256:str)->dict:
+        "What a cache file must have been built from to be reused: `rec`'s source file, whose bytes hash to `sha256`, and its annotations."
+        return dict(source=str(rec.path.resolve()), sha256=sha256, ann=rec.ann_hash, imgsz=self.imgsz, format=CACHE_FORMAT)
 
-    def matches(self, e:dict, rec:ImageRecord)->bool:
+    def matches(self, e:dict, rec:ImageRecord, sha256:str)->bool:
         "Whether manifest entry `e` was built from `rec`'s source as it is now (an entry also records the file's orientation and length)."
-        return all(e.get(k) == v for k, v in self.fingerprint(rec).items())
+        return all(e.get(k) == v for k, v in self.fingerprint(rec, sha256).items())
 
     def _count(self, what:str):
         with self._lock: self.stats[what] += 1
@@ -105,21 +108,21 @@ class DiskCache:
 
 # %% ../nbs/01c_loader.ipynb #33cab325
 @patch
-def trusted(self:DiskCache, rec:ImageRecord)->int|None:
-    "The EXIF orientation its manifest entry records for `rec` when the entry matches the source and the file has the recorded length, else None: the file is not read (every load checks its hash)."
+def trusted(self:DiskCache, rec:ImageRecord, sha256:str)->int|None:
+    "The EXIF orientation its manifest entry records for `rec` when the entry matches the source (its bytes hash to `sha256`) and the cache file has the recorded length, else None: the cache file is not read (every load checks its hash)."
     e = self.entries.get(str(rec.image_id))
-    if e is None or 'orientation' not in e or not self.matches(e, rec): return None
+    if e is None or 'orientation' not in e or not self.matches(e, rec, sha256): return None
     try: ok = self.file(rec).stat().st_size == e.get('bytes')
     except OSError: return None
     if ok: self._count('reused')
     return e['orientation'] if ok else None
 
 @patch
-def get(self:DiskCache, rec:ImageRecord)->Prepared|None:
-    "The cached `Prepared` of `rec` if its manifest entry matches the source and its file checks out, else None."
+def get(self:DiskCache, rec:ImageRecord, sha256:str)->Prepared|None:
+    "The cached `Prepared` of `rec` if its manifest entry matches the source (its bytes hash to `sha256`) and its file checks out, else None."
     e = self.entries.get(str(rec.image_id))
     if e is None: self._count('built'); return None
-    if not self.matches(e, rec): self._count('rebuilt (stale)'); return None
+    if not self.matches(e, rec, sha256): self._count('rebuilt (stale)'); return None
     try: b = self.file(rec).read_bytes(); p = prepared_from_bytes(b)
     except (OSError, ValueError) as ex:
         log.warning(f"cache file {self.file(rec)} is unusable ({ex}); rebuilding it"); self._count('rebuilt (corrupt)'); return None
@@ -128,14 +131,14 @@ def get(self:DiskCache, rec:ImageRecord)->Prepared|None:
     self._count('reused'); return p
 
 @patch
-def put(self:DiskCache, rec:ImageRecord, p:Prepared):
-    "Write `p` for `rec` atomically and record its fingerprint; once a write fails, only forget `rec`'s old file."
+def put(self:DiskCache, rec:ImageRecord, p:Prepared, sha256:str):
+    "Write `p`, prepared from `rec`'s source bytes hashing to `sha256`, atomically and record its fingerprint; once a write fails, only forget `rec`'s old file."
     if self.error is None:
         b = prepared_bytes(p)
         try: atomic_write(self.file(rec), b)
         except OSError as e: self.turn_off(e)
         else:
-            with self._lock: self.entries[str(rec.image_id)], self.changed = dict(self.fingerprint(rec), orientation=p.orientation, bytes=len(b)), True
+            with self._lock: self.entries[str(rec.image_id)], self.changed = dict(self.fingerprint(rec, sha256), orientation=p.orientation, bytes=len(b)), True
             return
     with self._lock: self.changed |= self.entries.pop(str(rec.image_id), None) is not None   # without an entry its file is never read
     with suppress(OSError): self.file(rec).unlink(missing_ok=True)
@@ -210,7 +213,7 @@ def fit_cache(cache:str, need:int, folder:Path|None, processes:int=1)->tuple[str
         return 'disk', (f"lucid_nb data: {why}: using the disk cache in {where} instead" if why else None)
     why = (why + ', and the disk cache') if why else f"cache 'disk' would take {_size(need)}"
     return 'none', (f"lucid_nb data: {why} more than {DISK_SHARE:.0%} of the {_size(free)} free in {folder}: no cache, "
-                    "images are decoded at every use (slower); free memory or disk space, or give --data.cache_dir on a larger disk")
+                    "images are decoded at every use (slower); free memory or disk space, or give --data.cache_dir DIR on a larger disk")
 
 # %% ../nbs/01c_loader.ipynb #a5012dd0
 INDEX_FORMAT = 1
@@ -235,10 +238,10 @@ def label_index_path(images:str|Path, annotations:str|Path, cache_dir:str|Path|N
     name, _, key = cache_name(images, annotations, 0).rsplit('-', 2)
     return (Path(cache_dir) if cache_dir else default_cache_dir(images, annotations, 0).parent)/f"{name}-{key}.{'labels' if masks else 'boxes'}.npz"
 
-def _index_key(images:Path, annotations:Path, cat_ids:list|None, source:str, masks:bool=True)->dict:
-    st = annotations.stat()
-    return dict(format=INDEX_FORMAT, json=str(annotations.resolve()), size=st.st_size, mtime_ns=st.st_mtime_ns,
-                images=str(images.resolve()), cat_ids=None if cat_ids is None else [int(c) for c in cat_ids], source=source, masks=masks)
+def _index_key(images:Path, annotations:Path, data:bytes, cat_ids:list|None, source:str, masks:bool=True)->dict:
+    "What an index must have been read from to be used: this JSON file, whose bytes are `data`, these images and classes, with or without masks."
+    return dict(format=INDEX_FORMAT, json=str(annotations.resolve()), sha256=source_hash(data), images=str(images.resolve()),
+                cat_ids=None if cat_ids is None else [int(c) for c in cat_ids], source=source, masks=masks)
 
 # %% ../nbs/01c_loader.ipynb #b61dd685
 def save_label_index(path:Path, key:dict, idx:LabelIndex, files:list[str]):
@@ -298,14 +301,15 @@ def label_index(annotations:str|Path, images:str|Path, report:DataReport, cat_id
                )->tuple[LabelIndex, dict|None]:
     "The records of `annotations` with `cat_ids` (None: its own), from the cached index when it is this JSON's; and the JSON dict when it was read."
     annotations, images = Path(annotations), Path(images)
-    source, path = source or annotations.name, None
+    source, path, data = source or annotations.name, None, None
     if cache and annotations.is_file() and annotations.stat().st_size >= INDEX_MIN_BYTES:
-        path, key = label_index_path(images, annotations, cache_dir, masks), _index_key(images, annotations, cat_ids, source, masks)
+        data = annotations.read_bytes()   # hashed for the key, parsed below if the index is not this JSON's
+        path, key = label_index_path(images, annotations, cache_dir, masks), _index_key(images, annotations, data, cat_ids, source, masks)
         if (idx := load_label_index(path, key, images)) is not None:
             if check: check(idx.categories)
             for what, a, k in idx.calls: getattr(report, what)(*a, **k)
             return idx, None
-    d = parsed if parsed is not None else load_coco_json(annotations); cats = coco_categories(d)
+    d = parsed if parsed is not None else load_coco_json(annotations, data); cats = coco_categories(d)
     if check: check(cats)
     rec = _Recording(report)
     recs = read_records(d, images, cats[0] if cat_ids is None else cat_ids, rec, source, masks)
@@ -317,7 +321,7 @@ def cached_categories(annotations:str|Path, images:str|Path, cache_dir:str|Path|
     "`(cat_ids, names)` of `annotations` from its cached label index when it is this JSON's (nothing parsed but the index's header), else None."
     annotations, images = Path(annotations), Path(images)
     if not annotations.is_file() or annotations.stat().st_size < INDEX_MIN_BYTES: return None
-    key = _index_key(images, annotations, None, annotations.name, masks)
+    key = _index_key(images, annotations, annotations.read_bytes(), None, annotations.name, masks)
     try:
         with np.load(label_index_path(images, annotations, cache_dir, masks), allow_pickle=False) as z: meta = json.loads(z['meta'].tobytes())
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile): return None
@@ -331,12 +335,11 @@ def _check_image(rec:ImageRecord, imgsz:int, cache:str, disk:DiskCache|None, dec
         if cache == 'none':
             if decode: return None, None, _decode(rec.path, rec.hw)[1]   # every pixel read once (truncated data raises)
             with Image.open(rec.path) as im: check_size(im, rec.hw); return None, None, exif_orientation(im)
-        if disk is not None and (o := disk.trusted(rec)) is not None: return None, None, o   # its manifest entry vouches for the file
-        p = disk.get(rec) if disk is not None else None
-        if p is None:
-            p = prepare(rec, imgsz)
-            if disk is not None: disk.put(rec, p)
-        return (None if disk is not None else p), None, p.orientation   # the disk holds it: setup keeps no image in memory
+        if disk is None: p = prepare(rec, imgsz); return p, None, p.orientation
+        data = rec.path.read_bytes(); sha = source_hash(data)   # read once: hashed here, decoded below if need be
+        if (o := disk.trusted(rec, sha)) is not None: return None, None, o   # its manifest entry vouches for these bytes
+        if (p := disk.get(rec, sha)) is None: disk.put(rec, p := prepare(rec, imgsz, data), sha)
+        return None, None, p.orientation   # the disk holds it: setup keeps no image in memory
     except _IMAGE_ERRORS as e:
         return None, ('image size differs from the JSON' if 'the JSON says' in str(e) else 'unreadable image', f"{type(e).__name__}: {e}"), 1
 
@@ -347,8 +350,10 @@ class YoloDataset(Dataset):
                  report:DataReport|None=None, augment:bool=False, aug:AugSettings|None=None, seed:int=0,
                  max_instances:int=100,
                  threads:int|None=None, # threads that check the images at setup and build a batch's samples outside loader workers (None: up to 8, the CPU count)
+                 augment_on:str='cpu',  # 'device': augmented samples are `device_recipe`s, made into pixels on the batch's device (`01b_augment_device`)
                  masks:bool=True):      # samples with their masks; False: without (detection)
         self.imgsz, self.cache, self.disk, self.augment, self.aug, self.masks = imgsz, cache, disk, augment, aug or AugSettings(), masks
+        self.recipes = augment and augment_on == 'device'   # what `__getitem__` gives: recipes, or built samples
         self.seed, self.max_instances, self.mosaic_until = seed, max_instances, None
         self.report = report if report is not None else DataReport()
         self.threads, self._pool = threads or min(8, os.cpu_count() or 1), None
@@ -377,7 +382,8 @@ def _load(self:YoloDataset, i:int)->Prepared:
         if e is not None and e.get('source') == str(rec.path.resolve()):   # and of this image, not another dataset's with its id
             try: return prepared_from_bytes(self.disk.file(rec).read_bytes())
             except (OSError, ValueError): pass              # gone or damaged since setup: rebuild from the source
-        p = prepare(rec, self.imgsz); self.disk.put(rec, p); return p
+        data = rec.path.read_bytes()
+        self.disk.put(rec, p := prepare(rec, self.imgsz, data), source_hash(data)); return p
     return prepare(rec, self.imgsz)
 
 @patch
@@ -404,8 +410,9 @@ def __getitem__(self:YoloDataset, key:tuple|int)->dict:
     rng = np.random.default_rng([self.seed, epoch, i])
     use = rng.random() < self.aug.mosaic and (self.mosaic_until is None or epoch < self.mosaic_until)
     others, centre = rng.integers(0, len(self), 3), rng.integers(self.imgsz // 2, 3 * self.imgsz // 2, 2)
-    ps = [self.prepared(i)] + ([self.prepared(int(j)) for j in others] if use else [])
-    s = build_sample(ps, self.imgsz, rng, self.aug, use, tuple(int(c) for c in centre), self.max_instances, self.masks)
+    ids = [i] + ([int(j) for j in others] if use else [])
+    ps, args = [self.prepared(j) for j in ids], (self.imgsz, rng, self.aug, use, tuple(int(c) for c in centre), self.max_instances)
+    s = device_recipe(ps, ids, *args) if self.recipes else build_sample(ps, *args, masks=self.masks)
     if s['dropped'] and rank_zero_only.rank == 0:
         log.warning(f"sample {i} of epoch {epoch} (a mosaic) had {s['dropped']} instances over max_instances={self.max_instances}; kept the largest")
     return s
@@ -464,6 +471,8 @@ class PieceSampler:
 
 def join_pieces(parts:list[dict])->dict:
     "Batches of consecutive images, unpadded (`collate(pad=False)`), as one: each piece's groups follow the last's, their `owner` shifted."
+    if len(parts) == 1: return parts[0]
+    if 'aug_src' in parts[0]: return join_recipes(parts)   # device recipes: more indices to shift
     shift = np.cumsum([0] + [len(p['img']) for p in parts[:-1]]).tolist()
     return {k: torch.cat([p[k] + s if k == 'owner' else p[k] for p, s in zip(parts, shift)]) for k in parts[0]}
 
@@ -486,7 +495,7 @@ class YoloLoader:
         self.batch_sampler = self.sampler = EpochBatchSampler(len(dataset), batch_size, shuffle, drop_last, seed, rank, world)
         self.pieces = PieceSampler(self.batch_sampler, pieces or max(1, min(workers, batch_size)))
         self.loader = DataLoader(dataset, batch_sampler=self.pieces, num_workers=workers, worker_init_fn=_worker_init,
-                                 collate_fn=partial(collate, max_instances=dataset.max_instances, pad=False), persistent_workers=workers > 0,
+                                 collate_fn=partial(collate_recipes if getattr(dataset, 'recipes', False) else collate, max_instances=dataset.max_instances, pad=False), persistent_workers=workers > 0,
                                  prefetch_factor=2 * self.pieces.pieces if workers else None,   # 2 batches a worker in flight, as whole
                                  generator=torch.Generator().manual_seed(seed))   # each iterator draws its seed here, not from torch's global RNG
     def _open(self):

@@ -96,11 +96,12 @@ def _cropped_bce_sum(c, proto, t, inside):
     x = torch.einsum('qgkp,qphw->qgkhw', c, proto)
     bce = F.binary_cross_entropy_with_logits(x, t[:, :, None].expand_as(x), reduction='none')
     del x                                        # one chunk-sized tensor less at the peak
-    return bce.mul_(inside[:, :, None]).sum((-2, -1))
+    n, G, k, h, w = bce.shape                    # the crop and the sum as one product: the BCE is read once
+    return torch.matmul(bce.view(n, G, k, h * w), inside.view(n, G, h * w, 1))[..., 0]
 
-def chunk_grad(x, t, inside, g):
-    "∂ loss/∂x = (σ(x) − t) · inside · g, computed in `x`'s memory: x (n,G,k,h,w), t and inside (n,G,h,w) 0/1, g (n,G,k)."
-    return torch.sigmoid_(x).sub_(t[:, :, None]).mul_(inside[:, :, None]).mul_(g[..., None, None])
+def chunk_grad(x, t, inside):
+    "(σ(x) − t) · inside, computed in `x`'s memory: x (n,G,k,h,w), t and inside (n,G,h,w) 0/1; ∂ loss/∂x is this times the incoming gradient."
+    return torch.sigmoid_(x).sub_(t[:, :, None]).mul_(inside[:, :, None])
 
 def _chunk_inputs(proto, owner, t, mbox, s, e):
     "Groups s..e-1: their images' prototypes (n,P,h,w), and their masks and box crops as 0/1 floats (n,G,h,w)."
@@ -120,14 +121,16 @@ class CroppedMaskBCE(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, g):                                 # g (Q,G,k)
         c, proto, owner, t, mbox = ctx.saved_tensors
-        gc, per_group = [], proto.new_empty(len(c), *proto.shape[1:])   # (Q,P,h,w): each group's share of ∂/∂proto
-        for s in range(0, len(c), ctx.chunk):
-            e = s + ctx.chunk; cs, (ps, ts, ins) = c[s:e], _chunk_inputs(proto, owner, t, mbox, s, e)
-            gx = chunk_grad(torch.einsum('qgkp,qphw->qgkhw', cs, ps), ts, ins, g[s:e])                # ∂/∂x, in x's memory
-            gc.append(torch.einsum('qgkhw,qphw->qgkp', gx, ps))
-            per_group[s:e] = torch.einsum('qgkhw,qgkp->qphw', gx, cs)
-        images = (owner == torch.arange(len(proto), device=owner.device)[:, None]).to(proto.dtype)   # (B,Q) one-hot
-        gp = images.mm(per_group.flatten(1)).view_as(proto)   # each image's groups summed by a product: no atomic adds
+        B, P, h, w = proto.shape; G, k = c.shape[1:3]
+        gc, per_group = [], proto.new_empty(len(c), P, h * w)   # (Q,P,h·w): each group's share of ∂/∂proto
+        with torch.autocast(g.device.type, enabled=False):      # in the forward's precision, wherever backward is called
+            for s in range(0, len(c), ctx.chunk):
+                e = s + ctx.chunk; n = len(c[s:e]); cs, (ps, ts, ins) = c[s:e], _chunk_inputs(proto, owner, t, mbox, s, e)
+                d = chunk_grad(torch.einsum('qgkp,qphw->qgkhw', cs, ps), ts, ins).view(n, G * k, h * w)   # (σ(x) − t)·inside, in x's memory
+                gc.append(torch.bmm(d, ps.view(n, P, h * w).transpose(1, 2)).view(n, G, k, P) * g[s:e, ..., None])
+                torch.bmm((cs * g[s:e, ..., None]).view(n, G * k, P).transpose(1, 2), d, out=per_group[s:e])
+            images = (owner == torch.arange(B, device=owner.device)[:, None]).to(proto.dtype)   # (B,Q) one-hot
+            gp = images.mm(per_group.view(len(c), -1)).view_as(proto)   # each image's groups summed by a product: no atomic adds
         return torch.cat(gc), gp, None, None, None, None
 
 # %% ../nbs/04_loss.ipynb #204805a4

@@ -6,7 +6,7 @@ Docs: https://lucid-nb.github.io/lucid_nb/masks.html.md"""
 
 # %% ../nbs/07a_masks.ipynb #masks-imports
 from __future__ import annotations
-import torch, torch.nn.functional as F
+import math, torch, torch.nn.functional as F
 from torch import Tensor
 from .core import *
 
@@ -14,7 +14,7 @@ from .core import *
 __all__ = ['RLE_COUNTS', 'EXTENT_COUNTS', 'crop_window', 'proto_masks', 'proto_window', 'unletterbox_masks', 'unletterbox_grid',
            'unletterbox_boxes', 'rle_runs', 'runs_from_starts', 'rle_chars', 'rle_strings', 'rle_encode',
            'mask_runs_full', 'box_spans', 'crop_chunks', 'crop_order', 'crop_table', 'crop_starts', 'rle_extent',
-           'batch_mask_runs', 'mask_runs', 'masks_to_rle']
+           'batch_mask_runs', 'mask_runs', 'masks_to_rle', 'ratio_pad_boxes', 'ultralytics_masks']
 
 # %% ../nbs/07a_masks.ipynb #46763104
 def crop_window(
@@ -377,3 +377,56 @@ def masks_to_rle(coef, proto, boxes, letterbox, orig_hw, max_pixels:int=2**23)->
     "`mask_runs`'s masks (the same arguments) as COCO RLE dicts: prototypes × coefficients, cropped, un-letterboxed, > 0.5."
     H, W = map(int, _floats(orig_hw))
     return [{'size': [H, W], 'counts': t} for t in rle_strings(*mask_runs(coef, proto, boxes, letterbox, orig_hw, max_pixels), H * W)]
+
+# %% ../nbs/07a_masks.ipynb #345420c6
+def ratio_pad_boxes(boxes:Tensor, ratio_pad, orig_hw)->Tensor: # (n,4) xyxy on the letterboxed input -> on the image
+    "Ultralytics' `scale_boxes`: (box − pad) / gain, each axis its own gain (`ratio_pad` = gain_y, gain_x, pad_x, pad_y), clipped."
+    gy, gx, px, py = _floats(ratio_pad); H, W = _floats(orig_hw)
+    b = boxes.float().clone()
+    b[:, [0, 2]] -= px; b[:, [1, 3]] -= py; b[:, [0, 2]] /= gx; b[:, [1, 3]] /= gy
+    return torch.stack([b[:, 0].clamp(0, W), b[:, 1].clamp(0, H), b[:, 2].clamp(0, W), b[:, 3].clamp(0, H)], -1)
+
+def _crop_box(m:Tensor, boxes:Tensor)->Tensor:
+    "Ultralytics' `crop_mask`: 0 outside each box, pixel index x1 <= col < x2 and y1 <= row < y2."
+    _, h, w = m.shape
+    x1, y1, x2, y2 = boxes.float()[:, :, None].unbind(1)
+    c, r = torch.arange(w, device=m.device, dtype=torch.float32)[None, None], torch.arange(h, device=m.device, dtype=torch.float32)[None, :, None]
+    return m * ((c >= x1[:, None]) & (c < x2[:, None])) * ((r >= y1[:, None]) & (r < y2[:, None]))
+
+def _fit(m:Tensor, hw, top:int, left:int, h:int, w:int)->Tensor:
+    "(1,n,h',w') cut to the content [top:top+h, left:left+w] and resized bilinearly to `hw` (Ultralytics' `scale_masks`)."
+    if tuple(m.shape[2:]) == tuple(hw): return m
+    return F.interpolate(m[..., top:top + h, left:left + w].float(), tuple(hw), mode='bilinear')
+
+def ultralytics_masks(
+    coef:Tensor,    # (n,P) mask coefficients of the kept detections
+    proto:Tensor,   # (P,h,w) the image's prototypes; the input is 4× their size
+    boxes:Tensor,   # (n,4) xyxy: on the image (`native`), or on the letterboxed input
+    orig_hw,        # (H, W) of the image
+    ratio_pad=None, # (gain_y, gain_x, pad_x, pad_y) of the letterbox (validation's form needs it)
+    native:bool=True, # predict's form (upsampled to the image, then cropped) or validation's
+    max_pixels:int=2**24, # mask pixels made at a time
+)->Tensor:          # (n,H,W) bool
+    "Masks by Ultralytics' rule: logits upsampled, thresholded at 0, cropped to the box; `native`: predict's form, else validation's."
+    P, mh, mw = proto.shape
+    H, W = map(int, _floats(orig_hw))
+    out = torch.zeros(len(coef), H, W, dtype=torch.bool, device=proto.device)
+    logits = (coef.float() @ proto.float().reshape(P, -1)).reshape(1, -1, mh, mw)
+    if native:
+        g = min(4 * mh / H, 4 * mw / W)
+        pad = (4 * mh - max(round(H * g), 1)) | (4 * mw - max(round(W * g), 1))
+        f = 4 // math.gcd(4, pad | pad // 2)             # the least upsampling that cuts the pad on whole cells
+    step = max(1, max_pixels // (H * W + 16 * mh * mw))
+    for i in range(0, len(coef), step):
+        c = logits[:, i:i + step]
+        if native:
+            c = F.interpolate(c, scale_factor=f, mode='bilinear') if f > 1 else c
+            g = min(c.shape[2] / H, c.shape[3] / W)
+            h, w = max(round(H * g), 1), max(round(W * g), 1)
+            m = _fit(c, (H, W), round((c.shape[2] - h) / 2 - .1), round((c.shape[3] - w) / 2 - .1), h, w)[0] > 0
+            out[i:i + step] = _crop_box(m, boxes[i:i + step]).bool()
+        else:
+            gy, gx, px, py = _floats(ratio_pad)
+            m = _crop_box(_fit(c, (4 * mh, 4 * mw), 0, 0, mh, mw)[0] > 0, boxes[i:i + step])[None]
+            out[i:i + step] = _fit(m, (H, W), round(py - .1), round(px - .1), max(round(H * gy), 1), max(round(W * gx), 1))[0] >= 1
+    return out

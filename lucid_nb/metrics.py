@@ -8,6 +8,7 @@ Docs: https://lucid-nb.github.io/lucid_nb/metrics.html.md"""
 from __future__ import annotations
 import contextlib, copy, hashlib, io, itertools, json, math
 from pathlib import Path
+from fastcore.basics import patch
 import numpy as np
 import torch, torch.nn.functional as F
 from torch import Tensor
@@ -23,7 +24,7 @@ from .masks import _floats, _image_index, _slices_up_to
 __all__ = ['COCO80_IDS', 'STAT_NAMES', 'SUMMARY_NAMES', 'CONF_GRID', 'PREDICT_CONF', 'greedy_keep', 'nms', 'nms_reference',
            'quiet', 'load_coco', 'coco_results', 'results_bytes', 'write_results', 'CocoStats', 'at_scores', 'f1_score',
            'operating_point', 'class_eval', 'no_detections_eval', 'gt_counts', 'match_boxes', 'confusion_matrix',
-           'coco_evaluate', 'class_rows', 'class_table', 'speed_line', 'Validator', 'predict_conf']
+           'coco_evaluate', 'class_rows', 'class_table', 'speed_line', 'Validator', 'predict_conf', 'conf_line']
 
 # %% ../nbs/07b_metrics.ipynb #a0b7cb8a
 def _candidates(scores:Tensor, conf:float, multi_label:bool, max_nms:int)->tuple[Tensor,Tensor,Tensor]: # (B,n) each
@@ -405,8 +406,12 @@ class Validator:
                  max_nms:int=30000,      # candidates per image entering NMS
                  multi_label:bool=True,  # a detection per (anchor, class) above `conf`
                  masks:bool=True,        # also build and encode masks (needs `coef` and `proto`)
-                 group_pixels:int=2**25):# pixels of the images whose masks, runs and strings are made at once (`_update`)
+                 group_pixels:int=2**25, # pixels of the images whose masks, runs and strings are made at once (`_update`)
+                 rules:str='lucid',      # the checkpoint's inference rules (`00b_core`): 'ultralytics' takes `_update_ultralytics`
+                 predict:bool=False):    # predicting, not validating (Ultralytics' rules differ between the two)
         self.cat_ids, self.masks, self.group_pixels = cat_ids, masks, group_pixels
+        self.rules, self.predict = check_rules(rules), predict
+        if rules == 'ultralytics': multi_label = not predict   # Ultralytics: one label per box predicting, several validating
         self.nms_kw = dict(conf=conf, iou=iou, max_det=max_det, max_nms=max_nms, multi_label=multi_label)
         self.reset()
 
@@ -420,7 +425,7 @@ class Validator:
                batch:dict):    # the batch: image_id (B,), orig_hw (B,2), letterbox (B,3)
         "Add one batch's detections to `results`."
         with torch.autocast(eval_out['boxes'].device.type, enabled=False):  # validation may run under bf16 autocast
-            self._update(eval_out, batch)
+            (self._update_ultralytics if self.rules == 'ultralytics' else self._update)(eval_out, batch)
 
     def _update(self, eval_out:dict, batch:dict):
         eval_out = {k: v.float() for k, v in eval_out.items()}             # the branches' outputs may be bf16
@@ -477,9 +482,36 @@ class Validator:
         "Write `results` as the predictions JSON (atomically); return its sha256."
         return write_results(path, self.results)
 
+# %% ../nbs/07b_metrics.ipynb #47269640
+@patch
+def _update_ultralytics(self:Validator, eval_out:dict, batch:dict):
+    "`_update` by Ultralytics' rules: boxes by the batch's `ratio_pad`, masks by `ultralytics_masks`; predicting, no empty mask."
+    eval_out = {k: v.float() for k, v in eval_out.items()}
+    dets = nms(eval_out['boxes'], eval_out['scores'], **self.nms_kw)
+    ids, hws, rps, preds = batch['image_id'].cpu(), batch['orig_hw'].cpu().tolist(), batch['ratio_pad'].cpu(), []
+    for i, d in enumerate(dets):
+        p = dict(boxes=ratio_pad_boxes(d['boxes'], rps[i], hws[i]), scores=d['scores'], classes=d['classes'])
+        if self.masks:
+            m = ultralytics_masks(eval_out['coef'][i][d['anchors']], eval_out['proto'][i],
+                                  p['boxes'] if self.predict else d['boxes'], hws[i], rps[i], native=self.predict)
+            if self.predict: keep = m.flatten(1).any(1); p, m = {k: v[keep] for k, v in p.items()}, m[keep]
+            p['masks'] = rle_encode(m) if m.is_cuda else [dict(r, counts=r['counts'].decode()) for r in   # pycocotools': faster on a CPU
+                         (mask_utils.encode(np.asfortranarray(m.permute(1, 2, 0).numpy().astype(np.uint8))) if len(m) else [])]
+        preds.append(p)
+    self.results += coco_results(preds, ids, self.cat_ids)
+    self.mask_stats += [None] * (len(self.results) - len(self.mask_stats))   # COCOeval decodes these masks itself
+    self.image_ids += [int(i) for i in ids]
+
 # %% ../nbs/07b_metrics.ipynb #predconf0cd
 PREDICT_CONF = 0.25   # the least score a prediction keeps by default (validation keeps every score above its `conf`)
 
-def predict_conf(conf:float|None=None)->float:
-    "Prediction's score threshold for a checkpoint validated at `conf` (its `--model.conf`): `PREDICT_CONF`, or `conf` where higher."
+def predict_conf(conf:float|None=None, given:bool=False)->float:
+    "Prediction's score threshold: `conf` itself where it was asked for (`given`); else, for a checkpoint validated at `conf`, `PREDICT_CONF` or `conf` where higher."
+    if given and conf is not None: return conf
     return PREDICT_CONF if conf is None else max(conf, PREDICT_CONF)
+
+def conf_line(conf:float, max_det:int)->str|None:
+    "The one line a prediction threshold below `PREDICT_CONF` gets: how many detections it allows per image; None above."
+    if conf >= PREDICT_CONF: return None
+    return (f"predict: scores above {conf:g} kept (below the default {PREDICT_CONF:g}): up to {max_det} detections per image "
+            f"(--model.max_det)")

@@ -19,7 +19,7 @@ from .tasks import get_task
 from .heads import yolo
 from .metrics import PREDICT_CONF, Validator, predict_conf
 from .draw import draw_instances
-from .weights import load_weights, read_weights
+from .weights import load_weights, local_file, read_weights
 from .runs import note, weak_checkpoint
 
 # %% auto #0
@@ -38,34 +38,36 @@ class Predictor:
                  conf:float=PREDICT_CONF,  # score threshold
                  iou:float=0.7,            # NMS IoU threshold
                  max_det:int=300,          # detections kept per image
+                 rules:str='lucid',        # inference rules (`00b_core`): an Ultralytics file's are 'ultralytics'
                  task:str|None=None,       # the network's task; None: its `config`'s (`segment` without one)
                 ):
         self.net, self.class_names, self.cat_ids = net.eval(), list(class_names), list(cat_ids)
         self.task = get_task(task if task is not None else getattr(net, 'config', {}).get('task'))
-        self.imgsz, self.conf, self.iou, self.max_det = imgsz, conf, iou, max_det
+        self.imgsz, self.conf, self.iou, self.max_det, self.rules = imgsz, conf, iou, max_det, check_rules(rules)
         self.weak = None   # why its detections will mean little (`runs.weak_checkpoint`), or None
 
     @property
     def device(self)->torch.device: return next(self.net.parameters()).device
-    def __repr__(self): return f"Predictor({self.task.name}, {len(self.class_names)} classes, imgsz {self.imgsz}, conf {self.conf}, {self.device})"
+    def __repr__(self): return f"Predictor({self.task.name}, {len(self.class_names)} classes, imgsz {self.imgsz}, conf {self.conf}, {self.rules} rules, {self.device})"
 
 # %% ../nbs/09_predict.ipynb #e926beac
 def load(path,                      # a `lucid` checkpoint (`last.ckpt`, `best.ckpt`) or an Ultralytics YOLO11-seg or detect one (`yolo11n-seg.pt`, `yolo11n.pt`)
          device:str|None=None,      # None: the CPU
-         imgsz:int|None=None,       # None: the checkpoint's training size (an Ultralytics file: 640)
-         conf:float|None=None,      # score threshold; None: `lucid predict`'s, `predict_conf` of the checkpoint's `--model.conf`
+         imgsz:int|None=None,       # None: the checkpoint's training size (an Ultralytics file's `train_args`; 640 where it says none)
+         conf:float|None=None,      # score threshold, taken as given; None: `lucid predict`'s, `predict_conf` of the checkpoint's `--model.conf`
          option:str='lucid_nb.load',   # how error messages name the file's source
         )->Predictor:
     "A `Predictor` from a checkpoint file: `lucid_nb.load('best.ckpt').predict(images)`; read by `03a_weights`' safe reader."
     w = read_weights(path, option)
+    w.check_lucid_task(option)   # a pose or OBB file has no branch of ours for its third: refused in one line naming its task
     net, (cat_ids, names) = yolo(w.scale, w.num_classes, w.task), w.classes   # `lucid predict --model.weights` reports the same classes
     if w.kind == 'ultralytics':   # its own network, whole; ids 0..K-1
         if not (report := load_weights(net, w)).complete: note(report.line)
     else: net.load_state_dict(w.state)
-    hp, extra = w.ckpt.get('hyper_parameters') or {}, w.ckpt.get('lucid') or {}   # {} for an Ultralytics file: the defaults
+    hp = w.ckpt.get('hyper_parameters') or {}   # {} for an Ultralytics file: the defaults
     if conf is None: conf = predict_conf(hp.get('conf'))   # the threshold `lucid predict` applies to this checkpoint
-    p = Predictor(net.requires_grad_(False).to(device or 'cpu'), names, cat_ids, imgsz or extra.get('imgsz', 640), conf,
-                  hp.get('iou', 0.7), hp.get('max_det', 300), w.task)
+    p = Predictor(net.requires_grad_(False).to(device or 'cpu'), names, cat_ids, imgsz or w.imgsz, conf,
+                  hp.get('iou', 0.7), hp.get('max_det', 300), w.rules, w.task)
     p.weak = weak_checkpoint(w.ckpt)
     return p
 
@@ -117,14 +119,15 @@ def to_detections(results:list, img:np.ndarray, cat_ids:list, class_names:list, 
 # %% ../nbs/09_predict.ipynb #4ce67ce8
 @patch
 def predict(self:Predictor, images, batch_size:int=8, conf:float|None=None)->list[Detections]:
-    "Detections of each image (files, PIL images or (H,W,3) uint8 RGB arrays), in order."
+    "Detections of each image (files, PIL images or (H,W,3) uint8 RGB arrays), in order; by Ultralytics' rules one image at a time, each of its own shape."
     if isinstance(images, (str, Path, Image.Image, np.ndarray)): images = [images]
-    out = []
+    out, batch_size = [], 1 if self.rules == 'ultralytics' else batch_size
     for i in range(0, len(images), batch_size):
         srcs = images[i:i + batch_size]
         imgs = [as_rgb(x) for x in srcs]
-        batch = image_batch(imgs, self.imgsz)
-        v = Validator(self.cat_ids, conf=self.conf if conf is None else conf, iou=self.iou, max_det=self.max_det, masks=self.task.masks)
+        batch = image_batch(imgs, self.imgsz, rules=self.rules)
+        v = Validator(self.cat_ids, conf=self.conf if conf is None else conf, iou=self.iou, max_det=self.max_det, masks=self.task.masks,
+                      rules=self.rules, predict=True)
         with torch.no_grad(): v.update(self.net(batch['img'].to(self.device).float() / 255), batch)
         for k, (img, src) in enumerate(zip(imgs, srcs)):
             out.append(to_detections([r for r in v.results if r['image_id'] == k], img, self.cat_ids, self.class_names,
@@ -179,7 +182,7 @@ def add_onnx_metadata(path, props:dict):
     onnx.helper.set_model_props(m, {**old, **props})
     onnx.save(m, str(path))
 
-# %% ../nbs/09_predict.ipynb #6afd3284
+# %% ../nbs/09_predict.ipynb #3676dcd1
 def run_exported(path, fmt:str, x:Tensor)->list[np.ndarray]|None:
     "The exported file's outputs on `x`; None for ONNX without onnxruntime."
     if fmt == 'torchscript':
@@ -199,14 +202,16 @@ def export_check(p:Predictor, path, fmt:str, image=TEST_IMG)->tuple[float,float]
     return max(d for d, _ in diffs), max(d / m for d, m in diffs)
 
 # %% ../nbs/09_predict.ipynb #exportopts0cd
-def check_export_options(imgsz:int|None, out:Path):
-    "`lucid export`'s options, checked before anything is read or built: `imgsz` a positive multiple of 32, `out` a file this process can write."
+def check_export_options(imgsz:int|None, out:Path, image=TEST_IMG):
+    "`lucid export`'s options, checked before anything is read or built: `imgsz` a positive multiple of 32, `out` a file this process can write, `image` an image it can read."
     if imgsz is not None and (imgsz < 32 or imgsz % 32):
         raise ValueError(f"--imgsz {imgsz}: the input side must be a positive multiple of 32, the network's largest stride "
                          f"(e.g. {max(32, round(imgsz / 32) * 32)})")
     try:
         with tempfile.NamedTemporaryFile(dir=Path(out).parent, prefix=f'.{Path(out).name}.', suffix='.probe'): pass
     except OSError as e: raise OSError(f"lucid export: cannot write {out}: {e.strerror or e}") from None
+    try: load_rgb(image)
+    except ValueError as e: raise ValueError(f"--image {e}") from None   # `BadInputError`: the file and why
 
 # %% ../nbs/09_predict.ipynb #15193b43
 def export_main(argv:list[str]|None=None)->Path:
@@ -222,8 +227,8 @@ def export_main(argv:list[str]|None=None)->Path:
     ap.add_argument('--image', default=str(TEST_IMG), help='image of the check against PyTorch (default: one embedded COCO image)')
     a = ap.parse_args(argv)
     path, option = (a.ckpt_path, '--ckpt_path') if a.ckpt_path else (a.weights, '--model.weights')
-    out = Path(a.output or Path(path).with_suffix(f'.{a.format}'))   # ONNX: weights in `<out>.data` beside it
-    check_export_options(a.imgsz, out)
+    out = Path(a.output or local_file(path, option).with_suffix(f'.{a.format}'))   # ONNX: weights in `<out>.data` beside it
+    check_export_options(a.imgsz, out, a.image)
     p = load(path, imgsz=a.imgsz, option=option)
     if p.weak: note(f"warning: {p.weak}")
     t0 = time.perf_counter(); export_model(p, a.format, out)

@@ -6,7 +6,7 @@ Docs: https://lucid-nb.github.io/lucid_nb/runs.html.md"""
 
 # %% ../nbs/08b_runs.ipynb #12ca6a79
 from __future__ import annotations
-import concurrent.futures, contextlib, datetime, hashlib, json, os, shutil, socket, sys, time, urllib.parse, zipfile
+import concurrent.futures, contextlib, datetime, errno, hashlib, json, os, shutil, signal, socket, sys, threading, time, zipfile
 from pathlib import Path
 from weakref import proxy
 import numpy as np, torch
@@ -20,20 +20,20 @@ from torch import Tensor
 from fastcore.basics import patch
 from .core import *
 from .coco import BadInputError
-from .weights import safe_load, with_hashes
+from .weights import local_file, safe_load, with_hashes
 from .loader import disk_free
 from .data import YoloData
 from .metrics import class_rows, class_table, speed_line, write_results
 from .draw import draw_train_batch, draw_val_batch, plot_curves, save_figure, save_jpeg, save_val_plots, val_labels_grid
 
 # %% auto #0
-__all__ = ['LOCK_NAME', 'WEAK_MAP', 'AtomicCheckpoint', 'CheckpointWriteError', 'free_space', 'write_checkpoint_file',
-           'wait_for_checkpoints', 'link_or_copy', 'note', 'RunFolderInUse', 'read_lock', 'lock_owner_alive',
-           'acquire_run_lock', 'run_lock', 'remove_leftovers', 'read_checkpoint', 'local_checkpoint',
-           'SafeCheckpointIO', 'weak_checkpoint', 'run_folder', 'write_predictions', 'gather_objects',
-           'rank_state_hashes', 'say', 'close_bars', 'fit_state_hashes', 'write_json_atomic', 'data_wait',
-           'val_data_wait', 'checkpoint_seconds', 'process_age', 'start_labels_grid', 'RunArtifacts', 'epoch_line',
-           'EpochSummary']
+__all__ = ['SIGINT_HOLD', 'LOCK_NAME', 'WEAK_MAP', 'AtomicCheckpoint', 'CheckpointWriteError', 'tensor_bytes_of',
+           'checkpoint_epoch', 'write_failure', 'write_checkpoint_file', 'wait_for_checkpoints', 'link_or_copy',
+           'SigintHold', 'note', 'RunFolderInUse', 'read_lock', 'lock_owner_alive', 'acquire_run_lock', 'run_lock',
+           'remove_leftovers', 'read_checkpoint', 'SafeCheckpointIO', 'weak_checkpoint', 'run_folder',
+           'write_predictions', 'gather_objects', 'rank_state_hashes', 'say', 'close_bars', 'fit_state_hashes',
+           'write_json_atomic', 'data_wait', 'val_data_wait', 'checkpoint_seconds', 'process_age', 'start_labels_grid',
+           'RunArtifacts', 'epoch_line', 'EpochSummary']
 
 # %% ../nbs/08b_runs.ipynb #cbbc85fc
 class AtomicCheckpoint(ModelCheckpoint):
@@ -46,11 +46,14 @@ class AtomicCheckpoint(ModelCheckpoint):
         super().__init__(*args, enable_version_counter=enable_version_counter, **kwargs)
 
     def _save_checkpoint(self, trainer, filepath):
+        with SIGINT_HOLD(): self._save_held(trainer, filepath)   # a Ctrl-C waits until this step's write is queued
+
+    def _save_held(self, trainer, filepath):
         t0, tmp = time.perf_counter(), f"{filepath}.tmp"
         self._raise_error()
         twin = self._last_checkpoint_saved if self._last_global_step_saved == trainer.global_step else ''
         if twin and twin != filepath:   # the state of this step is written already (`best`, then `last`): link it
-            if trainer.is_global_zero: self._submit(lambda: link_or_copy(twin, tmp), tmp, filepath)
+            if trainer.is_global_zero: self._submit(lambda: link_or_copy(twin, tmp), tmp, filepath, lambda: os.path.getsize(twin))
         elif type(trainer.strategy).save_checkpoint is not Strategy.save_checkpoint:   # a strategy with its own saving
             trainer.save_checkpoint(tmp, self.save_weights_only)   # written here; only the rename is queued
             if trainer.is_global_zero: self._submit(lambda: None, tmp, filepath)
@@ -60,22 +63,24 @@ class AtomicCheckpoint(ModelCheckpoint):
                 state = apply_to_collection(state, Tensor, lambda t: t.detach().to('cpu', copy=True))   # this step's values
                 io = trainer.strategy.checkpoint_io   # Lightning's own stages the file in $TMPDIR: written here, beside its name
                 save = write_checkpoint_file if type(io).save_checkpoint is TorchCheckpointIO.save_checkpoint else io.save_checkpoint
-                self._submit(lambda: save(with_hashes(state), tmp), tmp, filepath)   # hashed in the writer's thread too
+                self._submit(lambda: save(with_hashes(state), tmp), tmp, filepath, lambda: tensor_bytes_of(state))   # hashed in the writer's thread too
             trainer.strategy.barrier("AtomicCheckpoint")
         self._last_global_step_saved, self._last_checkpoint_saved = trainer.global_step, filepath
         if trainer.is_global_zero:
             for logger in trainer.loggers: logger.after_save_checkpoint(proxy(self))
         self.save_seconds += time.perf_counter() - t0
 
-    def _submit(self, write, tmp:str, filepath:str):
-        "Queue `write` (which makes `tmp`) and the rename onto `filepath`; one at a time, in order."
+    def _submit(self, write, tmp:str, filepath:str, size=lambda: None):
+        "Queue `write` (which makes `tmp`, about `size()` bytes) and the rename onto `filepath`; one at a time, in order."
         def job():
+            free = need = None
             try:
                 for old in Path(filepath).parent.glob('*.ckpt.tmp'):   # a killed run's leftovers; no write of ours is open
                     if str(old) != tmp: old.unlink(missing_ok=True)
+                free, need = disk_free(Path(filepath).parent), size()   # before the write: a failed one is deleted below
                 write(); os.replace(tmp, filepath)
-            except BaseException as e:
-                self._error = self._error or e; Path(tmp).unlink(missing_ok=True)   # the first failure is the one to tell
+            except BaseException as e:   # the first failure is the one to tell
+                self._error = self._error or (e, Path(filepath).name, need, free); Path(tmp).unlink(missing_ok=True)
         if self._writer is None: self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix='lucid_nb-checkpoint')
         self._writer.submit(job)
 
@@ -86,9 +91,8 @@ class AtomicCheckpoint(ModelCheckpoint):
 
     def _raise_error(self):
         if self._error is not None:
-            e, self._error = self._error, None
-            raise CheckpointWriteError(f"writing a checkpoint into {self.dirpath} failed: {e} ({free_space(self.dirpath)}); "
-                                       "the fit stopped, last.ckpt holds the last epoch written") from e
+            (e, name, need, free), self._error = self._error, None
+            raise CheckpointWriteError(write_failure(self.dirpath, name, e, need, free)) from e
 
     def on_train_batch_start(self, trainer, module, batch, batch_idx): self._raise_error()   # a failed write stops the fit at once
     def on_validation_start(self, trainer, module): self.wait()   # the last epoch's file is on disk before this epoch can end
@@ -104,17 +108,43 @@ class AtomicCheckpoint(ModelCheckpoint):
         super().setup(trainer, module, stage)
 
     def on_fit_end(self, trainer, module): self.wait()
-    def teardown(self, trainer, module, stage): self.wait()
+    def teardown(self, trainer, module, stage): SIGINT_HOLD.release(); self.wait()
     def on_exception(self, trainer, module, exception):
+        SIGINT_HOLD.release()   # an epoch's hold cut short by the error: Ctrl-C works again
         try: self.wait()   # the finished epochs' checkpoints land before the run ends
         except CheckpointWriteError as e: note(str(e))
 
 class CheckpointWriteError(OSError): "A checkpoint could not be written (a user's problem: the disk, the folder)."
 
-def free_space(folder)->str:
-    "Free space of the file system of `folder`, in words."
-    free = disk_free(folder)   # a folder not made yet: the file system it would be on
-    return 'free space unknown' if free is None else f"{free / 2**20:.0f} MB free there"
+def tensor_bytes_of(state)->int:
+    "Bytes of the tensors in the collection `state`: about what its checkpoint file takes."
+    n = []
+    apply_to_collection(state, Tensor, lambda t: n.append(t.numel() * t.element_size()))
+    return sum(n)
+
+def checkpoint_epoch(path)->int|None:
+    "The epoch (0-based) a checkpoint file holds, read from it (memory-mapped, tensors not read); None if it cannot be read."
+    try: return int(torch.load(path, map_location='cpu', weights_only=True, mmap=True)['epoch'])
+    except Exception: return None
+
+def _os_error(e:BaseException)->OSError|None:
+    "The first `OSError` with an errno in `e`'s chain: torch reports a failed write as 'unexpected pos', the system's error is its context."
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, OSError) and e.errno: return e
+        seen.add(id(e)); e = e.__cause__ or e.__context__
+    return None
+
+def write_failure(folder, name:str, e:BaseException, need:int|None, free:int|None)->str:
+    "The one true line of a checkpoint write that failed: why (no space: how much it takes and was free before the write), and what the folder's `last.ckpt` holds now."
+    err, mb = _os_error(e), lambda b: f"{b / 2**20:.0f} MB"
+    if err.errno == errno.ENOSPC if err is not None else (free is not None and need is not None and free < need):
+        why = 'no space left on device' + (f": a checkpoint takes about {mb(need)}, {mb(free)} were free before the write" if need and free is not None else '')
+    else: why = (err.strerror or str(err)) if err is not None else one_line(e)
+    last = Path(folder)/'last.ckpt'
+    epoch = checkpoint_epoch(last) if last.is_file() else None
+    held = f"last.ckpt holds epoch {epoch + 1}" if epoch is not None else 'no checkpoint was written'
+    return f"writing {name} into {folder} failed: {why}; the fit stopped, {held}"
 
 def write_checkpoint_file(state:dict, path):
     "`torch.save` of `state` into the file `path` (its folder made if need be), flushed to the disk."
@@ -135,9 +165,48 @@ def link_or_copy(src, dst):
 # %% ../nbs/08b_runs.ipynb #15ce8912
 @patch
 def on_train_epoch_end(self:AtomicCheckpoint, trainer, module):
-    ModelCheckpoint.on_train_epoch_end(self, trainer, module)
-    if self.save_last and not self._should_skip_saving_checkpoint(trainer):  # skipped: this step is saved already
-        self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+    try:
+        ModelCheckpoint.on_train_epoch_end(self, trainer, module)
+        if self.save_last and not self._should_skip_saving_checkpoint(trainer):  # skipped: this step is saved already
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+    finally: SIGINT_HOLD.end_epoch()   # the epoch's writes are queued: a Ctrl-C held since its line is let through
+
+# %% ../nbs/08b_runs.ipynb #9a833f79
+class SigintHold:
+    "Ctrl-C held, not raised, inside: counted, then passed in order to the handler that was there before when the last hold ends (main thread only)."
+    def __init__(self): self.depth, self.held, self.before, self.epoch = 0, 0, None, False
+    def _count(self, signum, frame): self.held += 1
+    def begin(self)->bool:
+        if threading.current_thread() is not threading.main_thread(): return False
+        if self.depth == 0: self.before, self.held = signal.signal(signal.SIGINT, self._count), 0
+        self.depth += 1; return True
+    def end(self):
+        "End one hold; the last one puts the handler back and passes it each Ctrl-C held (`StopSignals`: the first sets the stop flag, a second raises)."
+        if self.depth == 0: return
+        self.depth -= 1
+        if self.depth: return
+        signal.signal(signal.SIGINT, self.before)
+        held, self.held = self.held, 0
+        for _ in range(held):
+            if callable(self.before): self.before(signal.SIGINT, None)   # may raise: `KeyboardInterrupt`
+            elif self.before == signal.SIG_DFL: signal.raise_signal(signal.SIGINT)
+    @contextlib.contextmanager
+    def __call__(self):
+        began = self.begin()
+        try: yield
+        finally:
+            if began: self.end()
+    def begin_epoch(self):
+        "Hold from a finished epoch's line until `end_epoch` (its checkpoints queued)."
+        if not self.epoch: self.epoch = self.begin()
+    def end_epoch(self):
+        if self.epoch: self.epoch = False; self.end()
+    def release(self):
+        "End every hold at once, the Ctrl-Cs held dropped (an error is ending the run already)."
+        if self.depth: signal.signal(signal.SIGINT, self.before)
+        self.depth, self.held, self.epoch = 0, 0, False
+
+SIGINT_HOLD = SigintHold()   # the process's one hold: SIGINT has one handler
 
 # %% ../nbs/08b_runs.ipynb #7cea11be
 @patch
@@ -150,8 +219,8 @@ def on_load_checkpoint(self:AtomicCheckpoint, trainer, module, checkpoint:dict):
     current = checkpoint.get('loops', {}).get('fit_loop', {}).get('epoch_progress', {}).get('current', {})
     done = current.get('processed', checkpoint.get('epoch', -2) + 1)   # epochs finished (saved at an epoch's end)
     if trainer.max_epochs is not None and trainer.max_epochs >= 1 and done >= trainer.max_epochs:
-        raise ValueError(f"--ckpt_path {trainer.ckpt_path}: the run is complete: {done} epochs; raise `--trainer.max_epochs` "
-                         "to continue, or use `--model.weights` to start a new run from it")
+        raise ValueError(f"--ckpt_path {trainer.ckpt_path}: the run is complete: {done} epochs; give --trainer.max_epochs {done + 1} "
+                         f"or more to continue it, or start a new run from it with --model.weights {trainer.ckpt_path}")
 
 @patch
 def load_state_dict(self:AtomicCheckpoint, state_dict:dict):
@@ -193,7 +262,9 @@ def lock_owner_alive(owner:dict)->bool:
 # %% ../nbs/08b_runs.ipynb #c3fb1cc1
 def _holder(owner:dict)->str: return f"pid {owner.get('pid')} on {owner.get('host')}, started {owner.get('started')}"
 
-def acquire_run_lock(run:Path)->dict:
+def acquire_run_lock(run:Path,
+                     elsewhere:str='', # the options that give this run another folder (`10a_command`'s `other_run_folder`), for the refusal
+                    )->dict:
     "Create `run/lucid.lock` naming this process, taking over a lock whose process is gone; returns what it wrote."
     run.mkdir(parents=True, exist_ok=True)
     lock, tmp = run/LOCK_NAME, run/f'{LOCK_NAME}.{os.getpid()}.tmp'
@@ -205,17 +276,17 @@ def acquire_run_lock(run:Path)->dict:
             try: os.link(tmp, lock); return me
             except FileExistsError: owner = read_lock(lock)
             if lock_owner_alive(owner):
-                raise RunFolderInUse(f"{run} is in use by another run ({_holder(owner)}): wait for it to end or give "
-                                     f"this run another --trainer.logger version; if that run is gone, delete {lock}")
+                raise RunFolderInUse(f"{run} is in use by another run ({_holder(owner)}): wait for it to end, or give this run "
+                                     f"another folder{f' ({elsewhere})' if elsewhere else ''}; if that run is gone, delete {lock}")
             note(f"{run}: taking over the lock of a run that is gone ({_holder(owner)})")
             lock.unlink(missing_ok=True)
         raise RunFolderInUse(f"{run}: another run keeps taking its lock {lock}")
     finally: tmp.unlink(missing_ok=True)
 
 @contextlib.contextmanager
-def run_lock(run:Path):
-    "Hold the lock of the run folder `run` for the `with` block; released also on exceptions and signals."
-    me = acquire_run_lock(run)
+def run_lock(run:Path, elsewhere:str=''):
+    "Hold the lock of the run folder `run` for the `with` block (`elsewhere`: see `acquire_run_lock`); released also on exceptions and signals."
+    me = acquire_run_lock(run, elsewhere)
     try: yield me
     finally:
         if read_lock(run/LOCK_NAME) == me: (run/LOCK_NAME).unlink(missing_ok=True)
@@ -235,25 +306,15 @@ def remove_leftovers(folder:Path)->list[Path]:
 
 # %% ../nbs/08b_runs.ipynb #eecc4ead
 def read_checkpoint(path, option:str='--ckpt_path')->dict:
-    "Load a Lightning checkpoint on the CPU with `safe_load` (weights only); a file that is none, or would run code, raises an error naming it and what is wrong."
+    "Load a Lightning checkpoint on the CPU with `safe_load` (weights only, the file named by `local_file`); a file that is none, or would run code, raises an error naming it and what is wrong."
     ckpt = safe_load(path, option)
     if not isinstance(ckpt, dict) or 'state_dict' not in ckpt:
-        raise ValueError(f"{option} {Path(path)} is not a Lightning checkpoint: it holds no 'state_dict'")
+        raise ValueError(f"{option} {local_file(path, option)} is not a Lightning checkpoint: it holds no 'state_dict'")
     return ckpt
-
-def local_checkpoint(path, option:str='--ckpt_path')->str:
-    "The local file a checkpoint source names: a `file://` URL is its path; another URL, or a model-registry name, is refused."
-    s = str(path)
-    if s.startswith('file://'): return urllib.parse.unquote(urllib.parse.urlparse(s).path)
-    if '://' in s or s.startswith('registry'):
-        raise ValueError(f"{option} {s}: lucid reads checkpoints from local files only, each through its safe reader; "
-                         "download the file yourself and give its path")
-    return s
 
 class SafeCheckpointIO(TorchCheckpointIO):
     "Lightning's checkpoint I/O whose reading is `read_checkpoint` of a local file (weights only, one-line errors), whatever form the path has."
-    def load_checkpoint(self, path, map_location=None, weights_only=None)->dict:
-        return read_checkpoint(local_checkpoint(path))
+    def load_checkpoint(self, path, map_location=None, weights_only=None)->dict: return read_checkpoint(path)
 
 # %% ../nbs/08b_runs.ipynb #weakckpt0cd
 WEAK_MAP = 1e-3   # a last validation's mAP50-95 (box and mask) below this: the network has learnt nothing yet
@@ -472,6 +533,7 @@ class EpochSummary(Callback):
     def on_validation_end(self, trainer, module): self.validated = getattr(self, 'validated', False) or not trainer.sanity_checking
     @rank_zero_only
     def on_train_epoch_end(self, trainer, module):
+        if any(isinstance(c, AtomicCheckpoint) for c in trainer.callbacks): SIGINT_HOLD.begin_epoch()   # until its checkpoints are queued
         say(trainer, f"{epoch_line(trainer, getattr(self, 'validated', True))}  {time.perf_counter() - getattr(self, 't0', time.perf_counter()):.1f} s")
     def on_exception(self, trainer, module, exception): close_bars(trainer)   # the stop or error line after it starts a line
     @rank_zero_only

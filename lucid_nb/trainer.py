@@ -75,7 +75,7 @@ class LitYolo(L.LightningModule):
     ema_tau : float
         EMA ramp in updates.
     conf : float
-        Score threshold of validation's NMS (prediction uses `predict_conf` of it: at least 0.25).
+        Score threshold of validation's NMS; prediction takes it as given on the command line, else at least 0.25 (`predict_conf`).
     iou : float
         IoU threshold of NMS.
     max_det : int
@@ -97,6 +97,11 @@ class LitYolo(L.LightningModule):
         CUDA graphs at the first training batch and replay it every step (`06b_recorder`); implies the two options
         above (they cover the steps the whole-step recording cannot, e.g. a partial last batch). Bit-identical to
         native training. Off by default.
+    channels_last : bool
+        Keep the network's weights and activations in channels-last memory order (NHWC), which the GPU's
+        convolution and batch-norm kernels of bf16 prefer; the same numbers in another memory order, so native and
+        replayed steps stay bit-identical to each other. Off by default; `benchmarks/scale.py` measures what it
+        buys on the GPU.
     weights : str | None
         Start the network from this file: an Ultralytics YOLO11-seg checkpoint (`yolo11n-seg.pt`, n/s/m; the size must
         be this one's) or a lucid checkpoint's EMA weights — not its optimiser, schedule or epoch (that is
@@ -115,7 +120,7 @@ class LitYolo(L.LightningModule):
                  warmup_momentum:float=0.8, lrf:float=0.01, cosine:bool=False, box:float=7.5, cls:float=0.5,
                  dfl:float=1.5, seg:float=7.5, ema_decay:float=0.9999, ema_tau:float=2000.0, conf:float=0.001,
                  iou:float=0.7, max_det:int=300, val_group_pixels:int|None=None, capture_segment_heads:bool=False,
-                 capture_optimizer_step:bool=False, capture_train_step:bool=False, weights:str|None=None,
+                 capture_optimizer_step:bool=False, capture_train_step:bool=False, channels_last:bool=False, weights:str|None=None,
                  task:Literal['segment', 'detect']='segment', weights_backbone:bool=False):
         super().__init__()
         self.task = get_task(task)
@@ -155,8 +160,9 @@ class LitYolo(L.LightningModule):
         return report
 
     def build_model(self)->nn.Module:
-        "A fresh network of this module's task, size and class count (the model, and the EMA's copy)."
-        return yolo(self.hparams.size, self.hparams.num_classes, self.task.name)
+        "A fresh network of this module's task, size and class count (the model, and the EMA's copy), channels-last if asked."
+        m = yolo(self.hparams.size, self.hparams.num_classes, self.task.name)
+        return m.to(memory_format=torch.channels_last) if self.hparams.get('channels_last') else m
 
     def forward(self, img:Tensor)->dict:
         "Inference: the EMA network's outputs for a (B,3,S,S) float batch in [0,1]."
@@ -166,7 +172,8 @@ class LitYolo(L.LightningModule):
 @patch
 def step_loss(self:LitYolo, batch:dict, recorder=None)->tuple[dict,Tensor]:
     "The loss terms of one padded batch, and their sum scaled by the batch size; the head's calls through `recorder`."
-    losses = self.loss_fn(model_outputs(self.model, batch['img'], recorder), batch)
+    img = batch['img'].contiguous(memory_format=torch.channels_last) if self.hparams.get('channels_last') else batch['img']
+    losses = self.loss_fn(model_outputs(self.model, img, recorder), batch)
     return losses, sum(losses.values()) * batch['img'].shape[0]
 
 @patch
@@ -238,12 +245,12 @@ def default_val_group_pixels()->int:
     return 2**27 if expandable_segments() else 2**25
 
 @patch
-def make_validator(self:LitYolo, conf:float|None=None)->Validator:
-    "A `Validator` with this module's thresholds, group size and task (masks or not) and the datamodule's category ids."
-    h = self.hparams
+def make_validator(self:LitYolo, conf:float|None=None, predict:bool=False)->Validator:
+    "A `Validator` with this module's thresholds, group size and task (masks or not) and the datamodule's category ids and inference rules (`00b_core`)."
+    h, dm = self.hparams, self.trainer.datamodule
     group = default_val_group_pixels() if h.get('val_group_pixels') is None else h.val_group_pixels
-    return Validator(self.trainer.datamodule.cat_ids, conf=h.conf if conf is None else conf, iou=h.iou, max_det=h.max_det,
-                     masks=self.task.masks, group_pixels=group)
+    return Validator(dm.cat_ids, conf=h.conf if conf is None else conf, iou=h.iou, max_det=h.max_det, masks=self.task.masks,
+                     group_pixels=group, rules=getattr(dm, 'rules', 'lucid'), predict=predict)
 
 @patch
 def on_validation_epoch_start(self:LitYolo):
@@ -352,7 +359,7 @@ def on_save_checkpoint(self:LitYolo, checkpoint:dict):
     dm = self.trainer.datamodule if self._trainer is not None else None
     if dm is None: return
     h, absolute = dm.hparams, lambda p: None if p is None else str(Path(p).absolute())
-    checkpoint['lucid'] = dict(class_names=list(dm.class_names), cat_ids=list(dm.cat_ids), imgsz=h.imgsz,
+    checkpoint['lucid'] = dict(class_names=list(dm.class_names), cat_ids=list(dm.cat_ids), imgsz=h.imgsz, rules='lucid',   # trained by lucid's rules
                                data={k: absolute(h[k]) for k in DATA_SOURCE[:5]} | dict(val_count=h.val_count))
     if (stats := getattr(self, 'last_val_stats', None)) is not None:
         checkpoint['lucid']['val'] = {k: float(v) for k, v in stats.summary().items()}
@@ -362,10 +369,10 @@ DATA_SOURCE = ('dataset', 'train_images', 'train_annotations', 'val_images', 'va
 # %% ../nbs/08c_trainer.ipynb #921548c1
 @patch
 def predict_step(self:LitYolo, batch:dict, batch_idx:int)->list:
-    "COCO results of one batch at `predict_conf`'s score threshold (as `lucid_nb.load(...).predict`), and a `problem` entry for each file that could not be read."
+    "COCO results of one batch at `predict_conf`'s score threshold (as `lucid_nb.load(...).predict`; `conf_given`: `--model.conf` was asked for), and a `problem` entry for each file that could not be read."
     problems = [{'image_id': i, 'problem': p} for i, p in batch.get('problems', ())]
     if 'img' not in batch: return problems
-    v = self.make_validator(conf=predict_conf(self.hparams.conf))
+    v = self.make_validator(conf=predict_conf(self.hparams.conf, getattr(self, 'conf_given', False)), predict=True)
     v.update(self.ema.module(batch['img']), batch)
     return v.results + problems
 

@@ -6,7 +6,7 @@ Docs: https://lucid-nb.github.io/lucid_nb/weights.html.md"""
 
 # %% ../nbs/03a_weights.ipynb #a3b1c733
 from __future__ import annotations
-import contextlib, pickle, pickletools, re, shutil, struct, zipfile
+import contextlib, copyreg, io, pickle, pickletools, re, shutil, struct, urllib.parse, zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 import torch
@@ -17,11 +17,12 @@ from .tasks import TASKS, get_task
 from .heads import yolo, yolo_seg
 
 # %% auto #0
-__all__ = ['UL_LAYERS', 'UL_HEAD', 'UL_HEAD_NAMES', 'STAND_IN_MODULES', 'CHECKED_PARTS', 'HASH_KEY', 'BACKBONE_PARTS',
-           'PARITY_RTOL', 'UL_CLASSES', 'lucid_key', 'ultralytics_key', 'UnsafeCheckpoint', 'StandIn', 'stand_in',
-           'pickle_globals', 'safe_load', 'CorruptCheckpoint', 'with_hashes', 'check_hashes', 'flip_a_tensor_byte',
-           'Weights', 'module_tensors', 'infer_scale', 'weights_read', 'read_weights', 'ultralytics_task',
-           'TransferReport', 'load_weights', 'parity', 'write_ultralytics_layout']
+__all__ = ['UL_LAYERS', 'UL_HEAD', 'UL_HEAD_NAMES', 'STAND_IN_MODULES', 'HIDDEN', 'CHECKED_PARTS', 'HASH_KEY', 'DAMAGE',
+           'UL_TASKS', 'PARTS', 'BACKBONE_PARTS', 'PARITY_RTOL', 'UL_CLASSES', 'lucid_key', 'ultralytics_key',
+           'UnsafeCheckpoint', 'StandIn', 'stand_in', 'pickle_globals', 'local_file', 'safe_load', 'CorruptCheckpoint',
+           'corrupt', 'with_hashes', 'check_hashes', 'flip_a_tensor_byte', 'damaged_copy', 'Weights', 'module_tensors',
+           'infer_scale', 'weights_read', 'ultralytics_task', 'read_weights', 'TransferReport', 'load_weights',
+           'parity', 'write_ultralytics_layout']
 
 # %% ../nbs/03a_weights.ipynb #cc62107b
 UL_LAYERS = {**{i: f'backbone.layers.{i}' for i in range(11)}, 13: 'neck.td4', 16: 'neck.td3', 17: 'neck.down3',
@@ -70,22 +71,55 @@ def stand_in(name:str)->type:
         _stand_ins[name] = type(qual, (StandIn,), {'__module__': module, '__qualname__': qual})
     return _stand_ins[name]
 
+HIDDEN = 'a callable whose name the pickle computes'   # what `pickle_globals` lists for a global it cannot name
+_STRINGS = ('SHORT_BINUNICODE', 'BINUNICODE', 'BINUNICODE8', 'UNICODE', 'STRING', 'BINSTRING', 'SHORT_BINSTRING')
+
+def _pickle_calls(f, found:list):
+    "Append to `found` the callables that the one pickle at `f`'s position names, following its stack and memo as the unpickler would (nothing is run)."
+    MARK, ANY, mark = object(), object(), pickletools.markobject
+    stack, memo = [], {}
+    for op, arg, _ in pickletools.genops(f):
+        name, before, after = op.name, op.stack_before, op.stack_after
+        if name in ('GLOBAL', 'INST'): found.append(arg.replace(' ', '.'))
+        elif name == 'STACK_GLOBAL':
+            mod, qual = stack[-2:] if len(stack) >= 2 else (ANY, ANY)
+            found.append(f'{mod}.{qual}' if isinstance(mod, str) and isinstance(qual, str) else HIDDEN)
+        elif name.startswith('EXT'): found.append('.'.join(copyreg._inverted_registry.get(arg, ('copyreg extension', str(arg)))))
+        if name == 'MEMOIZE': memo[len(memo)] = stack[-1] if stack else ANY; continue
+        if name.endswith('PUT'): memo[arg] = stack[-1] if stack else ANY; continue
+        if name.endswith('GET'): stack.append(memo.get(arg, ANY)); continue
+        if name in _STRINGS: stack.append(arg); continue
+        if name == 'DUP': stack.append(stack[-1] if stack else ANY); continue
+        n = len(before)
+        if mark in before or (name == 'POP' and stack and stack[-1] is MARK):   # pops everything down to the last mark
+            while stack and stack.pop() is not MARK: pass
+            n = before.index(mark) if mark in before else 0
+        if n: del stack[-n:]
+        stack += [MARK if x is mark else ANY for x in after]
+
 def pickle_globals(path)->list[str]:
-    "The globals (`module.name`) a checkpoint's pickle names, in order, read with `pickletools` (nothing is run)."
+    "The callables (`module.name`) a checkpoint's pickles name, in order (`HIDDEN` for one they compute), read with `pickletools` (nothing is run)."
     p = Path(path)
     if zipfile.is_zipfile(p):
         with zipfile.ZipFile(p) as z:
             pkl = [n for n in z.namelist() if n.endswith('data.pkl')]
             data = z.read(pkl[0]) if pkl else b''
     else: data = p.read_bytes()
-    found, strings = [], []
-    try:
-        for op, arg, _ in pickletools.genops(data):
-            if op.name == 'GLOBAL': found.append(arg.replace(' ', '.'))
-            elif op.name == 'STACK_GLOBAL' and len(strings) >= 2: found.append(f'{strings[-2]}.{strings[-1]}')
-            elif isinstance(arg, str): strings.append(arg)
-    except Exception: pass   # not a pickle, or the tail of a legacy archive: `torch.load` says what is wrong
+    f, found = io.BytesIO(data), []
+    while f.tell() < len(data):   # a legacy file is several pickles, then its storages' raw bytes
+        try: _pickle_calls(f, found)
+        except Exception: break   # not a pickle (any more): what was found so far counts
     return list(dict.fromkeys(n.replace('__builtin__.', 'builtins.', 1) for n in found))
+
+_URL = re.compile(r'[A-Za-z][A-Za-z0-9+.-]*://')
+
+def local_file(path, option:str='--model.weights')->Path:
+    "The local file a checkpoint source names, one rule for every entry point: a path whatever its name, a `file://` URL's path; another URL or Lightning's registry keyword is refused in one sentence."
+    s = str(path)
+    if s.startswith('file://'): return Path(urllib.parse.unquote(urllib.parse.urlparse(s).path))
+    if Path(s).exists() or not (_URL.match(s) or re.fullmatch(r'registry(:.*)?', s, re.I | re.S)): return Path(s)
+    raise ValueError(f"{option} {s}: lucid reads checkpoints from local files only (a path, or a file:// URL), each through its "
+                     "safe reader; download the file yourself and give its path")
 
 def _torch_allows(name:str)->bool:
     try: from torch._weights_only_unpickler import _get_allowed_globals; return name in _get_allowed_globals()
@@ -99,10 +133,27 @@ class _SafeGlobals:
     def __exit__(self, *exc):
         torch.serialization.clear_safe_globals(); torch.serialization.add_safe_globals(self.before)
 
+def _archive_kind(p:Path)->str:
+    "'torch' (a PyTorch zip archive: its first member is `data.pkl`), 'zip' (another zip file), 'pickle' (a bare pickle, or a legacy torch file), or 'other', from the file's first bytes."
+    with open(p, 'rb') as f: head = f.read(30)
+    if head[:4] == b'PK\x03\x04' and len(head) == 30:
+        with open(p, 'rb') as f: f.seek(30); first = f.read(struct.unpack('<H', head[26:28])[0])
+        return 'torch' if first.endswith(b'data.pkl') else 'zip'
+    return 'pickle' if head[:1] == b'\x80' else 'other'
+
+def _intact(p:Path)->bool:
+    "Whether the zip archive `p` opens and every member's bytes match the CRC-32 written with it (torch does not check them)."
+    try:
+        with zipfile.ZipFile(p) as z: return z.testzip() is None
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError): return False
+
 def safe_load(path, option:str='--model.weights'):
-    "A checkpoint read with `torch.load(weights_only=True)` on the CPU; Ultralytics' classes become `StandIn`s; a pickle that would call anything else is refused (`UnsafeCheckpoint`); a file that is no checkpoint, or a truncated or corrupt one (`check_hashes`), is a one-line `ValueError`."
-    p = Path(path)
+    "A checkpoint read with `torch.load(weights_only=True)` on the CPU; Ultralytics' classes become `StandIn`s; a pickle that would call anything else is refused (`UnsafeCheckpoint`); a file that is no checkpoint is a one-line `ValueError`, a damaged one (any damage) one `CorruptCheckpoint` line."
+    p = local_file(path, option)
     if not p.is_file(): raise FileNotFoundError(f"{option} {p}: {'a folder, not a file' if p.is_dir() else 'no such file'}")
+    kind = _archive_kind(p)
+    if kind in ('zip', 'other'): raise ValueError(f"{option} {p} is not a checkpoint ({'a zip file' if kind == 'zip' else 'not'} a PyTorch archive)")
+    if kind == 'torch' and not _intact(p): raise corrupt(p, option)   # a member changed, the directory damaged, the file cut short
     names = pickle_globals(p)
     ultra = any(n.startswith('ultralytics.') for n in names)
     stand = [n for n in names if ultra and n.startswith(STAND_IN_MODULES)]
@@ -113,22 +164,22 @@ def safe_load(path, option:str='--model.weights'):
     if bad := [n for n in names if n not in stand and not _torch_allows(n)]: raise refuse(bad)
     try:
         with _SafeGlobals([stand_in(n) for n in stand]): ckpt = torch.load(p, map_location='cpu', weights_only=True)
-    except pickle.UnpicklingError as e:   # a name `pickletools` could not see (an odd pickle): torch's allow-list caught it
-        if 'global' in str(e).lower(): raise refuse([str(e).splitlines()[0][:200]]) from None
-        err = e
-    except Exception as e: err = e
-    else: return check_hashes(ckpt, p, option)   # `lucid`'s own checkpoints carry their hashes
-    with open(p, 'rb') as f: magic = f.read(4)
-    why = ('is not a checkpoint (not a PyTorch archive)' if magic != b'PK\x03\x04' else
-           f'is truncated ({p.stat().st_size} bytes, the archive has no end): an interrupted copy?' if not zipfile.is_zipfile(p)
-           else f'is damaged or was not written by lucid ({type(err).__name__})')
-    raise ValueError(f"{option} {p} {why}") from err
+    except pickle.UnpicklingError as e:   # torch's allow-list caught a name the scan did not see: named, torch's advice left out
+        if 'global' not in str(e).lower(): raise ValueError(f"{option} {p} is not a checkpoint torch can read ({type(e).__name__})") from None
+        raise refuse([m[1] if (m := re.search(r'GLOBAL ([\w.]+)', str(e))) else HIDDEN]) from None
+    except Exception as e: raise ValueError(f"{option} {p} is not a checkpoint torch can read ({type(e).__name__})") from None
+    return check_hashes(ckpt, p, option)   # `lucid`'s own checkpoints carry their hashes
 
 # %% ../nbs/03a_weights.ipynb #ffd4cf35
 CHECKED_PARTS = ('state_dict', 'optimizer_states', 'lr_schedulers')   # a checkpoint's training state: what its stored hashes cover
 HASH_KEY = 'lucid_sha256'   # where a checkpoint `lucid` wrote keeps them: {part: sha256}
 
-class CorruptCheckpoint(ValueError): "A checkpoint whose contents no longer match the hashes stored in it when it was written."
+class CorruptCheckpoint(ValueError): "A checkpoint whose bytes changed after it was written: its archive's CRCs, or the hashes stored in it, no longer match."
+
+def corrupt(path, option:str='--ckpt_path')->CorruptCheckpoint:
+    "The one line of every damaged checkpoint, whatever the damage: a tensor, `data.pkl`, the zip directory, a copy cut short."
+    return CorruptCheckpoint(f"{option} {path} is corrupt: its bytes changed after it was written (a disk error, or a copy that "
+                             "failed or was cut short); use another checkpoint of the run, or copy it again from where it was written")
 
 def _digest(x)->str|None:
     try: return digest(x)
@@ -142,10 +193,7 @@ def check_hashes(ckpt, path, option:str='--ckpt_path'):
     "`ckpt` when the hashes stored in it match its contents, or when it stores none; else `CorruptCheckpoint`."
     stored = ckpt.get(HASH_KEY) if isinstance(ckpt, dict) else None
     if not isinstance(stored, dict): return ckpt   # written before, or by another program
-    if bad := [k for k, h in stored.items() if k in ckpt and _digest(ckpt[k]) != h]:
-        raise CorruptCheckpoint(f"checkpoint {path} is corrupt: its stored hash of {' and '.join(bad)} does not match "
-                                f"what was read ({option}): the file changed after it was written (a disk or copy error); "
-                                "use another checkpoint of the run, or copy it again from where it was written")
+    if any(k in ckpt and _digest(ckpt[k]) != h for k, h in stored.items()): raise corrupt(path, option)
     return ckpt
 
 # %% ../nbs/03a_weights.ipynb #c0a194b9
@@ -160,6 +208,20 @@ def flip_a_tensor_byte(src, dst)->Path:
         f.seek(at); b = f.read(1); f.seek(at); f.write(bytes([b[0] ^ 0x10]))
     return Path(dst)
 
+DAMAGE = ('a tensor byte', 'a data.pkl byte', 'the zip directory', 'cut short')   # what `damaged_copy` can do to an archive
+
+def damaged_copy(src, dst, damage:str)->Path:
+    "A copy of the torch archive `src` with one of `DAMAGE` done to it (for tests)."
+    if damage == 'a tensor byte': return flip_a_tensor_byte(src, dst)
+    b = bytearray(Path(src).read_bytes())
+    with zipfile.ZipFile(src) as z:
+        pkl, cd = next(i for i in z.infolist() if i.filename.endswith('data.pkl')), z.start_dir
+    if damage == 'a data.pkl byte': b[pkl.header_offset + 30 + len(pkl.filename.encode()) + len(pkl.extra) + pkl.file_size // 2] ^= 0x10
+    elif damage == 'the zip directory': b[cd] ^= 0x10   # the first central-directory record's signature
+    elif damage == 'cut short': b = b[:len(b) // 2]
+    else: raise ValueError(f"damage {damage!r}: one of {DAMAGE}")
+    Path(dst).write_bytes(bytes(b)); return Path(dst)
+
 # %% ../nbs/03a_weights.ipynb #7dbaa054
 @dataclass
 class Weights:
@@ -172,11 +234,28 @@ class Weights:
     names:list|None = None  # class names the file carries (never used for training: those come from the data)
     ckpt:dict = field(default_factory=dict, repr=False)   # a lucid checkpoint's dict (hyper_parameters, lucid)
     extra:list = field(default_factory=list)              # file keys with no tensor of ours
-    task:str = 'segment'    # the network's task (`00c_tasks`)
+    task:str = 'segment'    # the network's task: a lucid task (`00c_tasks`), or an Ultralytics file's other one ('pose', 'obb', ...: `ultralytics_task`)
+    train_imgsz:int|None = None                           # the image size an Ultralytics file was trained at (its `train_args`)
+    @property
+    def rules(self)->str:
+        "The inference rules the file's network predicts and validates by (`00b_core`): a `.pt`'s are Ultralytics'; a lucid checkpoint's are the ones it records (`lucid` where it records none)."
+        return 'ultralytics' if self.kind == 'ultralytics' else check_rules((self.ckpt.get('lucid') or {}).get('rules', 'lucid'))
+    @property
+    def imgsz(self)->int:
+        "The image size the network was trained at: predicting and validating take it unless another is asked for (640 where the file does not say)."
+        return int(self.train_imgsz or (self.ckpt.get('lucid') or {}).get('imgsz') or 640)
     @property
     def title(self)->str:
-        name = f"Ultralytics {get_task(self.task).title(self.scale)}" if self.kind == 'ultralytics' else f"lucid {self.scale} {self.task}"
-        return f"{name}, {self.num_classes} classes"
+        if self.kind != 'ultralytics': return f"lucid {self.scale}{'' if self.task == 'segment' else ' ' + self.task}, {self.num_classes} classes"
+        name = get_task(self.task).title(self.scale) if self.task in TASKS else f"YOLO11{self.scale}, a {self.task} model"
+        return f"Ultralytics {name}, {self.num_classes} classes"
+    def check_lucid_task(self, option:str='--model.weights'):
+        "A one-line error unless the file's network is of a task lucid has (`TASKS`): only `fit` may start from another task's file (its backbone, neck, box and class branches)."
+        if self.task not in TASKS:
+            raise ValueError(f"{option} {self.path} is an Ultralytics YOLO11{self.scale} {self.task} model, neither a segmentation nor a detection "
+                             f"one: lucid has no {self.task} branch, so it cannot predict, validate or test with it; give a YOLO11 detect "
+                             f"or -seg file (yolo11{self.scale}.pt, yolo11{self.scale}-seg.pt), or train from its backbone and neck with "
+                             f"lucid fit --model.weights {self.path}")
     @property
     def classes(self)->tuple[list,list]:
         "(COCO category ids, names) of the file's classes, as predicting with it reports them: a lucid checkpoint's own; else ids 0..K-1 and the names the file carries."
@@ -189,8 +268,8 @@ class Weights:
             raise ValueError(f"--model.weights {self.path} holds a size {self.scale} network ({self.title}), and --model.size "
                              f"is {size}: give --model.size {self.scale}, or leave it out to take the file's")
     def check_task(self, task:str, backbone:bool=False):
-        "A one-line error unless the file's network is of task `task` (`--model.task`), or only its backbone and neck are taken (`backbone`)."
-        if backbone or self.task == get_task(task).name: return
+        "A one-line error unless the file's network is of task `task` (`--model.task`), or only its backbone and neck are taken (`backbone`), or it is of a task lucid has not (a start for `fit`: `check_lucid_task`)."
+        if backbone or self.task == get_task(task).name or self.task not in TASKS: return
         raise ValueError(f"--model.weights {self.path} holds a {self.task} network ({self.title}), and --model.task is {task}: "
                          f"give --model.task {self.task}, or leave it out to take the file's; to start a {task} model's backbone "
                          "and neck from it, fit with --model.weights_backbone true")
@@ -230,9 +309,19 @@ def weights_read(w:Weights|None):
     finally:
         if key is not None: _read_ahead.pop(key, None)
 
+UL_TASKS = ('Segment', 'Pose', 'OBB', 'Classify', 'Detect')   # Ultralytics' head classes (Segment, Pose and OBB heads are Detect heads too)
+
+def ultralytics_task(net:StandIn)->str:
+    "The task of a pickled Ultralytics model: by its head's class (`Segment`, `YOLOESegment`... → 'segment'), else by its `task` record."
+    layers = list((vars(vars(net).get('_modules', {}).get('model') or StandIn()).get('_modules') or {}).values())
+    head = type(layers[-1]).__qualname__ if layers and isinstance(layers[-1], StandIn) else ''
+    if (t := next((t for t in UL_TASKS if t in head), None)): return t.lower()
+    t = vars(net).get('task') or (vars(net).get('args') or {}).get('task')
+    return t if isinstance(t, str) else 'unknown'
+
 def read_weights(path, option:str='--model.weights')->Weights:
-    "The network weights of an Ultralytics YOLO11-seg checkpoint or a `lucid` checkpoint, read by `safe_load`."
-    p = Path(path)
+    "The network weights of an Ultralytics YOLO11 checkpoint (a segmentation one, or another task's for its backbone and neck) or a `lucid` checkpoint, read by `safe_load`."
+    p = local_file(path, option)
     if (w := _read_ahead.get(p.resolve())) is not None: return w
     ckpt = safe_load(p, option)
     if isinstance(ckpt, dict) and isinstance(ckpt.get('state_dict'), dict):   # a lucid (Lightning) checkpoint
@@ -246,31 +335,28 @@ def read_weights(path, option:str='--model.weights')->Weights:
     net = (ckpt.get('ema') or ckpt.get('model')) if isinstance(ckpt, dict) else None
     if not isinstance(net, StandIn):
         raise ValueError(f"{option} {p}: neither a lucid checkpoint nor an Ultralytics one (no 'state_dict', no 'model' network)")
-    task = ultralytics_task(net, option, p)
-    raw = module_tensors(net)
-    state = {lucid_key(k): v.float() for k, v in raw.items() if lucid_key(k)}
-    extra = [k for k in raw if not lucid_key(k)]
+    raw, task = module_tensors(net), ultralytics_task(net)
+    if any(k.endswith('.conv.weight') for k in raw) and not any('.bn.' in k for k in raw):
+        raise ValueError(f"{option} {p} is a fused Ultralytics model (its BatchNorm folded into the convolutions, as model.fuse() "
+                         "leaves it): lucid reads unfused weights only, whose BatchNorm layers it trains and averages apart; give "
+                         "the file Ultralytics' training saved (best.pt, last.pt, or the released yolo11n-seg.pt)")
+    own = lambda k: (m := lucid_key(k)) and (task == 'segment' or not m.startswith(('head.coef.', 'head.proto.')))   # another task's third branch (keypoints, angles) is no mask branch
+    state, extra = {lucid_key(k): v.float() for k, v in raw.items() if own(k)}, [k for k in raw if not own(k)]
     cls = state.get('head.cls.0.2.weight')
     K = cls.shape[0] if cls is not None else len(_names(vars(net).get('names')) or []) or 80
     scale = infer_scale(state, K)
     if scale is None:
         said = (vars(net).get('yaml') or {}).get('scale') if isinstance(vars(net).get('yaml'), dict) else None
         first = raw.get('model.0.conv.weight')
-        raise ValueError(f"{option} {p}: not a YOLO11-seg network of size {', '.join(SCALES)} (lucid's sizes): its backbone "
-                         f"and neck fit none of them ({len(raw)} tensors, first convolution "
+        raise ValueError(f"{option} {p}: not a YOLO11 network of size {', '.join(SCALES)} (lucid's sizes){f', a {task} model' if task != 'segment' else ''}: "
+                         f"its backbone and neck fit none of them ({len(raw)} tensors, first convolution "
                          f"{tuple(first.shape) if first is not None else 'missing'}{f', the file says scale {said!r}' if said else ''})")
-    return Weights(state, scale, int(K), 'ultralytics', p, _names(vars(net).get('names')), extra=extra, task=task)
+    args = ckpt.get('train_args') if isinstance(ckpt.get('train_args'), dict) else vars(net).get('args')
+    size = args.get('imgsz') if isinstance(args, dict) else None
+    return Weights(state, scale, int(K), 'ultralytics', p, _names(vars(net).get('names')), extra=extra,
+                   train_imgsz=size if isinstance(size, int) and size > 0 else None, task=task)
 
-def ultralytics_task(net:StandIn, option:str, p:Path)->str:
-    "The task of an Ultralytics network, by the class of its last layer (`Segment`, `Detect`); another head is a one-line error."
-    layers = vars(vars(net).get('_modules', {}).get('model', net)).get('_modules') or {}
-    head = type(list(layers.values())[-1]).__qualname__ if layers else None
-    by_head = {t.ultralytics: t.name for t in TASKS.values()}
-    if head in by_head: return by_head[head]
-    raise ValueError(f"{option} {p}: an Ultralytics network whose head is {head or 'missing'}; lucid reads YOLO11 "
-                     f"{' and '.join(by_head)} networks ({', '.join(TASKS)})")
-
-# %% ../nbs/03a_weights.ipynb #cd6ba0a5
+# %% ../nbs/03a_weights.ipynb #163a09d8
 def _modules_of(keys:list)->str:
     "Module names of tensor keys, a head branch's levels folded: `head.cls.{0,1,2}.2`."
     groups = {}
@@ -280,6 +366,9 @@ def _modules_of(keys:list)->str:
         groups.setdefault(key, []).append(lvl)
     return ', '.join(f"{a}.{{{','.join(l)}}}.{b}" if l[0] is not None and len(l) > 1 else
                      f"{a}.{l[0]}.{b}" if l[0] is not None else a for (a, b), l in groups.items())
+
+PARTS = {'backbone': 'backbone', 'neck': 'neck', 'head.box': 'box branch', 'head.cls': 'class branch',
+         'head.coef': 'mask-coefficient branch', 'head.proto': 'mask prototypes'}   # the network's parts, as `TransferReport` names them
 
 @dataclass
 class TransferReport:
@@ -294,9 +383,21 @@ class TransferReport:
     @property
     def complete(self)->bool: return len(self.taken) == self.total
     @property
+    def parts(self)->dict:
+        "Each part of the network (`PARTS`) → 'loaded' (every tensor taken), 'fresh' (none) or 'partly loaded'."
+        taken, out = set(self.taken), {}
+        for k in (*self.taken, *self.differ, *self.missing):
+            part = next(p for p in PARTS if k.startswith(p + '.'))
+            out.setdefault(part, set()).add(k in taken)
+        return {p: 'loaded' if v == {True} else 'fresh' if v == {False} else 'partly loaded' for p in PARTS if (v := out.get(p))}
+    @property
     def line(self)->str:
         w, s = self.weights, f"weights: {len(self.taken)} of {self.total} tensors taken from {self.weights.path} ({self.weights.title})"
         if self.complete: return s + "; all of them"
+        if w.task != 'segment':   # another task's file: which parts of the network it gave, in words, first
+            by = {}
+            for p, how in self.parts.items(): by.setdefault(how, []).append(PARTS[p])
+            s += ''.join(f"; {how}: {', '.join(ps)}" for how in ('loaded', 'partly loaded', 'fresh') if (ps := by.get(how)))
         why = []
         if self.differ:
             cls = f"{w.num_classes} classes in the file, {self.num_classes} here" if w.num_classes != self.num_classes else "another shape in the file"
@@ -357,11 +458,29 @@ def _ul_name(m:nn.Module)->str:
 def _tree(m:nn.Module)->StandIn:
     return _record(m, _ul_name(m), {k: _tree(c) for k, c in m.named_children()})
 
-def write_ultralytics_layout(net:nn.Module, path)->Path:
-    "Write a `yolo` network as Ultralytics lays out and pickles a stripped YOLO11-seg (or YOLO11 detect) checkpoint (fp16), for tests."
+def _fuse(rec:StandIn):
+    "Fold every `bn` of the record tree into the `conv` beside it, as Ultralytics' `model.fuse()` does (a bias added, the `bn` gone)."
+    mods = vars(rec)['_modules']
+    if 'conv' in mods and 'bn' in mods:
+        c, b = vars(mods['conv'])['_parameters'], {**vars(mods['bn'])['_parameters'], **vars(mods['bn'])['_buffers']}
+        scale = b['weight'].float() / (b['running_var'].float() + 1e-3).sqrt()
+        c['bias'] = nn.Parameter((b['bias'].float() - b['running_mean'].float() * scale).half(), requires_grad=False)
+        c['weight'] = nn.Parameter((c['weight'].float() * scale.view(-1, 1, 1, 1)).half(), requires_grad=False)
+        del mods['bn']
+    for sub in mods.values(): _fuse(sub)
+
+def write_ultralytics_layout(net:nn.Module, path,
+                             task:str|None=None, # None: the network's own; 'detect' (no mask branch), 'pose' (17 keypoints in the third branch, no prototypes)
+                             fused:bool=False,   # BatchNorm folded into the convolutions, as `model.fuse()` leaves a model
+                            )->Path:
+    "Write a `yolo` network as Ultralytics lays out and pickles a stripped YOLO11 checkpoint of `task` (fp16), for tests."
     import sys, types
-    task = get_task(net.config.get('task'))
+    task = task or get_task(net.config.get('task')).name
     sd = {ultralytics_key(k): v.detach().half() if v.is_floating_point() else v.detach() for k, v in net.state_dict().items()}
+    if task == 'pose':   # the third branch predicts 17 keypoints (x, y, visibility): 51 channels, not the 32 mask coefficients
+        for i in range(3):
+            w = sd[f'model.23.cv4.{i}.2.weight']
+            sd[f'model.23.cv4.{i}.2.weight'], sd[f'model.23.cv4.{i}.2.bias'] = torch.zeros(51, *w.shape[1:]).half(), torch.zeros(51).half()
     layers = {}
     for i in range(24):
         if i in (11, 14): layers[str(i)] = _record(nn.Upsample(), 'torch.nn.modules.upsampling.Upsample', {})
@@ -377,17 +496,21 @@ def write_ultralytics_layout(net:nn.Module, path)->Path:
         for k, sub in d['_modules'].items(): fill(sub, f'{pre}{k}.')
     # the head's names: branches as Ultralytics names them, and its fixed DFL convolution
     head = layers['23']; hm = vars(head)['_modules']
-    vars(head)['_modules'] = {UL_HEAD_NAMES.get(k, k): v for k, v in hm.items()}
+    drop = {'segment': (), 'detect': ('coef', 'proto'), 'pose': ('proto',)}[task]
+    vars(head)['_modules'] = {UL_HEAD_NAMES.get(k, k): v for k, v in hm.items() if k not in drop}
+    if task != 'segment':   # the head's own class: `Detect`, `Pose`
+        new = stand_in(f"ultralytics.nn.modules.head.{task.capitalize()}")(); vars(new).update(vars(head)); layers['23'] = head = new
     dfl_conv = nn.Conv2d(16, 1, 1, bias=False)
     vars(head)['_modules']['dfl'] = _record(nn.Module(), 'ultralytics.nn.modules.block.DFL',
                                             {'conv': _record(dfl_conv, 'torch.nn.modules.conv.Conv2d', {})})
     sd['model.23.dfl.conv.weight'] = torch.arange(16.).view(1, 16, 1, 1).half()
     seq = _record(nn.Module(), 'torch.nn.modules.container.Sequential', layers)
-    model = _record(nn.Module(), f"ultralytics.nn.tasks.{'SegmentationModel' if task.masks else 'DetectionModel'}", {'model': seq})
+    model = _record(nn.Module(), f"ultralytics.nn.tasks.{dict(segment='Segmentation', detect='Detection', pose='Pose')[task]}Model", {'model': seq})
     for i, rec in layers.items(): fill(rec, f'model.{i}.')
+    if fused: _fuse(model)
     s = net.config.get('scale', 'n')
     vars(model).update(yaml={'nc': net.head.num_classes, 'scale': s}, names={i: f'class{i}' for i in range(net.head.num_classes)},
-                       args={'task': task.name, 'imgsz': 640}, stride=torch.tensor([8., 16., 32.]), task=task.name)
+                       args={'task': task, 'imgsz': 640}, stride=torch.tensor([8., 16., 32.]), task=task)
     # pickle needs each class importable by its name: empty modules of those names, for the length of the save
     classes = {type(r) for r in _walk(model)}
     added, replaced = {}, []
@@ -402,7 +525,7 @@ def write_ultralytics_layout(net:nn.Module, path)->Path:
     try:
         torch.save({'date': '2025-01-01T00:00:00', 'version': 'lucid layout', 'license': 'AGPL-3.0 License', 'docs': '',
                     'epoch': -1, 'best_fitness': None, 'model': model, 'ema': None, 'updates': None, 'optimizer': None,
-                    'train_args': {'task': task.name, 'imgsz': 640}, 'train_metrics': {}, 'train_results': {}}, path)
+                    'train_args': {'task': task, 'imgsz': 640}, 'train_metrics': {}, 'train_results': {}}, path)
     finally:
         for mod, name, was in reversed(replaced):
             if was is replaced: delattr(mod, name)

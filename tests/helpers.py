@@ -60,11 +60,39 @@ class WaitAtSetup(Callback):
 
 
 class FullDisk(Callback):
-    "Every checkpoint write from epoch `$FULL_DISK_EPOCH` (default 0) on fails with ENOSPC, as on a disk that fills up."
+    """Every checkpoint write from epoch `$FULL_DISK_EPOCH` (default 0) on fails with ENOSPC part-way, as on a disk that
+    fills up: torch reports it as '[enforce fail at inline_container.cc] unexpected pos', the OSError its context. The
+    free space the writer measures is `$FREE_MB` MB."""
     def on_train_epoch_start(self, trainer, module):
         import errno, lucid_nb.runs as runs
         if trainer.current_epoch < int(os.environ.get('FULL_DISK_EPOCH', '0')) or getattr(runs, '_full', False): return
+        class Full:   # takes 4 KB, then the disk is full
+            n = 0
+            def write(self, b):
+                self.n += len(b)
+                if self.n > 4096: raise OSError(errno.ENOSPC, 'No space left on device')
+                return len(b)
+            def flush(self): pass
         def fail(state, path):
             Path(path).parent.mkdir(parents=True, exist_ok=True); open(path, 'wb').close()   # made; nothing fits in it
-            raise OSError(errno.ENOSPC, 'No space left on device')
+            torch.save(state, Full())
         runs.write_checkpoint_file, runs._full = fail, True
+        if 'FREE_MB' in os.environ: runs.disk_free = lambda folder: int(os.environ['FREE_MB']) * 2**20
+
+
+class CheckpointTiming(Callback):
+    """Slows a checkpoint's copy to the host (`$SLOW_COPY` s, on the main thread) or its write (`$SLOW_WRITE` s, in the
+    writer's thread), and touches `$MARKERS/copying`, `$MARKERS/writing` as they start and `$MARKERS/stopping` when
+    the fit stops on an exception: a signal sent after a marker lands inside that stage."""
+    def setup(self, trainer, module, stage):
+        import threading, lucid_nb.runs as runs
+        marks, copy, write = Path(os.environ['MARKERS']), float(os.environ.get('SLOW_COPY', 0)), float(os.environ.get('SLOW_WRITE', 0))
+        apply, save = runs.apply_to_collection, runs.write_checkpoint_file
+        def slow_apply(*a, **k):
+            if copy and threading.current_thread() is threading.main_thread(): (marks / 'copying').touch(); time.sleep(copy)
+            return apply(*a, **k)
+        def slow_save(state, path):
+            (marks / 'writing').touch(); time.sleep(write); return save(state, path)
+        runs.apply_to_collection, runs.write_checkpoint_file = slow_apply, slow_save
+        self.marks = marks
+    def on_exception(self, trainer, module, exception): (self.marks / 'stopping').touch()

@@ -1,6 +1,7 @@
 """The console script (`lucid_nb.cli.main`): its exit (the status, `atexit` handlers and non-daemon threads as a normal exit has
 them), and the one line it gives for a broken config file and for out-of-range model options."""
-import subprocess, sys, textwrap
+import json, os, re, socket, subprocess, sys, textwrap
+from pathlib import Path
 
 import pytest
 
@@ -102,3 +103,94 @@ def test_batch_limits_are_counts_when_written_as_integers(tmp_path, given, means
     cli = cli_main([*tiny(tmp_path)[1:], '--config', str(cfg), '--trainer.limit_train_batches', given], run=False)
     for limit in (cli.trainer.limit_train_batches, cli.trainer.limit_val_batches):
         assert limit == means and type(limit) is type(means), (given, limit)
+
+
+# ---- every hint that names an option is a spelling the parser takes (issue 48) ----
+
+SAMPLE = {'CKPT': 'x.ckpt', 'DIR': '/tmp/elsewhere', 'N': '5'}   # the placeholders a hint may give for a value
+WORDS = {'and', 'or', 'on', 'to', 'with', 'for', 'if', 'the', 'a', 'in', 'from', 'of', 'is', 'at'}   # of the sentence, not a value
+NO_VALUE = {'--ckpt_path': 'x.ckpt', '--trainer.devices': '1', '--model.size': 'n', '--data.val_count': '8', '--data.val_images': 'images', '--data.val_annotations': 'val.json', '--model.weights': 'x.pt'}
+
+
+def hint_options(msg: str) -> list:
+    "The command-line words of the options `msg` names: each option, then its value (a sample for a placeholder or none)."
+    out = []
+    for m in re.finditer(r'(--[a-z_]+(?:\.[a-z_]+)*)(?:[ =]([^\s,;()]+))?', msg):
+        opt, v = m.group(1), m.group(2)
+        v = v.rstrip(':') if v and v.rstrip(':') not in WORDS else None
+        out += [opt, SAMPLE.get(v, v) if v else NO_VALUE[opt]]
+    return out
+
+
+def hints(tmp_path, monkeypatch) -> dict:
+    "The message of every hint that tells the user which option to give, made by the code that says it."
+    import types, torch
+    from pathlib import Path
+    from lucid_nb import loader
+    from lucid_nb.command import other_run_folder, refuse_earlier_run, refuse_resume_changes
+    from lucid_nb.runs import AtomicCheckpoint, acquire_run_lock
+    from lucid_nb.trainer import ddp_blocker
+    from lightning.pytorch.strategies import DDPStrategy
+    from lucid_nb.weights import Weights
+    from test_data import dm_for, make_coco
+    def said(f, *a, **k):
+        try: f(*a, **k)
+        except Exception as e: return str(e)
+        raise AssertionError(f'{f.__name__} said nothing')
+    run = tmp_path / 'runs' / 'lucid' / 'version_0'; (run / 'checkpoints').mkdir(parents=True); (run / 'metrics.csv').write_text('')
+    torch.save({'epoch': 0}, run / 'checkpoints' / 'last.ckpt'); (run.parent / 'version_1').mkdir()
+    (run / 'lucid.lock').write_text(json.dumps(dict(pid=os.getpid(), host=socket.gethostname())))   # a live run holds it
+    trainer = types.SimpleNamespace(state=types.SimpleNamespace(fn='fit'), ckpt_path=str(run / 'checkpoints' / 'last.ckpt'),
+                                    is_global_zero=False, max_epochs=1)
+    w = Weights({}, 'n', 3, 'ultralytics', Path('yolo11n.pt'), task='detect')
+    pose = Weights({}, 'n', 3, 'ultralytics', Path('yolo11n-pose.pt'), task='pose')
+    monkeypatch.setattr(loader, 'disk_free', lambda folder: 1)
+    coco = make_coco(tmp_path / 'coco')
+    return {
+        'lock': said(acquire_run_lock, run, other_run_folder(run)),
+        'lock, no logger': other_run_folder(run, logged=False),
+        'an earlier run': said(refuse_earlier_run, run, other_run_folder(run)),
+        'a complete run': said(AtomicCheckpoint().on_load_checkpoint, trainer, None, {'epoch': 0}),
+        'the cache fits nowhere': loader.fit_cache('disk', 10**12, tmp_path / 'cache')[1],
+        'another size': said(w.check_size, 's'),
+        'another task': said(w.check_task, 'segment'),
+        'a task lucid has not': said(pose.check_lucid_task),
+        'a changed optimiser on resume': said(refuse_resume_changes, {'lr': 0.05}, {'lr': 0.01}, {'lr'}),
+        'val_count': said(dm_for(coco, val_count=7).setup),
+        'one of a pair': said(dm_for, coco, val_images='x'),
+        'too few batches': said(few_batches(dm_for(coco, val_batch_size=2)).val_dataloader),
+        'not DDP': ddp_blocker(types.SimpleNamespace(world_size=2, strategy=object()), torch.nn.Linear(1, 1), 'fit'),
+        'predict on devices': ddp_blocker(types.SimpleNamespace(world_size=2, strategy=DDPStrategy()), torch.nn.Linear(1, 1), 'predict'),
+    }
+
+
+def few_batches(dm):
+    "`dm` set up, its validation split of 3 images for 4 processes (a SimpleNamespace trainer): too few batches for them."
+    import types, torch
+    dm.setup()
+    dm.trainer = types.SimpleNamespace(global_rank=3, world_size=4, max_epochs=1, state=types.SimpleNamespace(fn='validate'),
+                                       strategy=types.SimpleNamespace(root_device=torch.device('cpu')))
+    return dm
+
+
+def test_every_hint_is_a_spelling_the_parser_takes(tmp_path, monkeypatch, capsys):
+    """Each hint that names an option gives it as the parser takes it: `lucid fit` parses the hint's options (a placeholder's
+    sample value in their place). The lock's "give another --trainer.logger version" had none: `--trainer.logger.version v2`
+    alone is ~900 characters of parser error; the options it gives now put the run in the next free version folder."""
+    from lucid_nb.command import cli_main
+    said = hints(tmp_path, monkeypatch)
+    cli = cli_main(['--trainer.accelerator', 'cpu'], run=False)
+    cli.setup_parser(True, {}, {})   # the parser of `lucid fit|validate|...`, as the command has it
+    for what, msg in said.items():
+        words = hint_options(msg)
+        assert words, (what, msg)
+        try: cli.parser.parse_args(['fit', *words])
+        except SystemExit: pytest.fail(f"{what}: {msg!r}: `lucid fit {' '.join(words)}` is refused: {capsys.readouterr().err}")
+    lock = hint_options(said['lock'])
+    assert lock[:6] == ['--trainer.logger.save_dir', str(tmp_path / 'runs'), '--trainer.logger.name', 'lucid', '--trainer.logger.version', '2']
+    monkeypatch.chdir(tmp_path)
+    for base in ([], ['--config', str(Path(__file__).resolve().parent.parent / 'configs' / 'coco128-seg-n-cpu.yaml')]):
+        cli = cli_main(['--trainer.accelerator', 'cpu', *base, *lock[:6]], run=False)   # with or without a config that names the logger
+        assert Path(cli.trainer.log_dir) == tmp_path / 'runs' / 'lucid' / 'version_2'
+    cli = cli_main(['--trainer.accelerator', 'cpu', '--trainer.logger', 'false', *hint_options(said['lock, no logger'])], run=False)
+    assert Path(cli.trainer.default_root_dir) == Path(str(tmp_path / 'runs' / 'lucid' / 'version_0') + '-2')

@@ -144,6 +144,15 @@ def test_segmentation_refuses_box_labels_in_one_line_naming_the_task(ddata, tmp_
     assert 'give --model.task detect' in line
 
 
+def test_device_augmentation_is_refused_for_detection_in_one_line(ddata, tmp_path, monkeypatch, capsys):
+    "`--data.augment_on device` makes masks on the device: a detection run refuses it in one line, before anything is built."
+    assert lucid_main(monkeypatch, *tiny(tmp_path, *DETECT, '--data.dataset', str(ddata), '--data.augment_on', 'device')) == 2
+    err = capsys.readouterr().err
+    assert last_line(err) == ("lucid: error: augment_on='device' is for segmentation (it makes the masks on the device); task='detect' "
+                              "augments on the CPU: leave --data.augment_on out, or give cpu") and 'Traceback' not in err
+    assert not list(tmp_path.rglob('*.ckpt'))
+
+
 def test_lucid_data_reads_box_labels(ddata):
     r = subprocess.run([sys.executable, '-c', 'from lucid_nb.data import data_cli; data_cli()', '--dataset', str(ddata),
                         '--task', 'detect', '--imgsz', '64', '--batches', '1'], capture_output=True, text=True, cwd=ROOT)

@@ -12,6 +12,7 @@ import lucid_nb.command as command
 from lucid_nb.core import digest
 from test_data import _edit_json, dm_for, make_coco
 from test_faults_data import perfect_mask_map
+from helpers import lucid_main
 
 
 @pytest.fixture
@@ -134,6 +135,25 @@ def test_training_set_without_any_usable_annotation_is_refused(coco):
     with pytest.raises(ValueError, match='no training instance.*needs masks: polygons or RLE') as e:
         dm_for(coco).setup()
     assert 'bad segmentation' in str(e.value)
+
+
+@pytest.mark.parametrize('kept', ['none', 'crowd'])
+def test_validation_without_any_instance_is_refused(coco, tmp_path, monkeypatch, capsys, kept):
+    """Validation images without an annotation, or with only a crowd region: mAP is undefined there (COCOeval gives
+    -1, shown as 0.0000) and best.ckpt would be chosen on it. Refused in one line, exit 2; `predict` needs no annotation."""
+    imgs, ann = coco
+    _edit_json(ann, lambda d: d.update(annotations=[a for a in d['annotations'] if a['image_id'] < 50 or (kept == 'crowd' and a['iscrowd'])]))
+    want = r"no validation instance: none of the 3 validation images \(the last 3 images of annotations.json \(by file name\)\) has a usable annotation"
+    with pytest.raises(ValueError, match=want + r", so mAP is undefined there .* a larger --data.val_count"): dm_for(coco).setup()
+    dm = dm_for(coco); dm.setup('predict')
+    assert dm.val_image_ids == [50, 60, 70]
+    capsys.readouterr()
+    args = ['--trainer.accelerator', 'cpu', '--data.train_images', str(imgs), '--data.train_annotations', str(ann), '--data.val_count', '3',
+            '--data.imgsz', '64', '--data.batch_size', '2', '--trainer.max_epochs', '1', '--trainer.default_root_dir', str(tmp_path / 'runs')]
+    assert lucid_main(monkeypatch, 'fit', *args) == 2
+    err = [l for l in capsys.readouterr().err.splitlines() if l.strip()]
+    assert len(err) == 1 and err[0].startswith('lucid: error: no validation instance: none of the 3'), err
+    assert not (tmp_path / 'runs').exists() or not list((tmp_path / 'runs').rglob('*.ckpt'))
 
 
 # ---- a checkpoint of other categories ----

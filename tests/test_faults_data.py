@@ -282,3 +282,65 @@ def test_non_finite_annotation_is_bad_input(coco, caplog, fault, policy):
     where, *_ = dm.report.problems[0]
     assert 'annotation 2' in where and where.split()[0].endswith(('.jpg', '.png'))
     assert any(where in r.getMessage() and shown in r.getMessage() for r in caplog.records), caplog.text
+
+
+# ---- caches that never serve stale data (issue 48) ----
+
+def replace_keeping_size_and_mtime(path, new:bytes):
+    "Write `new` (as many bytes as `path` holds) into `path` and give it back its modification time, as `cp -p`, `rsync -a` and `tar x` do."
+    st = path.stat()
+    assert len(new) == st.st_size, (len(new), st.st_size)
+    path.write_bytes(new); os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def stored_png(a) -> bytes:
+    "A PNG of the pixels `a` without compression: its length depends on the image's size alone."
+    buf = io.BytesIO(); Image.fromarray(a).save(buf, 'PNG', compress_level=0); return buf.getvalue()
+
+
+@pytest.mark.parametrize('which', ['x_poly.png', 'b_train.png'], ids=['validation image', 'training image'])
+def test_disk_cache_sees_new_pixels_of_the_same_size_and_mtime(coco, tmp_path, which):
+    "An image replaced by another of its byte size, its mtime restored, is rebuilt: the next start uses the new pixels."
+    imgs, _ = coco
+    g = np.random.default_rng(5)
+    shape = np.asarray(Image.open(imgs / which)).shape
+    (imgs / which).write_bytes(stored_png(g.integers(0, 256, shape, dtype=np.uint8)))
+    run = lambda: ready(coco, cache='disk', cache_dir=str(tmp_path / 'cache'))
+    old = epoch_digests(run())
+    replace_keeping_size_and_mtime(imgs / which, stored_png(g.integers(0, 256, shape, dtype=np.uint8)))
+    want = epoch_digests(ready(coco, cache='ram'))   # decoded from the files as they are now
+    assert want != old
+    warm = run()
+    assert (warm.report.notes['disk cache rebuilt (stale)'], warm.report.notes['disk cache reused']) == (1, 6)
+    assert epoch_digests(warm) == want
+
+
+def test_disk_cache_is_reused_after_a_touch(coco, tmp_path):
+    "The same bytes with a new modification time (a `touch`, a plain copy) are reused: the content decides, not the clock."
+    imgs, _ = coco
+    run = lambda: ready(coco, cache='disk', cache_dir=str(tmp_path / 'cache'))
+    ref = epoch_digests(run())
+    for f in imgs.iterdir(): st = f.stat(); os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    warm = run()
+    assert warm.report.notes['disk cache reused'] == 7 and 'disk cache rebuilt (stale)' not in warm.report.notes
+    assert epoch_digests(warm) == ref
+
+
+def test_label_index_sees_an_edit_of_the_same_size_and_mtime(coco, tmp_path, monkeypatch):
+    "A JSON edited in place with its size and mtime kept (a box moved 5 px, a category renamed) is read again, not served from its index."
+    imgs, ann = coco
+    monkeypatch.setattr(loader, 'INDEX_MIN_BYTES', 0)
+    run = lambda: ready(coco, cache_dir=str(tmp_path))
+    first = run()
+    assert list(tmp_path.glob('*.labels.npz')) and first.class_names == ['car', 'cat', 'toothbrush']
+    box = first._train.records[0].instances[0].box
+    d = json.loads(ann.read_text())
+    a = next(a for a in d['annotations'] if a['id'] == 1)
+    a['bbox'][0] += 5; a['segmentation'][0][0::2] = [x + 5 for x in a['segmentation'][0][0::2]]   # 8 → 13 ...
+    d['categories'][1]['name'] = 'dog'
+    new = json.dumps(d, separators=(',', ':')).encode()   # shorter than the file: padded below
+    new = new[:-1] + b' ' * (ann.stat().st_size - len(new)) + new[-1:]   # as many bytes as before
+    replace_keeping_size_and_mtime(ann, new)
+    again = run()
+    assert again.class_names == ['car', 'dog', 'toothbrush']
+    assert again._train.records[0].instances[0].box == (box[0] + 5, box[1], box[2] + 5, box[3])   # xyxy: moved 5 px right

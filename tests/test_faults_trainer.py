@@ -1,7 +1,7 @@
 """Faults around a training run (issue 9, trainer side): checkpoints after every epoch, leftover temporary files,
 SIGTERM / Ctrl-C / kill -9 of a real `lucid` process and its exact resume, two runs in one folder, bad checkpoint
 files, options given with `--ckpt_path`, and user errors reported in one line with exit status 2."""
-import json, os, shutil, signal, socket, subprocess, sys, time
+import json, os, re, shutil, signal, socket, subprocess, sys, time
 from pathlib import Path
 
 import pytest
@@ -13,7 +13,7 @@ from lucid_nb.core import EMBEDDED_ANNOTATIONS, EMBEDDED_IMAGES
 from lucid_nb.command import cli_main
 from lucid_nb.predict import load as load_predictor
 from lucid_nb.runs import LOCK_NAME, read_checkpoint
-from lucid_nb.weights import HASH_KEY, flip_a_tensor_byte
+from lucid_nb.weights import DAMAGE, HASH_KEY, damaged_copy
 
 from helpers import LUCID, fit, hashes_only, lucid_main, tiny
 
@@ -78,9 +78,10 @@ class FullDisk(Callback):
 
 
 def test_a_failed_background_write_fails_the_fit(tmp_path, monkeypatch):
-    "The checkpoint writer's error stops the fit, naming the folder and its free space; the old file stays."
+    "The checkpoint writer's error stops the fit in one true line: the file, no space, the sizes, no checkpoint written; the old file stays."
     d = tmp_path / 'runs' / 'tiny' / 'v' / 'checkpoints'; d.mkdir(parents=True); (d / 'last.ckpt').write_bytes(b'previous')
-    with pytest.raises(OSError, match=r'writing a checkpoint into .*checkpoints failed: \[Errno 28\] No space left on device \(\d+ MB free there\)'):
+    with pytest.raises(OSError, match=r'writing best.ckpt into .*checkpoints failed: no space left on device: a checkpoint takes about \d+ MB, '
+                                      r'\d+ MB were free before the write; the fit stopped, no checkpoint was written$'):
         fit(tmp_path, callbacks=[FullDisk(monkeypatch)], epochs=1, version='v')
     assert (d / 'last.ckpt').read_bytes() == b'previous' and not (d / 'best.ckpt').exists() and not list(d.glob('*.tmp'))
     assert not (d.parent / 'state_hashes.json').exists()
@@ -197,7 +198,7 @@ def test_lock_released_after_an_error(tmp_path, monkeypatch, capsys):
 
 # ---- bad checkpoint files ----
 
-@pytest.mark.parametrize('kind, says', [('text', 'is not a checkpoint'), ('truncated', 'is truncated')])
+@pytest.mark.parametrize('kind, says', [('text', 'is not a checkpoint'), ('truncated', 'is corrupt')])
 def test_bad_checkpoint_file(reference, tmp_path, kind, says):
     bad = tmp_path / f'{kind}.ckpt'
     good = (ckpts(reference[1]) / 'last.ckpt').read_bytes()
@@ -218,6 +219,28 @@ def test_remote_checkpoint_is_refused_in_one_line(tmp_path, monkeypatch, capsys,
     assert 'download the file yourself' in last_line
 
 
+def test_one_path_rule_for_every_entry_point(reference, tmp_path, monkeypatch, capsys):
+    """`--ckpt_path`, `--model.weights`, `lucid_nb.load` and `export` name a checkpoint alike: a local file whatever its name
+    (Lightning's registry keyword is only `registry` or `registry:NAME`), a `file://` URL as its path, another URL refused."""
+    ckpt = tmp_path / 'registry_ok.ckpt'; shutil.copyfile(ckpts(reference[1]) / 'last.ckpt', ckpt)
+    for source in (str(ckpt), ckpt.as_uri()):
+        assert load_predictor(source).class_names
+        assert lucid_main(monkeypatch, *tiny(tmp_path, '--ckpt_path', source, sub='validate')) == 0
+        assert lucid_main(monkeypatch, *tiny(tmp_path, '--model.weights', source, sub='validate')) == 0
+        out = tmp_path / 'net.torchscript'; out.unlink(missing_ok=True)
+        assert lucid_main(monkeypatch, 'export', '--ckpt_path', source, '--format', 'torchscript', '--imgsz', '64', '--output', str(out)) == 0
+        assert out.is_file()
+    capsys.readouterr()
+    for source in ('https://example.invalid/last.ckpt', 'hf://org/model/last.ckpt', 'registry'):
+        for how in ('--ckpt_path', '--model.weights'):
+            assert lucid_main(monkeypatch, *tiny(tmp_path, how, source, sub='validate')) == 2
+            last = capsys.readouterr().err.strip().splitlines()[-1]
+            assert last.startswith(f'lucid: error: {how} {source}: lucid reads checkpoints from local files only'), last
+        assert lucid_main(monkeypatch, 'export', '--model.weights', source) == 2
+        assert f'--model.weights {source}: lucid reads checkpoints from local files only' in capsys.readouterr().err
+        with pytest.raises(ValueError, match=f'lucid_nb.load {source}: lucid reads checkpoints from local files only'): load_predictor(source)
+
+
 def test_file_url_is_read_as_its_path(reference, tmp_path, capsys):
     "A `file://` checkpoint goes through the same reading as a path: its options are taken, and Lightning gets the path."
     ckpt = ckpts(reference[1]) / 'best.ckpt'   # trained with max_det 20
@@ -236,6 +259,7 @@ def test_new_fit_into_a_finished_run_folder_is_refused(reference, tmp_path, monk
     last_line = capsys.readouterr().err.strip().splitlines()[-1]
     assert last_line.startswith(f'lucid: error: {run} holds an earlier run'), last_line
     assert f'--ckpt_path {run}/checkpoints/last.ckpt' in last_line
+    assert re.search(rf'--trainer.logger.save_dir {re.escape(str(root / "runs"))} --trainer.logger.name tiny --trainer.logger.version [1-9]\d*\) \(LUCID_DEBUG', last_line)
     assert {p: p.read_bytes() for p in run.rglob('*') if p.is_file()} == before
 
 
@@ -323,6 +347,30 @@ def test_ctrl_c_right_after_the_epoch_line_keeps_the_epoch(tmp_path, epoch):
     assert not (last.parent.parent / LOCK_NAME).exists()
 
 
+@pytest.mark.parametrize('when', ['during the copy', 'during the copy, three', 'while the stop waits for the write'])
+def test_a_second_ctrl_c_never_loses_a_printed_epoch(tmp_path, when):
+    """Ctrl-C at the epoch line, and again while that epoch's state is copied to the host (before its write is queued;
+    a third one too), or while the stop waits for its write: epoch 1 is in last.ckpt, and the stop line, said once the
+    write is done, names it. Before, the second Ctrl-C lost the epoch (\"no epoch had finished\") or the line came
+    before the file."""
+    marks = tmp_path / 'marks'; marks.mkdir()
+    slow = {'SLOW_WRITE': '3'} if 'write' in when else {'SLOW_COPY': '3'}
+    proc = start_lucid(tmp_path, '--trainer.callbacks', 'helpers.CheckpointTiming', env={'MARKERS': str(marks), **slow})
+    for line in proc.stdout:
+        if line.startswith('epoch 1/3'): proc.send_signal(signal.SIGINT); break
+    wait_for(marks / ('stopping' if 'write' in when else 'copying'), proc)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    if 'three' in when: time.sleep(0.3); proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=300)
+    last = ckpts(tmp_path / 'runs' / 'tiny' / 'v') / 'last.ckpt'
+    lines = [l for l in err.strip().splitlines() if l.startswith('lucid:')]
+    assert proc.returncode == 130, err[-3000:]
+    assert lines[-1].startswith('lucid: fit stopped by Ctrl-C before it finished;') and f'{last} holds epoch 1/3' in lines[-1], err[-3000:]
+    assert 'Traceback' not in err and 'before training started' not in err, err[-3000:]
+    assert load(last)['epoch'] == 0 and not list(last.parent.glob('*.tmp'))
+
+
 # ---- resuming into a run folder (issue 39) ----
 
 @pytest.fixture(scope='module')
@@ -338,7 +386,7 @@ def test_resuming_a_complete_run_is_refused(one_epoch, tmp_path, monkeypatch, ca
     last = ckpts(one_epoch) / 'last.ckpt'
     assert lucid_main(monkeypatch, *tiny(tmp_path, '--ckpt_path', str(last), epochs=1)) == 2
     last_line = capsys.readouterr().err.strip().splitlines()[-1]
-    assert last_line.startswith(f'lucid: error: --ckpt_path {last}: the run is complete: 1 epochs; raise `--trainer.max_epochs`'), last_line
+    assert last_line.startswith(f'lucid: error: --ckpt_path {last}: the run is complete: 1 epochs; give --trainer.max_epochs 2 or more'), last_line
     assert '--model.weights' in last_line
     assert not list(tmp_path.rglob('*.ckpt')) and not list(tmp_path.rglob('state_hashes.json'))
 
@@ -367,14 +415,18 @@ def test_last_ckpt_stays_the_newest_epoch_across_resumes_and_moves(one_epoch, tm
 
 @pytest.mark.parametrize('epoch', [0, 2], ids=['full from the start', 'full at the last epoch'])
 def test_full_disk_stops_the_fit_in_one_line(tmp_path, epoch):
-    "A checkpoint that cannot be written stops the fit at once, in one line naming the folder and its free space; no state hashes, no 'Results saved'."
-    proc = start_lucid(tmp_path, '--trainer.callbacks', 'helpers.FullDisk', env={'FULL_DISK_EPOCH': str(epoch)})
+    """A checkpoint that cannot be written (torch's '[enforce fail ...] unexpected pos', ENOSPC its context) stops the fit
+    at once, in one true line: no space, what a checkpoint takes and what was free before the write, what last.ckpt
+    holds (or that no checkpoint was written); no state hashes, no 'Results saved'."""
+    proc = start_lucid(tmp_path, '--trainer.callbacks', 'helpers.FullDisk', env={'FULL_DISK_EPOCH': str(epoch), 'FREE_MB': '5'})
     out, err = proc.communicate(timeout=300)
     run = tmp_path / 'runs' / 'tiny' / 'v'
     last_line = err.strip().splitlines()[-1]
     assert proc.returncode == 2, err[-3000:]
-    assert last_line.startswith(f'lucid: error: writing a checkpoint into {ckpts(run)} failed: [Errno 28] No space left on device ('), last_line
-    assert ' MB free there' in last_line and 'Traceback' not in err
+    held = f'last.ckpt holds epoch {epoch}' if epoch else 'no checkpoint was written'
+    assert re.fullmatch(rf"lucid: error: writing (best|last)\.ckpt into {re.escape(str(ckpts(run)))} failed: no space left on device: a checkpoint "
+                        rf"takes about \d+ MB, 5 MB were free before the write; the fit stopped, {held} \(LUCID_DEBUG=1 shows the traceback\)", last_line), last_line
+    assert 'Traceback' not in err and 'enforce fail' not in err and 'unexpected pos' not in err
     assert out.count('epoch ') == epoch + 1, out                     # no epoch trained after the failed write
     assert 'Results saved' not in out and not (run / 'state_hashes.json').exists()
     assert not list(ckpts(run).glob('*.tmp'))
@@ -437,16 +489,22 @@ def test_resume_into_a_new_folder_removes_the_old_folders_leftovers(one_epoch, t
     assert load(ckpts(tmp_path / 'runs' / 'tiny' / 'version_0') / 'last.ckpt')['epoch'] == 1
 
 
-def test_a_corrupt_checkpoint_is_one_line(one_epoch, tmp_path, monkeypatch, capsys):
-    "A checkpoint whose tensor bytes changed on disk (torch reads it without a word) is refused on every path; one that stores no hashes loads quietly."
+@pytest.mark.parametrize('damage', DAMAGE)
+def test_a_corrupt_checkpoint_is_one_line(one_epoch, tmp_path, monkeypatch, capsys, damage):
+    """A checkpoint damaged on disk — a tensor byte (torch reads it without a word), a `data.pkl` byte (a 15-frame
+    BadZipFile traceback), the zip directory, a copy cut short — is the same one line on every path, exit 2; one that
+    stores no hashes loads quietly."""
     good = ckpts(one_epoch) / 'last.ckpt'
-    bad = flip_a_tensor_byte(good, tmp_path / 'bad.ckpt')
-    assert load(bad)['epoch'] == load(good)['epoch']   # an archive torch still reads
-    says = f'checkpoint {bad} is corrupt: its stored hash of state_dict does not match'
-    with pytest.raises(ValueError, match=says): load_predictor(bad)
-    for args in (tiny(tmp_path, '--ckpt_path', str(bad), sub='validate'), tiny(tmp_path, '--model.weights', str(bad), epochs=1)):
+    bad = damaged_copy(good, tmp_path / 'bad.ckpt', damage)
+    if damage == 'a tensor byte': assert load(bad)['epoch'] == load(good)['epoch']   # an archive torch still reads
+    says = (f'{bad} is corrupt: its bytes changed after it was written (a disk error, or a copy that failed or was cut short); '
+            'use another checkpoint of the run, or copy it again from where it was written')
+    with pytest.raises(ValueError) as e: load_predictor(bad)
+    assert str(e.value) == f'lucid_nb.load {says}'
+    for how, args in (('--ckpt_path', tiny(tmp_path, '--ckpt_path', str(bad), sub='validate')),
+                      ('--model.weights', tiny(tmp_path, '--model.weights', str(bad), epochs=1))):
         assert lucid_main(monkeypatch, *args) == 2
-        last_line = capsys.readouterr().err.strip().splitlines()[-1]
-        assert last_line.startswith(f'lucid: error: {says}'), last_line
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err[-1] == f'lucid: error: {how} {says} (LUCID_DEBUG=1 shows the traceback)' and 'Traceback' not in '\n'.join(err), err
     old = load(good); old.pop(HASH_KEY); torch.save(old, tmp_path / 'old.ckpt')   # as written before the hashes were stored
     assert load_predictor(tmp_path / 'old.ckpt').class_names and capsys.readouterr().err == ''

@@ -132,6 +132,21 @@ def test_api_matches_lucid_predict(tmp_path, ckpt, folder, conf):
     assert_same_detections(cli, lucid_nb.load(ckpt), files)
 
 
+def test_predict_takes_conf_as_given(tmp_path):
+    """`lucid predict --model.conf 0.05` was raised to 0.25 without a word (a young model: "0 detections"); now the
+    threshold is taken as given, and one line says what it allows per image (`--model.max_det`). The model: a
+    YOLO11n-seg Ultralytics trained (`test_ultralytics_parity.py`), whose scores spread over (0, 1)."""
+    folder = tmp_path / 'images'; folder.mkdir()
+    for p in sorted(EMBEDDED_IMAGES.glob('*.jpg'))[-3:]: (folder / p.name).write_bytes(p.read_bytes())   # images it was trained on
+    args = ['--model.weights', str(Path(__file__).parent / 'fixtures' / 'yolo11n-seg-coco128.pt'), '--data.predict_images', str(folder)]
+    out = cli_predict(tmp_path / 'low', *args, '--model.conf', '0.05')
+    assert out.count('scores above 0.05 kept (below the default 0.25): up to 300 detections per image') == 1
+    low = json.loads((tmp_path / 'low' / 'out' / 'predict' / 'predictions.json').read_text())
+    assert 'scores above' not in cli_predict(tmp_path / 'default', *args)          # the default 0.25: no line
+    default = json.loads((tmp_path / 'default' / 'out' / 'predict' / 'predictions.json').read_text())
+    assert min(r['score'] for r in low) < 0.25 <= min(r['score'] for r in default) and len(low) > len(default)
+
+
 def test_api_matches_lucid_predict_with_ultralytics_weights(tmp_path, folder):
     """`lucid predict --model.weights yolo11n-seg.pt` took the classes of the default data (COCO ids 1..90, and a
     fresh head for a file of another class count); `lucid_nb.load` the file's own (ids 0..K-1): now both the file's."""
@@ -185,17 +200,20 @@ def test_export_round_trip(monkeypatch, tmp_path, ckpt, capsys, fmt):
     assert 'max abs difference vs PyTorch' in said and rel < 1e-4
 
 
-@pytest.mark.parametrize('case', ['imgsz', 'unwritable'])
+@pytest.mark.parametrize('case', ['imgsz', 'unwritable', 'image'])
 def test_export_options_are_checked_in_one_line(monkeypatch, tmp_path, ckpt, capsys, case):
-    "A size the network cannot tile and a file that cannot be written are one line each, before anything is built."
+    "A size the network cannot tile, a file that cannot be written and an image that cannot be read are one line each, before anything is built."
     (blocker := tmp_path / 'a-file').write_text('')
-    args = ['--imgsz', '100'] if case == 'imgsz' else ['--format', 'torchscript', '--output', str(blocker / 'model.torchscript')]
+    out = tmp_path / 'model.torchscript'
+    args = {'imgsz': ['--imgsz', '100'], 'unwritable': ['--format', 'torchscript', '--output', str(blocker / 'model.torchscript')],
+            'image': ['--format', 'torchscript', '--output', str(out), '--image', str(blocker)]}[case]
+    monkeypatch.setattr('lucid_nb.predict.export_model', lambda *a: pytest.fail('exported before the options were checked'))
     assert lucid_main(monkeypatch, 'export', '--ckpt_path', str(ckpt), *args) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    says = ('--imgsz 100: the input side must be a positive multiple of 32' if case == 'imgsz' else
-            f'lucid export: cannot write {blocker / "model.torchscript"}')
+    says = {'imgsz': '--imgsz 100: the input side must be a positive multiple of 32', 'unwritable': f'lucid export: cannot write {blocker / "model.torchscript"}',
+            'image': f'--image {blocker}: unreadable image'}[case]
     assert err[-1].startswith(f'lucid: error: {says}'), err
-    assert 'Traceback' not in '\n'.join(err)
+    assert 'Traceback' not in '\n'.join(err) and not out.exists()
 
 
 def test_predict_keeps_the_good_images_and_names_every_bad_one(monkeypatch, tmp_path, ckpt, folder, capsys):

@@ -578,3 +578,27 @@ def test_validation_batches_run_in_the_memory_the_whole_step_lends(tmp_path):
     assert report['step']['replayed_steps'] == 4
     assert backend.lent == batches.seen - batches.sanity > 0, (backend.lent, batches.seen, batches.sanity)
     assert isinstance(Recorder(backend=LendingEager(), step=True).lending(), contextlib.nullcontext)   # nothing recorded
+
+
+def test_whole_step_in_channels_last_order_equals_native():
+    "A network in channels-last memory order (`--model.channels_last`): the replayed step equals its native step, step by step."
+    import torch as T
+    cl = lambda: fresh_model().to(memory_format=T.channels_last)
+    assert all(p.is_contiguous(memory_format=T.channels_last) for p in cl().parameters() if p.dim() == 4)
+    batches = [synth_batch(B=2, S=64, K=4, seed=s) for s in range(3)]
+    traces_equal(train_trace(cl(), batches), train_trace(cl(), batches, StepRegion(backend=EagerGraphs())))
+
+
+def test_whole_step_with_the_largest_instance_count():
+    "Images of 100 instances each (13 groups an image) and of 1: the replayed step equals native, each set of shapes recorded once."
+    from lucid_nb.core import group_instances
+    def full(seed):   # every image holds M = 100 instances: its own, repeated
+        b = synth_batch(B=2, S=64, M=100, K=4, seed=seed, grouped=False)
+        idx = torch.arange(100)[None] % b['valid'].sum(1, keepdim=True)
+        per = [{k: b[k][i, j].numpy() for k in ('boxes', 'cls', 'masks')} for i, j in enumerate(idx)]
+        return dict(b, **{k: torch.from_numpy(v) for k, v in group_instances(per, 16).items()})
+    batches = [full(0), synth_batch(B=2, S=64, M=1, K=4, seed=1), full(2)]
+    assert batches[0]['owner'].tolist() == [0] * 13 + [1] * 13 + [0] * 2   # 26 groups, padded to 28
+    rec = StepRegion(backend=EagerGraphs())
+    traces_equal(train_trace(fresh_model(), batches), train_trace(fresh_model(), batches, rec))
+    assert (rec.replayed, rec.native, len(rec.seen)) == (3, 0, 2)

@@ -196,3 +196,12 @@ def test_labels_grid_is_drawn_from_fit_start(reference, tmp_path):
     save_jpeg(grid, tmp_path / 'labels.jpg')
     assert (run / 'val_batch_labels.jpg').read_bytes() == (tmp_path / 'labels.jpg').read_bytes()
     assert [im.shape for im in artifacts.labels.result()[0]] == [im.shape for im in images]
+
+
+def test_channels_last_fit(tmp_path):
+    "`--model.channels_last true`: the network and its EMA copy are channels-last, and the fit ends with its hashes and predictions."
+    import torch
+    cli, run, h = fit(tmp_path, '--model.channels_last', 'true', epochs=1)
+    for m in (cli.model.model, cli.model.ema.module):
+        assert all(p.is_contiguous(memory_format=torch.channels_last) for p in m.parameters() if p.dim() == 4)
+    assert {'all', 'model', 'ema', 'predictions'} <= set(h)

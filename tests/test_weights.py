@@ -116,6 +116,44 @@ def test_three_classes_take_every_tensor_that_fits(capsys):
     assert all(torch.equal(m.ema.module.state_dict()[k], v) for k, v in sd.items())   # the EMA starts there
 
 
+@pytest.fixture(scope='module', params=['pose'])
+def other_task(request, tmp_path_factory):
+    "An Ultralytics YOLO11n file of a task lucid has not (`yolo11n-pose.pt`), as its training saves it (a detection file is a detector: `test_detect.py`)."
+    torch.manual_seed(0)
+    return request.param, write_ultralytics_layout(yolo_seg('n'), tmp_path_factory.mktemp('task') / f'yolo11n-{request.param}.pt', task=request.param)
+
+
+def test_another_tasks_file_is_refused(other_task, tmp_path, monkeypatch, capsys):
+    "predict, validate, test, export and `lucid_nb.load` refuse a pose file in one line naming its task: lucid has no network of it."
+    task, f = other_task
+    says = f'{f} is an Ultralytics YOLO11n {task} model, neither a segmentation nor a detection one: lucid has no {task} branch'
+    with pytest.raises(ValueError, match=f'lucid_nb.load {says}'): lucid_nb.load(f)
+    for sub in ('validate', 'test', 'predict'):
+        assert lucid_main(monkeypatch, *tiny(tmp_path, '--model.weights', str(f), sub=sub)) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err[-1].startswith(f'lucid: error: --model.weights {says}'), err
+    assert lucid_main(monkeypatch, 'export', '--model.weights', str(f), '--output', str(tmp_path / 'x.onnx')) == 2
+    assert f'--model.weights {says}' in capsys.readouterr().err and not (tmp_path / 'x.onnx').exists()
+
+
+def test_fit_from_another_tasks_file_says_what_it_loaded(other_task, tmp_path, capsys):
+    "fit may start from a pose file: one line names the file's task and which parts were loaded and which start fresh."
+    task, f = other_task
+    cli, run, _ = fit(tmp_path, '--model.weights', str(f), epochs=1)
+    line = next(l for l in capsys.readouterr().err.splitlines() if 'tensors taken from' in l)
+    assert f'(Ultralytics YOLO11n, a {task} model, 80 classes); loaded: backbone, neck, box branch' in line, line
+    assert '; fresh: mask-coefficient branch, mask prototypes' in line and 'seg' not in line.split('tensors taken from')[1], line
+    w = read_weights(f)
+    start = LitYolo(num_classes=80, weights=str(f)).model.state_dict()   # where the fit started
+    assert all(torch.equal(start[k], w.state[k]) for k in start if k.startswith(('backbone.', 'neck.', 'head.box.', 'head.cls.')))
+    assert not any(k.startswith(('head.coef.', 'head.proto.')) for k in w.state)   # the third branch is no mask branch
+
+
+def test_fused_file_is_refused_with_the_reason(tmp_path):
+    f = write_ultralytics_layout(yolo_seg('n'), tmp_path / 'fused.pt', fused=True)
+    with pytest.raises(ValueError, match=r'fused.pt is a fused Ultralytics model \(its BatchNorm folded into the convolutions'): lucid_nb.load(f)
+
+
 def test_fit_from_ultralytics_takes_the_class_names_of_the_data(tmp_path, capsys):
     cli, run, _ = fit(tmp_path, '--model.weights', str(ULTRA), epochs=1)
     assert f'lucid: weights: 560 of 560 tensors taken from {ULTRA}' in capsys.readouterr().err
@@ -193,14 +231,23 @@ class Payload:
     def __reduce__(self): return (os.system, (f'touch {self.target}',))
 
 
-@pytest.fixture(params=['pt', 'ckpt'])
+def hidden_payload(target) -> bytes:
+    "A bare pickle whose callable `posix.system` is named by strings kept in its memo, after two harmless strings: a scan of the opcodes' arguments alone reads `collections.OrderedDict`."
+    s8 = lambda t: b'\x8c' + bytes([len(t)]) + t.encode()
+    return (b'\x80\x04' + s8('posix') + b'\x94' + s8('system') + b'\x94' + b'00' + s8('collections') + s8('OrderedDict') + b'00'
+            + b'h\x00h\x01\x93' + s8(f'touch {target}') + b'\x85R.')
+
+
+@pytest.fixture(params=['pt', 'ckpt', 'legacy', 'hidden'])
 def evil(request, tmp_path):
-    "A crafted file: a bare pickle (`.pt`) or a torch archive (`.ckpt`) whose loading would create `pwned`."
-    f, target = tmp_path / f'evil.{request.param}', tmp_path / 'pwned'
+    """A crafted file whose loading would create `pwned`: a bare pickle (`.pt`), a torch archive (`.ckpt`), torch's legacy
+    format (several pickles, then storages), or a pickle that hides its callable in its memo."""
+    f, target = tmp_path / f'evil-{request.param}.pt', tmp_path / 'pwned'
     obj = {'state_dict': {}, 'model': Payload(target)}
     if request.param == 'pt':
         with open(f, 'wb') as fh: pickle.dump(obj, fh)
-    else: torch.save(obj, f)
+    elif request.param == 'hidden': f.write_bytes(hidden_payload(target))
+    else: torch.save(obj, f, _use_new_zipfile_serialization=request.param == 'ckpt')
     return f, target
 
 
@@ -210,7 +257,8 @@ def test_evil_file_refused_by_the_cli(evil, how, tmp_path, monkeypatch, capsys):
     sub = 'fit' if how == '--model.weights' else 'validate'
     assert lucid_main(monkeypatch, *tiny(tmp_path, how, str(f), sub=sub)) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith(f'lucid: error: {how} {f}: refused: its pickle would call posix.system'), err
+    assert err[-1].startswith(f'lucid: error: {how} {f}: refused: its pickle would call posix.system, which no weights file needs'), err
+    assert 'weights_only' not in '\n'.join(err) and '\x1b' not in '\n'.join(err), err   # lucid's sentence, not torch's advice
     assert not target.exists()
 
 

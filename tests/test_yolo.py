@@ -173,8 +173,11 @@ def test_bad_names_are_one_error(tmp_path, names, msg):
 
 
 def test_missing_or_empty_label_file_is_background(tmp_path):
-    dm, recs = records(_tiny(tmp_path, {'t1': f'0 {SQUARE}\n1 {SQUARE}\n', 't2': '', 'v1': None}))
-    assert [len(recs[s].instances) for s in ('t1', 't2', 'v1')] == [2, 0, 0]
+    from PIL import Image
+    y = _tiny(tmp_path, {'t1': f'0 {SQUARE}\n1 {SQUARE}\n', 't2': '', 'v1': f'1 {SQUARE}\n'})
+    Image.fromarray(np.zeros((48, 64, 3), np.uint8)).save(tmp_path / 'images/train/t3.png')   # no label file
+    dm, recs = records(y)
+    assert [len(recs[s].instances) for s in ('t1', 't2', 't3', 'v1')] == [2, 0, 0, 1]
     assert dm.report.counts == {} and dm.report.notes['images without a label file (background)'] == 1
     assert dm.report.notes['images without annotations (kept as negatives)'] == 2
     assert recs['t1'].instances[0].box == pytest.approx((6.4, 4.8, 32., 24.))   # the polygon's extent in pixels
@@ -253,3 +256,23 @@ def test_oriented_image_is_read_as_displayed(tmp_path):
     dm, recs = records(y)
     assert recs['v1'].hw == (64, 48) and recs['v1'].instances[0].box == pytest.approx((24, 32, 48, 64))
     assert [(w, r) for w, r, _ in dm.report.problems] == [('v1.jpg', 'EXIF orientation applied')]
+
+
+@pytest.mark.parametrize('policy', ['skip', 'error'])
+def test_two_images_with_one_label_file_are_named(tmp_path, policy):
+    "`t1.png` and `t1.jpg` both read `t1.txt`: whose polygons they are cannot be told, so both are a named problem (skipped, or fatal)."
+    from PIL import Image
+    y = _tiny(tmp_path, {'t1': f'0 {SQUARE}\n', 't2': f'1 {SQUARE}\n', 'v1': f'0 {SQUARE}\n'})
+    Image.fromarray(np.zeros((48, 64, 3), np.uint8)).save(tmp_path / 'images/train/t1.jpg')
+    txt = tmp_path / 'labels/train/t1.txt'
+    if policy == 'error':
+        with pytest.raises(BadInputError, match=rf"t1.jpg: label file shared by several images \({txt} is also the label file of t1.png"):
+            records(y, on_bad_input='error')
+        return
+    dm, recs = records(y)
+    assert dm.report.counts == {'label file shared by several images': 2}
+    assert [w for w, *_ in dm.report.problems] == [str(tmp_path / 'images/train/t1.jpg'), str(tmp_path / 'images/train/t1.png')]
+    assert sorted(r.path.name for r in dm._train.records) == ['t2.png'] and 'none' not in str(dm.report).split('\n')[0]
+    for f in ('v9.jpg', 'v9.png'): (tmp_path / 'images/val' / f).write_bytes((tmp_path / 'images/train/t1.jpg').read_bytes())
+    dm, recs = records(y)   # a shared stem without a label file: two background images
+    assert dm.report.counts == {'label file shared by several images': 2} and len(dm._val.records) == 3
