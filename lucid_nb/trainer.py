@@ -108,7 +108,7 @@ class LitYolo(L.LightningModule):
         `--ckpt_path`). Every tensor whose shape fits is taken, the others (another class count) stay freshly
         initialised, and one line says which (`03a_weights`). The EMA starts from the loaded weights. A YOLO11 detect
         file (`yolo11n.pt`) is a detector's: its task must be this one's (`lucid` takes it when `--model.task` is not
-        given), unless `weights_backbone`.
+        given), unless `weights_backbone`. A pose or OBB file gives its backbone, neck, box and class branches.
     task : str
         segment (instance segmentation: boxes, classes and masks) or detect (object detection: boxes and classes).
     weights_backbone : bool

@@ -109,7 +109,7 @@ def test_batch_limits_are_counts_when_written_as_integers(tmp_path, given, means
 
 SAMPLE = {'CKPT': 'x.ckpt', 'DIR': '/tmp/elsewhere', 'N': '5'}   # the placeholders a hint may give for a value
 WORDS = {'and', 'or', 'on', 'to', 'with', 'for', 'if', 'the', 'a', 'in', 'from', 'of', 'is', 'at'}   # of the sentence, not a value
-NO_VALUE = {'--ckpt_path': 'x.ckpt', '--trainer.devices': '1', '--model.size': 'n', '--data.val_count': '8', '--data.val_images': 'images', '--data.val_annotations': 'val.json', '--model.weights': 'x.pt'}
+NO_VALUE = {'--ckpt_path': 'x.ckpt', '--trainer.devices': '1', '--model.size': 'n', '--data.val_count': '8', '--data.val_images': 'images', '--data.val_annotations': 'val.json', '--model.weights': 'x.pt', '--model.task': 'detect'}
 
 
 def hint_options(msg: str) -> list:
