@@ -46,3 +46,4 @@ def test_export_cells_counted_without_directives(tmp_path):
 def test_this_checkout_keeps_the_house_rules(monkeypatch):
     monkeypatch.chdir(ROOT)
     assert house.check_sidebar() == []
+    assert house.check_benchmarks() == []
