@@ -7,7 +7,6 @@ Docs: https://lucid-nb.github.io/lucid_nb/data.html.md"""
 # %% ../nbs/01d_data.ipynb #072e9fdf
 from __future__ import annotations
 import argparse, glob, os, sys, time
-from functools import partial
 from pathlib import Path
 from typing import Literal
 import numpy as np, torch, lightning as L
