@@ -47,3 +47,10 @@ def test_this_checkout_keeps_the_house_rules(monkeypatch):
     monkeypatch.chdir(ROOT)
     assert house.check_sidebar() == []
     assert house.check_benchmarks() == []
+
+
+def test_the_comparator_is_in_the_repository():
+    "The `ul` arms run `benchmarks/ultralytics_run.py`, not a copy of an outside tool kept out of git."
+    scripts = [p for p in (ROOT / 'benchmarks').iterdir() if p.suffix in ('.py', '.sh')]
+    assert [p.name for p in scripts if '.ulcmp' in p.read_text()] == []
+    for name in ('reference_run.py', 'scale.py'): assert "'ultralytics_run.py'" in (ROOT / 'benchmarks' / name).read_text()
