@@ -16,7 +16,6 @@ from lightning.fabric.utilities.rank_zero import rank_zero_only
 from PIL import Image
 from pycocotools import mask as mask_utils
 from pycocotools.coco import COCO
-from .core import *
 
 # %% auto #0
 __all__ = ['log', 'BAD_INPUT_POLICIES', 'ORIENTATION_TAG', 'ORIENTATIONS', 'IMAGE_SUFFIXES', 'DETECTION_LINE', 'BadInputError',

@@ -8,7 +8,6 @@ Docs: https://lucid-nb.github.io/lucid_nb/command.html.md"""
 from __future__ import annotations
 import contextlib, importlib.util, itertools, logging, os, re, shutil, signal, sys, threading, warnings
 from pathlib import Path
-import torch
 from lightning.pytorch.callbacks import Callback, ModelSummary, RichModelSummary
 from lightning.pytorch.cli import LightningCLI, LightningArgumentParser
 from lightning.pytorch.plugins.io import TorchCheckpointIO

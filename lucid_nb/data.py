@@ -7,7 +7,6 @@ Docs: https://lucid-nb.github.io/lucid_nb/data.html.md"""
 # %% ../nbs/01d_data.ipynb #072e9fdf
 from __future__ import annotations
 import argparse, glob, os, sys, time
-from functools import partial
 from pathlib import Path
 from typing import Literal
 import numpy as np, torch, lightning as L
@@ -41,11 +40,8 @@ def _check_options(o:dict):
     if o['threads'] is not None and o['threads'] < 1: raise ValueError(f"threads={o['threads']} must be at least 1 (or None: up to 8, the CPU count)")
     if o['val_batch_size'] is not None and o['val_batch_size'] < 1:
         raise ValueError(f"val_batch_size={o['val_batch_size']} must be at least 1 (or None: twice batch_size)")
-    for k in ('workers', 'close_mosaic', 'degrees', 'shear', 'hsv_h', 'hsv_s', 'hsv_v'):
+    for k in ('workers', 'close_mosaic'):   # the augmentation options are checked by `AugSettings` (its bounds)
         if o[k] < 0: raise ValueError(f"{k}={o[k]} must not be negative")
-    for k, hi in (('fliplr', 1), ('mosaic', 1), ('translate', .5)):
-        if not 0 <= o[k] <= hi: raise ValueError(f"{k}={o[k]} must be between 0 and {hi}")
-    if not 0 <= o['scale'] < 1: raise ValueError(f"scale={o['scale']} must be in [0, 1) (the zoom is drawn from 1 ± scale)")
     if o['dataset'] is not None and (coco := [k for k in _COCO_OPTIONS if o[k] is not None]):
         raise ValueError(f"dataset (an Ultralytics data.yaml) and {', '.join(coco)} (COCO files) both name the data: give one or the other")
     for a, b in (('train_images', 'train_annotations'), ('val_images', 'val_annotations')):
@@ -139,8 +135,9 @@ class YoloData(L.LightningDataModule):
                  augment_on:Literal['cpu', 'device']='cpu', seed:int=0, max_epochs:int|None=None, predict_images:str|None=None):
         super().__init__()
         _check_options(dict(locals()))
+        self.aug = AugSettings(fliplr=fliplr, degrees=degrees, translate=translate, scale=scale, shear=shear, mosaic=mosaic,
+                               hsv_h=hsv_h, hsv_s=hsv_s, hsv_v=hsv_v)
         self.save_hyperparameters()
-        self.aug = AugSettings(fliplr, degrees, translate, scale, shear, mosaic, hsv_h, hsv_s, hsv_v)
         self.report, self._train, self._val, self._json, self._val_coco, self._loaders = DataReport(on_bad_input), None, None, None, None, []
         self._disks = {}   # folder: DiskCache, shared by train and validation when they come from one JSON
         self._classes, self._predict, self._spec = None, None, None   # classes from `set_classes`; the `predict_images` dataset; the data.yaml read

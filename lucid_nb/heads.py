@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 import torch, torch.nn as nn
 from torch import Tensor
-from .core import *
 from .model import Backbone, Conv, DWConv, Neck, SegmentationModel, get_scale
 
 # %% auto #0

@@ -7,10 +7,9 @@ Docs: https://lucid-nb.github.io/lucid_nb/metrics.html.md"""
 # %% ../nbs/07b_metrics.ipynb #1817e8cd
 from __future__ import annotations
 import contextlib, copy, hashlib, io, itertools, json, math
-from pathlib import Path
 from fastcore.basics import patch
 import numpy as np
-import torch, torch.nn.functional as F
+import torch
 from torch import Tensor
 from pycocotools import mask as mask_utils
 from pycocotools.coco import COCO

@@ -6,10 +6,10 @@ Docs: https://lucid-nb.github.io/lucid_nb/runs.html.md"""
 
 # %% ../nbs/08b_runs.ipynb #12ca6a79
 from __future__ import annotations
-import concurrent.futures, contextlib, datetime, errno, hashlib, json, os, shutil, signal, socket, sys, threading, time, zipfile
+import concurrent.futures, contextlib, datetime, errno, hashlib, json, os, shutil, signal, socket, sys, threading, time
 from pathlib import Path
 from weakref import proxy
-import numpy as np, torch
+import torch
 import matplotlib.pyplot as plt
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO

@@ -15,7 +15,6 @@ from lightning.pytorch.callbacks import Callback, BasePredictionWriter, TQDMProg
 from lightning.pytorch.strategies import DDPStrategy
 from torch import nn, Tensor
 from fastcore.basics import patch
-from .core import *
 from .allocator import expandable_segments
 from .data import load_rgb
 from .model import SCALES

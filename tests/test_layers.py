@@ -4,8 +4,6 @@ and the notebooks sort in that order, so each can be read knowing only the ones 
 import ast, json, re
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parent.parent
 PKG = ROOT / 'lucid_nb'
 PACKAGE = 'lucid_nb'
