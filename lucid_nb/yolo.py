@@ -202,6 +202,10 @@ def yolo_coco(
         i = first_id + len(images)
         images.append(dict(id=i, file_name=str(f.relative_to(spec.root)) if f.is_relative_to(spec.root) else str(f), height=hw[0], width=hw[1]))
         anns += [dict(a, id=len(anns) + k, image_id=i) for k, a in enumerate(mine, 1)]
+    if not images and spec.skip_missing and not any(yolo_label_path(f).is_file() for f in files):
+        where = yolo_label_path(files[0]).parent
+        raise FileNotFoundError(f"{spec.path}: '{split}': no image has a label file in {where.relative_to(spec.root) if where.is_relative_to(spec.root) else where}/: "
+                                "put the labels there, or set skip_if_label_file_missing: false")
     return dict(images=images, annotations=anns, categories=[dict(id=k, name=n) for k, n in zip(spec.keys, spec.names)])
 
 # %% ../nbs/01a_yolo.ipynb #5f0721b5

@@ -369,11 +369,12 @@ BAD_YAML = {   # what is wrong: (data.yaml keys merged into the fixture's, what 
 }
 
 
-@pytest.mark.parametrize('case', BAD_YAML)
+@pytest.mark.parametrize('case', [*BAD_YAML, 'no label file at all'])
 def test_bad_data_yaml_is_one_short_line(tmp_path, case):
     "Each refusal is one line naming the data.yaml and what to change, at most 200 characters."
-    cfg, says = BAD_YAML[case]
+    cfg, says = BAD_YAML.get(case, ({}, "'test': no image has a label file in labels/test/: put the labels there, or set skip_if_label_file_missing: false"))
     y = gaps_copy(tmp_path, **cfg)
+    if case == 'no label file at all': shutil.rmtree(y.parent / 'labels/test')
     with pytest.raises((ValueError, FileNotFoundError)) as e: YoloData(dataset=str(y), imgsz=64, batch_size=2, prefetch=False).setup('test')
     msg = str(e.value)
     assert msg.startswith(f"{y}: ") and says in msg and '\n' not in msg and len(msg) <= 200, (len(msg), msg)
