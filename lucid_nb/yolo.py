@@ -6,7 +6,7 @@ Docs: https://lucid-nb.github.io/lucid_nb/yolo.html.md"""
 
 # %% ../nbs/01a_yolo.ipynb #916e45be
 from __future__ import annotations
-import math
+import difflib, math
 from dataclasses import dataclass, field
 from pathlib import Path
 import yaml
@@ -95,7 +95,9 @@ def load_data_yaml(path:str|Path)->YoloSpec:
     except (yaml.YAMLError, UnicodeDecodeError) as e: raise ValueError(f"{path}: not readable as YAML ({_yaml_problem(e)}): fix it there") from None
     if not isinstance(cfg, dict): raise ValueError(f"{path}: not a YOLO data.yaml: it needs the keys train, val and names (and path)")
     for k in ('train', 'val', 'names'):
-        if cfg.get(k) is None: raise ValueError(f"{path}: no '{k}': add it (a YOLO data.yaml names path, train, val and names)")
+        if cfg.get(k) is not None: continue
+        near = difflib.get_close_matches(k, [str(u) for u in cfg if u not in YAML_KEYS], 1, .6)   # `valid:`, `name:`: clearly meant
+        raise ValueError(f"{path}: no '{k}': " + (f"rename '{near[0]}' to '{k}'" if near else "add it (a YOLO data.yaml names path, train, val and names)"))
     keys, names = yolo_classes(cfg['names'], path)
     _check_counts(cfg, path, keys)
     root = path.parent/str(cfg.get('path') or '.')   # an absolute `path` stays as it is

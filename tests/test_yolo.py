@@ -357,6 +357,7 @@ def test_lucid_test_scores_the_test_split(tmp_path):
 
 BAD_YAML = {   # what is wrong: (data.yaml keys merged into the fixture's, what the message must say)
     'names missing': (dict(names=None), "no 'names': add it"),
+    'val misspelt': (dict(val=None, valid='images/val'), "no 'val': rename 'valid' to 'val'"),
     'names a word': (dict(names='abc'), "'names' must be a list of class names or a dict"),
     'names key not a number': (dict(names={'x': 'a'}), "'names' key 'x' is not a class number: write each class as N: name"),
     'names key twice': (dict(names={1: 'a', '1': 'b'}, nc=None), "'names' gives class 1 twice: keep one of them"),
