@@ -413,7 +413,7 @@ def val_dataloader(self:YoloData)->YoloLoader|DataLoader:
 
 @patch
 def test_dataloader(self:YoloData)->YoloLoader|DataLoader:
-    "`lucid test` scores a data.yaml's `test` split when it names one, else the validation images (COCO: give the test set as `val_images`/`val_annotations`)."
+    "The scored split: a data.yaml's `test` split when it names one and the data was first set up for `test` (`lucid test`), else the validation images (COCO: give the test set as `val_images`/`val_annotations`)."
     if self.rules == 'ultralytics': return self._rect_loader()
     self.setup('test'); return self._make_loader(self._val, False)
 
