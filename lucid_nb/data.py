@@ -8,7 +8,8 @@ Docs: https://lucid-nb.github.io/lucid_nb/data.html.md"""
 from __future__ import annotations
 import argparse, glob, os, sys, time
 from pathlib import Path
-from typing import Literal
+from dataclasses import dataclass
+from typing import Callable, Literal
 import numpy as np, torch, lightning as L
 from fastcore.basics import patch
 from lightning.fabric.utilities.rank_zero import rank_zero_only
@@ -17,13 +18,15 @@ from pycocotools.coco import COCO
 from torch.utils.data import DataLoader, Dataset
 from .core import *
 from .coco import *
+from .yolo import *
 from .augment import *
 from .loader import *
 from .augment_device import *
 
 # %% auto #0
-__all__ = ['AUGMENT_ON', 'ULTRALYTICS_VAL_BATCH', 'YoloData', 'image_files', 'pil_rgb', 'prepare_image', 'ultralytics_sample',
-           'image_batch', 'ImageFiles', 'collate_images', 'RectImages', 'show_batch', 'data_cli', 'data_main']
+__all__ = ['AUGMENT_ON', 'DATA_FORMATS', 'ULTRALYTICS_VAL_BATCH', 'YoloData', 'DataFormat', 'data_format', 'image_files',
+           'pil_rgb', 'prepare_image', 'ultralytics_sample', 'image_batch', 'ImageFiles', 'collate_images',
+           'RectImages', 'show_batch', 'data_cli', 'data_main']
 
 # %% ../nbs/01d_data.ipynb #ac8594aa
 _COCO_OPTIONS = ('train_images', 'train_annotations', 'val_images', 'val_annotations')   # the options that name COCO data
@@ -54,8 +57,9 @@ class YoloData(L.LightningDataModule):
     Parameters
     ----------
     dataset : str | None
-        An Ultralytics YOLO-seg `data.yaml` (its `path`, `train`, `val` and `names`), in place of the COCO options
-        below; its `val` images validate (`val_count` is not used).
+        A YOLO-seg `data.yaml` (Ultralytics or LightlyTrain: `path`, `train`, `val`, `names`; `test`, `nc`,
+        `skip_if_label_file_missing`), in place of the COCO options below; its `val` images validate (`val_count` is
+        not used), its `test` images are what `lucid test` scores when it names them.
     train_images : str | None
         Folder of training images. None: the embedded coco128 (`data/coco128/images`).
     train_annotations : str | None
@@ -143,6 +147,7 @@ class YoloData(L.LightningDataModule):
         self._classes, self._predict, self._spec = None, None, None   # classes from `set_classes`; the `predict_images` dataset; the data.yaml read
         self._json_categories, self.cache_mode = None, cache   # the training JSON's classes; the cache used (`setup`: what fits)
         self.rules = 'lucid'   # the inference rules of validation and prediction (`set_rules`)
+        self.scored = 'val'    # the split `val_records` holds: 'val', or a data.yaml's 'test' for `lucid test`
 
 # %% ../nbs/01d_data.ipynb #6c41de4f
 @patch
@@ -164,9 +169,12 @@ def _yolo_spec(self:YoloData)->YoloSpec:
 
 @patch
 def _categories(self:YoloData)->tuple:
-    "`(cat_ids, class_names)`: those given to `set_classes`, else the data.yaml's `names` (ids 0..K-1), or the training JSON's (from its cached label index when there is one)."
-    if self._classes: return self._classes
-    if self.hparams.dataset: return list(range(len(names := self._yolo_spec().names))), names
+    "`(cat_ids, class_names)`: those given to `set_classes`, else the data format's (`data_format`)."
+    return self._classes or data_format(self.hparams.dataset).categories(self)
+
+@patch
+def _coco_categories(self:YoloData)->tuple:
+    "The training JSON's categories (from its cached label index when there is one)."
     if self._json_categories is None:
         h, (images, annotations) = self.hparams, self._paths()
         c = cached_categories(annotations, images, h.cache_dir) if h.cache != 'none' and self._json is None else None
@@ -204,13 +212,38 @@ def _split(self:YoloData, names:list[str], recs:list)->tuple[list, list]:
 
 # %% ../nbs/01d_data.ipynb #7e75148e
 @patch
-def _yolo_records(self:YoloData)->tuple:
-    "Train and validation records of the `dataset` data.yaml (image ids: train first, then val), their disk-cache keys, and the validation source's name."
-    spec, cat_ids, rep = self._yolo_spec(), self.cat_ids, self.report
-    d = yolo_coco(spec, 'train', rep)
-    self._val_json = yolo_coco(spec, 'val', rep, first_id=len(d['images']) + 1)
-    tr, va = read_records(d, spec.root, cat_ids, rep, 'train'), read_records(self._val_json, spec.root, cat_ids, rep, 'val')
-    return tr, va, (spec.splits['train'][0], spec.path), (spec.splits['val'][0], spec.path), f"the val images of {spec.path}"
+def _yolo_records(self:YoloData, stage:str|None=None)->tuple:
+    "Train and scored records of the `dataset` data.yaml (`01a_yolo`; `lucid test` scores its `test` split when it names one), their disk-cache keys, and the scored source's name."
+    spec = self._yolo_spec()
+    self.scored = 'test' if stage == 'test' and 'test' in spec.splits else 'val'
+    tr, va, self._val_json = yolo_records(spec, self.report, self.scored, self.cat_ids)
+    return tr, va, (spec.splits['train'][0], spec.path), (spec.splits[self.scored][0], spec.path), f"the {self.scored} images of {spec.path}"
+
+# %% ../nbs/01d_data.ipynb #a49f0002
+@dataclass(frozen=True)
+class DataFormat:
+    "One data format as `YoloData` reads it: its classes, its records, and what to change when a split holds nothing to score."
+    name: str                # in messages
+    categories: Callable     # (datamodule) -> (cat_ids, class_names)
+    records: Callable        # (datamodule, stage) -> (train records, validation records, their disk-cache keys, the validation source's name)
+    fix_bad_val: Callable    # (datamodule) -> what to do when every validation image was left out as bad input
+    fix_no_val: Callable     # (datamodule) -> what to do when no validation image has an instance
+    fix_no_train: str        # said where no training image has an instance
+
+DATA_FORMATS = {
+    'coco': DataFormat('COCO instances JSON', lambda dm: dm._coco_categories(), lambda dm, stage: dm._coco_records(stage),
+                       lambda dm: "give --data.val_images and --data.val_annotations, or a larger --data.val_count",
+                       lambda dm: ('give a larger --data.val_count, or --data.val_images and --data.val_annotations with annotations'
+                                   if dm.hparams.val_images is None else 'give --data.val_annotations with annotations'), ''),
+    'yolo': DataFormat('YOLO-seg data.yaml', lambda dm: (dm._yolo_spec().keys, dm._yolo_spec().names), lambda dm, stage: dm._yolo_records(stage),
+                       lambda dm: f"fix them, or name other {dm.scored} images in the data.yaml",
+                       lambda dm: f"give {dm.scored} images with label files in the data.yaml",
+                       '; YOLO labels are read from the labels/ folder beside images/'),
+}
+
+def data_format(dataset:str|None)->DataFormat:
+    "The format of the data: a `dataset` (a data.yaml) is a YOLO-seg folder; otherwise COCO files (none given: the embedded coco128)."
+    return DATA_FORMATS['yolo' if dataset else 'coco']
 
 # %% ../nbs/01d_data.ipynb #955f4c69
 @patch
@@ -240,9 +273,13 @@ def _plan_cache(self:YoloData, recs:list, images:Path, annotations:Path)->str:
 def setup(self:YoloData, stage:str|None=None):
     "Read, check, split and cache the data (once), then print the report; `predict` on `predict_images` reads nothing here."
     if self._train is not None or (stage == 'predict' and self.hparams.predict_images): return
-    h, t0 = self.hparams, time.perf_counter()
-    if h.dataset: self._setup_datasets(*self._yolo_records(), t0, stage); return
-    images, annotations = self._paths()
+    t0 = time.perf_counter()
+    self._setup_datasets(*data_format(self.hparams.dataset).records(self, stage), t0, stage)
+
+@patch
+def _coco_records(self:YoloData, stage:str|None=None)->tuple:
+    "Train and validation records of the COCO files (or the embedded coco128: the last `val_count` by file name validate), their disk-cache keys, and the validation source's name."
+    h, (images, annotations) = self.hparams, self._paths()
     for k, folder in (('train_images', images), ('val_images', h.val_images)):   # named once, not once per image in it
         if folder is not None and not Path(folder).is_dir():
             raise FileNotFoundError(f"{k} {folder}: {'not a folder' if Path(folder).exists() else 'no such folder'} "
@@ -260,13 +297,12 @@ def setup(self:YoloData, stage:str|None=None):
         vidx, self._val_json = label_index(vann, vimages, self.report, cat_ids, vann.name, on, h.cache_dir, check=same)
         tr, va = recs, vidx.records
     vsrc = f"{h.val_annotations}" if h.val_images else f"the last {h.val_count} images of {annotations.name} (by file name)"
-    self._setup_datasets(tr, va, (images, annotations),
-                         (Path(h.val_images) if h.val_images else images, Path(h.val_annotations) if h.val_annotations else annotations), vsrc, t0, stage)
+    return tr, va, (images, annotations), (Path(h.val_images) if h.val_images else images, Path(h.val_annotations) if h.val_annotations else annotations), vsrc
 
 @patch
 def _setup_datasets(self:YoloData, tr:list, va:list, tkey:tuple, vkey:tuple, vsrc:str, t0:float, stage:str|None=None):
     "Check and cache the train and validation records (`tkey`, `vkey`: their disk cache's images folder and annotations file), then print the report; validation must hold an instance unless `stage` is 'predict'."
-    h = self.hparams
+    h, fmt = self.hparams, data_format(self.hparams.dataset)
     self.cache_mode = self._plan_cache(tr + va, *tkey)
     self._val = self._dataset(va, *vkey, False)
     self._train = self._dataset(tr, *tkey, True)
@@ -275,15 +311,13 @@ def _setup_datasets(self:YoloData, tr:list, va:list, tkey:tuple, vkey:tuple, vsr
         for k, n in disk.stats.items(): self.report.note(f"disk cache {k}", n)
     if len(self._val) == 0:
         raise ValueError(f"no usable validation image: every one of {vsrc} was left out as bad input (see the report above); "
-                         + ("fix them, or name other val images in the data.yaml" if h.dataset else "give --data.val_images and --data.val_annotations, or a larger --data.val_count"))
+                         + fmt.fix_bad_val(self))
     if not any(r.instances for r in self._train.records):
         raise ValueError(f"no training instance: none of the {len(self._train)} training images has a usable annotation, so there "
                          f"is nothing to learn (a segmentation model needs masks: polygons or RLE"
-                         f"{'; YOLO labels are read from the labels/ folder beside images/' if h.dataset else ''})\n{self.report}")
+                         f"{fmt.fix_no_train})\n{self.report}")
     if stage != 'predict' and not any(r.instances for r in self._val.records):   # predicting needs no annotation
-        fix = ('give val images with label files in the data.yaml' if h.dataset else
-               'give a larger --data.val_count, or --data.val_images and --data.val_annotations with annotations' if h.val_images is None else
-               'give --data.val_annotations with annotations')
+        fix = fmt.fix_no_val(self)
         raise ValueError(f"no validation instance: none of the {len(self._val)} validation images ({vsrc}) has a usable annotation, so "
                          f"mAP is undefined there (COCOeval gives -1) and best.ckpt would be chosen on nothing; {fix}")
     if len(self._train) < h.batch_size:
@@ -297,7 +331,7 @@ def summary(self:YoloData)->str:
     "What was loaded, in one line: images, instances, classes, cache, problems and notes (a line more for each problem listed)."
     h, tr, va = self.hparams, self._train, self._val
     inst = lambda ds: sum(len(r.instances) for r in ds.records)
-    return (f"lucid_nb data: train {len(tr)} images ({inst(tr)} instances), val {len(va)} images ({inst(va)} instances), "
+    return (f"lucid_nb data: train {len(tr)} images ({inst(tr)} instances), {self.scored} {len(va)} images ({inst(va)} instances), "
             f"{self.num_classes} classes; imgsz {h.imgsz}, cache {self.cache_mode!r}, prepared in {self.setup_seconds:.1f} s; {self.report}")
 
 @patch
@@ -376,7 +410,7 @@ def val_dataloader(self:YoloData)->YoloLoader|DataLoader:
 
 @patch
 def test_dataloader(self:YoloData)->YoloLoader|DataLoader:
-    "`lucid test` scores the validation images (give the test set as `val_images`/`val_annotations`)."
+    "The scored split: a data.yaml's `test` split when it names one and the data was first set up for `test` (`lucid test`), else the validation images (COCO: give the test set as `val_images`/`val_annotations`)."
     if self.rules == 'ultralytics': return self._rect_loader()
     self.setup('test'); return self._make_loader(self._val, False)
 
