@@ -193,9 +193,13 @@ def on_train_batch_end(self:LitYolo, outputs, batch, batch_idx):
     else: self.recorder.ema_update(self.ema, self.model)
 
 class StepLossBar(TQDMProgressBar):
-    "Lightning's progress bar, showing the last loss terms read back from the device once every `log_every_n_steps` steps."
+    "Lightning's progress bar, counting epochs from 1 as the epoch lines do, and showing the last loss terms read back from the device once every `log_every_n_steps` steps."
     def __init__(self, refresh_rate:int=1):
         super().__init__(refresh_rate); self.terms = {}
+
+    def on_train_epoch_start(self, trainer, *args):
+        super().on_train_epoch_start(trainer, *args)   # Lightning's 'Epoch 0' for the first
+        self.train_progress_bar.set_description(f"Epoch {trainer.current_epoch + 1}")
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         losses = getattr(module, 'last_losses', None)
@@ -205,6 +209,7 @@ class StepLossBar(TQDMProgressBar):
         super().on_train_batch_end(trainer, module, outputs, batch, batch_idx)
 
     def get_metrics(self, trainer, module)->dict: return {**super().get_metrics(trainer, module), **self.terms}
+
 
 @patch
 def configure_optimizers(self:LitYolo):
