@@ -383,6 +383,7 @@ class PredictionWriter(BasePredictionWriter):
         problems = {r['image_id']: r['problem'] for batch in predictions for r in batch if 'problem' in r}
         results = [dict(r, file_name=str(files[r['image_id']])) for batch in predictions for r in batch if 'problem' not in r]
         out = _run_dir(trainer)/'predict'; out.mkdir(exist_ok=True)
+        conf = predict_conf(pl_module.hparams.conf, getattr(pl_module, 'conf_given', False))   # the step's threshold: drawn as kept
         sha = write_results(out/'predictions.json', results)
         by_image, names = {}, {}
         for r in results: by_image.setdefault(r['image_id'], []).append(r)
@@ -390,7 +391,7 @@ class PredictionWriter(BasePredictionWriter):
             if i in problems: continue
             name = f.stem if f.stem not in names.values() else f"{f.stem}_{f.suffix[1:]}_{i}"
             names[i] = name
-            save_jpeg(draw_results(load_rgb(f), by_image.get(i, []), dm.class_names, dm.cat_ids), out/f'{name}.jpg')
+            save_jpeg(draw_results(load_rgb(f), by_image.get(i, []), dm.class_names, dm.cat_ids, min_score=conf), out/f'{name}.jpg')
         for p in problems.values(): say(trainer, f"predict: skipped {p}")
         say(trainer, f"predict: {len(results)} detections on {len(files) - len(problems)} images -> {out}/ (predictions.json sha256 {sha[:12]})"
                      + (f"; {len(problems)} could not be read (above)" if problems else ''))

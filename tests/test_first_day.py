@@ -288,3 +288,18 @@ def test_subcommand_list_includes_export(monkeypatch, capsys):
     assert len(err.splitlines()) == 1 and "'predict', 'export')" in err, err
     assert lucid_main(monkeypatch, '--help') == 0
     assert '{fit,validate,test,predict,export}' in capsys.readouterr().out
+
+
+def test_empty_prediction_picture_says_so(three, tmp_path, monkeypatch, capsys):
+    "An untrained model's prediction picture was the bare image: now it says no detection passed the threshold it was drawn at."
+    from lucid_nb.data import load_rgb
+    from lucid_nb.draw import draw_note, save_jpeg
+    d, ckpt = three
+    image = Path(EMBEDDED_IMAGES) / '000000000009.jpg'
+    monkeypatch.chdir(tmp_path)
+    assert lucid_main(monkeypatch, 'predict', '--trainer.accelerator', 'cpu', '--ckpt_path', str(ckpt), '--model.conf', '0.99',
+                      '--data.predict_images', str(image), '--trainer.default_root_dir', 'out') == 0, capsys.readouterr().err[-2000:]
+    (drawn,) = Path('out').rglob('predict/000000000009.jpg')
+    assert json.loads((drawn.parent / 'predictions.json').read_text()) == []
+    save_jpeg(draw_note(load_rgb(image), 'no detections above conf 0.99'), tmp_path / 'want.jpg')   # the same encoder, the same bytes
+    assert drawn.read_bytes() == (tmp_path / 'want.jpg').read_bytes()

@@ -68,6 +68,8 @@ def test_quick_fit_prints_three_lines_before_its_first_epoch(quick):
     assert not [l for l in lines if 'capture' in l]
     assert not [l for l in lines if 'it/s' in l or '\r' in l], 'a progress bar drawn into a pipe'
     assert len([l for l in lines if l.startswith('epoch 1/1 ')]) == 1   # printed through no bar, so not lost
+    young = lines.index(next(l for l in lines if l.startswith('Results saved to '))) - 1   # 1 epoch from scratch: zeros, said to be expected
+    assert lines[young].startswith('From scratch, 1 epoch is far too few to detect anything') and 'README.md' in lines[young], lines[young]
 
 
 def test_model_line_numbers_are_counted_independently(quick):
