@@ -27,7 +27,7 @@ from .metrics import conf_line, predict_conf
 from .predict import no_weights_line, untrained_asked
 
 # %% auto #0
-__all__ = ['BATCH_LIMITS', 'RESUME_FIXED', 'EXPORT_HELP', 'HELP', 'LIGHTNING_LOGS', 'QUIET_WARNINGS', 'AFTER_FIT', 'NOT_LUCID',
+__all__ = ['BATCH_LIMITS', 'RESUME_FIXED', 'HELP', 'LIGHTNING_LOGS', 'QUIET_WARNINGS', 'AFTER_FIT', 'NOT_LUCID', 'EXPORT_HELP',
            'RUN_RECORDS', 'UNUSED_RUN_FILES', 'USER_ERRORS', 'OneLineParser', 'LucidCLI', 'refuse_resume_changes',
            'run_logger', 'add_tensorboard', 'cli_main', 'QuietLightning', 'quiet_lightning', 'model_line', 'ModelLine',
            'quiet_trainer', 'resume_hint', 'Interrupted', 'StopSignals', 'other_run_folder', 'refuse_earlier_run',
@@ -74,17 +74,6 @@ class LucidCLI(LightningCLI):
     def subcommands()->dict:
         "Lightning's subcommands; `lucid validate` and `test` print their results table always: their `--verbose` is `lucid`'s own."
         return {k: v | {'verbose'} if k in ('validate', 'test') else v for k, v in LightningCLI.subcommands().items()}
-
-    def _add_subcommands(self, parser, **kwargs):
-        "Lightning's subcommands, then `export` in the list that `lucid --help` and a wrong subcommand's error give (`lucid_nb.cli` sends `lucid export` to `export_main` before this parser)."
-        super()._add_subcommands(parser, **kwargs)
-        parser._subcommands_action.add_subcommand('export', self.init_parser(description=EXPORT_HELP), help=EXPORT_HELP)
-
-    def _prepare_subcommand_kwargs(self, subcommand:str)->dict:
-        "Lightning's arguments of the subcommand; `validate` and `test` pass `lucid`'s `--verbose` on: Lightning's metric box after `lucid`'s table only when asked."
-        kw = super()._prepare_subcommand_kwargs(subcommand)
-        if subcommand in ('validate', 'test'): kw['verbose'] = bool(self.config[subcommand].get('verbose'))
-        return kw
 
     def data_classes(self, data:YoloData)->int:
         "The number of classes: the checkpoint's (or the `--model.weights` file's) classes when predicting on plain images, else the training JSON's (which must be the checkpoint's)."
@@ -158,8 +147,6 @@ def add_tensorboard(trainer)->bool:
     trainer.loggers = [*trainer.loggers, TensorBoardLogger(trainer.loggers[0].log_dir, name='tensorboard', version='')]
     return True
 
-EXPORT_HELP = "Write a checkpoint's network as ONNX or TorchScript and check it (`lucid export --help` lists its options)."
-
 HELP = {'description': "lucid: YOLO-style instance segmentation (lucid_nb). Subcommands: fit, validate, test, predict "
                         "(Lightning's), and export (`lucid export --help`).",
         'fit': {'description': "Train. With no --config: the nano model (--model.size n) on the embedded coco128 data, "
@@ -217,6 +204,22 @@ def quiet_lightning(verbose:bool=False, sub:str|None=None):
         if not any(isinstance(f, QuietLightning) for f in log.filters): log.addFilter(QuietLightning())
     # the newest filter wins: 'default' (Python's own action for these warnings) undoes an earlier 'ignore'
     for msg in QUIET_WARNINGS: warnings.filterwarnings('default' if verbose else 'ignore', message=msg)
+
+# %% ../nbs/10a_command.ipynb #4560a6f6
+EXPORT_HELP = "Write a checkpoint's network as ONNX or TorchScript and check it (`lucid export --help` lists its options)."
+
+@patch
+def _add_subcommands(self:LucidCLI, parser, **kwargs):
+    "Lightning's subcommands, then `export` in the list that `lucid --help` and a wrong subcommand's error give (`lucid_nb.cli` sends `lucid export` to `export_main` before this parser)."
+    LightningCLI._add_subcommands(self, parser, **kwargs)
+    parser._subcommands_action.add_subcommand('export', self.init_parser(description=EXPORT_HELP), help=EXPORT_HELP)
+
+@patch
+def _prepare_subcommand_kwargs(self:LucidCLI, subcommand:str)->dict:
+    "Lightning's arguments of the subcommand; `validate` and `test` pass `lucid`'s `--verbose` on: Lightning's metric box after `lucid`'s table only when asked."
+    kw = LightningCLI._prepare_subcommand_kwargs(self, subcommand)
+    if subcommand in ('validate', 'test'): kw['verbose'] = bool(self.config[subcommand].get('verbose'))
+    return kw
 
 # %% ../nbs/10a_command.ipynb #7c2e4a02
 def model_line(net:nn.Module, size:int)->str:

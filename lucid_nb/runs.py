@@ -545,6 +545,7 @@ class EpochSummary(Callback):
             if line := young_run_line(trainer, module, stats.summary()): print(line)
         print(f"Results saved to {run}", flush=True)
 
+# %% ../nbs/08b_runs.ipynb #b9fd61f1
 YOUNG_MAP = 0.01   # a fit from scratch whose box and mask mAP50-95 are under this has not begun to detect
 
 def young_run_line(trainer, module, summary:dict)->str|None:
