@@ -26,7 +26,7 @@ from .augment_device import *
 # %% auto #0
 __all__ = ['AUGMENT_ON', 'DATA_FORMATS', 'ULTRALYTICS_VAL_BATCH', 'YoloData', 'DataFormat', 'data_format', 'image_files',
            'pil_rgb', 'prepare_image', 'ultralytics_sample', 'image_batch', 'ImageFiles', 'collate_images',
-           'RectImages', 'show_batch', 'data_cli', 'data_main']
+           'RectImages', 'show_batch', 'OneLineArgumentParser', 'data_cli', 'data_main', 'bool_value']
 
 # %% ../nbs/01d_data.ipynb #ac8594aa
 _COCO_OPTIONS = ('train_images', 'train_annotations', 'val_images', 'val_annotations')   # the options that name COCO data
@@ -568,6 +568,14 @@ def show_batch(batch:dict, class_names:list|None=None, n:int=8, ncols:int=4, siz
     return fig
 
 # %% ../nbs/01d_data.ipynb #532b81f2
+class OneLineArgumentParser(argparse.ArgumentParser):
+    "argparse, whose usage errors are one line on stderr (`<prog>: error: …`, pointing at `--help`) and exit status 2; `LUCID_DEBUG=1`: argparse's own report."
+    def error(self, message:str):
+        if os.environ.get('LUCID_DEBUG') == '1': super().error(message)
+        prog = self.prog.split()[0]   # `lucid export`: its errors are `lucid`'s
+        print(f"{prog}: error: {' '.join(str(message).split())} (`{self.prog} --help` lists every option)", file=sys.stderr)
+        sys.exit(2)
+
 def data_cli():
     "The `lucid-data` command: exit status 0 on success, 2 after bad input or a bad option (one line naming the file or option)."
     try: data_main()
@@ -576,19 +584,25 @@ def data_cli():
         print(f"lucid-data: error: {one_line(e)} (LUCID_DEBUG=1 shows the traceback)", file=sys.stderr)
         sys.exit(2)
 
+def _data_option(ap, name:str, **kw):
+    "`--data.<name>`, as `lucid` spells it, with the former spelling `--<name with dashes>` as an alias."
+    ap.add_argument(f'--data.{name}', f"--{name.replace('_', '-')}", dest=name, **kw)
+
 def data_main(argv:list[str]|None=None)->YoloData:
     "Console entry point `lucid-data`: load a COCO or Ultralytics dataset (default: embedded coco128), print what it holds, time an epoch."
-    ap = argparse.ArgumentParser(prog='lucid-data', description='Load a COCO instance-segmentation dataset the way training does and report on it.')
-    for k in ('dataset', 'train-images', 'train-annotations', 'val-images', 'val-annotations', 'cache-dir'): ap.add_argument(f'--{k}', default=None)
-    ap.add_argument('--imgsz', type=int, default=640); ap.add_argument('--batch-size', type=int, default=4)
-    ap.add_argument('--val-count', type=int, default=32, help='validation images split off when no validation set is given')
-    ap.add_argument('--workers', type=int, default=0); ap.add_argument('--cache', default='ram', choices=CACHE_MODES)
-    ap.add_argument('--no-prefetch', action='store_true'); ap.add_argument('--seed', type=int, default=0)
-    ap.add_argument('--on-bad-input', default='skip', choices=BAD_INPUT_POLICIES)
+    ap = OneLineArgumentParser(prog='lucid-data', allow_abbrev=False,
+                               description='Load a COCO instance-segmentation dataset (or a YOLO data.yaml) the way training does and report on it.')
+    for k in ('dataset', 'train_images', 'train_annotations', 'val_images', 'val_annotations', 'cache_dir'): _data_option(ap, k, default=None)
+    _data_option(ap, 'imgsz', type=int, default=640); _data_option(ap, 'batch_size', type=int, default=4)
+    _data_option(ap, 'val_count', type=int, default=32, help='validation images split off when no validation set is given')
+    _data_option(ap, 'workers', type=int, default=0); _data_option(ap, 'cache', default='ram', choices=CACHE_MODES)
+    _data_option(ap, 'prefetch', type=bool_value, default=True, help='true or false'); _data_option(ap, 'seed', type=int, default=0)
+    ap.add_argument('--no-prefetch', dest='prefetch', action='store_false', help='the same as --data.prefetch false')
+    _data_option(ap, 'on_bad_input', default='skip', choices=BAD_INPUT_POLICIES)
     ap.add_argument('--batches', type=int, default=0, help='batches to time (0: one epoch)')
     a = ap.parse_args(argv)
     dm = YoloData(a.dataset, a.train_images, a.train_annotations, a.val_images, a.val_annotations, a.val_count, imgsz=a.imgsz, batch_size=a.batch_size,
-                  workers=a.workers, cache=a.cache, cache_dir=a.cache_dir, prefetch=not a.no_prefetch, seed=a.seed, on_bad_input=a.on_bad_input)
+                  workers=a.workers, cache=a.cache, cache_dir=a.cache_dir, prefetch=a.prefetch, seed=a.seed, on_bad_input=a.on_bad_input)
     dm.setup('fit')
     print(f"classes: {', '.join(dm.class_names[:8])}{', ...' if dm.num_classes > 8 else ''}")
     ld, n, t0 = dm.train_dataloader(), 0, time.perf_counter()
@@ -601,5 +615,11 @@ def data_main(argv:list[str]|None=None)->YoloData:
     dt = time.perf_counter() - t0
     ld.close(); dm.teardown()
     print(f"throughput: {n} training images (augmented, mosaic on) in {dt:.2f} s = {n / dt:.0f} images/s "
-          f"[{a.workers} workers, prefetch {'off' if a.no_prefetch else 'on'}]")
+          f"[{a.workers} workers, prefetch {'on' if a.prefetch else 'off'}]")
     return dm
+
+def bool_value(v:str)->bool:
+    "A boolean option's value as `lucid` reads it: true/false (also yes/no, 1/0)."
+    if (b := {'true': True, 'yes': True, '1': True, 'false': False, 'no': False, '0': False}.get(str(v).lower())) is None:
+        raise argparse.ArgumentTypeError(f"{v!r} is not true or false")
+    return b
