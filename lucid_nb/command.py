@@ -150,7 +150,8 @@ HELP = {'description': "lucid: YOLO-style instance segmentation (lucid_nb). Subc
                         "(Lightning's), and export (`lucid export --help`).",
         'fit': {'description': "Train. With no --config: the nano model (--model.size n) on the embedded coco128 data, "
                                "640 px, batch 4, for 10 epochs (--trainer.max_epochs); the run folder is runs/lucid/version_N, "
-                               "or under --trainer.default_root_dir."},
+                               "or under --trainer.default_root_dir. No sanity validation before the first epoch unless "
+                               "--trainer.num_sanity_val_steps N asks for one."},
         'predict': {'description': "Predict with --ckpt_path CKPT on --data.predict_images PATH (a folder, a glob or one "
                                    "image file; no annotations needed) or, without it, on the validation images; writes "
                                    "predict/<image>.jpg for every image and predict/predictions.json into the run folder."}}
@@ -164,7 +165,7 @@ def cli_main(args:list|None=None, run:bool=True)->LucidCLI:
     return LucidCLI(LitYolo, YoloData, args=args, run=run, save_config_kwargs={'overwrite': True}, auto_configure_optimizers=False,
                     parser_class=OneLineParser,
                     parser_kwargs=HELP,
-                    trainer_defaults={'max_epochs': 10, 'logger': {'class_path': 'lightning.pytorch.loggers.CSVLogger',
+                    trainer_defaults={'max_epochs': 10, 'num_sanity_val_steps': 0, 'logger': {'class_path': 'lightning.pytorch.loggers.CSVLogger',
                                                                   'init_args': {'save_dir': 'runs', 'name': 'lucid'}}})
 
 # %% ../nbs/10a_command.ipynb #0b95467e
