@@ -1,7 +1,6 @@
 """What every benchmark script shares: the reference protocol, the environment of a measurement, ONE result writer.
 
-A script in `benchmarks/` imports it as `from common import ...` (its own folder is first on `sys.path`); a script in
-`benchmarks/experiments/` puts `benchmarks/` on the path first. The library is imported only inside the functions
+A script in `benchmarks/` imports it as `from common import ...` (its own folder is first on `sys.path`). The library is imported only inside the functions
 (a script's `--help` costs no torch import).
 
 Result files are `benchmarks/results/<script>_<device>_<commit>[_<tag>].json`: `<script>` is the script's name, with

@@ -29,7 +29,7 @@ checked to be the bytes of the cpu arm's batch. Reports each arm's median and ra
 
 The 1-minute load average before and after is recorded: other processes on a small machine skew the numbers.
 """
-import argparse, contextlib, io, os, platform, sys, tempfile, time
+import argparse, contextlib, io, os, platform, tempfile, time
 from pathlib import Path
 
 import torch

@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # Everything the project measures on the lent GPU machine, by stage (its own torch; the wheels it lacks carried in
-# .whl/, Ultralytics' comparator in .ulcmp/ — see benchmarks/README.md). Stages run in the order given:
+# .whl/ — see benchmarks/README.md). Stages run in the order given:
 #   tests                 pytest -m cuda (recorder, optimiser replay, trainer, metrics), log to $OUT/results/pytest_cuda.log
 #   NB.ipynb... notebooks every cell of those notebooks (run_notebooks.py), outputs saved at 1x, copied to $OUT
 #   warm                  a tiny fit first: a fresh machine's first process reads every library from disk
 #   ref<b>x<n>[@<k>]      reference_run.py: n alternating rounds of $ARMS (default native,step,ul) at batch b; @k numbers
 #                         them from k and writes the part _r<k> (join the parts with reference_run.py --merge)
 #   validation            validation_speed.py on the GPU ($VAL_ARGS; alternating with $BASELINE's post-processing if set)
-#   memory                memory_epochs.py: the reference fit's peaks epoch by epoch, native and whole step ($MEMORY_ARGS)
-#   step<b>               profile_step.py at batch b, each arm of $STEP_ARMS (default native step)
-#   startup               profile_startup.py: the seconds before the first step, by stage, under cProfile
+#   memory                profile_fit.py memory: the reference fit's peaks epoch by epoch, native and whole step ($MEMORY_ARGS)
+#   step<b>               profile_fit.py step at batch b, each arm of $STEP_ARMS (default native step)
+#   startup               profile_fit.py startup: the seconds before the first step, by stage, under cProfile
 #   learns                it_learns.py: 100 epochs from scratch on the 128 images (about 5 minutes on the H200)
 #   learns_detect         the same with --task detect: the detector (box mAP50 to hold against the segment model's)
 #   hooks                 a 4-epoch fit under Lightning's SimpleProfiler (its report to $OUT/results)
@@ -47,13 +47,13 @@ for stage in "$@"; do
     validation) python3 benchmarks/validation_speed.py --device cuda ${VAL_ARGS:-} ${BASELINE:+--baseline "$BASELINE"} \
                   --out "$OUT/results" 2>&1 | tail -8 || status=1 ;;
     memory) for arm in native step; do
-              python3 benchmarks/memory_epochs.py --out "$OUT/results" --tag "$arm" -- \
+              python3 benchmarks/profile_fit.py memory --out "$OUT/results" --tag "$arm" -- \
                 $([ $arm = step ] && echo --model.capture_train_step true) ${MEMORY_ARGS:-} 2>&1 | grep -E "peak reserved|Error|error" || status=1
             done ;;
     step*) for arm in ${STEP_ARMS:-native step}; do
-             python3 benchmarks/profile_step.py --batch-size "${stage#step}" --arm "$arm" --out "$OUT/results" 2>&1 | grep -E "total|->|Error|error" || status=1
+             python3 benchmarks/profile_fit.py step --batch-size "${stage#step}" --arm "$arm" --out "$OUT/results" 2>&1 | grep -E "total|->|Error|error" || status=1
            done ;;
-    startup) python3 benchmarks/profile_startup.py --out "$OUT/results" 2>&1 | grep -E " s$|->" || status=1 ;;
+    startup) python3 benchmarks/profile_fit.py startup --out "$OUT/results" 2>&1 | grep -E " s$|->" || status=1 ;;
     learns) python3 benchmarks/it_learns.py --out "$OUT/results" 2>&1 | tail -2 || status=1 ;;
     learns_detect) python3 benchmarks/it_learns.py --task detect --out "$OUT/results" 2>&1 | tail -2 || status=1 ;;
     hooks) python3 -c "$LUCID" fit --config configs/coco128-seg-n.yaml \

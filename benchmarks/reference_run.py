@@ -20,7 +20,8 @@ given. Arms, run in turn (arm 1, arm 2, ..., arm 1, arm 2, ...):
                 (PyTorch's allocator defaults: the library before 2026-12-03)
     native-cl, step-cl  that arm with the network in channels-last memory order (--model.channels_last true)
     <arm>@base  that arm on another library, exported into $LUCID_NB_BASELINE (before and after a change in one call)
-    ul          Ultralytics yolo11n-seg on the same split, batch, size and epochs (`.ulcmp/run.py`, when present)
+    ul          Ultralytics yolo11n-seg on the same split, batch, size and epochs (`ultralytics_run.py`; left out where
+                `ultralytics` does not import)
 
 For a lucid run it keeps the whole-process wall time (measured from outside), the phases of `timing.json`
 (start-up to the first training step, the first step alone, data preparation, per-epoch training with its data
@@ -38,7 +39,7 @@ then joins them into the file without a part:
     python benchmarks/reference_run.py --rounds 3 --part r0 ...; python benchmarks/reference_run.py --rounds 2 --first-round 3 --part r3 ...
     python benchmarks/reference_run.py --merge benchmarks/results/reference_run_b4_<device>_<commit>_r{0,3}.json [--arms native,ul]
 """
-import argparse, json, os, re, statistics, subprocess, sys, time
+import argparse, json, os, statistics, subprocess, sys, tempfile, time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -114,21 +115,29 @@ def recording_seconds(recorder: dict | None) -> float | None:
     return sum(r['seconds'] for region in recorder.values() if isinstance(region, dict) for r in region.get('recordings') or [])
 
 
-def run_ul(batch_size: int) -> dict:
-    args = [sys.executable, str(ROOT / '.ulcmp' / 'run.py'), '--batch', str(batch_size), '--data', 'lucid_nb/embedded/coco128']
+def run_ul(batch_size: int, work: Path) -> dict:
+    "One `ultralytics_run.py` process on the reference split, batch and epochs: its phases as a lucid run's keys."
+    out = work / f'ul_b{batch_size}.json'
+    args = [sys.executable, str(ROOT / 'benchmarks' / 'ultralytics_run.py'), '--batch', str(batch_size),
+            '--data', 'lucid_nb/embedded/coco128', '--json', str(out)]
     t0 = time.perf_counter()
     r = subprocess.run(args, capture_output=True, text=True, cwd=ROOT)
     wall = time.perf_counter() - t0
-    m = re.search(r'^RESULT_JSON (.*)$', r.stdout, re.M)
-    if r.returncode != 0 or not m: raise SystemExit(f"ultralytics run failed:\n{(r.stdout + r.stderr)[-4000:]}")
-    res = json.loads(m.group(1))
-    ev = res.get('epoch_val_s') or []
-    return dict(arm='ul', command=' '.join(args[1:]), process_seconds=wall, ul_process_s=res.get('process_s'),
-                train_seconds=sum(res.get('epoch_train_s') or []), validation_seconds=sum(ev),
+    if r.returncode != 0 or not out.exists(): raise SystemExit(f"ultralytics run failed:\n{(r.stdout + r.stderr)[-4000:]}")
+    res = json.loads(out.read_text())
+    train, ev = [e['train_seconds'] for e in res['epochs']], [e['validation_seconds'] for e in res['epochs'] if 'validation_seconds' in e]
+    return dict(arm='ul', command=' '.join(args[1:]), process_seconds=wall, ul_process_s=res['process_seconds'],
+                train_seconds=sum(train), validation_seconds=sum(ev),
                 validation_epoch_seconds=statistics.median(ev[1:] or ev) if ev else None,
-                step_ms=1e3 * statistics.median(res['epoch_train_s'][1:]) / (res['iterations'] / len(res['epoch_train_s']))
-                if res.get('iterations') and len(res.get('epoch_train_s') or []) > 1 else None,
+                step_ms=1e3 * statistics.median(train[1:]) / (res['iterations'] / len(train)) if len(train) > 1 else None,
                 peak_reserved_mib=res.get('peak_reserved_mib'), raw=res)
+
+
+def ul_importable() -> bool:
+    "Whether `ultralytics` imports in a fresh process here (offline: no settings file written to the home folder)."
+    r = subprocess.run([sys.executable, '-c', 'import ultralytics'], capture_output=True, cwd=ROOT,
+                       env={**os.environ, 'YOLO_OFFLINE': '1', 'YOLO_CONFIG_DIR': tempfile.mkdtemp(prefix='ycfg')})
+    return r.returncode == 0
 
 
 def summarize(runs: list, arms: list) -> dict:
@@ -181,11 +190,11 @@ def main(argv=None):
     a = p.parse_args(argv)
     if a.merge: print('->', merge(a.merge, Path(a.out), a.arms and a.arms.split(','))); return
     arms = (a.arms or 'native,head+optim,ul').split(',')
-    if 'ul' in arms and not (ROOT / '.ulcmp' / 'run.py').exists(): arms.remove('ul'); print('no .ulcmp/run.py: Ultralytics arm left out')
+    if 'ul' in arms and not ul_importable(): arms.remove('ul'); print('ultralytics does not import here: the ul arm is left out')
     device, runs = device_of(), []
     for i in range(a.first_round, a.first_round + a.rounds):
         for arm in arms:
-            r = run_ul(a.batch_size) if arm == 'ul' else run_lucid(arm, a.batch_size, Path(a.work) / f'b{a.batch_size}' / f'round{i}', a.extra)
+            r = run_ul(a.batch_size, Path(a.work)) if arm == 'ul' else run_lucid(arm, a.batch_size, Path(a.work) / f'b{a.batch_size}' / f'round{i}', a.extra)
             r['round'] = i; runs.append(r)
             print(f"round {i} {arm:>10}: process {r['process_seconds']:.1f} s, train {r['train_seconds']:.1f} s, "
                   f"val/epoch {r['validation_epoch_seconds'] or float('nan'):.2f} s, step {r['step_ms'] or float('nan'):.1f} ms, "

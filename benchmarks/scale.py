@@ -13,8 +13,8 @@ Stages (each takes `--n N --root DIR`: the data set `<DIR>/n<N>`, made when miss
     fit      alternating processes per round and batch size: `native` (lucid fit, `configs/coco128-seg-n.yaml`, the GPU
              configuration), `step` (`--model.capture_train_step true`), any other arm of `reference_run.py` (`step-cl`:
              channels-last; `step@base`: the library in $LUCID_NB_BASELINE, for before/after in one call; every run of
-             one library must end with the same hashes), `ul` (Ultralytics' public API, offline as
-             `.ulcmp/run.py` runs it; left out, with a line, where `ultralytics` does not import), E epochs. Steady state:
+             one library must end with the same hashes), `ul` (`ultralytics_run.py`: Ultralytics' public API,
+             offline; left out, with a line, where `ultralytics` does not import), E epochs. Steady state:
              the training images of epochs 1..E-1 over their training seconds (validation excluded). Per run also each
              epoch's data wait (lucid: `timing.json`; Ultralytics: host seconds between a batch's end and the next one's
              start), whole-process seconds, peak reserved memory; lucid's state hashes (native and step must be equal
@@ -23,7 +23,7 @@ Stages (each takes `--n N --root DIR`: the data set `<DIR>/n<N>`, made when miss
     loader   `YoloData.train_dataloader()` alone, the GPU configuration's data settings (RAM cache, prefetch, mosaic,
              affine, flip; HSV runs on the device in lucid, so not here), at `--batch` (64) with 8 and 16 workers: images/s
              of the epochs after a warm-up epoch; with `--fit FIT.json`, over the steady-state images/s of each arm there.
-    profile  a short `lucid fit` with `scale_profile.KernelProfile` (a callback): warm-up, a timed window, then
+    profile  a short `lucid fit` with `profile_fit.KernelProfile` (a callback): warm-up, a timed window, then
              torch.profiler over K steps with forward / loss / backward / optimizer / ema ranges; kernel time per image
              by part and by kernel family (gemm/conv, batchnorm, elementwise, copy/cast, reduction, other), top kernels.
              `--capture`: the whole step replayed (kernel total and families only). On a CPU: operators' CPU time.
@@ -46,7 +46,7 @@ Stages (each takes `--n N --root DIR`: the data set `<DIR>/n<N>`, made when miss
     python benchmarks/scale.py profile --n 4096 [--batch 64] [--capture]
     python benchmarks/scale.py --smoke     # everything tiny on this CPU (8 images, 64 px, batch 2), results in a temp folder
 
-On the GPU machine, one device call (carry `.ulcmp` and `.whl`; put the commit run in LUCID_NB_COMMIT: the copied
+On the GPU machine, one device call (carry `.whl`; put the commit run in LUCID_NB_COMMIT: the copied
 `.git` may be stale). Estimate on an H200, N=4096, ~230 images/s: install 15 s, make 10 s, loader 30 s, profile 2 x 35 s,
 fit 6 runs of 60-75 s (start-up 5 s, RAM cache 3-7 s, 3 epochs of 4,096 images, 3 validations) = ~400 s: ~8.7 min. Each
 stage has a time limit and its files are copied to $OUT/results after it; the fit's limit ends the call by 9 minutes
@@ -59,14 +59,14 @@ JSON (`benchmarks/results/scale_<device>_<commit>_<stage>_n<N>[...].json`, with 
 images, train seconds, data wait, validation seconds; process seconds, peak reserved MiB, lucid hashes) and `summary`
 per batch: per arm median (min-max) of images/s, process seconds, data wait, peak; per round each lucid arm's images/s
 over Ultralytics'; whether every lucid run at that batch ended with the same hashes. `loader`: per worker count, images/s
-per epoch, setup seconds, and the ratio to each fit arm's consumption. `profile`: `scale_profile.analyse`'s keys
+per epoch, setup seconds, and the ratio to each fit arm's consumption. `profile`: `profile_fit.analyse`'s keys
 (`total_us_per_image`, `by_part_us_per_image`, `by_family_us_per_image`, `top`...), the timed window's images/s.
 """
 import argparse, contextlib, io, json, multiprocessing, os, shutil, statistics, subprocess, sys, tempfile, time
 from pathlib import Path
 
 from common import write_result   # benchmarks/ is sys.path[0] when this file runs
-from reference_run import LUCID, ROOT, run_lucid, spread
+from reference_run import LUCID, ROOT, run_lucid, spread, ul_importable
 
 BENCH = Path(__file__).resolve().parent
 RESULTS = BENCH / 'results'
@@ -206,8 +206,9 @@ def fit_lucid(arm: str, batch: int, ds: Path, a, work: Path) -> dict:
 
 
 def fit_ul(batch: int, ds: Path, a, work: Path) -> dict:
+    "One `ultralytics_run.py` process on the set's YOLO-seg copy: its epochs, steady state and process seconds."
     cfg, out = config_data(a.smoke), work / f'ul_b{batch}.json'
-    args = [sys.executable, str(Path(__file__).resolve()), '_ul', '--data', str(ds / 'ul' / 'data.yaml'), '--batch', str(batch),
+    args = [sys.executable, str(BENCH / 'ultralytics_run.py'), '--data', str(ds / 'ul' / 'data.yaml'), '--batch', str(batch),
             '--epochs', str(a.epochs), '--imgsz', str(cfg['imgsz']), '--workers', str(cfg['workers']),
             '--close-mosaic', str(a.close_mosaic), '--cache', a.ul_cache, '--project', str(work / 'ul'), '--json', str(out)]
     t0 = time.perf_counter()
@@ -215,49 +216,10 @@ def fit_ul(batch: int, ds: Path, a, work: Path) -> dict:
     wall = time.perf_counter() - t0
     if r.returncode or not out.exists(): return dict(error=(r.stdout + r.stderr)[-3000:])
     res = json.loads(out.read_text())
-    return dict(command=' '.join(args[1:]), process_seconds=wall, **steady(res['epochs']), **res)
-
-
-def ul_main(a):
-    "One Ultralytics run (a separate process): yolo11n-seg from its YAML, offline, epoch and batch times; a JSON."
-    t_start = time.perf_counter()
-    os.environ.setdefault('YOLO_OFFLINE', '1'); os.environ.setdefault('YOLO_AUTOINSTALL', 'false')
-    os.environ.setdefault('ULTRALYTICS_SKIP_REQUIREMENTS_CHECKS', '1')
-    os.environ.setdefault('YOLO_CONFIG_DIR', tempfile.mkdtemp(prefix='ycfg'))
-    if (ROOT / '.ulcmp' / 'stub').is_dir(): sys.path.insert(0, str(ROOT / '.ulcmp' / 'stub'))   # polars stand-in
-    import torch, ultralytics
-    from ultralytics.utils import SETTINGS
-    SETTINGS.update({'sync': False})
-    import ultralytics.engine.trainer as _tr, ultralytics.utils.checks as _ck, ultralytics.data.utils as _du
-    _tr.check_amp = lambda model: True          # would download weights; offline it returns True as well
-    _ck.check_font = _du.check_font = lambda *x, **k: None
-    from ultralytics import YOLO
-    cuda = torch.cuda.is_available()
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
-    epochs, last = [], [0.]
-    def epoch_start(tr):
-        sync(); last[0] = time.perf_counter()
-        epochs.append(dict(epoch=tr.epoch, t0=last[0], batches=0, data_wait_seconds=0.))   # an epoch redone (NaN) comes twice
-    def batch_start(tr): epochs[-1]['data_wait_seconds'] += time.perf_counter() - last[0]
-    def batch_end(tr): last[0] = time.perf_counter(); epochs[-1]['batches'] += 1
-    def epoch_end(tr):
-        sync(); e = epochs[-1]; e['t1'] = time.perf_counter()
-        e['train_seconds'], e['images'] = e['t1'] - e['t0'], len(tr.train_loader.dataset)
-    def fit_epoch_end(tr):   # after validation and checkpoints; called again by the final evaluation (best.pt): not kept
-        sync(); epochs[-1].setdefault('validation_seconds', time.perf_counter() - epochs[-1]['t1'])
-    model = YOLO('yolo11n-seg.yaml')
-    for name, fn in (('on_train_epoch_start', epoch_start), ('on_train_batch_start', batch_start), ('on_train_batch_end', batch_end),
-                     ('on_train_epoch_end', epoch_end), ('on_fit_epoch_end', fit_epoch_end)): model.add_callback(name, fn)
-    t_train = time.perf_counter()
-    model.train(data=a.data, epochs=a.epochs, imgsz=a.imgsz, batch=a.batch, device=0 if cuda else 'cpu', seed=0,
-                workers=a.workers, pretrained=False, plots=False, close_mosaic=a.close_mosaic,
-                cache=False if a.cache == 'none' else a.cache, project=a.project, name='r', exist_ok=True)
-    sync()
-    for e in epochs: e.pop('t0', None); e.pop('t1', None)
-    Path(a.json).write_text(json.dumps(dict(
-        ultralytics=ultralytics.__version__, torch=torch.__version__, cache=a.cache, close_mosaic=a.close_mosaic,
-        workers=a.workers, imgsz=a.imgsz, setup_seconds=t_train - t_start, train_call_seconds=time.perf_counter() - t_train,
-        epochs=epochs, peak_reserved_mib=torch.cuda.max_memory_reserved() / 2**20 if cuda else None), indent=1))
+    keep = ('ultralytics', 'torch', 'cache', 'close_mosaic', 'workers', 'imgsz', 'setup_seconds', 'train_call_seconds',
+            'epochs', 'peak_reserved_mib')
+    return dict(command=' '.join(args[1:]), process_seconds=wall, ul_process_seconds=res['process_seconds'],
+                **steady(res['epochs']), **{k: res[k] for k in keep})
 
 
 def summarize(runs: list, arms: list, batches: list) -> dict:
@@ -283,7 +245,7 @@ def summarize(runs: list, arms: list, batches: list) -> dict:
 
 def fit(a, ds: Path) -> Path:
     arms = a.arms.split(',')
-    if 'ul' in arms and not _ul_importable(): arms.remove('ul'); print('fit: ultralytics does not import here: the ul arm is left out')
+    if 'ul' in arms and not ul_importable(): arms.remove('ul'); print('fit: ultralytics does not import here: the ul arm is left out')
     if not arms: raise SystemExit('fit: no arm to run')
     loader_res = json.loads(Path(a.loader).read_text()) if a.loader else None
     runs, path = [], None
@@ -313,12 +275,6 @@ def fit(a, ds: Path) -> Path:
         print(f"batch {b}: images/s {cells}  {over}  lucid hashes equal: {sb['lucid_hashes_equal']}")
     if loader_res: print_loader_over_fit(loader_over_fit(loader_res['rows'], summary, loader_res['batch_size'], a.loader))
     print(f'-> {path}'); return path
-
-
-def _ul_importable() -> bool:
-    r = subprocess.run([sys.executable, '-c', 'import ultralytics'], capture_output=True, cwd=ROOT,
-                       env={**os.environ, 'YOLO_OFFLINE': '1', 'YOLO_CONFIG_DIR': tempfile.mkdtemp(prefix='ycfg')})
-    return r.returncode == 0
 
 
 # -------------------------------------------------------------------------------------------------------------- loader
@@ -470,7 +426,7 @@ def cache_scaling(a, ds: Path) -> Path:
 def index_point(a):
     "One read of the label index in this process, under tracemalloc: the JSON's, the cached index's, or a revision's `read_records`."
     import gc, tracemalloc
-    from lucid_nb.data import DataReport, label_index, load_coco_json, coco_categories
+    from lucid_nb.data import DataReport, label_index
     images = Path(a.ds) / 'train'
     gc.collect(); tracemalloc.start(); t0 = time.perf_counter()
     if a.baseline:   # a revision's records (its polygons as it keeps them), from the JSON
@@ -513,7 +469,7 @@ def index_memory(a, ds: Path) -> Path:
 def profile(a, ds: Path) -> Path:
     with tempfile.TemporaryDirectory(prefix='scale_profile_') as tmp:
         out = Path(tmp) / 'profile.json'
-        cb = dict(class_path='scale_profile.KernelProfile',
+        cb = dict(class_path='profile_fit.KernelProfile',
                   init_args=dict(out=str(out), warmup=a.warmup, timed=a.timed, steps=a.steps, parts=not a.capture))
         args = [sys.executable, '-c', LUCID, 'fit', '--config', str(CONFIG), *lucid_data_args(ds), '--data.batch_size', str(a.batch),
                 '--data.close_mosaic', str(a.close_mosaic), '--trainer.max_epochs', '1000',
@@ -575,9 +531,6 @@ def parser() -> argparse.ArgumentParser:
     for k in ('--ds', '--json', '--cache', '--cache-dir', '--out'): cp.add_argument(k, required=True)
     for k in ('--imgsz', '--workers'): cp.add_argument(k, type=int, required=True)
     cp.add_argument('--epoch', action='store_true', help='after setup, one training epoch, then the PSS of this process and its workers')
-    u = sub.add_parser('_ul')   # one Ultralytics run, in its own process (fit_ul)
-    for k in ('--data', '--cache', '--project', '--json'): u.add_argument(k, required=True)
-    for k in ('--batch', '--epochs', '--imgsz', '--workers', '--close-mosaic'): u.add_argument(k, type=int, required=True)
     return p
 
 
@@ -601,7 +554,6 @@ def smoke(p: argparse.ArgumentParser):
 
 
 def run(a):
-    if a.stage == '_ul': return ul_main(a)
     if a.stage == '_cache_point': return cache_point(a)
     if a.stage == '_index_point': return index_point(a)
     if a.stage == 'cache': a.n = max(json.loads(Path(a.pss_into).read_text())['points'] if a.pss_into else a.points)

@@ -10,7 +10,7 @@ bf16-mixed on the CPU is `torch.autocast('cpu', torch.bfloat16)` around `trainin
 also casts a few ops' inputs up to float32 — exp, log, pow, sum, softmax, ... — which the CPU's does not: those casts
 are missing here).
 
-Parts are marked by the step's own hooks, as `scale_profile.KernelProfile` marks them on the GPU: forward (batch start
+Parts are marked by the step's own hooks, as `profile_fit.KernelProfile` marks them on the GPU: forward (batch start
 to the loss module's call: a forward pre-hook on `module.loss_fn`), loss (to Lightning's `on_before_backward`),
 backward (to `on_before_optimizer_step`), optimizer (to `module.ema.update`), ema (that call). The step total is these
 five; `input` (`YoloData.on_after_batch_transfer`: uint8 to float, HSV jitter) is counted beside it, outside the total.
@@ -29,7 +29,7 @@ rest). Families (`family`): conv/matmul, batch norm, casts/copies (`_to_copy`, `
 A cast's name carries its dtypes (`_to_copy f32>bf16`). Per image = per step / batch size (calls stay per step).
 
 `--gpu-profile FILE` puts the ranking of families by CPU-counted bytes beside a GPU profile's ranking by kernel time:
-a `scale.py profile` result (`by_family_us_per_image`, its families mapped to these) or a `profile_step.py` result (its
+a `scale.py profile` result (`by_family_us_per_image`, its families mapped to these) or a `profile_fit.py step` result (its
 top host operators' self CUDA time, classified here by operator name; the operators the table leaves out are `unlisted`).
 Writes `step_cost_b<batch>_cpu_<commit>[_<tag>].json` (`common.write_result`); a short table last.
 
@@ -280,11 +280,11 @@ def summarise(cb: StepCost) -> dict:
 
 # ----------------------------------------------------------------------------------------------- the GPU's ranking
 GPU_FAMILIES = {'gemm/conv': 'conv/matmul', 'batchnorm': 'batch norm', 'copy/cast': 'casts/copies', 'elementwise': 'elementwise',
-                'reduction': 'reductions', 'other': 'other'}   # `scale_profile.FAMILIES` -> these
+                'reduction': 'reductions', 'other': 'other'}   # `profile_fit.FAMILIES` -> these
 
 
 def _profile_table(text: str) -> tuple[dict, float]:
-    "A `profile_step.py` table: self CUDA microseconds of each listed operator, and the table's self CUDA total."
+    "A `profile_fit.py step` table: self CUDA microseconds of each listed operator, and the table's self CUDA total."
     unit = dict(us=1, ms=1e3, s=1e6)
     def us(cell):
         m = re.fullmatch(r'([\d.]+)(us|ms|s)', cell.strip())
@@ -308,14 +308,14 @@ def gpu_shares(path: Path) -> dict:
         for k, us in d['by_family_us_per_image'].items(): fam[GPU_FAMILIES.get(k, 'other')] += us
         parts = d.get('by_part_us_per_image') or {}
         kind = f"scale.py profile, batch {d.get('batch_size')}, {d.get('clock')}"
-    elif 'profiler_top_host_ops' in d:   # `profile_step.py`
+    elif 'profiler_top_host_ops' in d:   # `profile_fit.py step`
         rows, tot = _profile_table(d['profiler_top_host_ops'])
         fam = collections.Counter()
         for name, us in rows.items(): fam[family(name) if name.startswith('aten::') else 'other'] += us
         fam['unlisted'] = max(tot - sum(rows.values()), 0)
         parts = d.get('median_ms') or {}
-        kind = f"profile_step.py, batch {d.get('batch_size')}, self CUDA time of the top host operators"
-    else: raise SystemExit(f'--gpu-profile {path}: neither a `scale.py profile` nor a `profile_step.py` result')
+        kind = f"profile_fit.py step, batch {d.get('batch_size')}, self CUDA time of the top host operators"
+    else: raise SystemExit(f'--gpu-profile {path}: neither a `scale.py profile` nor a `profile_fit.py step` result')
     parts = {k: v for k, v in parts.items() if k in (*PARTS, 'forward_loss', 'optimizer_ema')}   # the step's own parts
     ptot = sum(parts.values())
     return dict(file=str(path), kind=kind, device=(d.get('env') or {}).get('device'),
@@ -380,12 +380,12 @@ def main(argv=None):
     p.add_argument('--warmup', type=int, default=1, help='uncounted steps before the counted one (default 1)')
     p.add_argument('--tag', default='', help='appended to the result file name (before, after_<lever>)')
     p.add_argument('--out', default=None, help='results folder (default benchmarks/results; --smoke: a temporary one)')
-    p.add_argument('--gpu-profile', type=Path, help='a `scale.py profile` or `profile_step.py` result: its kernel time by family beside the counts')
+    p.add_argument('--gpu-profile', type=Path, help='a `scale.py profile` or `profile_fit.py step` result: its kernel time by family beside the counts')
     p.add_argument('--smoke', action='store_true', help='batch 2, 64 px, into a temporary folder')
     p.add_argument('extra', nargs='*', help='extra `lucid fit` arguments, after --')
     a = p.parse_args(argv)
     if a.gpu_profile is not None and not a.gpu_profile.is_file():
-        p.error(f'--gpu-profile {a.gpu_profile}: no such file; give a `scale.py profile` or `profile_step.py` result JSON')
+        p.error(f'--gpu-profile {a.gpu_profile}: no such file; give a `scale.py profile` or `profile_fit.py step` result JSON')
     if a.smoke: a.batch, a.imgsz, a.out = 2, 64, a.out or tempfile.mkdtemp(prefix='step_cost_')
     gpu = gpu_shares(a.gpu_profile) if a.gpu_profile else None
     from lucid_nb.command import cli_main

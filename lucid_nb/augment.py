@@ -7,7 +7,7 @@ Docs: https://lucid-nb.github.io/lucid_nb/augment.html.md"""
 # %% ../nbs/01b_augment.ipynb #287a756d
 from __future__ import annotations
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 import numpy as np, torch
 from PIL import Image
 from pycocotools import mask as mask_utils
@@ -231,19 +231,35 @@ def place_instances(p:Prepared, M:np.ndarray, crop:tuple, size:int)->tuple[np.nd
     return boxes, rasterise_instances(p, M, crop, size, per, range(len(p.cls))), area0
 
 # %% ../nbs/01b_augment.ipynb #1192168d
-@dataclass
-class AugSettings:
-    "YOLO augmentation settings (defaults as YOLO's)."
-    fliplr: float = .5
-    degrees: float = 0.
-    translate: float = .1
-    scale: float = .5
-    shear: float = 0.
-    mosaic: float = 1.
-    hsv_h: float = .015
-    hsv_s: float = .7
-    hsv_v: float = .4
+def _bounded(default:float, lo:float=0., hi:float|None=None, below_hi:bool=False, why:str=''):
+    "A dataclass field holding a number in [lo, hi] ([lo, hi) with `below_hi`; no upper bound with `hi` None)."
+    return field(default=default, metadata=dict(lo=lo, hi=hi, below_hi=below_hi, why=why))
 
+def _check_bounds(obj):
+    "Raise one line naming the first `_bounded` field of the dataclass `obj` that is outside its range."
+    for f in fields(obj):
+        if 'lo' not in f.metadata: continue
+        v, (lo, hi, below_hi, why) = getattr(obj, f.name), (f.metadata[k] for k in ('lo', 'hi', 'below_hi', 'why'))
+        if hi is None: ok, need = v >= lo, 'must not be negative' if lo == 0 else f'must be at least {lo}'
+        elif below_hi: ok, need = lo <= v < hi, f'must be in [{lo}, {hi})'
+        else: ok, need = lo <= v <= hi, f'must be between {lo} and {hi}'
+        if not ok: raise ValueError(f"{f.name}={v} {need}" + (f' ({why})' if why else ''))
+
+@dataclass(kw_only=True)
+class AugSettings:
+    "YOLO augmentation settings (defaults as YOLO's), by keyword, each checked against its bounds when made."
+    fliplr: float = _bounded(.5, 0, 1)        # probability of a horizontal flip
+    degrees: float = _bounded(0.)             # rotation range, ± degrees
+    translate: float = _bounded(.1, 0, .5)    # translation range, ± fraction of the side
+    scale: float = _bounded(.5, 0, 1, below_hi=True, why='the zoom is drawn from 1 ± scale')
+    shear: float = _bounded(0.)               # shear range, ± degrees
+    mosaic: float = _bounded(1., 0, 1)        # probability of a 4-image mosaic
+    hsv_h: float = _bounded(.015)             # hue gain range, 1 ± hsv_h
+    hsv_s: float = _bounded(.7)               # saturation gain range
+    hsv_v: float = _bounded(.4)               # value gain range
+    def __post_init__(self): _check_bounds(self)
+
+# %% ../nbs/01b_augment.ipynb #e7a890e4
 def _keep(boxes:np.ndarray, area0:np.ndarray)->np.ndarray:
     w, h = boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1]
     return (w > 2) & (h > 2) & (w * h > .1 * area0) & (np.maximum(w / (h + 1e-9), h / (w + 1e-9)) < 100)

@@ -1,4 +1,4 @@
-"""COCO annotation files (and Ultralytics YOLO labels) and images read and checked: records, input problems and their messages, pixels as displayed, prepared once.
+"""COCO annotation files and images read and checked: records, input problems and their messages, pixels as displayed, prepared once.
 
 Docs: https://lucid-nb.github.io/lucid_nb/coco.html.md"""
 
@@ -11,19 +11,17 @@ from collections import Counter
 from contextlib import redirect_stdout
 from dataclasses import dataclass, field
 from pathlib import Path
-import numpy as np, yaml
+import numpy as np
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from PIL import Image
 from pycocotools import mask as mask_utils
 from pycocotools.coco import COCO
-from .core import *
 
 # %% auto #0
-__all__ = ['log', 'BAD_INPUT_POLICIES', 'ORIENTATION_TAG', 'ORIENTATIONS', 'IMAGE_SUFFIXES', 'DETECTION_LINE', 'BadInputError',
-           'DataReport', 'load_coco_json', 'coco_categories', 'to_coco', 'Instance', 'ImageRecord', 'coco_id',
-           'read_records', 'eval_annotations', 'to_rgb', 'exif_orientation', 'check_size', 'load_rgb', 'Prepared',
-           'resized_hw', 'prepare', 'YoloSpec', 'yolo_names', 'load_data_yaml', 'yolo_label_path', 'displayed_hw',
-           'yolo_annotations', 'yolo_coco']
+__all__ = ['log', 'BAD_INPUT_POLICIES', 'ORIENTATION_TAG', 'ORIENTATIONS', 'IMAGE_SUFFIXES', 'BadInputError', 'DataReport',
+           'load_coco_json', 'coco_categories', 'to_coco', 'Instance', 'ImageRecord', 'coco_id', 'read_records',
+           'eval_annotations', 'to_rgb', 'exif_orientation', 'check_size', 'load_rgb', 'Prepared', 'resized_hw',
+           'prepare']
 
 # %% ../nbs/01a_coco.ipynb #f1c891ef
 log = logging.getLogger('lucid_nb.data')   # one logger for the whole data pipeline (coco, augment, loader, data)
@@ -177,6 +175,7 @@ def read_records(
     cat_ids:list[int],        # COCO id of each contiguous class
     report:DataReport,        # where problems and notes go
     source:str='annotations', # name of the JSON in messages
+    negatives:str|None='images without annotations (kept as negatives)', # the note counting images without annotations (None: the caller counts them)
     masks:bool=True,          # read and check each annotation's `segmentation`; False: boxes only (detection)
 )->list[ImageRecord]:         # every usable image entry, in JSON order
     "Check each image entry and annotation of `d` under `report`'s policy."
@@ -206,7 +205,7 @@ def read_records(
             elif isinstance(inst, tuple):
                 report.problem(f"{rec.path.name} annotation {a.get('id')}", *inst); rec.bad_anns.add(j)
             else: rec.instances.append(inst)
-        if not mine: report.note('images without annotations (kept as negatives)')
+        if not mine and negatives: report.note(negatives)
         key = [[a for _, a in mine], list(cat_ids), rec.hw] + ([] if masks else ['boxes only'])   # what a cached image holds differs
         rec.ann_hash = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
     return recs
@@ -315,157 +314,5 @@ def prepare(rec:ImageRecord, imgsz:int,
     return Prepared(img, rec.image_id, (H, W), boxes, np.array([i.cls for i in rec.instances], np.int64),
                     np.concatenate(xy), np.array(parts, np.int64).reshape(-1, 2), rles, orientation)
 
-# %% ../nbs/01a_coco.ipynb #fb6ffe7e
-IMAGE_SUFFIXES = ('.jpg', '.jpeg', '.png', '.bmp', '.gif', '.tif', '.tiff', '.webp')
-
-@dataclass
-class YoloSpec:
-    "An Ultralytics `data.yaml`, read: where it is, the dataset root, the image folders of each split, the class names."
-    path: Path               # the data.yaml
-    root: Path               # its `path`, resolved against the yaml's folder when relative
-    splits: dict             # 'train'/'val': [folder, ...]
-    names: list              # class names, index = class
-
-# %% ../nbs/01a_coco.ipynb #04878a4b
-def yolo_names(names, path:Path)->list[str]:
-    "`names` of a data.yaml as a list: a list as it is, a dict `{index: name}` by index (0..K-1, each once)."
-    if isinstance(names, dict):
-        try: by = {int(k): str(v) for k, v in names.items()}
-        except (TypeError, ValueError): by = {}
-        if by and sorted(by) == list(range(len(names))): return [by[k] for k in range(len(names))]
-        raise ValueError(f"{path}: the keys of 'names' must be the class indices 0..{len(names) - 1}, got {list(names)}")
-    if isinstance(names, list) and names: return [str(n) for n in names]
-    raise ValueError(f"{path}: 'names' must be a list of class names or a dict {{index: name}}, got {names!r}")
-
-def _yolo_folders(v, root:Path, path:Path, key:str)->list[Path]:
-    "The image folders of split `key`: one folder or a list, relative to `root`."
-    out = []
-    for s in (v if isinstance(v, list) else [v]):
-        if not isinstance(s, str) or not s: raise ValueError(f"{path}: '{key}' must be a folder of images relative to 'path' (or a list of them), got {s!r}")
-        p = root/s
-        if p.is_dir(): out.append(p)
-        elif p.is_file(): raise ValueError(f"{path}: '{key}': {p} is a file; only folders of images are read: point '{key}' at a folder (e.g. images/{key})")
-        else: raise FileNotFoundError(f"{path}: '{key}': no such folder {p}")
-    return out
-
-# %% ../nbs/01a_coco.ipynb #6162d48a
-def load_data_yaml(path:str|Path)->YoloSpec:
-    "Read an Ultralytics `data.yaml` (`path`, `train`, `val`, `names`); anything missing or malformed is an error naming the file."
-    path = Path(path)
-    if not path.is_file(): raise FileNotFoundError(f"dataset file not found: {path} (dataset takes an Ultralytics data.yaml)")
-    try: cfg = yaml.safe_load(path.read_text())
-    except (yaml.YAMLError, UnicodeDecodeError) as e: raise ValueError(f"{path}: not readable as YAML ({' '.join(str(e).split())})") from None
-    if not isinstance(cfg, dict): raise ValueError(f"{path}: not an Ultralytics data.yaml (needs the keys path, train, val and names)")
-    for k in ('train', 'val', 'names'):
-        if cfg.get(k) is None: raise ValueError(f"{path}: no '{k}' (an Ultralytics data.yaml names path, train, val and names)")
-    root = path.parent/str(cfg.get('path') or '.')   # an absolute `path` stays as it is
-    if not root.is_dir(): raise FileNotFoundError(f"{path}: 'path': no such folder {root}")
-    return YoloSpec(path, root, {k: _yolo_folders(cfg[k], root, path, k) for k in ('train', 'val')}, yolo_names(cfg['names'], path))
-
-# %% ../nbs/01a_coco.ipynb #195eeb5b
-def yolo_label_path(img:str|Path)->Path:
-    "The label file of image `img`: its last `images` folder replaced by `labels`, the suffix by `.txt`."
-    parts = Path(img).parts
-    if 'images' in parts[:-1]:
-        k = len(parts) - 2 - parts[-2::-1].index('images'); parts = (*parts[:k], 'labels', *parts[k + 1:])
-    return Path(*parts).with_suffix('.txt')
-
-def displayed_hw(path:str|Path)->tuple:
-    "(H, W) of an image file as displayed (EXIF orientation applied), from its header."
-    with Image.open(path) as im: (w, h), o = im.size, exif_orientation(im)
-    return (w, h) if o in (5, 6, 7, 8) else (h, w)
-
-# %% ../nbs/01a_coco.ipynb #05a8c7da
-def _yolo_class(w:str, K:int)->int|tuple:
-    "The class index a label line starts with, or `(reason, detail)` if it is not one of the K classes."
-    try: c = float(w)
-    except ValueError: return 'bad class index', f"{w!r} is not a number"
-    if not (c.is_integer() and 0 <= c < K): return 'unknown class index', f"class {w}, data.yaml names {K} classes (0..{K - 1})"
-    return int(c)
-
-def _yolo_line(v:list, K:int)->tuple:
-    "The class and normalised coordinates of one label line (split into words), or `(reason, detail)` if it is bad."
-    if isinstance(c := _yolo_class(v[0], K), tuple): return c
-    try: xy = [float(s) for s in v[1:]]
-    except ValueError as e: return 'bad number', str(e)
-    if len(xy) % 2: return 'bad segmentation', f"odd number of polygon coordinates ({len(xy)})"
-    if len(xy) < 6: return 'polygon with fewer than 3 points', f"{len(xy) // 2} points"
-    if not all(map(math.isfinite, xy)): return 'NaN or infinite number', ' '.join(v[1:])
-    if (out := next((s for s, f in zip(v[1:], xy) if not 0 <= f <= 1), None)) is not None:
-        return 'coordinate outside 0..1', f"{out}: YOLO coordinates are normalised by the image's width and height"
-    return c, xy
-
-def _yolo_annotation(c:int, xy:list, hw:tuple)->dict|tuple:
-    "A COCO annotation (pixels) of class `c` and normalised polygon `xy` in an (H, W) image, or `(reason, detail)` for a degenerate one."
-    H, W = hw
-    poly = [f * (W if k % 2 == 0 else H) for k, f in enumerate(xy)]
-    x0, y0, x1, y1 = min(poly[::2]), min(poly[1::2]), max(poly[::2]), max(poly[1::2])
-    if not (x1 > x0 and y1 > y0): return 'zero-area box', f"the polygon spans {x1 - x0:g} x {y1 - y0:g} pixels"
-    area = float(mask_utils.area(mask_utils.frPyObjects([poly], H, W))[0])
-    return dict(category_id=c, segmentation=[poly], bbox=[x0, y0, x1 - x0, y1 - y0], area=area, iscrowd=0)
-
-def _yolo_box(v:list, K:int, hw:tuple)->dict|tuple:
-    "A COCO annotation (pixels, no segmentation) of a detection line `class cx cy w h` in an (H, W) image, or `(reason, detail)` if it is bad."
-    if isinstance(c := _yolo_class(v[0], K), tuple): return c
-    try: cx, cy, w, h = (float(s) for s in v[1:])
-    except ValueError as e: return 'bad number', str(e)
-    if not all(map(math.isfinite, (cx, cy, w, h))): return 'NaN or infinite number', ' '.join(v[1:])
-    if (out := next((s for s, f in zip(v[1:], (cx, cy, w, h)) if not 0 <= f <= 1), None)) is not None:
-        return 'coordinate outside 0..1', f"{out}: YOLO coordinates are normalised by the image's width and height"
-    (H, W), clip = hw, lambda f: min(max(f, 0.), 1.)
-    x0, y0, x1, y1 = clip(cx - w / 2) * W, clip(cy - h / 2) * H, clip(cx + w / 2) * W, clip(cy + h / 2) * H
-    if not (x1 > x0 and y1 > y0): return 'zero-area box', f"the box spans {x1 - x0:g} x {y1 - y0:g} pixels"
-    return dict(category_id=c, bbox=[x0, y0, x1 - x0, y1 - y0], area=(x1 - x0) * (y1 - y0), iscrowd=0)
-
-# %% ../nbs/01a_coco.ipynb #580462a7
-DETECTION_LINE = ("a detection label (class cx cy w h: 5 numbers), and this run trains segmentation (--model.task segment), "
-                  "whose every line is a class and a polygon, class x1 y1 x2 y2 x3 y3 … (Ultralytics YOLO-seg format); "
-                  "to train a detector on these labels, give --model.task detect")
-
-def yolo_annotations(
-    txt:Path,             # label file; none there: no annotations
-    hw:tuple,             # (H, W) of its image as displayed
-    K:int,                # number of classes
-    report:DataReport,    # where bad lines go, as `file:line`
-    masks:bool=True,      # segmentation: polygon lines only; False (detection): box lines too, and polygons read as their boxes
-)->list[dict]|None:       # COCO annotations (no ids yet) of the good lines; None if the file cannot be read
-    "The annotations of one label file; a detection line for segmentation is a `BadInputError` whatever the policy."
-    try: lines = txt.read_text().splitlines()
-    except FileNotFoundError: return []
-    except (OSError, UnicodeDecodeError) as e: report.problem(str(txt), 'unreadable label file', str(e)); return None
-    anns = []
-    for n, line in enumerate(lines, 1):
-        if not (v := line.split()): continue
-        if len(v) == 5 and masks: raise BadInputError(f"{txt}:{n}: {DETECTION_LINE}")
-        if len(v) == 5: a = _yolo_box(v, K, hw)
-        elif isinstance((a := _yolo_line(v, K))[0], int): a = _yolo_annotation(*a, hw)
-        if isinstance(a, tuple): report.problem(f"{txt}:{n}", *a)
-        else: anns.append(a)
-    return anns
-
-# %% ../nbs/01a_coco.ipynb #8917a561
-def yolo_coco(
-    spec:YoloSpec,        # from `load_data_yaml`
-    split:str,            # 'train' or 'val'
-    report:DataReport,    # where problems and notes go
-    first_id:int=1,       # id of the split's first image
-    masks:bool=True,      # segmentation labels; False: detection (`yolo_annotations`)
-)->dict:                  # COCO instances dict; `file_name`s relative to `spec.root`
-    "One split of an Ultralytics dataset as a COCO instances dict: images in file order with their displayed sizes, each good label line an annotation."
-    files = sorted({f for d in spec.splits[split] for f in d.rglob('*') if f.suffix.lower() in IMAGE_SUFFIXES and f.is_file()})
-    if not files: raise FileNotFoundError(f"{spec.path}: '{split}': no image files ({', '.join(IMAGE_SUFFIXES)}) in {', '.join(map(str, spec.splits[split]))}")
-    images, anns, readers = [], [], {}
-    for f in files: readers.setdefault(yolo_label_path(f), []).append(f)   # `a.jpg` and `a.png` both read `a.txt`
-    for f in files:
-        txt, others = yolo_label_path(f), [g.name for g in readers[yolo_label_path(f)] if g != f]
-        if others and txt.is_file():
-            report.problem(str(f), 'label file shared by several images', f"{txt} is also the label file of {', '.join(others)}: "
-                           "whose polygons they are cannot be told; rename the images apart, each with its own label file"); continue
-        try: hw = displayed_hw(f)
-        except _IMAGE_ERRORS as e: report.problem(str(f), 'unreadable image', f"{type(e).__name__}: {e}"); continue
-        if not txt.is_file(): report.note('images without a label file (background)')
-        if (mine := yolo_annotations(txt, hw, len(spec.names), report, masks)) is None: continue
-        i = first_id + len(images)
-        images.append(dict(id=i, file_name=str(f.relative_to(spec.root)) if f.is_relative_to(spec.root) else str(f), height=hw[0], width=hw[1]))
-        anns += [dict(a, id=len(anns) + k, image_id=i) for k, a in enumerate(mine, 1)]
-    return dict(images=images, annotations=anns, categories=[dict(id=k, name=n) for k, n in enumerate(spec.names)])
+# %% ../nbs/01a_coco.ipynb #24e775b6
+IMAGE_SUFFIXES = ('.jpg', '.jpeg', '.png', '.bmp', '.gif', '.tif', '.tiff', '.webp')   # the files read as images in a folder

@@ -8,7 +8,6 @@ Docs: https://lucid-nb.github.io/lucid_nb/command.html.md"""
 from __future__ import annotations
 import contextlib, importlib.util, itertools, logging, os, re, shutil, signal, sys, threading, warnings
 from pathlib import Path
-import torch
 from lightning.pytorch.callbacks import Callback, ModelSummary, RichModelSummary
 from lightning.pytorch.cli import LightningCLI, LightningArgumentParser
 from lightning.pytorch.plugins.io import TorchCheckpointIO
@@ -27,12 +26,14 @@ from .runs import LOCK_NAME, RunFolderInUse, SafeCheckpointIO, CheckpointWriteEr
 from .trainer import DATA_SOURCE, LitYolo
 from .tasks import TASKS
 from .metrics import conf_line, predict_conf
+from .predict import no_weights_line, untrained_asked
 
 # %% auto #0
-__all__ = ['BATCH_LIMITS', 'RESUME_FIXED', 'HELP', 'LIGHTNING_LOGS', 'QUIET_WARNINGS', 'RUN_RECORDS', 'UNUSED_RUN_FILES',
-           'USER_ERRORS', 'OneLineParser', 'LucidCLI', 'refuse_resume_changes', 'run_logger', 'add_tensorboard',
-           'cli_main', 'QuietLightning', 'quiet_lightning', 'model_line', 'ModelLine', 'quiet_trainer', 'resume_hint',
-           'Interrupted', 'StopSignals', 'other_run_folder', 'refuse_earlier_run', 'remove_unused_run_folder', 'main']
+__all__ = ['BATCH_LIMITS', 'RESUME_FIXED', 'HELP', 'LIGHTNING_LOGS', 'QUIET_WARNINGS', 'AFTER_FIT', 'NOT_LUCID', 'EXPORT_HELP',
+           'RUN_RECORDS', 'UNUSED_RUN_FILES', 'USER_ERRORS', 'OneLineParser', 'LucidCLI', 'refuse_resume_changes',
+           'run_logger', 'add_tensorboard', 'cli_main', 'QuietLightning', 'quiet_lightning', 'model_line', 'ModelLine',
+           'quiet_trainer', 'resume_hint', 'Interrupted', 'StopSignals', 'other_run_folder', 'refuse_earlier_run',
+           'remove_unused_run_folder', 'main']
 
 # %% ../nbs/10a_command.ipynb #d9baf6c2
 class OneLineParser(LightningArgumentParser):
@@ -89,11 +90,12 @@ class LucidCLI(LightningCLI):
         return data.num_classes
 
     def before_instantiate_classes(self):
-        "Without `--trainer.logger`, a given `--trainer.default_root_dir` is where runs go (Lightning's convention)."
+        "Without `--trainer.logger`, a given `--trainer.default_root_dir` is where runs go (Lightning's convention); without `--trainer.enable_progress_bar`, no bar when stdout is not a terminal (a log file)."
         cfg = self.config.get(self.subcommand, self.config) if self.subcommand else self.config
         root, given = cfg.trainer.get('default_root_dir'), getattr(self, 'given_trainer_options', set())
         if root and 'logger' not in given and isinstance(cfg.trainer.get('logger'), Namespace):
             cfg.trainer.logger.init_args.save_dir = str(root)
+        if 'enable_progress_bar' not in given and not sys.stdout.isatty(): cfg.trainer.enable_progress_bar = False
 
     def after_instantiate_classes(self):
         "CSV logs always, first among the loggers; TensorBoard logs beside them in the run folder with `--tensorboard true`."
@@ -152,7 +154,8 @@ HELP = {'description': "lucid: YOLO-style instance segmentation and object detec
                         "(Lightning's), and export (`lucid export --help`).",
         'fit': {'description': "Train. With no --config: the nano model (--model.size n) on the embedded coco128 data, "
                                "640 px, batch 4, for 10 epochs (--trainer.max_epochs); the run folder is runs/lucid/version_N, "
-                               "or under --trainer.default_root_dir."},
+                               "or under --trainer.default_root_dir. No sanity validation before the first epoch unless "
+                               "--trainer.num_sanity_val_steps N asks for one."},
         'predict': {'description': "Predict with --ckpt_path CKPT on --data.predict_images PATH (a folder, a glob or one "
                                    "image file; no annotations needed) or, without it, on the validation images; writes "
                                    "predict/<image>.jpg for every image and predict/predictions.json into the run folder."}}
@@ -166,7 +169,7 @@ def cli_main(args:list|None=None, run:bool=True)->LucidCLI:
     return LucidCLI(LitYolo, YoloData, args=args, run=run, save_config_kwargs={'overwrite': True}, auto_configure_optimizers=False,
                     parser_class=OneLineParser,
                     parser_kwargs=HELP,
-                    trainer_defaults={'max_epochs': 10, 'logger': {'class_path': 'lightning.pytorch.loggers.CSVLogger',
+                    trainer_defaults={'max_epochs': 10, 'num_sanity_val_steps': 0, 'logger': {'class_path': 'lightning.pytorch.loggers.CSVLogger',
                                                                   'init_args': {'save_dir': 'runs', 'name': 'lucid'}}})
 
 # %% ../nbs/10a_command.ipynb #0b95467e
@@ -181,22 +184,46 @@ class QuietLightning(logging.Filter):
             'Using bfloat16 Automatic Mixed Precision', 'Using 16bit Automatic Mixed Precision',   # --trainer.precision, said back
             '`Trainer.fit` stopped: `max_epochs=',   # `_FitLoop.done`: the run did as asked, and the per-class table follows
             'You are using a CUDA device (')   # `_check_cuda_matmul_precision`: TF32 advice, which would change every float32 number
-    verbose = False
-    def filter(self, record)->bool: return self.verbose or not str(record.getMessage()).startswith(self.DROP)
+    RESTORE = ('Restoring states from the checkpoint path at', 'Restored all states from the checkpoint at',
+               'Loaded model weights from the checkpoint at')   # `_CheckpointConnector`: dropped after fit; a resumed fit says it
+    verbose, after_fit = False, False
+    def filter(self, record)->bool:
+        msg = str(record.getMessage())
+        return self.verbose or not (msg.startswith(self.DROP) or (self.after_fit and msg.startswith(self.RESTORE)))
 
 LIGHTNING_LOGS = ('lightning.pytorch.utilities.rank_zero', 'lightning.fabric.utilities.rank_zero',   # `rank_zero_info`
                   'lightning.fabric.utilities.seed', 'lightning.pytorch.accelerators.cuda')
 QUIET_WARNINGS = ('No seed found, seed set to',                                   # `seed_everything()` without a seed
                   'The number of training batches .* is smaller than the logging interval')   # `_FitLoop.setup_data`
 
-def quiet_lightning(verbose:bool=False):
-    "Install `QuietLightning` on the loggers of Lightning's start-up lines (once) and ignore `QUIET_WARNINGS`; `verbose`: let all through."
-    QuietLightning.verbose = verbose
+AFTER_FIT = ('validate', 'test', 'predict')   # the subcommands that print `lucid`'s lines only
+NOT_LUCID = r'(?!lucid_nb(\.|$))'   # a warning's module (`warnings.filterwarnings`' `module`, matched at its start): any but lucid's
+
+def quiet_lightning(verbose:bool=False, sub:str|None=None):
+    "Install `QuietLightning` on the loggers of Lightning's start-up lines (once) and ignore `QUIET_WARNINGS`; after fit (`sub` in `AFTER_FIT`) also the restore lines and every other library's warnings; `verbose`: let all through."
+    QuietLightning.verbose, QuietLightning.after_fit = verbose, sub in AFTER_FIT
+    if sub in AFTER_FIT and not verbose: warnings.filterwarnings('ignore', module=NOT_LUCID)
     for name in LIGHTNING_LOGS:
         log = logging.getLogger(name)
         if not any(isinstance(f, QuietLightning) for f in log.filters): log.addFilter(QuietLightning())
     # the newest filter wins: 'default' (Python's own action for these warnings) undoes an earlier 'ignore'
     for msg in QUIET_WARNINGS: warnings.filterwarnings('default' if verbose else 'ignore', message=msg)
+
+# %% ../nbs/10a_command.ipynb #51c4de9c
+EXPORT_HELP = "Write a checkpoint's network as ONNX or TorchScript and check it (`lucid export --help` lists its options)."
+
+@patch
+def _add_subcommands(self:LucidCLI, parser, **kwargs):
+    "Lightning's subcommands, then `export` in the list that `lucid --help` and a wrong subcommand's error give (`lucid_nb.cli` sends `lucid export` to `export_main` before this parser)."
+    LightningCLI._add_subcommands(self, parser, **kwargs)
+    parser._subcommands_action.add_subcommand('export', self.init_parser(description=EXPORT_HELP), help=EXPORT_HELP)
+
+@patch
+def _prepare_subcommand_kwargs(self:LucidCLI, subcommand:str)->dict:
+    "Lightning's arguments of the subcommand; `validate` and `test` pass `lucid`'s `--verbose` on: Lightning's metric box after `lucid`'s table only when asked."
+    kw = LightningCLI._prepare_subcommand_kwargs(self, subcommand)
+    if subcommand in ('validate', 'test'): kw['verbose'] = bool(self.config[subcommand].get('verbose'))
+    return kw
 
 # %% ../nbs/10a_command.ipynb #7c2e4a02
 def model_line(net:nn.Module, size:int)->str:
@@ -342,7 +369,7 @@ def parse_arguments(self:LucidCLI, parser, args):
                                            [a.split('=', 1)[1] for a in argv if str(a).startswith('--config=')])
     LightningCLI.parse_arguments(self, parser, args)
     sub = self.config.get('subcommand')   # None: `run=False` (notebooks, tests)
-    quiet_lightning(bool((self.config[sub] if sub else self.config).get('verbose')))   # before the seed's line
+    quiet_lightning(bool((self.config[sub] if sub else self.config).get('verbose')), sub)   # before the seed's line
     with skip_apply_links():   # what was given, as given: no link fills in a value nobody gave
         given = parser.parse_object(args, defaults=False) if isinstance(args, (dict, Namespace)) else parser.parse_args(args, defaults=False)
     pre = f"{given.subcommand}." if given.get('subcommand') else ''
@@ -355,8 +382,8 @@ def parse_arguments(self:LucidCLI, parser, args):
 # %% ../nbs/10a_command.ipynb #4248039a
 @patch
 def _parse_ckpt_path(self:LucidCLI):
-    "Options from the `--ckpt_path` checkpoint (`_ckpt_options`), then from the `--model.weights` file (`_weights_options`)."
-    self._ckpt_options(); self._weights_options()
+    "Options from the `--ckpt_path` checkpoint (`_ckpt_options`), then from the `--model.weights` file (`_weights_options`); a network to run checked for (`_refuse_untrained`)."
+    self._ckpt_options(); self._weights_options(); self._refuse_untrained()
 
 @patch
 def _ckpt_options(self:LucidCLI):
@@ -409,7 +436,9 @@ def _weights_options(self:LucidCLI):
     sub = self.config.get('subcommand')   # None: `run=False` (notebooks, tests), whose config has no subcommand level
     cfg, wrap = (self.config[sub], lambda d: {sub: d}) if sub else (self.config, lambda d: d)
     path, self.model_weights = cfg.model.get('weights'), None
-    if not path: return
+    self.untrained = 'weights' in self.given_model_options and untrained_asked(path)   # `--model.weights none`, as asked
+    if self.untrained and path is not None: self.config = self.parser.parse_object(wrap({'model': {'weights': None}}), self.config)
+    if not path or self.untrained: return
     if cfg.get('ckpt_path'):
         note(f"--model.weights {path} is not read: --ckpt_path {cfg.ckpt_path} restores the network")
         self.config = self.parser.parse_object(wrap({'model': {'weights': None}}), self.config); return
@@ -434,6 +463,16 @@ def _weights_options(self:LucidCLI):
         self.config = self.parser.parse_object(wrap({'model': {k: mine}}), self.config)
         cfg = self.config[sub] if sub else self.config
         note(f"--model.{k} {mine}: taken from --model.weights {path} ({w.title})")
+
+# %% ../nbs/10a_command.ipynb #e20a7316
+@patch
+def _refuse_untrained(self:LucidCLI):
+    "`validate`, `test` and `predict` without `--ckpt_path` or `--model.weights` are refused (`no_weights_line`); with `--model.weights none` one line says the network is untrained."
+    sub = self.config.get('subcommand')
+    if sub not in ('validate', 'test', 'predict'): return
+    cfg = self.config[sub]
+    if getattr(self, 'untrained', False): note(f"{sub} with an untrained network (--model.weights none): its detections mean nothing")
+    elif not cfg.get('ckpt_path') and not cfg.model.get('weights'): raise ValueError(no_weights_line(sub))
 
 # %% ../nbs/10a_command.ipynb #f4cc842c
 @patch

@@ -7,9 +7,9 @@ Docs: https://lucid-nb.github.io/lucid_nb/data.html.md"""
 # %% ../nbs/01d_data.ipynb #072e9fdf
 from __future__ import annotations
 import argparse, glob, os, sys, time
-from functools import partial
 from pathlib import Path
-from typing import Literal
+from dataclasses import dataclass
+from typing import Callable, Literal
 import numpy as np, torch, lightning as L
 from fastcore.basics import patch
 from lightning.fabric.utilities.rank_zero import rank_zero_only
@@ -19,13 +19,15 @@ from torch.utils.data import DataLoader, Dataset
 from .core import *
 from .tasks import TASKS, get_task
 from .coco import *
+from .yolo import *
 from .augment import *
 from .loader import *
 from .augment_device import *
 
 # %% auto #0
-__all__ = ['AUGMENT_ON', 'ULTRALYTICS_VAL_BATCH', 'YoloData', 'image_files', 'pil_rgb', 'prepare_image', 'ultralytics_sample',
-           'image_batch', 'ImageFiles', 'collate_images', 'RectImages', 'show_batch', 'data_cli', 'data_main']
+__all__ = ['AUGMENT_ON', 'DATA_FORMATS', 'ULTRALYTICS_VAL_BATCH', 'YoloData', 'DataFormat', 'data_format', 'image_files',
+           'pil_rgb', 'prepare_image', 'ultralytics_sample', 'image_batch', 'ImageFiles', 'collate_images',
+           'RectImages', 'show_batch', 'OneLineArgumentParser', 'data_cli', 'data_main', 'bool_value']
 
 # %% ../nbs/01d_data.ipynb #ac8594aa
 _COCO_OPTIONS = ('train_images', 'train_annotations', 'val_images', 'val_annotations')   # the options that name COCO data
@@ -46,11 +48,8 @@ def _check_options(o:dict):
     if o['threads'] is not None and o['threads'] < 1: raise ValueError(f"threads={o['threads']} must be at least 1 (or None: up to 8, the CPU count)")
     if o['val_batch_size'] is not None and o['val_batch_size'] < 1:
         raise ValueError(f"val_batch_size={o['val_batch_size']} must be at least 1 (or None: twice batch_size)")
-    for k in ('workers', 'close_mosaic', 'degrees', 'shear', 'hsv_h', 'hsv_s', 'hsv_v'):
+    for k in ('workers', 'close_mosaic'):   # the augmentation options are checked by `AugSettings` (its bounds)
         if o[k] < 0: raise ValueError(f"{k}={o[k]} must not be negative")
-    for k, hi in (('fliplr', 1), ('mosaic', 1), ('translate', .5)):
-        if not 0 <= o[k] <= hi: raise ValueError(f"{k}={o[k]} must be between 0 and {hi}")
-    if not 0 <= o['scale'] < 1: raise ValueError(f"scale={o['scale']} must be in [0, 1) (the zoom is drawn from 1 ± scale)")
     if o['dataset'] is not None and (coco := [k for k in _COCO_OPTIONS if o[k] is not None]):
         raise ValueError(f"dataset (an Ultralytics data.yaml) and {', '.join(coco)} (COCO files) both name the data: give one or the other")
     for a, b in (('train_images', 'train_annotations'), ('val_images', 'val_annotations')):
@@ -63,8 +62,9 @@ class YoloData(L.LightningDataModule):
     Parameters
     ----------
     dataset : str | None
-        An Ultralytics YOLO-seg `data.yaml` (its `path`, `train`, `val` and `names`), in place of the COCO options
-        below; its `val` images validate (`val_count` is not used).
+        A YOLO-seg `data.yaml` (Ultralytics or LightlyTrain: `path`, `train`, `val`, `names`; `test`, `nc`,
+        `skip_if_label_file_missing`), in place of the COCO options below; its `val` images validate (`val_count` is
+        not used), its `test` images are what `lucid test` scores when it names them.
     train_images : str | None
         Folder of training images. None: the embedded coco128 (`data/coco128/images`).
     train_annotations : str | None
@@ -148,14 +148,16 @@ class YoloData(L.LightningDataModule):
                  task:Literal['segment', 'detect']='segment'):
         super().__init__()
         _check_options(dict(locals()))
+        self.aug = AugSettings(fliplr=fliplr, degrees=degrees, translate=translate, scale=scale, shear=shear, mosaic=mosaic,
+                               hsv_h=hsv_h, hsv_s=hsv_s, hsv_v=hsv_v)
         self.save_hyperparameters()
         self.task = get_task(task)
-        self.aug = AugSettings(fliplr, degrees, translate, scale, shear, mosaic, hsv_h, hsv_s, hsv_v)
         self.report, self._train, self._val, self._json, self._val_coco, self._loaders = DataReport(on_bad_input), None, None, None, None, []
         self._disks = {}   # folder: DiskCache, shared by train and validation when they come from one JSON
         self._classes, self._predict, self._spec = None, None, None   # classes from `set_classes`; the `predict_images` dataset; the data.yaml read
         self._json_categories, self.cache_mode = None, cache   # the training JSON's classes; the cache used (`setup`: what fits)
         self.rules = 'lucid'   # the inference rules of validation and prediction (`set_rules`)
+        self.scored = 'val'    # the split `val_records` holds: 'val', or a data.yaml's 'test' for `lucid test`
 
 # %% ../nbs/01d_data.ipynb #6c41de4f
 @patch
@@ -177,9 +179,12 @@ def _yolo_spec(self:YoloData)->YoloSpec:
 
 @patch
 def _categories(self:YoloData)->tuple:
-    "`(cat_ids, class_names)`: those given to `set_classes`, else the data.yaml's `names` (ids 0..K-1), or the training JSON's (from its cached label index when there is one)."
-    if self._classes: return self._classes
-    if self.hparams.dataset: return list(range(len(names := self._yolo_spec().names))), names
+    "`(cat_ids, class_names)`: those given to `set_classes`, else the data format's (`data_format`)."
+    return self._classes or data_format(self.hparams.dataset).categories(self)
+
+@patch
+def _coco_categories(self:YoloData)->tuple:
+    "The training JSON's categories (from its cached label index when there is one)."
     if self._json_categories is None:
         h, (images, annotations) = self.hparams, self._paths()
         c = cached_categories(annotations, images, h.cache_dir, self.task.masks) if h.cache != 'none' and self._json is None else None
@@ -217,16 +222,40 @@ def _split(self:YoloData, names:list[str], recs:list)->tuple[list, list]:
 
 # %% ../nbs/01d_data.ipynb #7e75148e
 @patch
-def _yolo_records(self:YoloData)->tuple:
-    "Train and validation records of the `dataset` data.yaml (image ids: train first, then val), their disk-cache keys, and the validation source's name."
-    spec, cat_ids, rep = self._yolo_spec(), self.cat_ids, self.report
-    masks = self.task.masks
-    d = yolo_coco(spec, 'train', rep, masks=masks)
-    self._val_json = yolo_coco(spec, 'val', rep, first_id=len(d['images']) + 1, masks=masks)
-    tr, va = read_records(d, spec.root, cat_ids, rep, 'train', masks), read_records(self._val_json, spec.root, cat_ids, rep, 'val', masks)
-    return tr, va, (spec.splits['train'][0], spec.path), (spec.splits['val'][0], spec.path), f"the val images of {spec.path}"
+def _yolo_records(self:YoloData, stage:str|None=None)->tuple:
+    "Train and scored records of the `dataset` data.yaml (`01a_yolo`; `lucid test` scores its `test` split when it names one), their disk-cache keys, and the scored source's name."
+    spec = self._yolo_spec()
+    self.scored = 'test' if stage == 'test' and 'test' in spec.splits else 'val'
+    tr, va, self._val_json = yolo_records(spec, self.report, self.scored, self.cat_ids, self.task.masks)
+    return tr, va, (spec.splits['train'][0], spec.path), (spec.splits[self.scored][0], spec.path), f"the {self.scored} images of {spec.path}"
 
 # %% ../nbs/01d_data.ipynb #955f4c69
+@dataclass(frozen=True)
+class DataFormat:
+    "One data format as `YoloData` reads it: its classes, its records, and what to change when a split holds nothing to score."
+    name: str                # in messages
+    categories: Callable     # (datamodule) -> (cat_ids, class_names)
+    records: Callable        # (datamodule, stage) -> (train records, validation records, their disk-cache keys, the validation source's name)
+    fix_bad_val: Callable    # (datamodule) -> what to do when every validation image was left out as bad input
+    fix_no_val: Callable     # (datamodule) -> what to do when no validation image has an instance
+    fix_no_train: str        # said where no training image has an instance
+
+DATA_FORMATS = {
+    'coco': DataFormat('COCO instances JSON', lambda dm: dm._coco_categories(), lambda dm, stage: dm._coco_records(stage),
+                       lambda dm: "give --data.val_images and --data.val_annotations, or a larger --data.val_count",
+                       lambda dm: ('give a larger --data.val_count, or --data.val_images and --data.val_annotations with annotations'
+                                   if dm.hparams.val_images is None else 'give --data.val_annotations with annotations'), ''),
+    'yolo': DataFormat('YOLO-seg data.yaml', lambda dm: (dm._yolo_spec().keys, dm._yolo_spec().names), lambda dm, stage: dm._yolo_records(stage),
+                       lambda dm: f"fix them, or name other {dm.scored} images in the data.yaml",
+                       lambda dm: f"give {dm.scored} images with label files in the data.yaml",
+                       '; YOLO labels are read from the labels/ folder beside images/'),
+}
+
+def data_format(dataset:str|None)->DataFormat:
+    "The format of the data: a `dataset` (a data.yaml) is a YOLO-seg folder; otherwise COCO files (none given: the embedded coco128)."
+    return DATA_FORMATS['yolo' if dataset else 'coco']
+
+# %% ../nbs/01d_data.ipynb #628d5418
 @patch
 def _disk_folder(self:YoloData, images:Path, annotations:Path)->Path:
     h = self.hparams
@@ -256,9 +285,13 @@ def _plan_cache(self:YoloData, recs:list, images:Path, annotations:Path)->str:
 def setup(self:YoloData, stage:str|None=None):
     "Read, check, split and cache the data (once), then print the report; `predict` on `predict_images` reads nothing here."
     if self._train is not None or (stage == 'predict' and self.hparams.predict_images): return
-    h, t0 = self.hparams, time.perf_counter()
-    if h.dataset: self._setup_datasets(*self._yolo_records(), t0, stage); return
-    images, annotations = self._paths()
+    t0 = time.perf_counter()
+    self._setup_datasets(*data_format(self.hparams.dataset).records(self, stage), t0, stage)
+
+@patch
+def _coco_records(self:YoloData, stage:str|None=None)->tuple:
+    "Train and validation records of the COCO files (or the embedded coco128: the last `val_count` by file name validate), their disk-cache keys, and the validation source's name."
+    h, (images, annotations) = self.hparams, self._paths()
     for k, folder in (('train_images', images), ('val_images', h.val_images)):   # named once, not once per image in it
         if folder is not None and not Path(folder).is_dir():
             raise FileNotFoundError(f"{k} {folder}: {'not a folder' if Path(folder).exists() else 'no such folder'} "
@@ -276,13 +309,12 @@ def setup(self:YoloData, stage:str|None=None):
         vidx, self._val_json = label_index(vann, vimages, self.report, cat_ids, vann.name, on, h.cache_dir, check=same, masks=self.task.masks)
         tr, va = recs, vidx.records
     vsrc = f"{h.val_annotations}" if h.val_images else f"the last {h.val_count} images of {annotations.name} (by file name)"
-    self._setup_datasets(tr, va, (images, annotations),
-                         (Path(h.val_images) if h.val_images else images, Path(h.val_annotations) if h.val_annotations else annotations), vsrc, t0, stage)
+    return tr, va, (images, annotations), (Path(h.val_images) if h.val_images else images, Path(h.val_annotations) if h.val_annotations else annotations), vsrc
 
 @patch
 def _setup_datasets(self:YoloData, tr:list, va:list, tkey:tuple, vkey:tuple, vsrc:str, t0:float, stage:str|None=None):
     "Check and cache the train and validation records (`tkey`, `vkey`: their disk cache's images folder and annotations file), then print the report; validation must hold an instance unless `stage` is 'predict'."
-    h = self.hparams
+    h, fmt = self.hparams, data_format(self.hparams.dataset)
     self.cache_mode = self._plan_cache(tr + va, *tkey)
     self._val = self._dataset(va, *vkey, False)
     self._train = self._dataset(tr, *tkey, True)
@@ -291,15 +323,13 @@ def _setup_datasets(self:YoloData, tr:list, va:list, tkey:tuple, vkey:tuple, vsr
         for k, n in disk.stats.items(): self.report.note(f"disk cache {k}", n)
     if len(self._val) == 0:
         raise ValueError(f"no usable validation image: every one of {vsrc} was left out as bad input (see the report above); "
-                         + ("fix them, or name other val images in the data.yaml" if h.dataset else "give --data.val_images and --data.val_annotations, or a larger --data.val_count"))
+                         + fmt.fix_bad_val(self))
     if not any(r.instances for r in self._train.records):
         raise ValueError(f"no training instance: none of the {len(self._train)} training images has a usable annotation, so there "
                          f"is nothing to learn ({'a segmentation model needs masks: polygons or RLE' if self.task.masks else 'a detector needs boxes'}"
-                         f"{'; YOLO labels are read from the labels/ folder beside images/' if h.dataset else ''})\n{self.report}")
+                         f"{fmt.fix_no_train})\n{self.report}")
     if stage != 'predict' and not any(r.instances for r in self._val.records):   # predicting needs no annotation
-        fix = ('give val images with label files in the data.yaml' if h.dataset else
-               'give a larger --data.val_count, or --data.val_images and --data.val_annotations with annotations' if h.val_images is None else
-               'give --data.val_annotations with annotations')
+        fix = fmt.fix_no_val(self)
         raise ValueError(f"no validation instance: none of the {len(self._val)} validation images ({vsrc}) has a usable annotation, so "
                          f"mAP is undefined there (COCOeval gives -1) and best.ckpt would be chosen on nothing; {fix}")
     if len(self._train) < h.batch_size:
@@ -307,13 +337,13 @@ def _setup_datasets(self:YoloData, tr:list, va:list, tkey:tuple, vkey:tuple, vsr
     self.setup_seconds = time.perf_counter() - t0
     if rank_zero_only.rank == 0: print(self.summary())
 
-# %% ../nbs/01d_data.ipynb #e6fb98a6
+# %% ../nbs/01d_data.ipynb #db8df77d
 @patch
 def summary(self:YoloData)->str:
     "What was loaded, in one line: images, instances, classes, cache, problems and notes (a line more for each problem listed)."
     h, tr, va = self.hparams, self._train, self._val
     inst = lambda ds: sum(len(r.instances) for r in ds.records)
-    return (f"lucid_nb data: train {len(tr)} images ({inst(tr)} instances), val {len(va)} images ({inst(va)} instances), "
+    return (f"lucid_nb data: train {len(tr)} images ({inst(tr)} instances), {self.scored} {len(va)} images ({inst(va)} instances), "
             f"{self.num_classes} classes; imgsz {h.imgsz}, cache {self.cache_mode!r}, prepared in {self.setup_seconds:.1f} s; {self.report}")
 
 @patch
@@ -351,7 +381,7 @@ def val_coco(self:YoloData)->COCO:
                                                                    if coco_id(a.get('image_id')) in ids and j not in bad])})
     return self._val_coco
 
-# %% ../nbs/01d_data.ipynb #628d5418
+# %% ../nbs/01d_data.ipynb #02c18048
 @patch
 def _mosaic_until(self:YoloData)->int|None:
     n = self.hparams.max_epochs
@@ -392,7 +422,7 @@ def val_dataloader(self:YoloData)->YoloLoader|DataLoader:
 
 @patch
 def test_dataloader(self:YoloData)->YoloLoader|DataLoader:
-    "`lucid test` scores the validation images (give the test set as `val_images`/`val_annotations`)."
+    "The scored split: a data.yaml's `test` split when it names one and the data was first set up for `test` (`lucid test`), else the validation images (COCO: give the test set as `val_images`/`val_annotations`)."
     if self.rules == 'ultralytics': return self._rect_loader()
     self.setup('test'); return self._make_loader(self._val, False)
 
@@ -550,6 +580,14 @@ def show_batch(batch:dict, class_names:list|None=None, n:int=8, ncols:int=4, siz
     return fig
 
 # %% ../nbs/01d_data.ipynb #532b81f2
+class OneLineArgumentParser(argparse.ArgumentParser):
+    "argparse, whose usage errors are one line on stderr (`<prog>: error: …`, pointing at `--help`) and exit status 2; `LUCID_DEBUG=1`: argparse's own report."
+    def error(self, message:str):
+        if os.environ.get('LUCID_DEBUG') == '1': super().error(message)
+        prog = self.prog.split()[0]   # `lucid export`: its errors are `lucid`'s
+        print(f"{prog}: error: {' '.join(str(message).split())} (`{self.prog} --help` lists every option)", file=sys.stderr)
+        sys.exit(2)
+
 def data_cli():
     "The `lucid-data` command: exit status 0 on success, 2 after bad input or a bad option (one line naming the file or option)."
     try: data_main()
@@ -558,20 +596,26 @@ def data_cli():
         print(f"lucid-data: error: {one_line(e)} (LUCID_DEBUG=1 shows the traceback)", file=sys.stderr)
         sys.exit(2)
 
+def _data_option(ap, name:str, **kw):
+    "`--data.<name>`, as `lucid` spells it, with the former spelling `--<name with dashes>` as an alias."
+    ap.add_argument(f'--data.{name}', f"--{name.replace('_', '-')}", dest=name, **kw)
+
 def data_main(argv:list[str]|None=None)->YoloData:
     "Console entry point `lucid-data`: load a COCO or Ultralytics dataset (default: embedded coco128), print what it holds, time an epoch."
-    ap = argparse.ArgumentParser(prog='lucid-data', description='Load a COCO (or Ultralytics YOLO) segmentation or detection dataset the way training does and report on it.')
-    for k in ('dataset', 'train-images', 'train-annotations', 'val-images', 'val-annotations', 'cache-dir'): ap.add_argument(f'--{k}', default=None)
-    ap.add_argument('--imgsz', type=int, default=640); ap.add_argument('--batch-size', type=int, default=4)
-    ap.add_argument('--val-count', type=int, default=32, help='validation images split off when no validation set is given')
-    ap.add_argument('--workers', type=int, default=0); ap.add_argument('--cache', default='ram', choices=CACHE_MODES)
-    ap.add_argument('--no-prefetch', action='store_true'); ap.add_argument('--seed', type=int, default=0)
-    ap.add_argument('--on-bad-input', default='skip', choices=BAD_INPUT_POLICIES)
-    ap.add_argument('--task', default='segment', choices=list(TASKS), help="segment: instances with masks; detect: boxes only")
+    ap = OneLineArgumentParser(prog='lucid-data', allow_abbrev=False,
+                               description='Load a COCO instance-segmentation or detection dataset (or a YOLO data.yaml) the way training does and report on it.')
+    for k in ('dataset', 'train_images', 'train_annotations', 'val_images', 'val_annotations', 'cache_dir'): _data_option(ap, k, default=None)
+    _data_option(ap, 'imgsz', type=int, default=640); _data_option(ap, 'batch_size', type=int, default=4)
+    _data_option(ap, 'val_count', type=int, default=32, help='validation images split off when no validation set is given')
+    _data_option(ap, 'workers', type=int, default=0); _data_option(ap, 'cache', default='ram', choices=CACHE_MODES)
+    _data_option(ap, 'prefetch', type=bool_value, default=True, help='true or false'); _data_option(ap, 'seed', type=int, default=0)
+    ap.add_argument('--no-prefetch', dest='prefetch', action='store_false', help='the same as --data.prefetch false')
+    _data_option(ap, 'on_bad_input', default='skip', choices=BAD_INPUT_POLICIES)
+    ap.add_argument('--model.task', '--task', dest='task', default='segment', choices=list(TASKS), help='segment: instances with masks; detect: boxes only')
     ap.add_argument('--batches', type=int, default=0, help='batches to time (0: one epoch)')
     a = ap.parse_args(argv)
     dm = YoloData(a.dataset, a.train_images, a.train_annotations, a.val_images, a.val_annotations, a.val_count, imgsz=a.imgsz, batch_size=a.batch_size,
-                  workers=a.workers, cache=a.cache, cache_dir=a.cache_dir, prefetch=not a.no_prefetch, seed=a.seed, on_bad_input=a.on_bad_input,
+                  workers=a.workers, cache=a.cache, cache_dir=a.cache_dir, prefetch=a.prefetch, seed=a.seed, on_bad_input=a.on_bad_input,
                   task=a.task)
     dm.setup('fit')
     print(f"classes: {', '.join(dm.class_names[:8])}{', ...' if dm.num_classes > 8 else ''}")
@@ -585,5 +629,11 @@ def data_main(argv:list[str]|None=None)->YoloData:
     dt = time.perf_counter() - t0
     ld.close(); dm.teardown()
     print(f"throughput: {n} training images (augmented, mosaic on) in {dt:.2f} s = {n / dt:.0f} images/s "
-          f"[{a.workers} workers, prefetch {'off' if a.no_prefetch else 'on'}]")
+          f"[{a.workers} workers, prefetch {'on' if a.prefetch else 'off'}]")
     return dm
+
+def bool_value(v:str)->bool:
+    "A boolean option's value as `lucid` reads it: true/false (also yes/no, 1/0)."
+    if (b := {'true': True, 'yes': True, '1': True, 'false': False, 'no': False, '0': False}.get(str(v).lower())) is None:
+        raise argparse.ArgumentTypeError(f"{v!r} is not true or false")
+    return b

@@ -10,16 +10,18 @@ import csv, io
 from pathlib import Path
 import numpy as np, torch
 import matplotlib.pyplot as plt
-from PIL import Image, ImageDraw
+from matplotlib.ticker import MaxNLocator
+from PIL import Image, ImageDraw, ImageFont
 from pycocotools import mask as mask_utils
 from .core import *
 from .data import load_rgb
 from .metrics import CONF_GRID, SUMMARY_NAMES, f1_score
 
 # %% auto #0
-__all__ = ['VAL_PLOTS', 'PALETTE', 'read_metrics_csv', 'plot_curves', 'save_figure', 'plot_pr_curve', 'plot_conf_curve',
-           'plot_confusion', 'save_val_plots', 'draw_instances', 'instances_of', 'draw_results', 'tile_size',
-           'fit_tile', 'image_grid', 'save_jpeg', 'draw_train_batch', 'draw_val_batch', 'val_labels_grid']
+__all__ = ['MAP_AXIS_TOP', 'VAL_PLOTS', 'PALETTE', 'read_metrics_csv', 'plot_curves', 'save_figure', 'plot_pr_curve',
+           'plot_conf_curve', 'plot_confusion', 'save_val_plots', 'draw_instances', 'instances_of', 'draw_results',
+           'draw_note', 'tile_size', 'fit_tile', 'image_grid', 'save_jpeg', 'draw_train_batch', 'draw_val_batch',
+           'val_labels_grid']
 
 # %% ../nbs/08a_draw.ipynb #15863fd7
 def read_metrics_csv(path)->dict:
@@ -31,17 +33,21 @@ def read_metrics_csv(path)->dict:
                 if v not in ('', None) and k not in ('epoch', 'step'): cols.setdefault(k, []).append((int(row['epoch']), float(v)))
     return cols
 
+MAP_AXIS_TOP = 0.1   # the mAP axis reaches at least this: a young model's 1e-7 stays a flat line at 0
+
 def plot_curves(path)->plt.Figure:
-    "Loss terms per epoch and validation mAP per epoch from a run's `metrics.csv`."
+    "Loss terms per epoch and validation mAP per epoch from a run's `metrics.csv`; epochs from 1 on whole-number ticks, mAP from 0."
     cols = read_metrics_csv(path)
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 3.8))
     fig.subplots_adjust(left=.085, right=.99, bottom=.13, top=.92, wspace=.22)   # fixed margins: no layout pass at fit end
     for k in sorted(c for c in cols if c.startswith('train/') and c.endswith('_epoch')):
-        e, v = zip(*cols[k]); a1.plot(e, v, marker='.', label=k[6:-6])
+        e, v = zip(*cols[k]); a1.plot([x + 1 for x in e], v, marker='.', label=k[6:-6])
     a1.set(xlabel='epoch', ylabel='loss term (gain-weighted)', title='training loss', yscale='log'); a1.legend()
+    top = MAP_AXIS_TOP
     for k in SUMMARY_NAMES:
-        if k in cols: e, v = zip(*cols[k]); a2.plot(e, v, marker='.', label=k)
-    a2.set(xlabel='epoch', ylabel='COCO mAP', title='validation (EMA weights)'); a2.legend()
+        if k in cols: e, v = zip(*cols[k]); a2.plot([x + 1 for x in e], v, marker='.', label=k); top = max(top, 1.05 * max(v))
+    a2.set(xlabel='epoch', ylabel='COCO mAP', title='validation (EMA weights)', ylim=(0, top)); a2.legend()
+    for a in (a1, a2): a.xaxis.set_major_locator(MaxNLocator(integer=True))
     return fig
 
 # %% ../nbs/08a_draw.ipynb #779a416b
@@ -158,9 +164,18 @@ def instances_of(anns:list, class_names:list|None, cat_ids, hw:tuple, to_mask=No
     return boxes, labels, cls, masks if len(masks) == len(anns) else None
 
 def draw_results(img:np.ndarray, results:list, class_names:list|None=None, cat_ids=None, min_score:float=0.25)->np.ndarray:
-    "COCO results (masks, boxes, class names, scores) drawn on a copy of `img` (H,W,3) uint8."
+    "COCO results (masks, boxes, class names, scores) drawn on a copy of `img` (H,W,3) uint8; none above `min_score`: a note says so."
     boxes, labels, cls, masks = instances_of(results, class_names, cat_ids, img.shape[:2], min_score=min_score)
-    return draw_instances(img, boxes, labels, cls, masks)
+    if len(boxes): return draw_instances(img, boxes, labels, cls, masks)
+    return draw_note(img, f"no detections above conf {min_score:g}")
+
+def draw_note(img:np.ndarray, text:str)->np.ndarray:
+    "`text` in white on black at the top left of a copy of `img`, in a font that grows with the image."
+    im = Image.fromarray(img.copy()); d = ImageDraw.Draw(im)
+    font = ImageFont.load_default(size=max(12, round(sum(img.shape[:2]) / 50)))
+    l, t, r, b = d.textbbox((4, 4), text, font=font)
+    d.rectangle((l - 3, t - 3, r + 3, b + 3), fill=(0, 0, 0)); d.text((4, 4), text, fill=(255, 255, 255), font=font)
+    return np.asarray(im)
 
 def tile_size(H:int, W:int, size:int)->tuple[float,int,int]:
     "The scale and (h, w) of an H×W image whose long side becomes `size`."

@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 import torch, torch.nn as nn
 from torch import Tensor
-from .core import *
 from .model import Backbone, Conv, DWConv, Neck, YoloModel, get_scale
 from .tasks import get_task
 

@@ -312,7 +312,7 @@ def label_index(annotations:str|Path, images:str|Path, report:DataReport, cat_id
     d = parsed if parsed is not None else load_coco_json(annotations, data); cats = coco_categories(d)
     if check: check(cats)
     rec = _Recording(report)
-    recs = read_records(d, images, cats[0] if cat_ids is None else cat_ids, rec, source, masks)
+    recs = read_records(d, images, cats[0] if cat_ids is None else cat_ids, rec, source, masks=masks)
     idx = LabelIndex(recs, cats, [str(e.get('file_name')) if isinstance(e, dict) else '' for e in d['images']], rec.calls)
     if path is not None: save_label_index(path, key, idx, [d['images'][r.entry]['file_name'] for r in recs])
     return idx, d

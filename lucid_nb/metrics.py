@@ -7,10 +7,9 @@ Docs: https://lucid-nb.github.io/lucid_nb/metrics.html.md"""
 # %% ../nbs/07b_metrics.ipynb #1817e8cd
 from __future__ import annotations
 import contextlib, copy, hashlib, io, itertools, json, math
-from pathlib import Path
 from fastcore.basics import patch
 import numpy as np
-import torch, torch.nn.functional as F
+import torch
 from torch import Tensor
 from pycocotools import mask as mask_utils
 from pycocotools.coco import COCO
@@ -21,10 +20,11 @@ from .masks import *
 from .masks import _floats, _image_index, _slices_up_to
 
 # %% auto #0
-__all__ = ['COCO80_IDS', 'STAT_NAMES', 'SUMMARY_NAMES', 'CONF_GRID', 'PREDICT_CONF', 'greedy_keep', 'nms', 'nms_reference',
-           'quiet', 'load_coco', 'coco_results', 'results_bytes', 'write_results', 'CocoStats', 'at_scores', 'f1_score',
-           'operating_point', 'class_eval', 'no_detections_eval', 'gt_counts', 'match_boxes', 'confusion_matrix',
-           'coco_evaluate', 'class_rows', 'class_table', 'speed_line', 'Validator', 'predict_conf', 'conf_line']
+__all__ = ['COCO80_IDS', 'STAT_NAMES', 'SUMMARY_NAMES', 'CONF_GRID', 'PREDICT_CONF', 'greedy_keep', 'nms', 'class_top',
+           'nms_reference', 'quiet', 'load_coco', 'coco_results', 'results_bytes', 'write_results', 'CocoStats',
+           'at_scores', 'f1_score', 'operating_point', 'class_eval', 'no_detections_eval', 'gt_counts', 'match_boxes',
+           'confusion_matrix', 'coco_evaluate', 'class_rows', 'class_table', 'speed_line', 'Validator', 'predict_conf',
+           'conf_line']
 
 # %% ../nbs/07b_metrics.ipynb #a0b7cb8a
 def _candidates(scores:Tensor, conf:float, multi_label:bool, max_nms:int)->tuple[Tensor,Tensor,Tensor]: # (B,n) each
@@ -108,21 +108,43 @@ def nms(
     agnostic:bool=False,     # suppress across classes
     chunk:int|None=None,     # candidates resolved per vectorised step (`greedy_keep`)
     rounds:int|None=None,    # fixed-point rounds per look from the host (`greedy_keep`)
+    per_class:int|None=None, # of the `max_det` kept, only each image's first this many of a class (`class_top`); None: all
 )->list[dict]:               # per image: `boxes` (n,4), `scores` (n,), `classes` (n,), `anchors` (n,), best first
     "Batched, class-aware greedy non-maximum suppression: the images of the batch at once."
     boxes, scores = boxes.float(), scores.float()
     a, k, s = _candidates(scores, conf, multi_label, max_nms)   # (B,n): images' counts differ, padded with class -1
     bx = torch.gather(boxes, 1, a[:, :, None].expand(-1, -1, 4))
     keep, count = greedy_keep(bx, k.clamp(max=0) if agnostic else k, iou, max_det, chunk, rounds)
+    if per_class is not None: keep, count = class_top(keep, count, torch.gather(k, 1, keep), per_class)
     out = []
     for i, c in enumerate(count.tolist()):
         j = keep[i, :c]
         out.append(dict(boxes=bx[i, j], scores=s[i, j], classes=k[i, j], anchors=a[i, j]))
     return out
 
+# %% ../nbs/07b_metrics.ipynb #5491a2ac
+def class_top(
+    keep:Tensor,   # (B,n) `greedy_keep`'s indices, in order (valid up to each image's count)
+    count:Tensor,  # (B,) kept per image
+    cls:Tensor,    # (B,n) the class of each kept index
+    most:int,      # detections kept per image and class: the first ones
+)->tuple[Tensor,Tensor]: # (B,n) the indices left, in order (valid up to the new count), (B,) counts
+    "`greedy_keep`'s answer less every detection past the first `most` of its class in its image."
+    B, n = keep.shape
+    if n == 0: return keep, count
+    i = torch.arange(n, device=keep.device)
+    valid = i < count[:, None]
+    c = torch.where(valid, cls, cls.max() + 1)                  # past an image's count: a class of its own, last
+    o = torch.sort(c, dim=1, stable=True).indices               # by class, each in its order of rank
+    sc = c.gather(1, o)
+    rank = torch.empty_like(o).scatter_(1, o, i - torch.searchsorted(sc, sc))   # place among earlier ones of its class
+    ok = valid & (rank < most)
+    pos = torch.where(ok, ok.cumsum(1) - 1, n)                  # slots of those left; the others to a bin
+    return keep.new_zeros(B, n + 1).scatter_(1, pos, keep)[:, :n], ok.sum(1)
+
 # %% ../nbs/07b_metrics.ipynb #e6a989ef
 def nms_reference(boxes:Tensor, scores:Tensor, conf:float=0.001, iou:float=0.7, max_det:int=300, max_nms:int=30000,
-                  multi_label:bool=True, agnostic:bool=False)->list[dict]:
+                  multi_label:bool=True, agnostic:bool=False, per_class:int|None=None)->list[dict]:
     "Brute-force greedy NMS (slow; for tests): same arguments and output as `nms`."
     out = []
     for bx, sc in zip(boxes.float(), scores.float()):
@@ -136,6 +158,7 @@ def nms_reference(boxes:Tensor, scores:Tensor, conf:float=0.001, iou:float=0.7, 
         for a, k in cand:
             if len(kept) == max_det: break
             if all((kk != k and not agnostic) or ious[aa][a] <= iou for aa, kk in kept): kept.append((a, k))
+        if per_class is not None: kept = [(a, k) for j, (a, k) in enumerate(kept) if [kk for _, kk in kept[:j]].count(k) < per_class]
         a = torch.tensor([a for a, _ in kept], dtype=torch.long); k = torch.tensor([k for _, k in kept], dtype=torch.long)
         out.append(dict(boxes=bx[a], scores=sc[a, k], classes=k, anchors=a))
     return out
@@ -408,8 +431,9 @@ class Validator:
                  masks:bool=True,        # also build and encode masks (needs `coef` and `proto`)
                  group_pixels:int=2**25, # pixels of the images whose masks, runs and strings are made at once (`_update`)
                  rules:str='lucid',      # the checkpoint's inference rules (`00b_core`): 'ultralytics' takes `_update_ultralytics`
-                 predict:bool=False):    # predicting, not validating (Ultralytics' rules differ between the two)
-        self.cat_ids, self.masks, self.group_pixels = cat_ids, masks, group_pixels
+                 predict:bool=False,     # predicting, not validating (Ultralytics' rules differ between the two)
+                 scored:int|None=100):   # validating by lucid's rules: only each image's best this many of a class (COCOeval's `maxDets`; `class_top`); None: all
+        self.cat_ids, self.masks, self.group_pixels, self.scored = cat_ids, masks, group_pixels, scored
         self.rules, self.predict = check_rules(rules), predict
         if rules == 'ultralytics': multi_label = not predict   # Ultralytics: one label per box predicting, several validating
         self.nms_kw = dict(conf=conf, iou=iou, max_det=max_det, max_nms=max_nms, multi_label=multi_label)
@@ -429,7 +453,7 @@ class Validator:
 
     def _update(self, eval_out:dict, batch:dict):
         eval_out = {k: v.float() for k, v in eval_out.items()}             # the branches' outputs may be bf16
-        dets = nms(eval_out['boxes'], eval_out['scores'], **self.nms_kw)
+        dets = nms(eval_out['boxes'], eval_out['scores'], **self.nms_kw, per_class=None if self.predict else self.scored)
         ids, hws, lbs = (batch[k].cpu() for k in ('image_id', 'orig_hw', 'letterbox'))
         pads = batch['letterbox'].to(eval_out['boxes'].device).float()[:, [1, 2, 1, 2]]   # the images' pads, on the device
         boxes = [unletterbox_boxes(d['boxes'], lbs[i], hws[i], pads[i]) for i, d in enumerate(dets)]

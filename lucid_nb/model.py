@@ -11,7 +11,6 @@ from dataclasses import dataclass
 import torch, torch.nn as nn
 from torch import Tensor
 from torch.utils.flop_counter import FlopCounterMode
-from .core import *
 
 # %% auto #0
 __all__ = ['SCALES', 'Conv', 'DWConv', 'Bottleneck', 'C2f', 'C3k', 'C3k2', 'SPPF', 'Attention', 'PSABlock', 'C2PSA', 'Scale',

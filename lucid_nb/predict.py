@@ -6,7 +6,7 @@ Docs: https://lucid-nb.github.io/lucid_nb/predict.html.md"""
 
 # %% ../nbs/09_predict.ipynb #2210c3fe
 from __future__ import annotations
-import argparse, importlib.util, json, tempfile, time
+import argparse, contextlib, importlib.util, io, json, logging, tempfile, time, warnings
 from pathlib import Path
 import numpy as np, torch
 from PIL import Image
@@ -14,7 +14,8 @@ from pycocotools import mask as mask_utils
 from torch import nn, Tensor
 from fastcore.basics import patch
 from .core import *
-from .data import image_batch, load_rgb, pil_rgb
+from .coco import coco_categories, load_coco_json
+from .data import OneLineArgumentParser, bool_value, image_batch, load_rgb, pil_rgb
 from .tasks import get_task
 from .heads import yolo
 from .metrics import PREDICT_CONF, Validator, predict_conf
@@ -23,9 +24,10 @@ from .weights import load_weights, local_file, read_weights
 from .runs import note, weak_checkpoint
 
 # %% auto #0
-__all__ = ['OUTPUT_NAMES', 'ONNX_NEEDS', 'Predictor', 'load', 'Detections', 'as_rgb', 'to_detections', 'ExportNet',
-           'export_input', 'export_model', 'onnx_metadata', 'add_onnx_metadata', 'run_exported', 'export_check',
-           'check_export_options', 'export_main']
+__all__ = ['OUTPUT_NAMES', 'ONNX_NEEDS', 'EXPORTER_LOGS', 'UNTRAINED_WORDS', 'Predictor', 'load', 'Detections', 'as_rgb',
+           'to_detections', 'ExportNet', 'export_input', 'exporter_quiet', 'export_model', 'onnx_data', 'onnx_metadata',
+           'add_onnx_metadata', 'run_exported', 'export_check', 'untrained_asked', 'no_weights_line',
+           'untrained_predictor', 'check_export_options', 'export_main']
 
 # %% ../nbs/09_predict.ipynb #2705249e
 class Predictor:
@@ -138,8 +140,8 @@ def predict(self:Predictor, images, batch_size:int=8, conf:float|None=None)->lis
 OUTPUT_NAMES = get_task('segment').outputs   # a segmentation network's; a detector's are the first two
 
 class ExportNet(nn.Module):
-    "The network with its eval outputs as a tuple (`outputs`: its task's, `Predictor.task.outputs`), for export."
-    def __init__(self, net:nn.Module, outputs:tuple=OUTPUT_NAMES): super().__init__(); self.net, self.outputs = net.eval(), tuple(outputs)
+    "The network with its eval outputs as a tuple (`outputs`: its task's, `Predictor.task.outputs`), for export; in eval mode, itself included (the exporter warns of a module in training mode)."
+    def __init__(self, net:nn.Module, outputs:tuple=OUTPUT_NAMES): super().__init__(); self.net, self.outputs = net, tuple(outputs); self.eval()
     def forward(self, img:Tensor)->tuple: out = self.net(img); return tuple(out[k] for k in self.outputs)
 
 def export_input(imgsz:int, image=TEST_IMG)->Tensor:
@@ -149,23 +151,45 @@ def export_input(imgsz:int, image=TEST_IMG)->Tensor:
 # %% ../nbs/09_predict.ipynb #a1f89dcf
 ONNX_NEEDS = ('onnx', 'onnxscript')   # `torch.onnx.export` imports them; onnxruntime only runs the check
 
-def export_model(p:Predictor, fmt:str, path)->Path:
-    "Write `p`'s network as ONNX (`torch.onnx.export`, dynamo first; any batch size, `onnx_metadata` in it) or TorchScript (`torch.jit.trace`)."
+EXPORTER_LOGS = ('torch.onnx', 'torch.export', 'torch._dynamo', 'torch.fx', 'onnxscript')   # where the exporters log
+
+@contextlib.contextmanager
+def exporter_quiet(verbose:bool=False):
+    "The exporters' progress lines (stdout), warnings and log records held back inside, unless `verbose`: `lucid export` prints its own lines only."
+    if verbose: yield; return
+    logs = [logging.getLogger(n) for n in EXPORTER_LOGS]
+    levels = [l.level for l in logs]
+    try:
+        for l in logs: l.setLevel(logging.ERROR)
+        with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+            warnings.simplefilter('ignore'); yield
+    finally:
+        for l, v in zip(logs, levels): l.setLevel(v)
+
+def export_model(p:Predictor, fmt:str, path, verbose:bool=False)->Path:
+    "Write `p`'s network as ONNX (`torch.onnx.export`, dynamo first; any batch size, `onnx_metadata` in it) or TorchScript (`torch.jit.trace`); the exporters' own lines only when `verbose`."
     net, x, path, outputs = ExportNet(p.net, p.task.outputs).cpu(), export_input(p.imgsz), Path(path), p.task.outputs
     if fmt == 'onnx' and (missing := [m for m in ONNX_NEEDS if importlib.util.find_spec(m) is None]):
         raise ValueError(f"--format onnx needs {' and '.join(missing)}, which are not installed: pip install 'lucid_nb[export]'")
     with torch.no_grad():
-        if fmt == 'torchscript': torch.jit.trace(net, x).save(str(path))
+        if fmt == 'torchscript':
+            with exporter_quiet(verbose): torch.jit.trace(net, x).save(str(path))
         elif fmt == 'onnx':
+            onnx_data(path).unlink(missing_ok=True)   # an earlier export's weights: the new file would not read them
             names = dict(input_names=['img'], output_names=list(outputs))
-            try: torch.onnx.export(net, (x,), str(path), dynamo=True, dynamic_shapes=({0: torch.export.Dim('batch', min=1, max=4096)},), **names)
+            try:
+                with exporter_quiet(verbose): torch.onnx.export(net, (x,), str(path), dynamo=True, dynamic_shapes=({0: torch.export.Dim('batch', min=1, max=4096)},), **names)
             except Exception as e:   # an op the dynamo exporter cannot take
                 note(f"export: the dynamo ONNX exporter failed ({type(e).__name__}); using the classic one")
-                torch.onnx.export(net, (x,), str(path), dynamo=False, opset_version=17, **names,
-                                  dynamic_axes={n: {0: 'batch'} for n in ('img', *outputs)})
+                with exporter_quiet(verbose): torch.onnx.export(net, (x,), str(path), dynamo=False, opset_version=17, **names,
+                                                                dynamic_axes={n: {0: 'batch'} for n in ('img', *outputs)})
             add_onnx_metadata(path, onnx_metadata(p))
         else: raise ValueError(f"--format {fmt!r}: use onnx or torchscript")
     return path
+
+def onnx_data(path)->Path:
+    "Where the ONNX exporter puts the weights of `path`: `<path>.data` beside it."
+    return Path(path).with_name(Path(path).name + '.data')
 
 def onnx_metadata(p:Predictor)->dict:
     "What an ONNX file's user needs besides the network (`metadata_props`, strings): class names, COCO ids, input size, task, outputs."
@@ -202,8 +226,27 @@ def export_check(p:Predictor, path, fmt:str, image=TEST_IMG)->tuple[float,float]
     return max(d for d, _ in diffs), max(d / m for d, m in diffs)
 
 # %% ../nbs/09_predict.ipynb #exportopts0cd
-def check_export_options(imgsz:int|None, out:Path, image=TEST_IMG):
-    "`lucid export`'s options, checked before anything is read or built: `imgsz` a positive multiple of 32, `out` a file this process can write, `image` an image it can read."
+UNTRAINED_WORDS = ('none', 'null')   # `--model.weights none`: the untrained network, as asked
+
+def untrained_asked(weights)->bool:
+    "Whether a given `--model.weights` value asks for the untrained network: `none` (any case) or a null."
+    return weights is None or str(weights).strip().lower() in UNTRAINED_WORDS
+
+def no_weights_line(sub:str)->str:
+    "The refusal of `validate`, `test`, `predict` or `export` without a network to run: the options that give one."
+    return (f"lucid {sub} needs trained weights: give --ckpt_path CKPT (a lucid checkpoint, best.ckpt or last.ckpt) or "
+            f"--model.weights FILE (yolo11n-seg.pt); --model.weights none runs an untrained network")
+
+def untrained_predictor(imgsz:int|None=None, task:str='segment')->Predictor:
+    "`--model.weights none`: a nano network of `task` initialised with seed 0, the embedded coco128's classes, `imgsz` (640 unless given)."
+    cat_ids, names = coco_categories(load_coco_json(EMBEDDED_ANNOTATIONS))
+    with torch.random.fork_rng(devices=[]): torch.manual_seed(0); net = yolo('n', len(cat_ids), task)
+    return Predictor(net.requires_grad_(False), names, cat_ids, imgsz or 640)
+
+def check_export_options(imgsz:int|None, out:Path, image=TEST_IMG, source:tuple|None=None):
+    "`lucid export`'s options, checked before anything is read or built: the checkpoint `source` (path, option) there, `imgsz` a positive multiple of 32, `out` a file this process can write, `image` an image it can read."
+    if source is not None and not (src := local_file(*source)).is_file():
+        raise FileNotFoundError(f"{source[1]} {src}: {'a folder, not a file' if src.is_dir() else 'no such file'}")
     if imgsz is not None and (imgsz < 32 or imgsz % 32):
         raise ValueError(f"--imgsz {imgsz}: the input side must be a positive multiple of 32, the network's largest stride "
                          f"(e.g. {max(32, round(imgsz / 32) * 32)})")
@@ -216,24 +259,31 @@ def check_export_options(imgsz:int|None, out:Path, image=TEST_IMG):
 # %% ../nbs/09_predict.ipynb #15193b43
 def export_main(argv:list[str]|None=None)->Path:
     "`lucid export`: write a checkpoint's network as ONNX or TorchScript and check it against PyTorch on a real image."
-    ap = argparse.ArgumentParser(prog='lucid export', description="Write a checkpoint's network (EMA weights) as ONNX or "
-                                 "TorchScript and check it against PyTorch on a real image.")
-    src = ap.add_mutually_exclusive_group(required=True)
-    src.add_argument('--ckpt_path', help='a lucid checkpoint (last.ckpt, best.ckpt)')
-    src.add_argument('--model.weights', dest='weights', help='an Ultralytics YOLO11-seg or detect checkpoint (yolo11n-seg.pt, yolo11n.pt) or a lucid checkpoint')
+    ap = OneLineArgumentParser(prog='lucid export', allow_abbrev=False, description="Write a checkpoint's network (EMA weights) "
+                               "as ONNX or TorchScript and check it against PyTorch on a real image.")
+    ap.add_argument('--ckpt_path', help='a lucid checkpoint (last.ckpt, best.ckpt)')
+    ap.add_argument('--model.weights', dest='weights', help='an Ultralytics YOLO11-seg or detect checkpoint (yolo11n-seg.pt, yolo11n.pt) '
+                    'or a lucid checkpoint; none: an untrained network')
     ap.add_argument('--format', choices=('onnx', 'torchscript'), default='onnx', help='file format (default: onnx)')
     ap.add_argument('--imgsz', type=int, default=None, help="input side (default: the checkpoint's training size)")
     ap.add_argument('--output', default=None, help='file to write (default: beside the checkpoint, .onnx or .torchscript)')
     ap.add_argument('--image', default=str(TEST_IMG), help='image of the check against PyTorch (default: one embedded COCO image)')
+    ap.add_argument('--verbose', type=bool_value, default=False, help="also print the exporter's own lines and warnings (true or false)")
     a = ap.parse_args(argv)
+    if a.ckpt_path and a.weights: ap.error('--ckpt_path and --model.weights both name the network: give one')
+    untrained = a.weights is not None and untrained_asked(a.weights)
+    if not (a.ckpt_path or a.weights): raise ValueError(no_weights_line('export'))
     path, option = (a.ckpt_path, '--ckpt_path') if a.ckpt_path else (a.weights, '--model.weights')
-    out = Path(a.output or local_file(path, option).with_suffix(f'.{a.format}'))   # ONNX: weights in `<out>.data` beside it
-    check_export_options(a.imgsz, out, a.image)
-    p = load(path, imgsz=a.imgsz, option=option)
+    out = Path(a.output or (Path(f'untrained.{a.format}') if untrained else local_file(path, option).with_suffix(f'.{a.format}')))
+    check_export_options(a.imgsz, out, a.image, None if untrained else (path, option))
+    p = untrained_predictor(a.imgsz) if untrained else load(path, imgsz=a.imgsz, option=option)
+    if untrained: note("export of an untrained network (--model.weights none): its outputs mean nothing")
     if p.weak: note(f"warning: {p.weak}")
-    t0 = time.perf_counter(); export_model(p, a.format, out)
-    print(f"export: {out} ({a.format}, input ({'batch' if a.format == 'onnx' else 1},3,{p.imgsz},{p.imgsz}) float32 RGB 0..1, {p.task.name} outputs {', '.join(p.task.outputs)}; "
-          f"{sum(f.stat().st_size for f in (out, out.with_name(out.name + '.data')) if f.exists()) / 2**20:.1f} MiB in {time.perf_counter() - t0:.1f} s)")
+    t0 = time.perf_counter(); export_model(p, a.format, out, a.verbose)
+    files = [f for f in (out, onnx_data(out)) if f.is_file()] if a.format == 'onnx' else [out]
+    print(f"export: wrote {' and '.join(map(str, files))} ({sum(f.stat().st_size for f in files) / 2**20:.1f} MiB in "
+          f"{time.perf_counter() - t0:.1f} s; {a.format}, input ({'batch' if a.format == 'onnx' else 1},3,{p.imgsz},{p.imgsz}) "
+          f"float32 RGB 0..1, {p.task.name} outputs {', '.join(p.task.outputs)})")
     diff = export_check(p, out, a.format, a.image)
     if diff is None: print("export: check skipped: onnxruntime is not installed (pip install 'lucid_nb[export]' or pip install onnxruntime)")
     else: print(f"export: max abs difference vs PyTorch on {Path(a.image).name}: {diff[0]:.3g} ({diff[1]:.2g} of the output's largest value)")

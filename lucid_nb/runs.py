@@ -6,10 +6,10 @@ Docs: https://lucid-nb.github.io/lucid_nb/runs.html.md"""
 
 # %% ../nbs/08b_runs.ipynb #12ca6a79
 from __future__ import annotations
-import concurrent.futures, contextlib, datetime, errno, hashlib, json, os, shutil, signal, socket, sys, threading, time, zipfile
+import concurrent.futures, contextlib, datetime, errno, hashlib, json, os, shutil, signal, socket, sys, threading, time
 from pathlib import Path
 from weakref import proxy
-import numpy as np, torch
+import torch
 import matplotlib.pyplot as plt
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
@@ -27,13 +27,13 @@ from .metrics import class_rows, class_table, speed_line, write_results
 from .draw import draw_train_batch, draw_val_batch, plot_curves, save_figure, save_jpeg, save_val_plots, val_labels_grid
 
 # %% auto #0
-__all__ = ['SIGINT_HOLD', 'LOCK_NAME', 'WEAK_MAP', 'AtomicCheckpoint', 'CheckpointWriteError', 'tensor_bytes_of',
+__all__ = ['SIGINT_HOLD', 'LOCK_NAME', 'WEAK_MAP', 'YOUNG_MAP', 'AtomicCheckpoint', 'CheckpointWriteError', 'tensor_bytes_of',
            'checkpoint_epoch', 'write_failure', 'write_checkpoint_file', 'wait_for_checkpoints', 'link_or_copy',
            'SigintHold', 'note', 'RunFolderInUse', 'read_lock', 'lock_owner_alive', 'acquire_run_lock', 'run_lock',
            'remove_leftovers', 'read_checkpoint', 'SafeCheckpointIO', 'weak_checkpoint', 'run_folder',
            'write_predictions', 'gather_objects', 'rank_state_hashes', 'say', 'close_bars', 'fit_state_hashes',
            'write_json_atomic', 'data_wait', 'val_data_wait', 'checkpoint_seconds', 'process_age', 'start_labels_grid',
-           'RunArtifacts', 'epoch_line', 'EpochSummary']
+           'RunArtifacts', 'epoch_line', 'EpochSummary', 'young_run_line']
 
 # %% ../nbs/08b_runs.ipynb #cbbc85fc
 class AtomicCheckpoint(ModelCheckpoint):
@@ -543,4 +543,16 @@ class EpochSummary(Callback):
         if stats is not None and trainer.datamodule is not None:   # the last validation's own COCOeval, not another
             print(class_table(class_rows(stats, trainer.datamodule.class_names)))
             if (speed := getattr(module, 'last_val_speed', None)) is not None: print(speed_line(speed))
+            if line := young_run_line(trainer, module, stats.summary()): print(line)
         print(f"Results saved to {run}", flush=True)
+
+# %% ../nbs/08b_runs.ipynb #b9fd61f1
+YOUNG_MAP = 0.01   # a fit from scratch whose box and mask mAP50-95 are under this has not begun to detect
+
+def young_run_line(trainer, module, summary:dict)->str|None:
+    "For a fit from scratch (no `--model.weights`, no resumed checkpoint) that scored under `YOUNG_MAP`: that this is expected, and where trained figures are."
+    if module.hparams.get('weights') or trainer.ckpt_path: return None
+    if max(summary.get('mAP50-95(B)', 0), summary.get('mAP50-95(M)', 0)) >= YOUNG_MAP: return None
+    n = trainer.current_epoch   # the epochs run: Lightning counts the last one done at fit end
+    return (f"From scratch, {n} epoch{'s' * (n != 1)} {'is' if n == 1 else 'are'} far too few to detect anything: a class table of zeros is what to expect here. "
+            "Figures of trained models: README.md, section Measured, and benchmarks/README.md")

@@ -15,7 +15,6 @@ from lightning.pytorch.callbacks import Callback, BasePredictionWriter, TQDMProg
 from lightning.pytorch.strategies import DDPStrategy
 from torch import nn, Tensor
 from fastcore.basics import patch
-from .core import *
 from .allocator import expandable_segments
 from .data import load_rgb
 from .model import SCALES
@@ -205,9 +204,13 @@ def on_train_batch_end(self:LitYolo, outputs, batch, batch_idx):
     else: self.recorder.ema_update(self.ema, self.model)
 
 class StepLossBar(TQDMProgressBar):
-    "Lightning's progress bar, showing the last loss terms read back from the device once every `log_every_n_steps` steps."
+    "Lightning's progress bar, counting epochs from 1 as the epoch lines do, and showing the last loss terms read back from the device once every `log_every_n_steps` steps."
     def __init__(self, refresh_rate:int=1):
         super().__init__(refresh_rate); self.terms = {}
+
+    def on_train_epoch_start(self, trainer, *args):
+        super().on_train_epoch_start(trainer, *args)   # Lightning's 'Epoch 0' for the first
+        self.train_progress_bar.set_description(f"Epoch {trainer.current_epoch + 1}")
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         losses = getattr(module, 'last_losses', None)
@@ -217,6 +220,7 @@ class StepLossBar(TQDMProgressBar):
         super().on_train_batch_end(trainer, module, outputs, batch, batch_idx)
 
     def get_metrics(self, trainer, module)->dict: return {**super().get_metrics(trainer, module), **self.terms}
+
 
 @patch
 def configure_optimizers(self:LitYolo):
@@ -390,6 +394,7 @@ class PredictionWriter(BasePredictionWriter):
         problems = {r['image_id']: r['problem'] for batch in predictions for r in batch if 'problem' in r}
         results = [dict(r, file_name=str(files[r['image_id']])) for batch in predictions for r in batch if 'problem' not in r]
         out = _run_dir(trainer)/'predict'; out.mkdir(exist_ok=True)
+        conf = predict_conf(pl_module.hparams.conf, getattr(pl_module, 'conf_given', False))   # the step's threshold: drawn as kept
         sha = write_results(out/'predictions.json', results)
         by_image, names = {}, {}
         for r in results: by_image.setdefault(r['image_id'], []).append(r)
@@ -397,7 +402,7 @@ class PredictionWriter(BasePredictionWriter):
             if i in problems: continue
             name = f.stem if f.stem not in names.values() else f"{f.stem}_{f.suffix[1:]}_{i}"
             names[i] = name
-            save_jpeg(draw_results(load_rgb(f), by_image.get(i, []), dm.class_names, dm.cat_ids), out/f'{name}.jpg')
+            save_jpeg(draw_results(load_rgb(f), by_image.get(i, []), dm.class_names, dm.cat_ids, min_score=conf), out/f'{name}.jpg')
         for p in problems.values(): say(trainer, f"predict: skipped {p}")
         say(trainer, f"predict: {len(results)} detections on {len(files) - len(problems)} images -> {out}/ (predictions.json sha256 {sha[:12]})"
                      + (f"; {len(problems)} could not be read (above)" if problems else ''))

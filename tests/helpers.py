@@ -1,19 +1,19 @@
 """Helpers shared by the tests (and a few benchmarks): a tiny CPU run of the `lucid` CLI, a count of tensor bytes alive."""
-import json, os, sys, time, weakref
+import os, sys, time
 from pathlib import Path
 
 from lightning.pytorch.callbacks import Callback
 
 import torch
-from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
-from lucid_nb.core import digest, state_hashes
-from lucid_nb.loss import SegLoss
-from lucid_nb.recorder import model_outputs
+from lucid_nb.core import digest
 from lucid_nb.command import cli_main
 from lucid_nb.cli import run
 from lucid_nb.testing import TINY, TensorBytes, fit, hashes_only, test_traces_equal, tiny, train_trace   # shared with notebooks and benchmarks
+
+# what the tests take from here: this file's own helpers, and the library's test helpers passed on
+__all__ = ['ROOT', 'LUCID', 'lucid_main', 'StopAfterFirstEpoch', 'StepLosses', 'WaitForSignal', 'WaitAtSetup', 'FullDisk',
+           'CheckpointTiming', 'cli_main', 'TINY', 'TensorBytes', 'fit', 'hashes_only', 'test_traces_equal', 'tiny', 'train_trace']
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -194,3 +194,11 @@ def test_every_hint_is_a_spelling_the_parser_takes(tmp_path, monkeypatch, capsys
         assert Path(cli.trainer.log_dir) == tmp_path / 'runs' / 'lucid' / 'version_2'
     cli = cli_main(['--trainer.accelerator', 'cpu', '--trainer.logger', 'false', *hint_options(said['lock, no logger'])], run=False)
     assert Path(cli.trainer.default_root_dir) == Path(str(tmp_path / 'runs' / 'lucid' / 'version_0') + '-2')
+
+
+def test_no_sanity_validation_unless_asked(tmp_path, monkeypatch):
+    "`lucid fit` validates nothing before its first epoch (Lightning's default: 2 sanity batches, a young model's slowest part on the CPU) unless `--trainer.num_sanity_val_steps N` asks."
+    from lucid_nb.command import cli_main
+    monkeypatch.chdir(tmp_path)
+    assert cli_main(['--trainer.accelerator', 'cpu'], run=False).trainer.num_sanity_val_steps == 0
+    assert cli_main(['--trainer.accelerator', 'cpu', '--trainer.num_sanity_val_steps', '2'], run=False).trainer.num_sanity_val_steps == 2

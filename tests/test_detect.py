@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np, pytest, torch, yaml
 
 import lucid_nb
-from lucid_nb.coco import BadInputError, DataReport, load_coco_json, yolo_annotations
+from lucid_nb.coco import BadInputError, DataReport, load_coco_json
+from lucid_nb.yolo import yolo_annotations
 from lucid_nb.core import EMBEDDED_ANNOTATIONS, EMBEDDED_IMAGES, synth_batch
 from lucid_nb.data import YoloData
 from lucid_nb.graphs import EagerGraphs
@@ -132,9 +133,9 @@ def test_bad_box_line_is_named_by_file_and_line(tmp_path, line, reason):
     txt = tmp_path / 'a.txt'
     txt.write_text(f"0 0.5 0.5 0.2 0.2\n{line}\n")
     rep = DataReport('skip')
-    anns = yolo_annotations(txt, (100, 200), 80, rep, masks=False)
+    anns = yolo_annotations(txt, (100, 200), list(range(80)), rep, masks=False)
     assert len(anns) == 1 and rep.problems == [(f'{txt}:2', reason, 'skipped')]
-    with pytest.raises(BadInputError, match=rf'{txt}:2: {reason}'): yolo_annotations(txt, (100, 200), 80, DataReport('error'), masks=False)
+    with pytest.raises(BadInputError, match=rf'{txt}:2: {reason}'): yolo_annotations(txt, (100, 200), list(range(80)), DataReport('error'), masks=False)
 
 
 def test_segmentation_refuses_box_labels_in_one_line_naming_the_task(ddata, tmp_path, monkeypatch, capsys):
@@ -149,7 +150,7 @@ def test_device_augmentation_is_refused_for_detection_in_one_line(ddata, tmp_pat
     assert lucid_main(monkeypatch, *tiny(tmp_path, *DETECT, '--data.dataset', str(ddata), '--data.augment_on', 'device')) == 2
     err = capsys.readouterr().err
     assert last_line(err) == ("lucid: error: augment_on='device' is for segmentation (it makes the masks on the device); task='detect' "
-                              "augments on the CPU: leave --data.augment_on out, or give cpu") and 'Traceback' not in err
+                              "augments on the CPU: leave --data.augment_on out, or give cpu (LUCID_DEBUG=1 shows the traceback)") and 'Traceback' not in err
     assert not list(tmp_path.rglob('*.ckpt'))
 
 

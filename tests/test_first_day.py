@@ -203,3 +203,103 @@ def test_cpu_requirements_never_take_the_cuda_build_on_linux():
     setup = next(l for l in (REPO / 'README.md').read_text().splitlines() if 'pip install -r requirements-cpu.txt' in l)
     first = setup.index('--no-deps torch==2.13.0+cpu --index-url https://download.pytorch.org/whl/cpu')
     assert first < setup.index('-r requirements-cpu.txt'), setup
+
+
+# The first day, part 3 (issue 49): nothing after `fit` runs a network nobody trained, and it prints lucid's lines only.
+
+@pytest.mark.parametrize('sub', ['validate', 'test', 'predict', 'export'])
+def test_inference_without_weights_is_refused_in_one_line(tmp_path, monkeypatch, capsys, sub):
+    "validate, test and predict ran a randomly initialised network without a word and exited 0; export gave a usage block."
+    monkeypatch.chdir(tmp_path)
+    assert lucid_main(monkeypatch, sub, *(TINY if sub != 'export' else [])) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and err.startswith(f'lucid: error: lucid {sub} needs trained weights: give --ckpt_path'), err
+    assert '--model.weights FILE' in err and '--model.weights none' in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_untrained_network_only_when_asked(tmp_path, monkeypatch, capsys):
+    "`--model.weights none` is the one way to an untrained network, said in one line; export of a missing file names it."
+    monkeypatch.chdir(tmp_path)
+    assert lucid_main(monkeypatch, 'validate', *TINY, '--model.weights', 'none') == 0
+    said = capsys.readouterr()
+    assert 'lucid: validate with an untrained network (--model.weights none): its detections mean nothing' in said.err
+    assert 'Class' in said.out
+    assert lucid_main(monkeypatch, 'export', '--ckpt_path', 'gone.ckpt', '--output', str(tmp_path / 'x.onnx')) == 2
+    err = capsys.readouterr().err   # it said "cannot write x.onnx"
+    assert err == 'lucid: error: --ckpt_path gone.ckpt: no such file (LUCID_DEBUG=1 shows the traceback)\n', err
+
+
+def _merged(*args, cwd) -> list:
+    "The lines of a `lucid` subprocess, stdout and stderr together as a log file would hold them (stdout not a terminal)."
+    r = subprocess.run([str(LUCID), *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600,
+                       env=dict(os.environ, OMP_NUM_THREADS='1', PYTHONUNBUFFERED='1'))
+    assert r.returncode == 0, r.stdout[-3000:]
+    return r.stdout.splitlines()
+
+
+TABLE_ROW = r'^ +(Class|all|person|car|chair) '
+
+
+@pytest.mark.parametrize('sub', ['validate', 'test', 'predict'])
+def test_after_fit_prints_lucids_lines_only(three, sub):
+    """validate, test and predict printed Lightning's restore lines, a UserWarning from site-packages, Lightning's metric
+    box after lucid's table, and a progress bar into a redirected log (which swallowed predict's count line)."""
+    import re
+    d, ckpt = three
+    lines = _merged(sub, '--trainer.accelerator', 'cpu', '--ckpt_path', str(ckpt), cwd=d)
+    others = [l for l in lines if not (l.startswith(('lucid: ', 'lucid_nb data: ', 'Speed: ', 'predict: ', 'Results saved to '))
+                                       or re.match(TABLE_ROW, l))]
+    assert others == [], '\n'.join(lines)
+    assert (sub == 'predict') == any(l.startswith('predict: ') and 'detections on' in l for l in lines), '\n'.join(lines)
+    loud = '\n'.join(_merged(sub, '--trainer.accelerator', 'cpu', '--ckpt_path', str(ckpt), '--verbose', 'true', cwd=d))
+    assert 'Restoring states from the checkpoint' in loud and (sub == 'predict' or 'metric' in loud), loud
+
+
+def test_export_says_its_files_in_one_line(three, tmp_path):
+    "export printed 18 lines of exporter chatter and never named the `.onnx.data` file that holds the weights."
+    pytest.importorskip('onnxscript'); pytest.importorskip('onnx')
+    d, ckpt = three
+    out = tmp_path / 'net.onnx'
+    lines = _merged('export', '--ckpt_path', str(ckpt), '--output', str(out), cwd=d)
+    assert all(l.startswith(('export: ', 'lucid: ')) for l in lines), '\n'.join(lines)
+    (wrote,) = [l for l in lines if l.startswith('export: wrote ')]
+    assert wrote.startswith(f'export: wrote {out} and {out}.data (') and Path(f'{out}.data').is_file(), wrote
+    assert len(_merged('export', '--ckpt_path', str(ckpt), '--output', str(out), '--verbose', 'true', cwd=d)) > len(lines)
+
+
+def test_lucid_data_takes_lucids_option_names_and_errs_in_one_line(tmp_path):
+    "lucid-data spelt its options `--train-images` where lucid has `--data.train_images`; its errors were usage blocks."
+    data = Path(sys.executable).parent / 'lucid-data'
+    run = lambda *a: subprocess.run([str(data), *a], cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                                    env=dict(os.environ, OMP_NUM_THREADS='1'))
+    ok = run('--data.imgsz', '64', '--data.batch_size', '2', '--data.cache', 'none', '--data.prefetch', 'false', '--batches', '1')
+    assert ok.returncode == 0 and 'prefetch off' in ok.stdout, ok.stderr[-2000:]
+    for bad, says in ((['--data.imgsz', 'x'], '--data.imgsz'), (['--data.bogus', '1'], '--data.bogus'),
+                      (['--data.train_images', 'nope', '--data.train_annotations', 'nope.json'], 'nope')):
+        r = run(*bad)
+        assert r.returncode == 2 and len(r.stderr.splitlines()) == 1 and r.stderr.startswith('lucid-data: error: '), r.stderr
+        assert says in r.stderr, r.stderr
+
+
+def test_subcommand_list_includes_export(monkeypatch, capsys):
+    assert lucid_main(monkeypatch, 'bogus') == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "'predict', 'export')" in err, err
+    assert lucid_main(monkeypatch, '--help') == 0
+    assert '{fit,validate,test,predict,export}' in capsys.readouterr().out
+
+
+def test_empty_prediction_picture_says_so(three, tmp_path, monkeypatch, capsys):
+    "An untrained model's prediction picture was the bare image: now it says no detection passed the threshold it was drawn at."
+    from lucid_nb.data import load_rgb
+    from lucid_nb.draw import draw_note, save_jpeg
+    d, ckpt = three
+    image = Path(EMBEDDED_IMAGES) / '000000000009.jpg'
+    monkeypatch.chdir(tmp_path)
+    assert lucid_main(monkeypatch, 'predict', '--trainer.accelerator', 'cpu', '--ckpt_path', str(ckpt), '--model.conf', '0.99',
+                      '--data.predict_images', str(image), '--trainer.default_root_dir', 'out') == 0, capsys.readouterr().err[-2000:]
+    (drawn,) = Path('out').rglob('predict/000000000009.jpg')
+    assert json.loads((drawn.parent / 'predictions.json').read_text()) == []
+    save_jpeg(draw_note(load_rgb(image), 'no detections above conf 0.99'), tmp_path / 'want.jpg')   # the same encoder, the same bytes
+    assert drawn.read_bytes() == (tmp_path / 'want.jpg').read_bytes()

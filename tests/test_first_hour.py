@@ -1,5 +1,5 @@
 """What a new user meets first: the defaults of `lucid fit`, where runs go, file modes, and `--help`."""
-import os, subprocess, sys
+import subprocess, sys
 from pathlib import Path
 
 import pytest

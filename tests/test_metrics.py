@@ -43,7 +43,8 @@ def _assert_same(got, want):
 
 
 MODES = [dict(), dict(multi_label=False), dict(agnostic=True), dict(agnostic=True, multi_label=False),
-         dict(iou=.3), dict(iou=.9), dict(max_det=5), dict(max_nms=17), dict(conf=.55, iou=.5)]
+         dict(iou=.3), dict(iou=.9), dict(max_det=5), dict(max_nms=17), dict(conf=.55, iou=.5),
+         dict(per_class=2), dict(per_class=1, agnostic=True), dict(per_class=3, max_det=7, multi_label=False)]
 
 
 @pytest.mark.parametrize('seed', range(6))
@@ -291,6 +292,31 @@ def test_validator_end_to_end_perfect():
     assert 'Average Precision' in st.log and 'segm' in st.log
     v.reset()
     assert v.results == [] and v.image_ids == []
+
+
+def test_validator_keeps_only_the_scored_detections():
+    "Validating, only each image's first 100 detections of a class are made and kept (COCOeval's `maxDets`): fewer results, the others' bytes unchanged, and the 24 numbers `==` those of every detection and of a plain pycocotools run; predicting keeps every one."
+    coco, rects = _gt()
+    out, batch = _gt_head_output(rects)
+    g, n = torch.Generator().manual_seed(0), 150
+    B, A, _ = out['boxes'].shape
+    rep = lambda t: t.repeat_interleave(n, 1)   # 150 jittered, lower-scored copies of each rectangle's anchor
+    many = dict(boxes=rep(out['boxes']) + torch.randn(B, A * n, 4, generator=g) * 2, coef=rep(out['coef']), proto=out['proto'],
+                scores=rep(out['scores']) * torch.rand(B, A * n, 1, generator=g))
+    def run(**kw):
+        v = Validator(cat_ids=CATS, iou=1., **kw); v.update(many, batch)   # iou 1: nothing suppressed, 300 an image
+        return v
+    every, scored = run(scored=None), run()
+    ranks, seen = [], {}
+    for r in every.results:
+        key = r['image_id'], r['category_id']; ranks.append(seen.get(key, 0)); seen[key] = ranks[-1] + 1
+    assert max(seen.values()) > 100 and len(every.results) > 500
+    assert results_bytes(scored.results) == results_bytes([r for r, k in zip(every.results, ranks) if k < 100])
+    assert scored.mask_stats == [s for s, k in zip(every.mask_stats, ranks) if k < 100]
+    numbers = lambda v: [st[f'{t}/{n}'] for st in [v.compute(coco)] for t in ('bbox', 'segm') for n in STAT_NAMES]
+    assert numbers(scored) == numbers(every) == _pycocotools_stats(coco, every.results, [1, 2])   # exactly: ==
+    assert 0 < numbers(scored)[0] < 1 and 0 < numbers(scored)[12] < 1
+    assert len(run(predict=True).results) == len(every.results)      # predicting: every detection
 
 
 @cuda

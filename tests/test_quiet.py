@@ -13,7 +13,7 @@ from lucid_nb.model import Attention
 from helpers import LUCID
 
 QUICK = ('--trainer.accelerator', 'cpu', '--trainer.max_epochs', '1', '--trainer.limit_train_batches', '2',
-         '--trainer.enable_progress_bar', 'false', '--data.imgsz', '64', '--data.batch_size', '2', '--data.val_count', '2')
+         '--data.imgsz', '64', '--data.batch_size', '2', '--data.val_count', '2')   # no bar: stdout is not a terminal
 CPU_LINE = 'capture_train_step: the whole training step runs natively: the run trains on cpu; the recorder needs a CUDA GPU'
 
 
@@ -66,6 +66,10 @@ def test_quick_fit_prints_three_lines_before_its_first_epoch(quick):
     assert model.endswith('; run folder runs/lucid/version_0') and (d / 'runs' / 'lucid' / 'version_0' / 'checkpoints').is_dir()
     assert not [l for l in lines if l.startswith('`Trainer.fit` stopped')], 'Lightning says the fit reached max_epochs: the run did as asked'
     assert not [l for l in lines if 'capture' in l]
+    assert not [l for l in lines if 'it/s' in l or '\r' in l], 'a progress bar drawn into a pipe'
+    assert len([l for l in lines if l.startswith('epoch 1/1 ')]) == 1   # printed through no bar, so not lost
+    young = lines.index(next(l for l in lines if l.startswith('Results saved to '))) - 1   # 1 epoch from scratch: zeros, said to be expected
+    assert lines[young].startswith('From scratch, 1 epoch is far too few to detect anything') and 'README.md' in lines[young], lines[young]
 
 
 def test_model_line_numbers_are_counted_independently(quick):
@@ -99,8 +103,11 @@ def test_verbose_brings_lightning_lines_back(tmp_path):
 
 
 def test_validate_keeps_its_results_table(quick):
-    "`lucid validate --verbose` was Lightning's switch for this table; now it is `lucid`'s, and the table always prints."
+    """`lucid validate --verbose` was Lightning's switch for its metric box; now it is `lucid`'s: `lucid`'s per-class
+    table always prints, Lightning's box after it only with `--verbose true`."""
     d, _ = quick
-    lines = _lucid(d, 'validate', '--trainer.accelerator', 'cpu', '--trainer.enable_progress_bar', 'false',
-                   '--ckpt_path', 'runs/lucid/version_0/checkpoints/last.ckpt')
-    assert any('Validate metric' in l for l in lines) and not any('GPU available' in l or 'Seed set' in l for l in lines)
+    args = ('validate', '--trainer.accelerator', 'cpu', '--ckpt_path', 'runs/lucid/version_0/checkpoints/last.ckpt')
+    lines = _lucid(d, *args)
+    assert any(l.split()[:2] == ['Class', 'Images'] for l in lines) and not any('Validate metric' in l for l in lines)
+    assert not any('GPU available' in l or 'Seed set' in l for l in lines)
+    assert any('Validate metric' in l for l in _lucid(d, *args, '--verbose', 'true'))

@@ -13,7 +13,6 @@ from lucid_nb.loader import YoloLoader
 from lucid_nb.metrics import results_bytes
 from lightning.pytorch.callbacks import Callback
 from lucid_nb.command import cli_main
-from lucid_nb.runs import AtomicCheckpoint
 from lucid_nb.trainer import LitYolo
 
 from helpers import tiny, StopAfterFirstEpoch, fit, hashes_only

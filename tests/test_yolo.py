@@ -113,7 +113,8 @@ def test_labels_read_as_the_coco_json_they_stand_for(ydata):
     results = near_misses(c.val_coco())
     sy, sc = coco_evaluate(y.val_coco(), results), coco_evaluate(c.val_coco(), results)
     assert sy == sc and 0 < sy['segm/mAP50-95'] < 1 and 0 < sy['bbox/mAP50-95'] < 1
-    assert y.report.counts == {} and y.report.notes['images without annotations (kept as negatives)'] >= 2
+    # the embedded set's two images without annotations: one without a label file, one with an empty one; each counted once
+    assert y.report.counts == {} and y.report.notes['images without annotations (kept as negatives)'] == 1
     assert y.report.notes['images without a label file (background)'] == 1
 
 
@@ -167,7 +168,8 @@ def test_names_as_list_or_dict(tmp_path, names):
     assert [i.cls for i in recs['t1'].instances] == [1]
 
 
-@pytest.mark.parametrize('names, msg', [({0: 'a', 2: 'b'}, "keys of 'names' must be the class indices 0..1"), ('abc', "'names' must be a list")])
+@pytest.mark.parametrize('names, msg', [({0: 'a', 'b': 'b'}, "'names' key 'b' is not a class number"), ({1: 'a', '1': 'b'}, 'gives class 1 twice'),
+                                       ('abc', "'names' must be a list")])
 def test_bad_names_are_one_error(tmp_path, names, msg):
     with pytest.raises(ValueError, match=msg): YoloData(dataset=str(_tiny(tmp_path, {'t1': f'0 {SQUARE}'}, names=names))).num_classes
 
@@ -179,7 +181,7 @@ def test_missing_or_empty_label_file_is_background(tmp_path):
     dm, recs = records(y)
     assert [len(recs[s].instances) for s in ('t1', 't2', 't3', 'v1')] == [2, 0, 0, 1]
     assert dm.report.counts == {} and dm.report.notes['images without a label file (background)'] == 1
-    assert dm.report.notes['images without annotations (kept as negatives)'] == 2
+    assert dm.report.notes['images without annotations (kept as negatives)'] == 1   # t2; t3 is counted once, as without a label file
     assert recs['t1'].instances[0].box == pytest.approx((6.4, 4.8, 32., 24.))   # the polygon's extent in pixels
 
 
@@ -276,3 +278,113 @@ def test_two_images_with_one_label_file_are_named(tmp_path, policy):
     for f in ('v9.jpg', 'v9.png'): (tmp_path / 'images/val' / f).write_bytes((tmp_path / 'images/train/t1.jpg').read_bytes())
     dm, recs = records(y)   # a shared stem without a label file: two background images
     assert dm.report.counts == {'label file shared by several images': 2} and len(dm._val.records) == 3
+
+
+# Third-party folders (issue 49): LightlyTrain's `names` keyed by COCO ids with gaps, `skip_if_label_file_missing`,
+# `nc`, a `test` split, keys not read, and refusals that say what to change in one short line.
+GAPS = Path(__file__).resolve().parent / 'fixtures' / 'yolo_gaps' / 'data.yaml'   # tests/fixtures/make_yolo_gaps.py
+
+
+def gaps_copy(tmp_path: Path, **cfg) -> Path:
+    "A copy of the fixture whose data.yaml has `cfg` merged in (a None value removes the key)."
+    shutil.copytree(GAPS.parent, tmp_path / 'g')
+    y = tmp_path / 'g' / 'data.yaml'
+    d = yaml.safe_load(y.read_text()) | cfg
+    y.write_text(yaml.safe_dump({k: v for k, v in d.items() if v is not None}, sort_keys=False))
+    return y
+
+
+def coco_classes(path: Path) -> list:
+    "The COCO category ids of an embedded image's polygons, one per part, in JSON order: what its label lines say."
+    d = load_coco_json(EMBEDDED_ANNOTATIONS)
+    i = next(e['id'] for e in d['images'] if Path(e['file_name']).stem == path.stem)
+    return [a['category_id'] for a in d['annotations'] if a['image_id'] == i and not a['iscrowd'] for _ in a['segmentation']]
+
+
+def test_names_keyed_with_gaps_are_read_by_key():
+    "The classes are the keys 1..90 (gaps) in order, with their names; each instance is of the class its COCO id keys."
+    dm, recs = records(GAPS)
+    ids, names = coco_categories(load_coco_json(EMBEDDED_ANNOTATIONS))
+    assert (dm.cat_ids, dm.class_names) == (ids, names) and dm.cat_ids[11:13] == [13, 14]
+    for r in recs.values():
+        assert [dm.cat_ids[i.cls] for i in r.instances] == coco_classes(r.path), r.path
+    assert sorted({c for r in recs.values() for c in coco_classes(r.path)} - set(range(1, 12))), 'the fixture crosses a gap'
+    gt = dm.val_coco().dataset
+    assert {c['id'] for c in gt['categories']} == set(ids) and {a['category_id'] for a in gt['annotations']} == {85, 65, 88}
+
+
+def test_skip_if_label_file_missing(tmp_path):
+    "Left out and counted once when asked; kept as background otherwise; the data line never counts an image twice."
+    dm, recs = records(GAPS)
+    assert sorted(recs) == ['000000000025', '000000000030', '000000000042', '000000000072', '000000000078', '000000000133']
+    assert dm.report.notes == {'images without a label file (left out: skip_if_label_file_missing)': 2}
+    assert '2 × images without a label file (left out: skip_if_label_file_missing)' in dm.summary()
+    dm, recs = records(gaps_copy(tmp_path, skip_if_label_file_missing=False))
+    assert len(recs) == 8 and not recs['000000000034'].instances and not recs['000000000081'].instances
+    assert dm.report.notes == {'images without a label file (background)': 2}
+
+
+@pytest.mark.parametrize('nc, ok', [(80, True), (None, True), (79, False), ('80', False), (True, False)])
+def test_nc_is_checked_against_names(tmp_path, nc, ok):
+    y = gaps_copy(tmp_path, nc=nc)
+    if ok: assert YoloData(dataset=str(y)).num_classes == 80; return
+    with pytest.raises(ValueError, match=rf"nc: {nc!r}.* but 'names' has 80 classes: set nc: 80, or remove nc"): YoloData(dataset=str(y)).num_classes
+
+
+def test_unknown_keys_are_named_once(tmp_path, caplog):
+    y = gaps_copy(tmp_path, download='https://example.org/x.zip', nmaes=['a'])
+    with caplog.at_level('WARNING', logger='lucid_nb.data'): records(y)
+    lines = [r.getMessage() for r in caplog.records if 'not read' in r.getMessage()]
+    assert lines == [f"{y}: not read: download, nmaes (lucid reads path, train, val, test, names, nc, skip_if_label_file_missing)"]
+
+
+def test_lucid_test_scores_the_test_split(tmp_path):
+    "A fit validates on `val`; `lucid test` on its checkpoint scores the `test` images, and says so in the data line."
+    cli, run, _ = fit(tmp_path / 'f', '--data.dataset', str(GAPS), '--data.batch_size', '2', epochs=1)
+    ckpt = torch.load(run / 'checkpoints/last.ckpt', map_location='cpu', weights_only=True)
+    assert ckpt['lucid']['cat_ids'] == coco_categories(load_coco_json(EMBEDDED_ANNOTATIONS))[0]
+    assert {Path(r.path).parent.name for r in cli.datamodule.val_records} == {'val'}
+    r = subprocess.run([str(LUCID), 'test', '--ckpt_path', str(run / 'checkpoints/last.ckpt'), '--trainer.accelerator', 'cpu',
+                        '--trainer.enable_progress_bar', 'false'], cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ, OMP_NUM_THREADS='1'))
+    assert r.returncode == 0, r.stderr[-3000:]
+    line = next(l for l in (r.stdout + r.stderr).splitlines() if l.startswith('lucid_nb data:'))
+    assert 'train 4 images' in line and ', test 2 images (' in line, line
+    dm = YoloData(dataset=str(GAPS), imgsz=64, batch_size=2, prefetch=False); dm.setup('test')
+    assert {r.path.parent.name for r in dm.val_records} == {'test'} and dm.scored == 'test'
+    assert sorted(e['file_name'] for e in dm.val_coco().dataset['images']) == ['images/test/000000000092.jpg', 'images/test/000000000144.jpg']
+
+
+BAD_YAML = {   # what is wrong: (data.yaml keys merged into the fixture's, what the message must say)
+    'names missing': (dict(names=None), "no 'names': add it"),
+    'val misspelt': (dict(val=None, valid='images/val'), "no 'val': rename 'valid' to 'val'"),
+    'names a word': (dict(names='abc'), "'names' must be a list of class names or a dict"),
+    'names key not a number': (dict(names={'x': 'a'}), "'names' key 'x' is not a class number: write each class as N: name"),
+    'names key twice': (dict(names={1: 'a', '1': 'b'}, nc=None), "'names' gives class 1 twice: keep one of them"),
+    'nc disagrees': (dict(nc=81), "nc: 81 but 'names' has 80 classes: set nc: 80, or remove nc"),
+    'skip not a bool': (dict(skip_if_label_file_missing='yes'), "skip_if_label_file_missing: 'yes': write true or false"),
+    'no such split folder': (dict(val='images/valid'), "'val': no folder images/valid under 'path': point 'val' at a folder of images"),
+    'split a list file': (dict(train='data.yaml'), "'train': data.yaml is a file; only folders of images are read: point 'train' at a folder"),
+    'no such root': (dict(path='../nowhere'), "'path': no folder '../nowhere': point it at the dataset folder"),
+    'empty split': (dict(test='labels/test'), "'test': no image files in its folder: point 'test' at a folder of .jpg/.png images"),
+}
+
+
+@pytest.mark.parametrize('case', [*BAD_YAML, 'no label file at all'])
+def test_bad_data_yaml_is_one_short_line(tmp_path, case):
+    "Each refusal is one line naming the data.yaml and what to change, at most 200 characters."
+    cfg, says = BAD_YAML.get(case, ({}, "'test': no image has a label file in labels/test/: put the labels there, or set skip_if_label_file_missing: false"))
+    y = gaps_copy(tmp_path, **cfg)
+    if case == 'no label file at all': shutil.rmtree(y.parent / 'labels/test')
+    with pytest.raises((ValueError, FileNotFoundError)) as e: YoloData(dataset=str(y), imgsz=64, batch_size=2, prefetch=False).setup('test')
+    msg = str(e.value)
+    assert msg.startswith(f"{y}: ") and says in msg and '\n' not in msg and len(msg) <= 200, (len(msg), msg)
+
+
+@pytest.mark.parametrize('text, says', [('names: [a\n', 'not readable as YAML'), ('- a\n- b\n', 'not a YOLO data.yaml: it needs the keys')])
+def test_unreadable_data_yaml_is_one_short_line(tmp_path, text, says):
+    (y := tmp_path / 'data.yaml').write_text(text)
+    with pytest.raises(ValueError) as e: YoloData(dataset=str(y)).num_classes
+    msg = str(e.value)
+    assert says in msg and '\n' not in msg and len(msg) <= 200, (len(msg), msg)
+    with pytest.raises(FileNotFoundError, match='give --data.dataset the path of a YOLO data.yaml'): YoloData(dataset=str(tmp_path / 'no.yaml')).num_classes
