@@ -58,6 +58,28 @@ def write_result(script: str, payload: dict, device: str | None = None, tag: str
 def read_result(path) -> dict: return json.loads(Path(path).read_text())
 
 
+def mark_loss_and_ema(module, begin, end, required: str | None = None) -> list[str]:
+    """Mark the training step's loss and EMA parts: `begin('loss')` as `module.loss_fn` (an `nn.Module`) starts, and
+    `begin('ema')` ... `end()` around `module.ema.update`. The parts found are returned; with `required` (the
+    caller's name), a missing one stops the script in one line."""
+    import torch
+    hooked = []
+    loss = getattr(module, 'loss_fn', None)
+    if isinstance(loss, torch.nn.Module):
+        loss.register_forward_pre_hook(lambda *_: begin('loss')); hooked.append('loss')
+    elif required: raise SystemExit(f'{required}: the module has no `loss_fn` module to mark the loss at')
+    ema = getattr(module, 'ema', None)
+    if callable(getattr(ema, 'update', None)):
+        update = ema.update
+        def marked_update(*args, **kwargs):
+            begin('ema')
+            try: return update(*args, **kwargs)
+            finally: end()
+        ema.update = marked_update; hooked.append('ema')
+    elif required: raise SystemExit(f'{required}: the module has no `ema.update` to mark the EMA at')
+    return hooked
+
+
 def spread(xs, digits: int | None = None) -> dict | None:
     "Median, min, max and count of the values that are not None (rounded to `digits`), None if there are none."
     xs = [x for x in xs if x is not None]

@@ -46,7 +46,7 @@ T0 = time.perf_counter()   # `startup`'s clock starts with the process
 import argparse, bisect, collections, cProfile, io, json, os, pstats, re, statistics, tempfile
 from pathlib import Path
 
-from common import CPU_CONFIG, REFERENCE_CONFIG, write_result
+from common import CPU_CONFIG, REFERENCE_CONFIG, mark_loss_and_ema, write_result
 
 MiB = 2 ** 20
 ARMS = {'native': [], 'head': ['--model.capture_segment_heads', 'true'], 'step': ['--model.capture_train_step', 'true']}
@@ -201,17 +201,7 @@ def _callbacks() -> dict:
             self.cuda = trainer.strategy.root_device.type == 'cuda'
             self.hooked = []
             if not self.parts: return
-            loss = getattr(module, 'loss_fn', None)
-            if isinstance(loss, torch.nn.Module):
-                loss.register_forward_pre_hook(lambda *_: self._open('loss')); self.hooked.append('loss')
-            ema = getattr(module, 'ema', None)
-            if callable(getattr(ema, 'update', None)):
-                update = ema.update
-                def timed_update(*args, **kwargs):
-                    self._open('ema')
-                    try: return update(*args, **kwargs)
-                    finally: self._close()
-                ema.update = timed_update; self.hooked.append('ema')
+            self.hooked = mark_loss_and_ema(module, self._open, self._close)
 
         def on_train_batch_start(self, trainer, module, batch, batch_idx):
             i, w, t, k = self.batches, self.warmup, self.timed, self.steps

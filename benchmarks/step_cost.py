@@ -45,7 +45,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 
-from common import REFERENCE_CONFIG, write_result
+from common import REFERENCE_CONFIG, mark_loss_and_ema, write_result
 
 PARTS = ('forward', 'loss', 'backward', 'optimizer', 'ema')
 OUTSIDE = ('input',)   # counted beside the step, not in its total
@@ -222,17 +222,7 @@ class StepCost(Callback):
         for opt in trainer.optimizers:   # the foreach path, as torch.optim takes it for CUDA tensors
             for g in opt.param_groups:
                 if 'foreach' in g and g['foreach'] is None: g['foreach'] = True
-        loss = getattr(module, 'loss_fn', None)
-        if not isinstance(loss, torch.nn.Module): raise SystemExit('step_cost: the module has no `loss_fn` module to mark the loss at')
-        loss.register_forward_pre_hook(lambda *_: self._part('loss')); self.hooked.append('loss')
-        ema = getattr(module, 'ema', None)
-        if not callable(getattr(ema, 'update', None)): raise SystemExit('step_cost: the module has no `ema.update` to mark the EMA at')
-        update = ema.update
-        def counted_update(*args, **kwargs):
-            self._part('ema')
-            try: return update(*args, **kwargs)
-            finally: self._stop()
-        ema.update = counted_update; self.hooked.append('ema')
+        self.hooked += mark_loss_and_ema(module, self._part, self._stop, required='step_cost')
 
     def on_train_batch_start(self, trainer, module, batch, batch_idx):
         if self.started == self.step:

@@ -207,7 +207,7 @@ def draw_train_batch(batch:dict, class_names:list|None=None, n:int=16, size:int=
     "The first `n` images of a training batch (on any device) with their valid targets, as one grid image."
     img = batch['img'][:n].detach()
     img = (img * 255 if img.is_floating_point() else img).clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
-    S, tiles, f = img.shape[1], [], MASK_STRIDE
+    tiles, f = [], MASK_STRIDE
     for b in range(len(img)):
         boxes, cls, masks = (None if t is None else t.cpu().numpy() for t in image_instances(batch, b))
         if masks is not None: masks = masks.astype(bool).repeat(f, 1).repeat(f, 2)   # none in a detection batch
