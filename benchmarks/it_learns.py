@@ -41,7 +41,8 @@ def main(argv=None):
             '--data.val_images', str(EMBEDDED_IMAGES), '--data.val_annotations', str(EMBEDDED_ANNOTATIONS),
             '--data.batch_size', str(a.batch_size), '--data.workers', str(a.workers),
             '--trainer.max_epochs', str(a.epochs), '--trainer.check_val_every_n_epoch', str(a.val_every),
-            '--trainer.enable_progress_bar', 'false', '--model.max_det', '100', '--model.task', a.task,
+            '--trainer.enable_progress_bar', 'false', '--model.max_det', '100',
+            *(['--model.task', a.task] if a.task != 'segment' else []),   # the default: a library before tasks runs it too
             '--trainer.logger.init_args.save_dir', str(run_root), *a.extra]
     t0 = time.perf_counter()
     cli = cli_main(args)

@@ -19,6 +19,7 @@ given. Arms, run in turn (arm 1, arm 2, ..., arm 1, arm 2, ...):
     native-classic, step-classic, native-g27-classic, step-g27-classic  that arm with LUCID_NB_EXPANDABLE_SEGMENTS=0
                 (PyTorch's allocator defaults: the library before 2026-12-03)
     native-cl, step-cl  that arm with the network in channels-last memory order (--model.channels_last true)
+    native-detect, step-detect  that arm training the YOLO11 detector of the same size (--model.task detect): boxes only
     <arm>@base  that arm on another library, exported into $LUCID_NB_BASELINE (before and after a change in one call)
     ul          Ultralytics yolo11n-seg on the same split, batch, size and epochs (`ultralytics_run.py`; left out where
                 `ultralytics` does not import)
@@ -52,6 +53,7 @@ ARMS.update({f'{arm}-val16': [*args, '--data.val_batch_size', '16'] for arm in (
 ARMS.update({f'{arm}-g{k}': [*args, '--model.val_group_pixels', str(2**k)]   # validation's groups of 2^k pixels
              for arm in ('native', 'step') for k in (26, 27) for args in [ARMS[arm]]})
 ARMS.update({f'{arm}-cl': [*ARMS[arm], '--model.channels_last', 'true'] for arm in ('native', 'step')})   # NHWC memory order
+ARMS.update({f'{arm}-detect': [*ARMS[arm], '--model.task', 'detect'] for arm in ('native', 'step')})   # the detector
 # arms run with the CUDA caching allocator's expandable segments (less fragmentation), the library unchanged
 EXPANDABLE, CLASSIC = {'PYTORCH_CUDA_ALLOC_CONF': 'expandable_segments:True'}, {'LUCID_NB_EXPANDABLE_SEGMENTS': '0'}
 ARM_ENV = {f'{arm}-{kind}': env for arm in ('native', 'step', 'native-g27', 'step-g27')

@@ -233,8 +233,8 @@ def summarize(runs: list, arms: list, batches: list) -> dict:
         ul = {r['round']: r['images_per_s'] for r in by.get('ul', [])}
         sb['over_ul'] = {arm: [r['images_per_s'] / ul[r['round']] if ul.get(r['round']) else None for r in rs]
                          for arm, rs in by.items() if arm != 'ul'} if ul else None
-        lucid = [r for r in ok if 'hashes' in r]   # the runs of one library (`@base`: the other) and memory order (`-cl`) end byte-identical
-        kind = lambda arm: ('baseline' if arm.endswith('@base') else 'current') + ('-cl' if '-cl' in arm else '')
+        lucid = [r for r in ok if 'hashes' in r]   # the runs of one library (`@base`: the other), memory order (`-cl`) and task end byte-identical
+        kind = lambda arm: ('baseline' if arm.endswith('@base') else 'current') + ''.join(k for k in ('-cl', '-detect') if k in arm)
         libs = {k: [r for r in lucid if kind(r['arm']) == k] for k in sorted({kind(r['arm']) for r in lucid})}
         sb['lucid_hashes_equal'] = {lib: len({json.dumps(r['hashes'], sort_keys=True) for r in rs}) == 1 for lib, rs in libs.items() if rs} or None
         sb['lucid_hashes'] = {lib: sorted({r['hashes'].get('all', '')[:12] for r in rs}) for lib, rs in libs.items() if rs}
