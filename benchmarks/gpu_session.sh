@@ -11,9 +11,9 @@
 #   step<b>               profile_fit.py step at batch b, each arm of $STEP_ARMS (default native step)
 #   startup               profile_fit.py startup: the seconds before the first step, by stage, under cProfile
 #   learns                it_learns.py: 100 epochs from scratch on the 128 images (about 5 minutes on the H200), each arm of
-#                         $LEARNS_ARMS side by side (default segment; detect: --model.task detect; segment@base: the library
-#                         in $LUCID_NB_BASELINE, whose commit its file COMMIT names)
-#   learns_detect         the same with --task detect: the detector (box mAP50 to hold against the segment model's)
+#                         $LEARNS_ARMS at each seed of $LEARNS_SEEDS, side by side (default segment, 0; detect: the detector;
+#                         segment@base: the library in $LUCID_NB_BASELINE, whose commit its file COMMIT names). A seed moves
+#                         the result more than most changes do: compare libraries by the median over >= 5 seeds
 #   hooks                 a 4-epoch fit under Lightning's SimpleProfiler (its report to $OUT/results)
 # e.g. LUCID_NB_COMMIT=$(git rev-parse --short HEAD) ARMS=native,step,ul bash benchmarks/gpu_session.sh warm tests ref4x2@0
 # .whl/ holds CPython 3.12 manylinux wheels of what that image lacks: pycocotools, ultrafast-pycocotools, jsonargparse,
@@ -57,18 +57,18 @@ for stage in "$@"; do
            done ;;
     startup) python3 benchmarks/profile_fit.py startup --out "$OUT/results" 2>&1 | grep -E " s$|->" || status=1 ;;
     learns) pids=()   # the arms of $LEARNS_ARMS side by side (mostly CPU-bound: loader and COCOeval)
-            for arm in ${LEARNS_ARMS:-segment}; do
+            for arm in ${LEARNS_ARMS:-segment}; do for seed in ${LEARNS_SEEDS:-0}; do
               task=${arm%@base} pp=$PYTHONPATH commit=$LUCID_NB_COMMIT tag=
               if [ "$task" != "$arm" ]; then   # the library in $LUCID_NB_BASELINE (its commit in COMMIT there), the data of this checkout
                 [ -e "$LUCID_NB_BASELINE/lucid_nb/embedded" ] || ln -s "$PWD/lucid_nb/embedded" "$LUCID_NB_BASELINE/lucid_nb/embedded"
                 pp=$LUCID_NB_BASELINE:$PYTHONPATH commit=$(cat "$LUCID_NB_BASELINE/COMMIT" 2>/dev/null || echo base) tag=base
               fi
               PYTHONPATH=$pp LUCID_NB_COMMIT=$commit python3 benchmarks/it_learns.py --out "$OUT/results" --task "$task" --tag "$tag" \
-                > "$OUT/results/it_learns_${arm/@/_}.log" 2>&1 & pids+=($!)
-            done
+                --seed "$seed" > "$OUT/results/it_learns_${arm/@/_}_$seed.log" 2>&1 & pids+=($!)
+            done; done
             for pid in "${pids[@]}"; do wait "$pid" || status=1; done
-            for arm in ${LEARNS_ARMS:-segment}; do echo "$arm: $(tail -n 1 "$OUT/results/it_learns_${arm/@/_}.log")"; done ;;
-    learns_detect) python3 benchmarks/it_learns.py --task detect --out "$OUT/results" 2>&1 | tail -2 || status=1 ;;
+            for arm in ${LEARNS_ARMS:-segment}; do for seed in ${LEARNS_SEEDS:-0}; do
+              echo "$arm seed $seed: $(tail -n 1 "$OUT/results/it_learns_${arm/@/_}_$seed.log")"; done; done ;;
     hooks) python3 -c "$LUCID" fit --config configs/coco128-seg-n.yaml \
              --trainer.max_epochs 4 --trainer.enable_progress_bar false --trainer.default_root_dir /tmp/hooks \
              --trainer.profiler '{"class_path": "lightning.pytorch.profilers.SimpleProfiler", "init_args": {"dirpath": "'"$OUT/results"'", "filename": "simple_profiler"}}' \

@@ -4,6 +4,8 @@ and the wall time.
 
     python benchmarks/it_learns.py --epochs 100 --val-every 5 --out benchmarks/results
     python benchmarks/it_learns.py --task detect --out benchmarks/results   # it_learns_<device>_<commit>_detect.json
+    python benchmarks/it_learns.py --seed 3        # it_learns_<device>_<commit>_seed3.json: one run is one draw; a seed moves
+        # box mAP50 from 0.01 to 0.37 (nbs/08c_trainer), so libraries are compared by the median over five seeds or more
     PYTHONPATH=DIR python benchmarks/it_learns.py --tag cpu_base -- --trainer.accelerator cpu ...   # on the CPU, reduced;
         # DIR holds another revision's exported lucid_nb/ (`git archive REV lucid_nb | tar -x -C DIR`): before and after
 
@@ -30,6 +32,7 @@ def main(argv=None):
     p.add_argument('--out', default='benchmarks/results')
     p.add_argument('--run-root', default=None, help='where the run folder goes (default: a temporary folder)')
     p.add_argument('--task', default='segment', choices=('segment', 'detect'), help='--model.task (detect: box mAP only)')
+    p.add_argument('--seed', type=int, default=None, help='--seed_everything and --data.seed (default: the configuration\'s, 0); tags the file seed<N>')
     p.add_argument('--tag', default='', help='appended to the result file name (e.g. cpu_before)')
     p.add_argument('extra', nargs='*', help='further `lucid fit` arguments, after --')
     a = p.parse_args(argv)
@@ -43,6 +46,7 @@ def main(argv=None):
             '--trainer.max_epochs', str(a.epochs), '--trainer.check_val_every_n_epoch', str(a.val_every),
             '--trainer.enable_progress_bar', 'false', '--model.max_det', '100',
             *(['--model.task', a.task] if a.task != 'segment' else []),   # the default: a library before tasks runs it too
+            *(['--seed_everything', str(a.seed), '--data.seed', str(a.seed)] if a.seed is not None else []),
             '--trainer.logger.init_args.save_dir', str(run_root), *a.extra]
     t0 = time.perf_counter()
     cli = cli_main(args)
@@ -55,7 +59,8 @@ def main(argv=None):
                   env=env(), state_hashes=json.loads((run / 'state_hashes.json').read_text()),
                   timing=json.loads((run / 'timing.json').read_text()),
                   validations=[{k: v for k, v in d.items()} for d in vals])
-    path = write_result('it_learns', result, out=a.out, tag='_'.join(t for t in (a.task if a.task != 'segment' else '', a.tag) if t))
+    path = write_result('it_learns', result, out=a.out, tag='_'.join(t for t in (a.task if a.task != 'segment' else '', a.tag,
+                                                                    f'seed{a.seed}' if a.seed is not None else '') if t))
     fig, ax = plt.subplots(figsize=(7, 4))
     for key, label in (('bbox/mAP50', 'box mAP50'), ('bbox/mAP50-95', 'box mAP50-95'),
                        ('segm/mAP50', 'mask mAP50'), ('segm/mAP50-95', 'mask mAP50-95')):
