@@ -16,7 +16,7 @@ from fastcore.basics import patch
 from .core import *
 from .coco import coco_categories, load_coco_json
 from .data import OneLineArgumentParser, bool_value, image_batch, load_rgb, pil_rgb
-from .tasks import get_task
+from .tasks import TASKS, get_task
 from .heads import yolo
 from .metrics import PREDICT_CONF, Validator, predict_conf
 from .draw import draw_instances
@@ -264,6 +264,8 @@ def export_main(argv:list[str]|None=None)->Path:
     ap.add_argument('--ckpt_path', help='a lucid checkpoint (last.ckpt, best.ckpt)')
     ap.add_argument('--model.weights', dest='weights', help='an Ultralytics YOLO11-seg or detect checkpoint (yolo11n-seg.pt, yolo11n.pt) '
                     'or a lucid checkpoint; none: an untrained network')
+    ap.add_argument('--model.task', dest='task', choices=list(TASKS), default=None, help="the untrained network's task (with --model.weights none; "
+                    "default segment); a file's task is its own, and another one given is refused")
     ap.add_argument('--format', choices=('onnx', 'torchscript'), default='onnx', help='file format (default: onnx)')
     ap.add_argument('--imgsz', type=int, default=None, help="input side (default: the checkpoint's training size)")
     ap.add_argument('--output', default=None, help='file to write (default: beside the checkpoint, .onnx or .torchscript)')
@@ -276,7 +278,9 @@ def export_main(argv:list[str]|None=None)->Path:
     path, option = (a.ckpt_path, '--ckpt_path') if a.ckpt_path else (a.weights, '--model.weights')
     out = Path(a.output or (Path(f'untrained.{a.format}') if untrained else local_file(path, option).with_suffix(f'.{a.format}')))
     check_export_options(a.imgsz, out, a.image, None if untrained else (path, option))
-    p = untrained_predictor(a.imgsz) if untrained else load(path, imgsz=a.imgsz, option=option)
+    p = untrained_predictor(a.imgsz, a.task or 'segment') if untrained else load(path, imgsz=a.imgsz, option=option)
+    if a.task and p.task.name != a.task:
+        raise ValueError(f"--model.task {a.task}: {option} {path} holds a {p.task.name} network; leave --model.task out to export it")
     if untrained: note("export of an untrained network (--model.weights none): its outputs mean nothing")
     if p.weak: note(f"warning: {p.weak}")
     t0 = time.perf_counter(); export_model(p, a.format, out, a.verbose)

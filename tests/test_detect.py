@@ -298,6 +298,20 @@ def test_predict_export_and_load_with_the_detect_file(tmp_path, monkeypatch, cap
         assert (props['task'], props['outputs']) == ('detect', 'boxes,scores')
 
 
+
+def test_export_of_an_untrained_detector_and_a_task_the_file_does_not_hold(tmp_path, monkeypatch, capsys):
+    "`lucid export --model.weights none --model.task detect` writes a detector; a task other than a file's is refused in one line."
+    out = tmp_path / 'untrained.torchscript'
+    assert lucid_main(monkeypatch, 'export', '--model.weights', 'none', '--model.task', 'detect', '--format', 'torchscript',
+                      '--imgsz', '64', '--output', str(out)) == 0
+    assert 'detect outputs boxes, scores' in capsys.readouterr().out and out.is_file()
+    assert lucid_main(monkeypatch, 'export', '--model.weights', str(DETECT_PT), '--model.task', 'segment', '--imgsz', '64',
+                      '--output', str(tmp_path / 'x.torchscript'), '--format', 'torchscript') == 2
+    assert last_line(capsys.readouterr().err) == (f"lucid: error: --model.task segment: --model.weights {DETECT_PT} holds a detect network; "
+                                                  "leave --model.task out to export it (LUCID_DEBUG=1 shows the traceback)")
+    assert not (tmp_path / 'x.torchscript').exists()
+
+
 # ---- replay ----
 
 def test_capture_options_on_the_cpu_fall_back_in_one_line(ddata, dfit, tmp_path, caplog):
