@@ -89,33 +89,37 @@ class LucidCLI(LightningCLI):
                              "its classes would be read as others by position. Give data with the checkpoint's categories, or fit a new model")
         return data.num_classes
 
-    def before_instantiate_classes(self):
-        "Without `--trainer.logger`, a given `--trainer.default_root_dir` is where runs go (Lightning's convention); without `--trainer.enable_progress_bar`, no bar when stdout is not a terminal (a log file)."
-        cfg = self.config.get(self.subcommand, self.config) if self.subcommand else self.config
-        root, given = cfg.trainer.get('default_root_dir'), getattr(self, 'given_trainer_options', set())
-        if root and 'logger' not in given and isinstance(cfg.trainer.get('logger'), Namespace):
-            cfg.trainer.logger.init_args.save_dir = str(root)
-        if 'enable_progress_bar' not in given and not sys.stdout.isatty(): cfg.trainer.enable_progress_bar = False
+# %% ../nbs/10a_command.ipynb #6df34eff
+@patch
+def before_instantiate_classes(self:LucidCLI):
+    "Without `--trainer.logger`, a given `--trainer.default_root_dir` is where runs go (Lightning's convention); without `--trainer.enable_progress_bar`, no bar when stdout is not a terminal (a log file)."
+    cfg = self.config.get(self.subcommand, self.config) if self.subcommand else self.config
+    root, given = cfg.trainer.get('default_root_dir'), getattr(self, 'given_trainer_options', set())
+    if root and 'logger' not in given and isinstance(cfg.trainer.get('logger'), Namespace):
+        cfg.trainer.logger.init_args.save_dir = str(root)
+    if 'enable_progress_bar' not in given and not sys.stdout.isatty(): cfg.trainer.enable_progress_bar = False
 
-    def after_instantiate_classes(self):
-        "CSV logs always, first among the loggers; TensorBoard logs beside them in the run folder with `--tensorboard true`."
-        cfg = self.config.get(self.subcommand, self.config) if self.subcommand else self.config
-        init = self.config_init.get(self.subcommand, self.config_init) if self.subcommand else self.config_init
-        run_logger(self.trainer, init.trainer.get('logger'), cfg.trainer.get('default_root_dir'))
-        if cfg.get('tensorboard'): add_tensorboard(self.trainer)
-        quiet_trainer(self.trainer, bool(cfg.get('verbose')))
-        # `--ckpt_path` of another architecture: the check that loading makes, made before anything runs
-        if self.ckpt_hparams: self.model.on_load_checkpoint({'hyper_parameters': self.ckpt_hparams})
-        if self.subcommand == 'fit' and self.ckpt_hparams: refuse_resume_changes(self.model.hparams, self.ckpt_hparams, self.given_model_options)
-        # Lightning's own reading of `--ckpt_path` through the one safe reader (`08b_runs`)
-        s = self.trainer.strategy
-        if type(s.checkpoint_io) is TorchCheckpointIO: s.checkpoint_io = SafeCheckpointIO()
-        if getattr(self, 'datamodule', None) is not None: self.datamodule.set_rules(getattr(self, 'inference_rules', 'lucid'))   # a `.pt`'s: Ultralytics' (`_weights_options`)
-        if self.subcommand == 'predict':   # `--model.conf` as given (`predict_conf`); below the default, one line says what it allows
-            self.model.conf_given = 'conf' in getattr(self, 'given_model_options', set())
-            h = self.model.hparams
-            if line := conf_line(predict_conf(h.conf, self.model.conf_given), h.max_det): note(line)
+@patch
+def after_instantiate_classes(self:LucidCLI):
+    "CSV logs always, first among the loggers; TensorBoard logs beside them in the run folder with `--tensorboard true`."
+    cfg = self.config.get(self.subcommand, self.config) if self.subcommand else self.config
+    init = self.config_init.get(self.subcommand, self.config_init) if self.subcommand else self.config_init
+    run_logger(self.trainer, init.trainer.get('logger'), cfg.trainer.get('default_root_dir'))
+    if cfg.get('tensorboard'): add_tensorboard(self.trainer)
+    quiet_trainer(self.trainer, bool(cfg.get('verbose')))
+    # `--ckpt_path` of another architecture: the check that loading makes, made before anything runs
+    if self.ckpt_hparams: self.model.on_load_checkpoint({'hyper_parameters': self.ckpt_hparams})
+    if self.subcommand == 'fit' and self.ckpt_hparams: refuse_resume_changes(self.model.hparams, self.ckpt_hparams, self.given_model_options)
+    # Lightning's own reading of `--ckpt_path` through the one safe reader (`08b_runs`)
+    s = self.trainer.strategy
+    if type(s.checkpoint_io) is TorchCheckpointIO: s.checkpoint_io = SafeCheckpointIO()
+    if getattr(self, 'datamodule', None) is not None: self.datamodule.set_rules(getattr(self, 'inference_rules', 'lucid'))   # a `.pt`'s: Ultralytics' (`_weights_options`)
+    if self.subcommand == 'predict':   # `--model.conf` as given (`predict_conf`); below the default, one line says what it allows
+        self.model.conf_given = 'conf' in getattr(self, 'given_model_options', set())
+        h = self.model.hparams
+        if line := conf_line(predict_conf(h.conf, self.model.conf_given), h.max_det): note(line)
 
+# %% ../nbs/10a_command.ipynb #9642a43b
 RESUME_FIXED = ('optimizer', 'lr', 'momentum', 'weight_decay', 'warmup_epochs', 'warmup_bias_lr', 'warmup_momentum', 'lrf', 'cosine')
 
 def refuse_resume_changes(hparams, saved:dict, given:set):
@@ -129,6 +133,7 @@ def refuse_resume_changes(hparams, saved:dict, given:set):
 def _ids(ids:list)->str:
     ids = list(ids); return f"{ids}" if len(ids) <= 12 else f"[{', '.join(map(str, ids[:10]))}, … {ids[-1]}] ({len(ids)} classes)"
 
+# %% ../nbs/10a_command.ipynb #d30db276
 def run_logger(trainer, given, root=None):
     "Put a CSV logger (the given one, or one writing under `root` or `runs/lucid`) first among the trainer's loggers, so the run folder is its version folder whatever other loggers there are; returns it, None when logging is off."
     from lightning.pytorch.loggers import CSVLogger, Logger
@@ -150,6 +155,7 @@ def add_tensorboard(trainer)->bool:
     trainer.loggers = [*trainer.loggers, TensorBoardLogger(trainer.loggers[0].log_dir, name='tensorboard', version='')]
     return True
 
+# %% ../nbs/10a_command.ipynb #e8a77483
 HELP = {'description': "lucid: YOLO-style instance segmentation and object detection (lucid_nb; --model.task segment|detect). Subcommands: fit, validate, test, predict "
                         "(Lightning's), and export (`lucid export --help`).",
         'fit': {'description': "Train. With no --config: the nano model (--model.size n) on the embedded coco128 data, "
@@ -259,6 +265,7 @@ def resume_hint(trainer)->str:
                     f"resume with the same options and --ckpt_path {last}")
     return 'no epoch had finished, so there is no checkpoint to resume from: run it again'
 
+# %% ../nbs/10a_command.ipynb #34915ace
 class Interrupted(BaseException): "A Ctrl-C before the fit loop: nothing to save. Not a `KeyboardInterrupt`, so Lightning adds no line of its own."
 
 class StopSignals(Callback):
@@ -289,6 +296,7 @@ def _stop_line(subcommand:str, sig:str, trainer)->str:
     except CheckpointWriteError as e: note(str(e))
     return f"{subcommand} stopped by {sig} before it finished; {resume_hint(trainer)}"
 
+# %% ../nbs/10a_command.ipynb #ba83a4cd
 RUN_RECORDS = ('metrics.csv', 'val_metrics.jsonl', 'timing.json', 'state_hashes.json', 'predictions.json')   # a run's own files
 
 def other_run_folder(run:Path, logged:bool=True)->str:
@@ -307,6 +315,7 @@ def refuse_earlier_run(run:Path, elsewhere:str=''):
     raise ValueError(f"{run} holds an earlier run ({', '.join(found[:3])}{', ...' if len(found) > 3 else ''}): a new fit would mix "
                      f"the two; {again} give this run another folder{f' ({elsewhere})' if elsewhere else ''}")
 
+# %% ../nbs/10a_command.ipynb #510d0931
 @patch
 def _run_locked(self:LucidCLI, subcommand:str, run:Path|None, fresh:bool):
     "Run `subcommand` holding the run folder `run`'s lock (`fresh`: it was empty); a run stopped by SIGTERM or Ctrl-C says so and how to resume."
@@ -399,6 +408,7 @@ def _ckpt_options(self:LucidCLI):
     self._take_checkpoint(sub, path, ckpt)
     self.ckpt_hparams = ckpt.get('hyper_parameters') or {}
 
+# %% ../nbs/10a_command.ipynb #4a1b0b56
 @patch
 def _take_checkpoint(self:LucidCLI, sub:str, path, ckpt:dict):
     "What a command takes from a `lucid` checkpoint it runs (`--ckpt_path`, or `--model.weights` for validate/test/predict): for those three its data and image size, for predict a warning where it scored about nothing, and its model options."
@@ -417,6 +427,7 @@ def _take_checkpoint_model(self:LucidCLI, sub:str, path, saved:dict):
     self.config = self.parser.parse_object({sub: {'model': taken}}, self.config)
     note(f"model options taken from {path}: {changed} (options given on the command line or in --config win)")
 
+# %% ../nbs/10a_command.ipynb #26e04186
 @patch
 def _take_checkpoint_data(self:LucidCLI, sub:str, path, ckpt:dict):
     "`validate`, `test`, `predict`: the checkpoint's image size unless `--data.imgsz` is given, and its data where no data option names any; one line says what was taken."
@@ -430,6 +441,7 @@ def _take_checkpoint_data(self:LucidCLI, sub:str, path, ckpt:dict):
     what = 'image size and data' if changed.keys() - {'imgsz'} else 'image size'
     note(f"{sub} with the checkpoint's {what}: {', '.join(f'{k}={v}' for k, v in changed.items())} (--data.* options given win)")
 
+# %% ../nbs/10a_command.ipynb #400378b9
 @patch
 def _weights_options(self:LucidCLI):
     "`--model.weights`: read (safely) up front; its size and task where `--model.size` and `--model.task` were not given, an error where others were; not read with `--ckpt_path`."
@@ -443,16 +455,29 @@ def _weights_options(self:LucidCLI):
         note(f"--model.weights {path} is not read: --ckpt_path {cfg.ckpt_path} restores the network")
         self.config = self.parser.parse_object(wrap({'model': {'weights': None}}), self.config); return
     w = self.model_weights = read_weights(path)   # handed to `LitYolo.start_from` (`instantiate_classes`): read once
-    if sub in ('validate', 'test', 'predict'): w.check_lucid_task()   # a pose or OBB file has no branch of ours for its third: fit alone may start from it
-    if sub in ('validate', 'test', 'predict'): self.inference_rules = w.rules   # training is by lucid's rules whatever the start
-    if sub in ('validate', 'test', 'predict') and w.kind == 'lucid':   # its network as `--ckpt_path` has it: its size and options too
+    if sub in ('validate', 'test', 'predict'): cfg = self._weights_to_run(sub, path, w, cfg)
+    self._weights_network(sub, path, w, cfg, wrap)
+
+# %% ../nbs/10a_command.ipynb #56be5ac6
+@patch
+def _weights_to_run(self:LucidCLI, sub:str, path, w, cfg):
+    "`validate`, `test`, `predict` with `--model.weights`: the file's rules; a lucid checkpoint's size and options as `--ckpt_path` takes them, an Ultralytics file's image size. The config as it is now."
+    w.check_lucid_task()   # a pose or OBB file has no branch of ours for its third: fit alone may start from it
+    self.inference_rules = w.rules   # training is by lucid's rules whatever the start
+    if w.kind == 'lucid':   # its network as `--ckpt_path` has it: its size and options too
         self._take_checkpoint(sub, path, w.ckpt)
         cfg = self.config[sub]   # with what was taken (`parse_object` returns a new config): the size, when the checkpoint had one
-    elif sub in ('validate', 'test', 'predict'):   # an Ultralytics file: the size it was trained at, and its rules
+    else:   # an Ultralytics file: the size it was trained at, and its rules
         if 'imgsz' not in self.given_data_options and cfg.data.imgsz != w.imgsz:
-            self.config = self.parser.parse_object(wrap({'data': {'imgsz': w.imgsz}}), self.config); cfg = self.config[sub]
+            self.config = self.parser.parse_object({sub: {'data': {'imgsz': w.imgsz}}}, self.config); cfg = self.config[sub]
         note(f"{sub} by Ultralytics' rules (OpenCV's resize, its letterbox{' and masks' if w.task == 'segment' else ''}) at imgsz={cfg.data.imgsz}"
              f"{'' if 'imgsz' in self.given_data_options else ', the size the file was trained at'}")
+    return cfg
+
+# %% ../nbs/10a_command.ipynb #4761f1ee
+@patch
+def _weights_network(self:LucidCLI, sub:str|None, path, w, cfg, wrap):
+    "The network of `--model.weights`: its task and size where `--model.task` and `--model.size` were not given (one line each), an error where others were."
     backbone = cfg.model.get('weights_backbone')
     if backbone and sub not in ('fit', None):
         raise ValueError(f"--model.weights_backbone true is for fit (a start from a file's backbone and neck); lucid {sub} "

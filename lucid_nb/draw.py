@@ -92,6 +92,7 @@ def plot_conf_curve(ce:dict, class_names:dict, which:str='F1', title:str='Box')-
            title=f'{title} {which}-confidence (IoU 0.5)')
     return fig
 
+# %% ../nbs/08a_draw.ipynb #abf6b9e6
 def plot_confusion(m:np.ndarray, class_names:list, conf:float=0.25, iou:float=0.5)->plt.Figure:
     "The confusion matrix (`confusion_matrix`) normalised per true class (columns sum to 1), background last."
     K = len(m) - 1
@@ -111,6 +112,7 @@ def plot_confusion(m:np.ndarray, class_names:list, conf:float=0.25, iou:float=0.
     ax.title.set_fontsize(9); fig.colorbar(im, ax=ax, fraction=.04)
     return fig
 
+# %% ../nbs/08a_draw.ipynb #2b94b572
 VAL_PLOTS = ('BoxPR_curve.png', 'BoxF1_curve.png', 'BoxP_curve.png', 'BoxR_curve.png', 'MaskPR_curve.png',
              'MaskF1_curve.png', 'MaskP_curve.png', 'MaskR_curve.png', 'confusion_matrix_normalized.png')
 
@@ -153,6 +155,7 @@ def draw_instances(img:np.ndarray,          # (H,W,3) uint8 RGB
             d.rectangle((x1, y, x1 + r - l + 3, y + b - t + 2), fill=c); d.text((x1 + 1, y - (t - y1)), label, fill=(255, 255, 255))
     return np.asarray(im)
 
+# %% ../nbs/08a_draw.ipynb #1853f7e1
 def instances_of(anns:list, class_names:list|None, cat_ids, hw:tuple, to_mask=None, min_score:float=0.25, top:int|None=None)->tuple:
     "COCO results or annotations of one image as (boxes xyxy, labels, class indices, (n,H,W) bool masks); the `top` best, best last."
     anns = sorted((a for a in anns if a.get('score', 1) >= min_score), key=lambda a: a.get('score', 1))[-top if top else 0:]
@@ -177,6 +180,7 @@ def draw_note(img:np.ndarray, text:str)->np.ndarray:
     d.rectangle((l - 3, t - 3, r + 3, b + 3), fill=(0, 0, 0)); d.text((4, 4), text, fill=(255, 255, 255), font=font)
     return np.asarray(im)
 
+# %% ../nbs/08a_draw.ipynb #0467296a
 def tile_size(H:int, W:int, size:int)->tuple[float,int,int]:
     "The scale and (h, w) of an H×W image whose long side becomes `size`."
     r = size / max(H, W)

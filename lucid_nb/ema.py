@@ -10,6 +10,7 @@ import math
 import torch
 from torch import nn, Tensor
 from .core import *
+from fastcore.basics import patch
 from .optim import CapturedUpdate
 
 # %% auto #0
@@ -59,22 +60,27 @@ class ModelEMA(nn.Module):
         "This average's update towards `model`, as an update the recorder can record and check (`06b_recorder`)."
         return EmaUpdate(self, model)
 
-    def paired_state(self, model:nn.Module)->tuple[list,list,list,list]:
-        "The EMA's and `model`'s state tensors paired by name, floating point and not; cached while none of them moves."
-        mods = getattr(self, '_modules_of', None)
-        if mods is None or mods[0] is not model: mods = self._modules_of = (model, list(self.module.modules()), list(model.modules()))
-        key = module_pointers(mods[1]) + module_pointers(mods[2])
-        if getattr(self, '_pairs_key', None) != key:
-            ema, live = self.module.state_dict(), model.state_dict()
-            fl = [k for k, v in ema.items() if v.is_floating_point()]
-            other = [k for k in ema if not ema[k].is_floating_point()]
-            self._pairs = ([ema[k] for k in fl], [live[k] for k in fl], [ema[k] for k in other], [live[k] for k in other])
-            self._pairs_key = key
-        return self._pairs
+# %% ../nbs/05a_ema.ipynb #15d36445
+@patch
+def paired_state(self:ModelEMA, model:nn.Module)->tuple[list,list,list,list]:
+    "The EMA's and `model`'s state tensors paired by name, floating point and not; cached while none of them moves."
+    mods = getattr(self, '_modules_of', None)
+    if mods is None or mods[0] is not model: mods = self._modules_of = (model, list(self.module.modules()), list(model.modules()))
+    key = module_pointers(mods[1]) + module_pointers(mods[2])
+    if getattr(self, '_pairs_key', None) != key:
+        ema, live = self.module.state_dict(), model.state_dict()
+        fl = [k for k, v in ema.items() if v.is_floating_point()]
+        other = [k for k in ema if not ema[k].is_floating_point()]
+        self._pairs = ([ema[k] for k in fl], [live[k] for k in fl], [ema[k] for k in other], [live[k] for k in other])
+        self._pairs_key = key
+    return self._pairs
 
-    def __getstate__(self):  # copies and pickles leave the cache (and the live model it points to) behind
-        return {k: v for k, v in self.__dict__.items() if k not in ('_modules_of', '_pairs', '_pairs_key')}
 
+@patch
+def __getstate__(self:ModelEMA):  # copies and pickles leave the cache (and the live model it points to) behind
+    return {k: v for k, v in self.__dict__.items() if k not in ('_modules_of', '_pairs', '_pairs_key')}
+
+# %% ../nbs/05a_ema.ipynb #70f584c3
 class EmaUpdate(CapturedUpdate):
     "`ModelEMA.update_tensors` in the interface of an optimiser's recordable update (`05_optim`): no gradients, no host values."
     reference = 'ModelEMA.update'

@@ -195,6 +195,7 @@ def mask_runs_full(
         out.append((c.int() if H * W < 2**31 else c, r))
     return torch.cat([c for c, _ in out]), torch.cat([r for _, r in out])
 
+# %% ../nbs/07a_masks.ipynb #ee40260a
 def box_spans(
     boxes:Tensor,   # (n,4) xyxy in pixels of an H×W image (`unletterbox_boxes`: clipped to it)
     H:int, W:int,
@@ -204,6 +205,7 @@ def box_spans(
     r0, c0 = y1.clamp(0, H).long(), x1.clamp(0, W).long()
     return torch.stack([r0, torch.maximum(y2.clamp(0, H).long(), r0), c0, torch.maximum(x2.clamp(0, W).long(), c0)], 1)
 
+# %% ../nbs/07a_masks.ipynb #8aff0086
 def crop_chunks(
     sizes:list,      # (rows, columns) of each detection's crop
     max_pixels:int,  # pixels per chunk, each crop padded to the chunk's largest rows + 1 and columns
@@ -226,6 +228,7 @@ def crop_order(spans:Tensor)->Tensor: # (n,) `crop_chunks`' order of the detecti
     order = torch.sort(area, stable=True).indices
     return order[torch.sort(torch.where(area > 0, torch.maximum(h, w) + 1, 0)[order], stable=True).indices]
 
+# %% ../nbs/07a_masks.ipynb #d664da5a
 def _to_device(t:Tensor, device)->Tensor:
     "A host tensor on `device` without a wait: to a GPU from pinned memory, asynchronously (from pageable memory the copy may wait for the device)."
     if torch.device(device).type != 'cuda': return t.to(device)
@@ -260,6 +263,7 @@ def crop_table(
     table = torch.stack([h, w, image * Ly + r0, image * Lx + c0, h - 1, w * whole, lo, hi, c0 * H + r0, H, H * W], 1)
     return table, coords(Hs, Ly, grid_hw[0], lbs[:, 2]), coords(Ws, Lx, grid_hw[1], lbs[:, 1])
 
+# %% ../nbs/07a_masks.ipynb #dd1a4fcf
 def crop_starts(
     soft:Tensor,           # (n,S/4,S/4) soft masks on the prototype grid (`proto_masks`)
     table:Tensor,          # (n,11) the detections' rows of `crop_table`: their crops are not empty
@@ -284,6 +288,7 @@ def crop_starts(
     d, jj, ii = starts.nonzero(as_tuple=True)
     return d, first[d] + jj * H[d] + ii
 
+# %% ../nbs/07a_masks.ipynb #33d56f3b
 def _rle_extent(counts:Tensor, runs:Tensor, h:Tensor)->Tensor:
     "`rle_extent` of masks whose counts are all at hand at once (memory: ~100 bytes a count)."
     n, k, dev = len(runs), len(counts), runs.device
@@ -319,6 +324,7 @@ def rle_extent(
     return torch.cat([_rle_extent(counts[cs], runs[ms], h[ms])   # a young model's masks: millions of runs a batch, in slices
                       for ms, cs in _mask_slices(runs, max_counts or EXTENT_COUNTS)])
 
+# %% ../nbs/07a_masks.ipynb #7bf1534d
 def batch_mask_runs(
     coef:Tensor,      # (n,P) coefficients of the kept detections of the images, image after image
     proto:Tensor,     # (B,P,S/4,S/4) prototypes of the images
@@ -360,6 +366,7 @@ def batch_mask_runs(
     out = c.int() if int(hws.prod(1).max()) < 2**31 else c, r
     return out + (rle_extent(c, r, table[:, 9]),) if extent else out
 
+# %% ../nbs/07a_masks.ipynb #391a5864
 def mask_runs(
     coef:Tensor,    # (n,P) coefficients of the kept detections
     proto:Tensor,   # (P,S/4,S/4) prototypes of their image

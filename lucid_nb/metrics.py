@@ -343,6 +343,7 @@ def _cocoeval(coco_gt:COCO, dets:list[dict], iou_type:str, image_ids:list, cats:
         return E.stats.tolist(), per_class, ce
     return quiet(run)
 
+# %% ../nbs/07b_metrics.ipynb #92771c24
 def coco_evaluate(
     coco_gt:COCO,        # ground truth
     results:list[dict],  # COCO results (`coco_results`), with `bbox` and, for masks, `segmentation`
@@ -429,7 +430,7 @@ class Validator:
                  max_nms:int=30000,      # candidates per image entering NMS
                  multi_label:bool=True,  # a detection per (anchor, class) above `conf`
                  masks:bool=True,        # also build and encode masks (needs `coef` and `proto`)
-                 group_pixels:int=2**25, # pixels of the images whose masks, runs and strings are made at once (`_update`)
+                 group_pixels:int=2**25, # pixels of the images whose masks, runs and strings are made at once (`_group_masks`)
                  rules:str='lucid',      # the checkpoint's inference rules (`00b_core`): 'ultralytics' takes `_update_ultralytics`
                  predict:bool=False,     # predicting, not validating (Ultralytics' rules differ between the two)
                  scored:int|None=100):   # validating by lucid's rules: only each image's best this many of a class (COCOeval's `maxDets`; `class_top`); None: all
@@ -451,52 +452,6 @@ class Validator:
         with torch.autocast(eval_out['boxes'].device.type, enabled=False):  # validation may run under bf16 autocast
             (self._update_ultralytics if self.rules == 'ultralytics' else self._update)(eval_out, batch)
 
-    def _update(self, eval_out:dict, batch:dict):
-        eval_out = {k: v.float() for k, v in eval_out.items()}             # the branches' outputs may be bf16
-        dets = nms(eval_out['boxes'], eval_out['scores'], **self.nms_kw, per_class=None if self.predict else self.scored)
-        ids, hws, lbs = (batch[k].cpu() for k in ('image_id', 'orig_hw', 'letterbox'))
-        pads = batch['letterbox'].to(eval_out['boxes'].device).float()[:, [1, 2, 1, 2]]   # the images' pads, on the device
-        boxes = [unletterbox_boxes(d['boxes'], lbs[i], hws[i], pads[i]) for i, d in enumerate(dets)]
-        spans = [box_spans(b, *map(int, hw)) for b, hw in zip(boxes, hws.tolist())] if self.masks else []
-        rows = [torch.cat([b, d['scores'][:, None], d['classes'][:, None].float()]
-                          + ([(spans[i][:, 1::2] - spans[i][:, ::2]).float()] if self.masks else []), 1)
-                for i, (b, d) in enumerate(zip(boxes, dets))]                   # per image: box, score, class, crop size
-        rows = torch.cat(rows).cpu().split([len(d['scores']) for d in dets])  # one copy to the host for the batch
-        preds = [dict(boxes=r[:, :4], scores=r[:, 4], classes=r[:, 5].long()) for r in rows]
-        if self.masks:   # the masks of groups of images made at once, then their strings; an image's pixels: its
-            # detections' masks on the prototype grid and their crops on the image, up to `group_pixels` a group. The
-            # strings of several groups are made at once, up to `rle_strings`' own budget of counts (few host calls)
-            sizes, texts, stats, cells = [r[:, 6:].long().tolist() for r in rows], [], [], eval_out['proto'][0, 0].numel()
-            pending = []   # (counts, runs, H·W) of groups whose strings are not made yet
-            def strings():   # the pending groups' strings, in one call
-                if pending:
-                    counts, runs, hw = zip(*pending)
-                    texts.extend(rle_strings(torch.cat(counts), torch.cat(runs), max(hw)))
-                pending.clear()
-            # what every group needs of its detections is made once for the batch and sliced: their rows, in image order
-            per_image = [len(s) for s in sizes]
-            first = [0, *itertools.accumulate(per_image)]
-            coef = torch.cat([eval_out['coef'][i][d['anchors']] for i, d in enumerate(dets)])
-            lb_boxes, crops, flat = torch.cat([d['boxes'] for d in dets]), torch.cat(spans), sum(sizes, [])   # letterboxed; spans
-            table, ys, xs = crop_table(crops, _image_index(per_image), hws.long(), lbs.double(), eval_out['proto'].shape[-2:])
-            window = proto_window(lb_boxes, eval_out['proto'][0])
-            for a, b in _slices_up_to([len(s) * cells + sum(h * w for h, w in s) for s in sizes], self.group_pixels):
-                group = slice(first[a], first[b])   # its detections' rows
-                *runs, ext = batch_mask_runs(coef[group], eval_out['proto'][a:b], lb_boxes[group], per_image[a:b], lbs[a:b],
-                                             hws[a:b], spans=crops[group], sizes=flat[group], extent=True,
-                                             table=(table[group], ys, xs), window=(window[0][group], window[1][group]))
-                pending.append((*runs, int(hws[a:b].long().prod(1).max())))
-                if sum(len(p[0]) for p in pending) >= RLE_COUNTS: strings()
-                stats.append(ext)
-            strings()
-            stats = torch.cat(stats).tolist() if stats else []   # area, x, y, w, h of every mask: one copy
-            self.mask_stats += [(s[0], [float(v) for v in s[1:]]) for s in stats]   # in the order of the results
-            texts = iter(texts)
-            for p, (h, w) in zip(preds, hws.long().tolist()): p['masks'] = [{'size': [h, w], 'counts': next(texts)} for _ in range(len(p['scores']))]
-        self.results += coco_results(preds, ids, self.cat_ids)
-        if not self.masks: self.mask_stats += [None] * (len(self.results) - len(self.mask_stats))
-        self.image_ids += [int(i) for i in ids]
-
     def compute(self, coco_gt:COCO)->CocoStats:
         "COCO metrics of everything added since the last `reset`."
         return coco_evaluate(coco_gt, self.results, self.image_ids, self.mask_stats, self.cat_ids,
@@ -505,6 +460,67 @@ class Validator:
     def write(self, path)->str:
         "Write `results` as the predictions JSON (atomically); return its sha256."
         return write_results(path, self.results)
+
+# %% ../nbs/07b_metrics.ipynb #63379421
+@patch
+def _update(self:Validator, eval_out:dict, batch:dict):
+    "`update` by lucid's rules: NMS, boxes back to the images, one copy to the host, and the masks (`_group_masks`)."
+    eval_out = {k: v.float() for k, v in eval_out.items()}             # the branches' outputs may be bf16
+    dets = nms(eval_out['boxes'], eval_out['scores'], **self.nms_kw, per_class=None if self.predict else self.scored)
+    ids, hws, lbs = (batch[k].cpu() for k in ('image_id', 'orig_hw', 'letterbox'))
+    pads = batch['letterbox'].to(eval_out['boxes'].device).float()[:, [1, 2, 1, 2]]   # the images' pads, on the device
+    boxes = [unletterbox_boxes(d['boxes'], lbs[i], hws[i], pads[i]) for i, d in enumerate(dets)]
+    spans = [box_spans(b, *map(int, hw)) for b, hw in zip(boxes, hws.tolist())] if self.masks else []
+    rows = [torch.cat([b, d['scores'][:, None], d['classes'][:, None].float()]
+                      + ([(spans[i][:, 1::2] - spans[i][:, ::2]).float()] if self.masks else []), 1)
+            for i, (b, d) in enumerate(zip(boxes, dets))]                   # per image: box, score, class, crop size
+    rows = torch.cat(rows).cpu().split([len(d['scores']) for d in dets])  # one copy to the host for the batch
+    preds = [dict(boxes=r[:, :4], scores=r[:, 4], classes=r[:, 5].long()) for r in rows]
+    if self.masks:
+        texts, stats = self._group_masks(eval_out, dets, spans, [r[:, 6:].long().tolist() for r in rows], hws, lbs)
+        self.mask_stats += [(s[0], [float(v) for v in s[1:]]) for s in stats]   # in the order of the results
+        texts = iter(texts)
+        for p, (h, w) in zip(preds, hws.long().tolist()): p['masks'] = [{'size': [h, w], 'counts': next(texts)} for _ in range(len(p['scores']))]
+    self.results += coco_results(preds, ids, self.cat_ids)
+    if not self.masks: self.mask_stats += [None] * (len(self.results) - len(self.mask_stats))
+    self.image_ids += [int(i) for i in ids]
+
+# %% ../nbs/07b_metrics.ipynb #80ece815
+@patch
+def _group_masks(self:Validator,
+                 eval_out:dict,  # the head's eval output, float
+                 dets:list,      # `nms`'s kept detections of each image
+                 spans:list,     # `box_spans` of each image's detections on the image (on the device)
+                 sizes:list,     # the same crops' (rows, columns) of each image, on the host
+                 hws:Tensor, lbs:Tensor, # (B,2) the images' sizes, (B,3) their letterboxes, on the host
+                )->tuple[list,list]: # the masks' RLE strings and (area, x, y, w, h), image after image
+    "The kept detections' masks, made for groups of images at once, up to `group_pixels` a group; their strings a few groups at once."
+    # an image's pixels: its detections' masks on the prototype grid and their crops on the image. The strings of
+    # several groups are made at once, up to `rle_strings`' own budget of counts (few host calls)
+    texts, stats, cells = [], [], eval_out['proto'][0, 0].numel()
+    pending = []   # (counts, runs, H·W) of groups whose strings are not made yet
+    def strings():   # the pending groups' strings, in one call
+        if pending:
+            counts, runs, hw = zip(*pending)
+            texts.extend(rle_strings(torch.cat(counts), torch.cat(runs), max(hw)))
+        pending.clear()
+    # what every group needs of its detections is made once for the batch and sliced: their rows, in image order
+    per_image = [len(s) for s in sizes]
+    first = [0, *itertools.accumulate(per_image)]
+    coef = torch.cat([eval_out['coef'][i][d['anchors']] for i, d in enumerate(dets)])
+    lb_boxes, crops, flat = torch.cat([d['boxes'] for d in dets]), torch.cat(spans), sum(sizes, [])   # letterboxed; spans
+    table, ys, xs = crop_table(crops, _image_index(per_image), hws.long(), lbs.double(), eval_out['proto'].shape[-2:])
+    window = proto_window(lb_boxes, eval_out['proto'][0])
+    for a, b in _slices_up_to([len(s) * cells + sum(h * w for h, w in s) for s in sizes], self.group_pixels):
+        group = slice(first[a], first[b])   # its detections' rows
+        *runs, ext = batch_mask_runs(coef[group], eval_out['proto'][a:b], lb_boxes[group], per_image[a:b], lbs[a:b],
+                                     hws[a:b], spans=crops[group], sizes=flat[group], extent=True,
+                                     table=(table[group], ys, xs), window=(window[0][group], window[1][group]))
+        pending.append((*runs, int(hws[a:b].long().prod(1).max())))
+        if sum(len(p[0]) for p in pending) >= RLE_COUNTS: strings()
+        stats.append(ext)
+    strings()
+    return texts, (torch.cat(stats).tolist() if stats else [])   # area, x, y, w, h of every mask: one copy
 
 # %% ../nbs/07b_metrics.ipynb #47269640
 @patch
