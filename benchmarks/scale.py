@@ -426,7 +426,8 @@ def cache_scaling(a, ds: Path) -> Path:
 def index_point(a):
     "One read of the label index in this process, under tracemalloc: the JSON's, the cached index's, or a revision's `read_records`."
     import gc, tracemalloc
-    from lucid_nb.data import DataReport, label_index
+    from lucid_nb.cache import label_index
+    from lucid_nb.data import DataReport
     images = Path(a.ds) / 'train'
     gc.collect(); tracemalloc.start(); t0 = time.perf_counter()
     if a.baseline:   # a revision's records (its polygons as it keeps them), from the JSON

@@ -21,6 +21,7 @@ from .tasks import TASKS, get_task
 from .coco import *
 from .yolo import *
 from .augment import *
+from .cache import *
 from .loader import *
 from .augment_device import *
 

@@ -21,7 +21,7 @@ from fastcore.basics import patch
 from .core import *
 from .coco import BadInputError
 from .weights import local_file, safe_load, with_hashes
-from .loader import disk_free
+from .cache import disk_free
 from .data import YoloData
 from .metrics import class_rows, class_table, speed_line, write_results
 from .draw import draw_train_batch, draw_val_batch, plot_curves, save_figure, save_jpeg, save_val_plots, val_labels_grid

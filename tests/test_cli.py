@@ -126,7 +126,7 @@ def hints(tmp_path, monkeypatch) -> dict:
     "The message of every hint that tells the user which option to give, made by the code that says it."
     import types, torch
     from pathlib import Path
-    from lucid_nb import loader
+    from lucid_nb import cache
     from lucid_nb.command import other_run_folder, refuse_earlier_run, refuse_resume_changes
     from lucid_nb.runs import AtomicCheckpoint, acquire_run_lock
     from lucid_nb.trainer import ddp_blocker
@@ -144,14 +144,14 @@ def hints(tmp_path, monkeypatch) -> dict:
                                     is_global_zero=False, max_epochs=1)
     w = Weights({}, 'n', 3, 'ultralytics', Path('yolo11n.pt'), task='detect')
     pose = Weights({}, 'n', 3, 'ultralytics', Path('yolo11n-pose.pt'), task='pose')
-    monkeypatch.setattr(loader, 'disk_free', lambda folder: 1)
+    monkeypatch.setattr(cache, 'disk_free', lambda folder: 1)
     coco = make_coco(tmp_path / 'coco')
     return {
         'lock': said(acquire_run_lock, run, other_run_folder(run)),
         'lock, no logger': other_run_folder(run, logged=False),
         'an earlier run': said(refuse_earlier_run, run, other_run_folder(run)),
         'a complete run': said(AtomicCheckpoint().on_load_checkpoint, trainer, None, {'epoch': 0}),
-        'the cache fits nowhere': loader.fit_cache('disk', 10**12, tmp_path / 'cache')[1],
+        'the cache fits nowhere': cache.fit_cache('disk', 10**12, tmp_path / 'cache')[1],
         'another size': said(w.check_size, 's'),
         'another task': said(w.check_task, 'segment'),
         'a task lucid has not': said(pose.check_lucid_task),

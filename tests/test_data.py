@@ -9,8 +9,9 @@ from pycocotools import mask as mask_utils
 from lucid_nb import augment
 from helpers import TensorBytes
 from lucid_nb.core import BATCH_KEYS, MASK_STRIDE, digest
-from lucid_nb.data import (BadInputError, DataReport, YoloData, YoloDataset, YoloLoader, data_main, default_cache_dir,
-                           hsv_jitter, load_coco_json, coco_categories)
+from lucid_nb.cache import default_cache_dir
+from lucid_nb.data import (BadInputError, DataReport, YoloData, YoloDataset, YoloLoader, data_main, hsv_jitter,
+                           load_coco_json, coco_categories)
 
 CATS = [{'id': 3, 'name': 'car'}, {'id': 17, 'name': 'cat'}, {'id': 90, 'name': 'toothbrush'}]
 
@@ -259,29 +260,30 @@ def test_default_cache_dir(coco, tmp_path, monkeypatch):
 # ---- a cache that fits (or says why not), a disk mode without images in memory, warm starts ----
 
 def test_ram_cache_that_would_not_fit_goes_to_disk_or_none(coco, tmp_path, monkeypatch, caplog):
-    from lucid_nb import loader
+    from lucid_nb import cache
     ref = dm_for(coco); ref.setup(); want = [digest(b) for b in ref.val_dataloader()]
-    need = loader.prepared_size(ref._train.records + ref._val.records, 64)
-    monkeypatch.setattr(loader, 'mem_available', lambda: int(1.9 * need))          # less than twice the cache: declined
-    monkeypatch.setattr(loader, 'disk_free', lambda f: 100 * need)
+    need = cache.prepared_size(ref._train.records + ref._val.records, 64)
+    monkeypatch.setattr(cache, 'mem_available', lambda: int(1.9 * need))          # less than twice the cache: declined
+    monkeypatch.setattr(cache, 'disk_free', lambda f: 100 * need)
     dm = dm_for(coco, cache_dir=str(tmp_path / 'c')); dm.setup()
     lines = [r.getMessage() for r in caplog.records if 'would take' in r.getMessage()]
     assert dm.cache_mode == 'disk' and len(lines) == 1 and f"would take {need / 1e6:.0f} MB, more than 50% of the {1.9 * need / 1e6:.0f} MB" in lines[0] and 'using the disk cache in' in lines[0]
     assert str(tmp_path / 'c') in lines[0] and 'cache \'disk\'' in dm.summary()
     assert [digest(b) for b in dm.val_dataloader()] == want and list((tmp_path / 'c').glob('*/*.bin'))
-    monkeypatch.setattr(loader, 'disk_free', lambda f: need)                         # nor on the disk: no cache
+    monkeypatch.setattr(cache, 'disk_free', lambda f: need)                         # nor on the disk: no cache
     caplog.clear(); dm = dm_for(coco, cache_dir=str(tmp_path / 'd')); dm.setup()
     lines = [r.getMessage() for r in caplog.records if 'would take' in r.getMessage()]
     assert dm.cache_mode == 'none' and len(lines) == 1 and 'no cache' in lines[0] and not (tmp_path / 'd').exists()
     assert [digest(b) for b in dm.val_dataloader()] == want
-    monkeypatch.setattr(loader, 'mem_available', lambda: 2 * need)                   # exactly half: it fits
+    monkeypatch.setattr(cache, 'mem_available', lambda: 2 * need)                   # exactly half: it fits
     caplog.clear(); dm = dm_for(coco); dm.setup()
     assert dm.cache_mode == 'ram' and not [r for r in caplog.records if 'would take' in r.getMessage()]
 
 
 def test_disk_setup_holds_no_prepared_images(coco, tmp_path):
     import tracemalloc
-    from lucid_nb.data import read_records, load_coco_json, coco_categories, DiskCache
+    from lucid_nb.cache import DiskCache
+    from lucid_nb.data import read_records, load_coco_json, coco_categories
     from lucid_nb.core import EMBEDDED_ANNOTATIONS, EMBEDDED_IMAGES
     d = load_coco_json(EMBEDDED_ANNOTATIONS)
     recs = read_records(d, EMBEDDED_IMAGES, coco_categories(d)[0], DataReport())[:12]
@@ -296,11 +298,12 @@ def test_disk_setup_holds_no_prepared_images(coco, tmp_path):
 
 
 def test_warm_disk_start_reads_no_cache_file(coco, tmp_path, monkeypatch):
-    from lucid_nb import loader
+    from lucid_nb import cache, loader
     dm_for(coco, cache='disk', cache_dir=str(tmp_path)).setup()
     reads = []
-    real = loader.prepared_from_bytes
-    monkeypatch.setattr(loader, 'prepared_from_bytes', lambda b: reads.append(1) or real(b))
+    real = cache.prepared_from_bytes
+    for m in (cache, loader):   # the cache's own reads (setup) and the dataset's (every load)
+        monkeypatch.setattr(m, 'prepared_from_bytes', lambda b: reads.append(1) or real(b))
     warm = dm_for(coco, cache='disk', cache_dir=str(tmp_path)); warm.setup()
     assert warm.report.notes['disk cache reused'] == 7 and reads == []          # the manifest vouches: no file read or hashed
     list(warm.val_dataloader())
@@ -308,9 +311,9 @@ def test_warm_disk_start_reads_no_cache_file(coco, tmp_path, monkeypatch):
 
 
 def test_label_index_is_cached_and_follows_the_json(coco, tmp_path, monkeypatch):
-    from lucid_nb import loader
+    from lucid_nb import cache
     imgs, ann = coco
-    monkeypatch.setattr(loader, 'INDEX_MIN_BYTES', 0)
+    monkeypatch.setattr(cache, 'INDEX_MIN_BYTES', 0)
     def run(**kw):
         dm = dm_for(coco, cache_dir=str(tmp_path), **kw); dm.setup(); return dm
     first = run(max_instances=1)
@@ -318,7 +321,7 @@ def test_label_index_is_cached_and_follows_the_json(coco, tmp_path, monkeypatch)
     assert list(tmp_path.glob('*.labels.npz'))
     def parse(p): raise AssertionError(f'{p} parsed again')
     with monkeypatch.context() as m:
-        m.setattr(loader, 'load_coco_json', parse); m.setattr('lucid_nb.data.load_coco_json', parse)
+        m.setattr(cache, 'load_coco_json', parse); m.setattr('lucid_nb.data.load_coco_json', parse)
         second = YoloData(**(dict(train_images=str(imgs), train_annotations=str(ann), val_count=3, imgsz=64, batch_size=2,
                                   val_batch_size=2, prefetch=False, cache_dir=str(tmp_path), max_instances=1)))
         assert second.num_classes == 3                                          # the CLI's link, before setup
@@ -327,8 +330,8 @@ def test_label_index_is_cached_and_follows_the_json(coco, tmp_path, monkeypatch)
     assert second.val_coco().getImgIds() == first.val_coco().getImgIds()      # the JSON is read when scoring needs it
     _edit_json(ann, lambda d: _ann(d, 1).update(bbox=[8, 8, 30, 20]))           # a changed JSON is read again
     calls = []
-    real = loader.load_coco_json
-    monkeypatch.setattr(loader, "load_coco_json", lambda p, data=None: calls.append(p) or real(p, data))
+    real = cache.load_coco_json
+    monkeypatch.setattr(cache, "load_coco_json", lambda p, data=None: calls.append(p) or real(p, data))
     third = run(max_instances=1)
     assert len(calls) == 1 and third._train.records[0].instances[0].box[2] == 38
     path = next(tmp_path.glob('*.labels.npz')); path.write_bytes(path.read_bytes()[:100])   # a damaged index: read the JSON

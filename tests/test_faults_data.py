@@ -10,7 +10,7 @@ from PIL import Image
 from pycocotools.cocoeval import COCOeval
 
 import lucid_nb.data as data
-import lucid_nb.loader as loader
+import lucid_nb.cache as lucid_cache
 from lucid_nb.core import EMBEDDED_IMAGES, digest
 from lucid_nb.coco import BadInputError
 from test_data import _edit_json, dm_for, make_coco
@@ -74,14 +74,14 @@ def test_duplicate_id_in_validation_is_not_scored(coco, caplog, dup_of):
 # ---- 6. a full disk under the prepared cache ----
 
 def fill_disk_after(monkeypatch, n:int):
-    "`atomic_write` of the disk cache (`lucid_nb.loader`) succeeds `n` times, then fails with ENOSPC (the disk is full)."
-    real, lock, done = loader.atomic_write, threading.Lock(), []
+    "`atomic_write` of the disk cache (`lucid_nb.cache`) succeeds `n` times, then fails with ENOSPC (the disk is full)."
+    real, lock, done = lucid_cache.atomic_write, threading.Lock(), []
     def write(path, b):
         with lock:
             if len(done) >= n: raise OSError(errno.ENOSPC, 'No space left on device', str(path))
             done.append(path)
         return real(path, b)
-    monkeypatch.setattr(loader, 'atomic_write', write)
+    monkeypatch.setattr(lucid_cache, 'atomic_write', write)
 
 
 @pytest.mark.parametrize('policy', ['skip', 'error'])
@@ -329,7 +329,7 @@ def test_disk_cache_is_reused_after_a_touch(coco, tmp_path):
 def test_label_index_sees_an_edit_of_the_same_size_and_mtime(coco, tmp_path, monkeypatch):
     "A JSON edited in place with its size and mtime kept (a box moved 5 px, a category renamed) is read again, not served from its index."
     imgs, ann = coco
-    monkeypatch.setattr(loader, 'INDEX_MIN_BYTES', 0)
+    monkeypatch.setattr(lucid_cache, 'INDEX_MIN_BYTES', 0)
     run = lambda: ready(coco, cache_dir=str(tmp_path))
     first = run()
     assert list(tmp_path.glob('*.labels.npz')) and first.class_names == ['car', 'cat', 'toothbrush']
