@@ -20,7 +20,8 @@ from .tasks import TASKS, get_task
 from .heads import yolo
 from .metrics import PREDICT_CONF, Validator, predict_conf
 from .draw import draw_instances
-from .weights import load_weights, local_file, read_weights
+from .checkpoints import local_file
+from .weights import load_weights, read_weights
 from .runs import note, weak_checkpoint
 
 # %% auto #0
@@ -59,7 +60,7 @@ def load(path,                      # a `lucid` checkpoint (`last.ckpt`, `best.c
          conf:float|None=None,      # score threshold, taken as given; None: `lucid predict`'s, `predict_conf` of the checkpoint's `--model.conf`
          option:str='lucid_nb.load',   # how error messages name the file's source
         )->Predictor:
-    "A `Predictor` from a checkpoint file: `lucid_nb.load('best.ckpt').predict(images)`; read by `03a_weights`' safe reader."
+    "A `Predictor` from a checkpoint file: `lucid_nb.load('best.ckpt').predict(images)`; read by `03a_checkpoints`' safe reader."
     w = read_weights(path, option)
     w.check_lucid_task(option)   # a pose or OBB file has no branch of ours for its third: refused in one line naming its task
     net, (cat_ids, names) = yolo(w.scale, w.num_classes, w.task), w.classes   # `lucid predict --model.weights` reports the same classes

@@ -20,7 +20,7 @@ from torch import Tensor
 from fastcore.basics import patch
 from .core import *
 from .coco import BadInputError
-from .weights import local_file, safe_load, with_hashes
+from .checkpoints import local_file, safe_load, with_hashes
 from .cache import disk_free
 from .data import YoloData
 from .metrics import class_rows, class_table, speed_line, write_results

@@ -1,4 +1,4 @@
-"""Helpers the notebooks, the tests and the benchmarks share: a tiny CPU run of the `lucid` CLI, the recorder's parity harness, and a count of the tensor bytes alive.
+"""Helpers the notebooks, the tests and the benchmarks share: a tiny CPU run of the `lucid` CLI, the recorder's parity harness, a count of the tensor bytes alive, damaged checkpoints and Ultralytics-layout files.
 
 Docs: https://lucid-nb.github.io/lucid_nb/testing.html.md"""
 
@@ -6,19 +6,23 @@ Docs: https://lucid-nb.github.io/lucid_nb/testing.html.md"""
 
 # %% ../nbs/11_testing.ipynb #db6796cb
 from __future__ import annotations
-import json, weakref
+import contextlib, json, shutil, struct, sys, types, weakref, zipfile
 from pathlib import Path
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from .core import digest, state_hashes
+from .tasks import get_task
+from .checkpoints import StandIn, stand_in
+from .weights import UL_HEAD_NAMES, UL_LAYERS, ultralytics_key
 from .loss import task_loss
 from .recorder import model_outputs
 from .command import cli_main
 
 # %% auto #0
-__all__ = ['TINY', 'tiny', 'fit', 'hashes_only', 'train_trace', 'test_traces_equal', 'TensorBytes']
+__all__ = ['TINY', 'DAMAGE', 'UL_CLASSES', 'tiny', 'fit', 'hashes_only', 'train_trace', 'test_traces_equal', 'flip_a_tensor_byte',
+           'damaged_copy', 'write_ultralytics_layout', 'TensorBytes']
 
 # %% ../nbs/11_testing.ipynb #15784748
 TINY = ['--trainer.accelerator', 'cpu', '--trainer.num_sanity_val_steps', '0', '--trainer.limit_train_batches', '2',
@@ -89,6 +93,155 @@ def test_traces_equal(a:dict, b:dict):
             assert ga == gb, f"step {i}: {n}.grad bytes differ"
     assert len(a['steps']) == len(b['steps']), "traces have different lengths"
     assert a['state'] == b['state'], f"final state hashes differ: {a['state']} vs {b['state']}"
+
+# %% ../nbs/11_testing.ipynb #e1ad5473
+def flip_a_tensor_byte(src, dst)->Path:
+    "A copy of the torch archive `src` with one byte of its largest tensor's storage flipped: still a loadable archive (for tests)."
+    shutil.copyfile(src, dst)
+    with zipfile.ZipFile(dst) as z:
+        info = max((i for i in z.infolist() if '/data/' in i.filename), key=lambda i: i.file_size)
+    with open(dst, 'r+b') as f:
+        f.seek(info.header_offset + 26); name_len, extra_len = struct.unpack('<HH', f.read(4))
+        at = info.header_offset + 30 + name_len + extra_len + info.file_size // 2   # the middle of the tensor's bytes
+        f.seek(at); b = f.read(1); f.seek(at); f.write(bytes([b[0] ^ 0x10]))
+    return Path(dst)
+
+DAMAGE = ('a tensor byte', 'a data.pkl byte', 'the zip directory', 'cut short')   # what `damaged_copy` can do to an archive
+
+def damaged_copy(src, dst, damage:str)->Path:
+    "A copy of the torch archive `src` with one of `DAMAGE` done to it (for tests)."
+    if damage == 'a tensor byte': return flip_a_tensor_byte(src, dst)
+    b = bytearray(Path(src).read_bytes())
+    with zipfile.ZipFile(src) as z:
+        pkl, cd = next(i for i in z.infolist() if i.filename.endswith('data.pkl')), z.start_dir
+    if damage == 'a data.pkl byte': b[pkl.header_offset + 30 + len(pkl.filename.encode()) + len(pkl.extra) + pkl.file_size // 2] ^= 0x10
+    elif damage == 'the zip directory': b[cd] ^= 0x10   # the first central-directory record's signature
+    elif damage == 'cut short': b = b[:len(b) // 2]
+    else: raise ValueError(f"damage {damage!r}: one of {DAMAGE}")
+    Path(dst).write_bytes(bytes(b)); return Path(dst)
+
+# %% ../nbs/11_testing.ipynb #4702a88b
+UL_CLASSES = {'Conv': 'conv', 'Concat': 'conv', 'C3k2': 'block', 'C3k': 'block', 'Bottleneck': 'block', 'SPPF': 'block',
+              'C2PSA': 'block', 'PSABlock': 'block', 'Attention': 'block', 'Proto': 'block', 'DFL': 'block'}
+
+def _record(m:nn.Module, name:str, children:dict, params=None, buffers=None)->StandIn:
+    rec = stand_in(name)()
+    rec.__setstate__({'training': False, '_parameters': params if params is not None else dict(m._parameters),
+                      '_buffers': buffers if buffers is not None else dict(m._buffers),
+                      '_non_persistent_buffers_set': set(getattr(m, '_non_persistent_buffers_set', ())), '_modules': children})
+    return rec
+
+def _ul_name(m:nn.Module)->str:
+    c = type(m).__name__
+    if type(m).__module__.startswith('torch.nn'): return f'{type(m).__module__}.{c}'
+    if c in ('SegHead', 'DetectHead'): return f"ultralytics.nn.modules.head.{'Segment' if c == 'SegHead' else 'Detect'}"
+    return f"ultralytics.nn.modules.{UL_CLASSES.get(c, 'block')}.{c}"
+
+def _tree(m:nn.Module)->StandIn:
+    return _record(m, _ul_name(m), {k: _tree(c) for k, c in m.named_children()})
+
+def _fuse(rec:StandIn):
+    "Fold every `bn` of the record tree into the `conv` beside it, as Ultralytics' `model.fuse()` does (a bias added, the `bn` gone)."
+    mods = vars(rec)['_modules']
+    if 'conv' in mods and 'bn' in mods:
+        c, b = vars(mods['conv'])['_parameters'], {**vars(mods['bn'])['_parameters'], **vars(mods['bn'])['_buffers']}
+        scale = b['weight'].float() / (b['running_var'].float() + 1e-3).sqrt()
+        c['bias'] = nn.Parameter((b['bias'].float() - b['running_mean'].float() * scale).half(), requires_grad=False)
+        c['weight'] = nn.Parameter((c['weight'].float() * scale.view(-1, 1, 1, 1)).half(), requires_grad=False)
+        del mods['bn']
+    for sub in mods.values(): _fuse(sub)
+
+# %% ../nbs/11_testing.ipynb #208915f9
+def _ul_state(net:nn.Module, task:str)->dict:
+    "`net`'s state dict by Ultralytics' names, floats in fp16; for 'pose', the third branch's last convolutions of 51 channels."
+    sd = {ultralytics_key(k): v.detach().half() if v.is_floating_point() else v.detach() for k, v in net.state_dict().items()}
+    if task == 'pose':   # the third branch predicts 17 keypoints (x, y, visibility): 51 channels, not the 32 mask coefficients
+        for i in range(3):
+            w = sd[f'model.23.cv4.{i}.2.weight']
+            sd[f'model.23.cv4.{i}.2.weight'], sd[f'model.23.cv4.{i}.2.bias'] = torch.zeros(51, *w.shape[1:]).half(), torch.zeros(51).half()
+    return sd
+
+def _ul_layers(net:nn.Module)->dict:
+    "Ultralytics' 24 layers as records: ours, and its upsamplings and concatenations, which hold no tensor."
+    layers = {}
+    for i in range(24):
+        if i in (11, 14): layers[str(i)] = _record(nn.Upsample(), 'torch.nn.modules.upsampling.Upsample', {})
+        elif i in (12, 15, 18, 21): layers[str(i)] = _record(nn.Module(), 'ultralytics.nn.modules.conv.Concat', {})
+        else:
+            mod = net.get_submodule(UL_LAYERS[i]); layers[str(i)] = _tree(mod)
+    return layers
+
+def _fill(rec:StandIn, pre:str, sd:dict):
+    "The state dict's tensors into the records (fp16), by Ultralytics' names."
+    d = vars(rec)
+    for k, v in d['_parameters'].items():
+        if v is not None: d['_parameters'][k] = nn.Parameter(sd[pre + k], requires_grad=False)
+    for k, v in d['_buffers'].items():
+        if v is not None and k not in d['_non_persistent_buffers_set']: d['_buffers'][k] = sd[pre + k]
+    for k, sub in d['_modules'].items(): _fill(sub, f'{pre}{k}.', sd)
+
+def _ul_head(layers:dict, task:str, sd:dict):
+    "Layer 23 as Ultralytics names it: its branches' names, its class for `task`, and its fixed DFL convolution (in `sd` too)."
+    head = layers['23']; hm = vars(head)['_modules']
+    drop = {'segment': (), 'detect': ('coef', 'proto'), 'pose': ('proto',)}[task]
+    vars(head)['_modules'] = {UL_HEAD_NAMES.get(k, k): v for k, v in hm.items() if k not in drop}
+    if task != 'segment':   # the head's own class: `Detect`, `Pose`
+        new = stand_in(f"ultralytics.nn.modules.head.{task.capitalize()}")(); vars(new).update(vars(head)); layers['23'] = head = new
+    dfl_conv = nn.Conv2d(16, 1, 1, bias=False)
+    vars(head)['_modules']['dfl'] = _record(nn.Module(), 'ultralytics.nn.modules.block.DFL',
+                                            {'conv': _record(dfl_conv, 'torch.nn.modules.conv.Conv2d', {})})
+    sd['model.23.dfl.conv.weight'] = torch.arange(16.).view(1, 16, 1, 1).half()
+
+# %% ../nbs/11_testing.ipynb #f926439f
+def _ul_model(net:nn.Module, task:str, fused:bool, layers:dict, sd:dict)->StandIn:
+    "The `...Model` record of `task` holding `layers` as its `model` Sequential, the tensors of `sd` filled in."
+    seq = _record(nn.Module(), 'torch.nn.modules.container.Sequential', layers)
+    model = _record(nn.Module(), f"ultralytics.nn.tasks.{dict(segment='Segmentation', detect='Detection', pose='Pose')[task]}Model", {'model': seq})
+    for i, rec in layers.items(): _fill(rec, f'model.{i}.', sd)
+    if fused: _fuse(model)
+    s = net.config.get('scale', 'n')
+    vars(model).update(yaml={'nc': net.head.num_classes, 'scale': s}, names={i: f'class{i}' for i in range(net.head.num_classes)},
+                       args={'task': task, 'imgsz': 640}, stride=torch.tensor([8., 16., 32.]), task=task)
+    return model
+
+def _walk(rec:StandIn):
+    yield rec
+    for sub in (vars(rec).get('_modules') or {}).values(): yield from _walk(sub)
+
+@contextlib.contextmanager
+def _importable(model:StandIn):
+    "Inside, every class of the record tree `model` is importable by its module and name (pickle needs it): empty modules of those names, for the length of the save."
+    classes = {type(r) for r in _walk(model)}
+    added, replaced = {}, []
+    for c in classes:
+        parts = c.__module__.split('.')
+        for j in range(1, len(parts) + 1):
+            mn = '.'.join(parts[:j])
+            if mn not in sys.modules: added[mn] = sys.modules[mn] = types.ModuleType(mn)
+        mod = sys.modules[c.__module__]   # torch's own modules too: their classes are put back after the save
+        replaced.append((mod, c.__qualname__, vars(mod).get(c.__qualname__, replaced)))
+        setattr(mod, c.__qualname__, c)
+    try: yield
+    finally:
+        for mod, name, was in reversed(replaced):
+            if was is replaced: delattr(mod, name)
+            else: setattr(mod, name, was)
+        for mn in added: sys.modules.pop(mn, None)
+
+def write_ultralytics_layout(net:nn.Module, path,
+                             task:str|None=None, # None: the network's own; 'detect' (no mask branch), 'pose' (17 keypoints in the third branch, no prototypes)
+                             fused:bool=False,   # BatchNorm folded into the convolutions, as `model.fuse()` leaves a model
+                            )->Path:
+    "Write a `yolo` network as Ultralytics lays out and pickles a stripped YOLO11 checkpoint of `task` (fp16), for tests."
+    task = task or get_task(net.config.get('task')).name
+    sd, layers = _ul_state(net, task), _ul_layers(net)
+    _ul_head(layers, task, sd)
+    model = _ul_model(net, task, fused, layers, sd)
+    with _importable(model):
+        torch.save({'date': '2025-01-01T00:00:00', 'version': 'lucid layout', 'license': 'AGPL-3.0 License', 'docs': '',
+                    'epoch': -1, 'best_fitness': None, 'model': model, 'ema': None, 'updates': None, 'optimizer': None,
+                    'train_args': {'task': task, 'imgsz': 640}, 'train_metrics': {}, 'train_results': {}}, path)
+    return Path(path)
 
 # %% ../nbs/11_testing.ipynb #659e6687
 class TensorBytes(TorchDispatchMode):

@@ -1,4 +1,4 @@
-"""Start from pretrained weights: Ultralytics YOLO11-seg and YOLO11 detect checkpoints and `lucid` checkpoints, read without running code, mapped onto `yolo` and transferred tensor by tensor.
+"""Start from pretrained weights: Ultralytics YOLO11-seg and YOLO11 detect checkpoints and `lucid` checkpoints, read by the safe reader, mapped onto `yolo` and transferred tensor by tensor.
 
 Docs: https://lucid-nb.github.io/lucid_nb/weights.html.md"""
 
@@ -6,7 +6,8 @@ Docs: https://lucid-nb.github.io/lucid_nb/weights.html.md"""
 
 # %% ../nbs/03a_weights.ipynb #a3b1c733
 from __future__ import annotations
-import contextlib, copyreg, io, pickle, pickletools, re, shutil, struct, urllib.parse, zipfile
+import contextlib, re
+from fastcore.basics import patch
 from dataclasses import dataclass, field
 from pathlib import Path
 import torch
@@ -15,14 +16,12 @@ from .core import *
 from .model import SCALES
 from .tasks import TASKS, get_task
 from .heads import yolo, yolo_seg
+from .checkpoints import StandIn, local_file, safe_load
 
 # %% auto #0
-__all__ = ['UL_LAYERS', 'UL_HEAD', 'UL_HEAD_NAMES', 'STAND_IN_MODULES', 'HIDDEN', 'CHECKED_PARTS', 'HASH_KEY', 'DAMAGE',
-           'UL_TASKS', 'PARTS', 'BACKBONE_PARTS', 'PARITY_RTOL', 'UL_CLASSES', 'lucid_key', 'ultralytics_key',
-           'UnsafeCheckpoint', 'StandIn', 'stand_in', 'pickle_globals', 'local_file', 'safe_load', 'CorruptCheckpoint',
-           'corrupt', 'with_hashes', 'check_hashes', 'flip_a_tensor_byte', 'damaged_copy', 'Weights', 'module_tensors',
-           'infer_scale', 'weights_read', 'ultralytics_task', 'read_weights', 'TransferReport', 'load_weights',
-           'parity', 'write_ultralytics_layout']
+__all__ = ['UL_LAYERS', 'UL_HEAD', 'UL_HEAD_NAMES', 'UL_TASKS', 'PARTS', 'BACKBONE_PARTS', 'PARITY_RTOL', 'lucid_key',
+           'ultralytics_key', 'Weights', 'module_tensors', 'infer_scale', 'weights_read', 'ultralytics_task',
+           'read_weights', 'TransferReport', 'load_weights', 'parity']
 
 # %% ../nbs/03a_weights.ipynb #cc62107b
 UL_LAYERS = {**{i: f'backbone.layers.{i}' for i in range(11)}, 13: 'neck.td4', 16: 'neck.td3', 17: 'neck.down3',
@@ -49,180 +48,6 @@ def ultralytics_key(key:str)->str:
     raise KeyError(f"{key}: not a key of yolo_seg")
 
 # %% ../nbs/03a_weights.ipynb #27eaa767
-STAND_IN_MODULES = ('ultralytics.', 'torch.nn.modules.', 'numpy.', 'pathlib.')  # inert stand-ins in an Ultralytics file
-
-class UnsafeCheckpoint(ValueError): "A checkpoint whose pickle would call code that no weights file needs."
-
-class StandIn:
-    "An inert record standing in for a class a pickle names: it keeps the state it is given and runs nothing."
-    def __new__(cls, *args, **kwargs): return object.__new__(cls)
-    def __init__(self, *args, **kwargs): pass
-    def __setstate__(self, state):
-        if isinstance(state, tuple) and len(state) == 2 and isinstance(state[1], dict): state = {**(state[0] or {}), **state[1]}
-        if isinstance(state, dict): self.__dict__.update(state)
-        else: self.__dict__['state'] = state
-    def __repr__(self): return f"StandIn({type(self).__module__}.{type(self).__qualname__})"
-
-_stand_ins = {}
-def stand_in(name:str)->type:
-    "The `StandIn` class named `name` (`module.Class`), one per name."
-    if name not in _stand_ins:
-        module, _, qual = name.rpartition('.')
-        _stand_ins[name] = type(qual, (StandIn,), {'__module__': module, '__qualname__': qual})
-    return _stand_ins[name]
-
-HIDDEN = 'a callable whose name the pickle computes'   # what `pickle_globals` lists for a global it cannot name
-_STRINGS = ('SHORT_BINUNICODE', 'BINUNICODE', 'BINUNICODE8', 'UNICODE', 'STRING', 'BINSTRING', 'SHORT_BINSTRING')
-
-def _pickle_calls(f, found:list):
-    "Append to `found` the callables that the one pickle at `f`'s position names, following its stack and memo as the unpickler would (nothing is run)."
-    MARK, ANY, mark = object(), object(), pickletools.markobject
-    stack, memo = [], {}
-    for op, arg, _ in pickletools.genops(f):
-        name, before, after = op.name, op.stack_before, op.stack_after
-        if name in ('GLOBAL', 'INST'): found.append(arg.replace(' ', '.'))
-        elif name == 'STACK_GLOBAL':
-            mod, qual = stack[-2:] if len(stack) >= 2 else (ANY, ANY)
-            found.append(f'{mod}.{qual}' if isinstance(mod, str) and isinstance(qual, str) else HIDDEN)
-        elif name.startswith('EXT'): found.append('.'.join(copyreg._inverted_registry.get(arg, ('copyreg extension', str(arg)))))
-        if name == 'MEMOIZE': memo[len(memo)] = stack[-1] if stack else ANY; continue
-        if name.endswith('PUT'): memo[arg] = stack[-1] if stack else ANY; continue
-        if name.endswith('GET'): stack.append(memo.get(arg, ANY)); continue
-        if name in _STRINGS: stack.append(arg); continue
-        if name == 'DUP': stack.append(stack[-1] if stack else ANY); continue
-        n = len(before)
-        if mark in before or (name == 'POP' and stack and stack[-1] is MARK):   # pops everything down to the last mark
-            while stack and stack.pop() is not MARK: pass
-            n = before.index(mark) if mark in before else 0
-        if n: del stack[-n:]
-        stack += [MARK if x is mark else ANY for x in after]
-
-def pickle_globals(path)->list[str]:
-    "The callables (`module.name`) a checkpoint's pickles name, in order (`HIDDEN` for one they compute), read with `pickletools` (nothing is run)."
-    p = Path(path)
-    if zipfile.is_zipfile(p):
-        with zipfile.ZipFile(p) as z:
-            pkl = [n for n in z.namelist() if n.endswith('data.pkl')]
-            data = z.read(pkl[0]) if pkl else b''
-    else: data = p.read_bytes()
-    f, found = io.BytesIO(data), []
-    while f.tell() < len(data):   # a legacy file is several pickles, then its storages' raw bytes
-        try: _pickle_calls(f, found)
-        except Exception: break   # not a pickle (any more): what was found so far counts
-    return list(dict.fromkeys(n.replace('__builtin__.', 'builtins.', 1) for n in found))
-
-_URL = re.compile(r'[A-Za-z][A-Za-z0-9+.-]*://')
-
-def local_file(path, option:str='--model.weights')->Path:
-    "The local file a checkpoint source names, one rule for every entry point: a path whatever its name, a `file://` URL's path; another URL or Lightning's registry keyword is refused in one sentence."
-    s = str(path)
-    if s.startswith('file://'): return Path(urllib.parse.unquote(urllib.parse.urlparse(s).path))
-    if Path(s).exists() or not (_URL.match(s) or re.fullmatch(r'registry(:.*)?', s, re.I | re.S)): return Path(s)
-    raise ValueError(f"{option} {s}: lucid reads checkpoints from local files only (a path, or a file:// URL), each through its "
-                     "safe reader; download the file yourself and give its path")
-
-def _torch_allows(name:str)->bool:
-    try: from torch._weights_only_unpickler import _get_allowed_globals; return name in _get_allowed_globals()
-    except Exception: return name.startswith(('torch.', 'collections.OrderedDict', 'builtins.'))   # torch without the table
-
-class _SafeGlobals:
-    "`torch.serialization.safe_globals` for this load only (also on torch versions without the context manager)."
-    def __init__(self, extra:list): self.extra = extra
-    def __enter__(self):
-        self.before = torch.serialization.get_safe_globals(); torch.serialization.add_safe_globals(self.extra)
-    def __exit__(self, *exc):
-        torch.serialization.clear_safe_globals(); torch.serialization.add_safe_globals(self.before)
-
-def _archive_kind(p:Path)->str:
-    "'torch' (a PyTorch zip archive: its first member is `data.pkl`), 'zip' (another zip file), 'pickle' (a bare pickle, or a legacy torch file), or 'other', from the file's first bytes."
-    with open(p, 'rb') as f: head = f.read(30)
-    if head[:4] == b'PK\x03\x04' and len(head) == 30:
-        with open(p, 'rb') as f: f.seek(30); first = f.read(struct.unpack('<H', head[26:28])[0])
-        return 'torch' if first.endswith(b'data.pkl') else 'zip'
-    return 'pickle' if head[:1] == b'\x80' else 'other'
-
-def _intact(p:Path)->bool:
-    "Whether the zip archive `p` opens and every member's bytes match the CRC-32 written with it (torch does not check them)."
-    try:
-        with zipfile.ZipFile(p) as z: return z.testzip() is None
-    except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError): return False
-
-def safe_load(path, option:str='--model.weights'):
-    "A checkpoint read with `torch.load(weights_only=True)` on the CPU; Ultralytics' classes become `StandIn`s; a pickle that would call anything else is refused (`UnsafeCheckpoint`); a file that is no checkpoint is a one-line `ValueError`, a damaged one (any damage) one `CorruptCheckpoint` line."
-    p = local_file(path, option)
-    if not p.is_file(): raise FileNotFoundError(f"{option} {p}: {'a folder, not a file' if p.is_dir() else 'no such file'}")
-    kind = _archive_kind(p)
-    if kind in ('zip', 'other'): raise ValueError(f"{option} {p} is not a checkpoint ({'a zip file' if kind == 'zip' else 'not'} a PyTorch archive)")
-    if kind == 'torch' and not _intact(p): raise corrupt(p, option)   # a member changed, the directory damaged, the file cut short
-    names = pickle_globals(p)
-    ultra = any(n.startswith('ultralytics.') for n in names)
-    stand = [n for n in names if ultra and n.startswith(STAND_IN_MODULES)]
-    def refuse(bad): return UnsafeCheckpoint(
-        f"{option} {p}: refused: its pickle would call {', '.join(bad[:3])}{' ...' if len(bad) > 3 else ''}, which no "
-        "weights file needs (loading it could run code); nothing was run. lucid reads tensors, plain containers and "
-        "Ultralytics' module records only")
-    if bad := [n for n in names if n not in stand and not _torch_allows(n)]: raise refuse(bad)
-    try:
-        with _SafeGlobals([stand_in(n) for n in stand]): ckpt = torch.load(p, map_location='cpu', weights_only=True)
-    except pickle.UnpicklingError as e:   # torch's allow-list caught a name the scan did not see: named, torch's advice left out
-        if 'global' not in str(e).lower(): raise ValueError(f"{option} {p} is not a checkpoint torch can read ({type(e).__name__})") from None
-        raise refuse([m[1] if (m := re.search(r'GLOBAL ([\w.]+)', str(e))) else HIDDEN]) from None
-    except Exception as e: raise ValueError(f"{option} {p} is not a checkpoint torch can read ({type(e).__name__})") from None
-    return check_hashes(ckpt, p, option)   # `lucid`'s own checkpoints carry their hashes
-
-# %% ../nbs/03a_weights.ipynb #ffd4cf35
-CHECKED_PARTS = ('state_dict', 'optimizer_states', 'lr_schedulers')   # a checkpoint's training state: what its stored hashes cover
-HASH_KEY = 'lucid_sha256'   # where a checkpoint `lucid` wrote keeps them: {part: sha256}
-
-class CorruptCheckpoint(ValueError): "A checkpoint whose bytes changed after it was written: its archive's CRCs, or the hashes stored in it, no longer match."
-
-def corrupt(path, option:str='--ckpt_path')->CorruptCheckpoint:
-    "The one line of every damaged checkpoint, whatever the damage: a tensor, `data.pkl`, the zip directory, a copy cut short."
-    return CorruptCheckpoint(f"{option} {path} is corrupt: its bytes changed after it was written (a disk error, or a copy that "
-                             "failed or was cut short); use another checkpoint of the run, or copy it again from where it was written")
-
-def _digest(x)->str|None:
-    try: return digest(x)
-    except TypeError: return None   # an object `digest` does not know (another program's state): left unchecked
-
-def with_hashes(ckpt:dict)->dict:
-    "`ckpt` with the `digest` of each of its `CHECKED_PARTS` under `HASH_KEY` (what `lucid` writes)."
-    return {**ckpt, HASH_KEY: {k: h for k in CHECKED_PARTS if k in ckpt and (h := _digest(ckpt[k])) is not None}}
-
-def check_hashes(ckpt, path, option:str='--ckpt_path'):
-    "`ckpt` when the hashes stored in it match its contents, or when it stores none; else `CorruptCheckpoint`."
-    stored = ckpt.get(HASH_KEY) if isinstance(ckpt, dict) else None
-    if not isinstance(stored, dict): return ckpt   # written before, or by another program
-    if any(k in ckpt and _digest(ckpt[k]) != h for k, h in stored.items()): raise corrupt(path, option)
-    return ckpt
-
-# %% ../nbs/03a_weights.ipynb #c0a194b9
-def flip_a_tensor_byte(src, dst)->Path:
-    "A copy of the torch archive `src` with one byte of its largest tensor's storage flipped: still a loadable archive (for tests)."
-    shutil.copyfile(src, dst)
-    with zipfile.ZipFile(dst) as z:
-        info = max((i for i in z.infolist() if '/data/' in i.filename), key=lambda i: i.file_size)
-    with open(dst, 'r+b') as f:
-        f.seek(info.header_offset + 26); name_len, extra_len = struct.unpack('<HH', f.read(4))
-        at = info.header_offset + 30 + name_len + extra_len + info.file_size // 2   # the middle of the tensor's bytes
-        f.seek(at); b = f.read(1); f.seek(at); f.write(bytes([b[0] ^ 0x10]))
-    return Path(dst)
-
-DAMAGE = ('a tensor byte', 'a data.pkl byte', 'the zip directory', 'cut short')   # what `damaged_copy` can do to an archive
-
-def damaged_copy(src, dst, damage:str)->Path:
-    "A copy of the torch archive `src` with one of `DAMAGE` done to it (for tests)."
-    if damage == 'a tensor byte': return flip_a_tensor_byte(src, dst)
-    b = bytearray(Path(src).read_bytes())
-    with zipfile.ZipFile(src) as z:
-        pkl, cd = next(i for i in z.infolist() if i.filename.endswith('data.pkl')), z.start_dir
-    if damage == 'a data.pkl byte': b[pkl.header_offset + 30 + len(pkl.filename.encode()) + len(pkl.extra) + pkl.file_size // 2] ^= 0x10
-    elif damage == 'the zip directory': b[cd] ^= 0x10   # the first central-directory record's signature
-    elif damage == 'cut short': b = b[:len(b) // 2]
-    else: raise ValueError(f"damage {damage!r}: one of {DAMAGE}")
-    Path(dst).write_bytes(bytes(b)); return Path(dst)
-
-# %% ../nbs/03a_weights.ipynb #7dbaa054
 @dataclass
 class Weights:
     "Network weights read from a file, in `yolo`'s key layout, with what the file says about them."
@@ -249,31 +74,14 @@ class Weights:
         if self.kind != 'ultralytics': return f"lucid {self.scale}{'' if self.task == 'segment' else ' ' + self.task}, {self.num_classes} classes"
         name = get_task(self.task).title(self.scale) if self.task in TASKS else f"YOLO11{self.scale}, a {self.task} model"
         return f"Ultralytics {name}, {self.num_classes} classes"
-    def check_lucid_task(self, option:str='--model.weights'):
-        "A one-line error unless the file's network is of a task lucid has (`TASKS`): only `fit` may start from another task's file (its backbone, neck, box and class branches)."
-        if self.task not in TASKS:
-            raise ValueError(f"{option} {self.path} is an Ultralytics YOLO11{self.scale} {self.task} model, neither a segmentation nor a detection "
-                             f"one: lucid has no {self.task} branch, so it cannot predict, validate or test with it; give a YOLO11 detect "
-                             f"or -seg file (yolo11{self.scale}.pt, yolo11{self.scale}-seg.pt), or train from its backbone and neck with "
-                             f"lucid fit --model.weights {self.path}")
     @property
     def classes(self)->tuple[list,list]:
         "(COCO category ids, names) of the file's classes, as predicting with it reports them: a lucid checkpoint's own; else ids 0..K-1 and the names the file carries."
         extra, K = (self.ckpt.get('lucid') or {}) if self.kind == 'lucid' else {}, self.num_classes
         names = extra.get('class_names') or (self.names if self.names and len(self.names) == K else [str(k) for k in range(K)])
         return list(extra.get('cat_ids') or range(K)), list(names)
-    def check_size(self, size:str):
-        "A one-line error unless the file's network is of size `size` (`--model.size`)."
-        if self.scale != size:
-            raise ValueError(f"--model.weights {self.path} holds a size {self.scale} network ({self.title}), and --model.size "
-                             f"is {size}: give --model.size {self.scale}, or leave it out to take the file's")
-    def check_task(self, task:str, backbone:bool=False):
-        "A one-line error unless the file's network is of task `task` (`--model.task`), or only its backbone and neck are taken (`backbone`), or it is of a task lucid has not (a start for `fit`: `check_lucid_task`)."
-        if backbone or self.task == get_task(task).name or self.task not in TASKS: return
-        raise ValueError(f"--model.weights {self.path} holds a {self.task} network ({self.title}), and --model.task is {task}: "
-                         f"give --model.task {self.task}, or leave it out to take the file's; to start a {task} model's backbone "
-                         "and neck from it, fit with --model.weights_backbone true")
 
+# %% ../nbs/03a_weights.ipynb #efabce3b
 def module_tensors(m, prefix:str='')->dict:
     "`state_dict()` of a pickled module tree of `StandIn`s: parameters and persistent buffers, by dotted name."
     d, out = vars(m), {}
@@ -297,6 +105,31 @@ def _names(x)->list|None:
     if isinstance(x, (list, tuple)): return [str(n) for n in x]
     return None
 
+# %% ../nbs/03a_weights.ipynb #7dce0c42
+@patch
+def check_lucid_task(self:Weights, option:str='--model.weights'):
+    "A one-line error unless the file's network is of a task lucid has (`TASKS`): only `fit` may start from another task's file (its backbone, neck, box and class branches)."
+    if self.task not in TASKS:
+        raise ValueError(f"{option} {self.path} is an Ultralytics YOLO11{self.scale} {self.task} model, neither a segmentation nor a detection "
+                         f"one: lucid has no {self.task} branch, so it cannot predict, validate or test with it; give a YOLO11 detect "
+                         f"or -seg file (yolo11{self.scale}.pt, yolo11{self.scale}-seg.pt), or train from its backbone and neck with "
+                         f"lucid fit --model.weights {self.path}")
+
+@patch
+def check_size(self:Weights, size:str):
+    "A one-line error unless the file's network is of size `size` (`--model.size`)."
+    if self.scale != size:
+        raise ValueError(f"--model.weights {self.path} holds a size {self.scale} network ({self.title}), and --model.size "
+                         f"is {size}: give --model.size {self.scale}, or leave it out to take the file's")
+
+@patch
+def check_task(self:Weights, task:str, backbone:bool=False):
+    "A one-line error unless the file's network is of task `task` (`--model.task`), or only its backbone and neck are taken (`backbone`), or it is of a task lucid has not (a start for `fit`: `check_lucid_task`)."
+    if backbone or self.task == get_task(task).name or self.task not in TASKS: return
+    raise ValueError(f"--model.weights {self.path} holds a {self.task} network ({self.title}), and --model.task is {task}: "
+                     f"give --model.task {self.task}, or leave it out to take the file's; to start a {task} model's backbone "
+                     "and neck from it, fit with --model.weights_backbone true")
+
 # %% ../nbs/03a_weights.ipynb #2afb4435
 _read_ahead = {}   # file → its `Weights`, inside `weights_read`
 
@@ -319,6 +152,7 @@ def ultralytics_task(net:StandIn)->str:
     t = vars(net).get('task') or (vars(net).get('args') or {}).get('task')
     return t if isinstance(t, str) else 'unknown'
 
+# %% ../nbs/03a_weights.ipynb #1f3e8bc1
 def read_weights(path, option:str='--model.weights')->Weights:
     "The network weights of an Ultralytics YOLO11 checkpoint (a segmentation one, or another task's for its backbone and neck) or a `lucid` checkpoint, read by `safe_load`."
     p = local_file(path, option)
@@ -357,16 +191,6 @@ def read_weights(path, option:str='--model.weights')->Weights:
                    train_imgsz=size if isinstance(size, int) and size > 0 else None, task=task)
 
 # %% ../nbs/03a_weights.ipynb #163a09d8
-def _modules_of(keys:list)->str:
-    "Module names of tensor keys, a head branch's levels folded: `head.cls.{0,1,2}.2`."
-    groups = {}
-    for k in dict.fromkeys(k.rpartition('.')[0] for k in keys):
-        m = re.fullmatch(r'(head\.\w+)\.(\d+)\.(.+)', k)
-        key, lvl = ((m[1], m[3]), m[2]) if m else ((k, None), None)
-        groups.setdefault(key, []).append(lvl)
-    return ', '.join(f"{a}.{{{','.join(l)}}}.{b}" if l[0] is not None and len(l) > 1 else
-                     f"{a}.{l[0]}.{b}" if l[0] is not None else a for (a, b), l in groups.items())
-
 PARTS = {'backbone': 'backbone', 'neck': 'neck', 'head.box': 'box branch', 'head.cls': 'class branch',
          'head.coef': 'mask-coefficient branch', 'head.proto': 'mask prototypes'}   # the network's parts, as `TransferReport` names them
 
@@ -390,22 +214,35 @@ class TransferReport:
             part = next(p for p in PARTS if k.startswith(p + '.'))
             out.setdefault(part, set()).add(k in taken)
         return {p: 'loaded' if v == {True} else 'fresh' if v == {False} else 'partly loaded' for p in PARTS if (v := out.get(p))}
-    @property
-    def line(self)->str:
-        w, s = self.weights, f"weights: {len(self.taken)} of {self.total} tensors taken from {self.weights.path} ({self.weights.title})"
-        if self.complete: return s + "; all of them"
-        if w.task != 'segment':   # another task's file: which parts of the network it gave, in words, first
-            by = {}
-            for p, how in self.parts.items(): by.setdefault(how, []).append(PARTS[p])
-            s += ''.join(f"; {how}: {', '.join(ps)}" for how in ('loaded', 'partly loaded', 'fresh') if (ps := by.get(how)))
-        why = []
-        if self.differ:
-            cls = f"{w.num_classes} classes in the file, {self.num_classes} here" if w.num_classes != self.num_classes else "another shape in the file"
-            why.append(f"shape differs ({cls}): {_modules_of(self.differ)}")
-        if self.missing: why.append(f"not in the file: {_modules_of(self.missing)}")
-        if self.left: why.append(f"not taken (--model.weights_backbone: the backbone and neck only): the head")
-        return f"{s}; {len(self.differ) + len(self.missing) + len(self.left)} stay freshly initialised: " + '; '.join(why)
 
+# %% ../nbs/03a_weights.ipynb #5b05c545
+def _modules_of(keys:list)->str:
+    "Module names of tensor keys, a head branch's levels folded: `head.cls.{0,1,2}.2`."
+    groups = {}
+    for k in dict.fromkeys(k.rpartition('.')[0] for k in keys):
+        m = re.fullmatch(r'(head\.\w+)\.(\d+)\.(.+)', k)
+        key, lvl = ((m[1], m[3]), m[2]) if m else ((k, None), None)
+        groups.setdefault(key, []).append(lvl)
+    return ', '.join(f"{a}.{{{','.join(l)}}}.{b}" if l[0] is not None and len(l) > 1 else
+                     f"{a}.{l[0]}.{b}" if l[0] is not None else a for (a, b), l in groups.items())
+
+@patch(as_prop=True)
+def line(self:TransferReport)->str:
+    w, s = self.weights, f"weights: {len(self.taken)} of {self.total} tensors taken from {self.weights.path} ({self.weights.title})"
+    if self.complete: return s + "; all of them"
+    if w.task != 'segment':   # another task's file: which parts of the network it gave, in words, first
+        by = {}
+        for p, how in self.parts.items(): by.setdefault(how, []).append(PARTS[p])
+        s += ''.join(f"; {how}: {', '.join(ps)}" for how in ('loaded', 'partly loaded', 'fresh') if (ps := by.get(how)))
+    why = []
+    if self.differ:
+        cls = f"{w.num_classes} classes in the file, {self.num_classes} here" if w.num_classes != self.num_classes else "another shape in the file"
+        why.append(f"shape differs ({cls}): {_modules_of(self.differ)}")
+    if self.missing: why.append(f"not in the file: {_modules_of(self.missing)}")
+    if self.left: why.append(f"not taken (--model.weights_backbone: the backbone and neck only): the head")
+    return f"{s}; {len(self.differ) + len(self.missing) + len(self.left)} stay freshly initialised: " + '; '.join(why)
+
+# %% ../nbs/03a_weights.ipynb #6b818bcc
 BACKBONE_PARTS = ('backbone.', 'neck.')   # the tensors both tasks' networks share, key for key (`03_heads`)
 
 @torch.no_grad()
@@ -437,102 +274,3 @@ def parity(net:nn.Module, reference:dict)->dict:
     coef = [out['coef'].transpose(1, 2)] if 'coef' in out else []               # a detector has none
     mine = {**raw, 'decoded': torch.cat([xywh, out['scores'].transpose(1, 2), *coef], 1)}
     return {k: float((mine[k] - reference[k]).abs().max() / reference[k].abs().max()) for k in mine}
-
-# %% ../nbs/03a_weights.ipynb #535302a5
-UL_CLASSES = {'Conv': 'conv', 'Concat': 'conv', 'C3k2': 'block', 'C3k': 'block', 'Bottleneck': 'block', 'SPPF': 'block',
-              'C2PSA': 'block', 'PSABlock': 'block', 'Attention': 'block', 'Proto': 'block', 'DFL': 'block'}
-
-def _record(m:nn.Module, name:str, children:dict, params=None, buffers=None)->StandIn:
-    rec = stand_in(name)()
-    rec.__setstate__({'training': False, '_parameters': params if params is not None else dict(m._parameters),
-                      '_buffers': buffers if buffers is not None else dict(m._buffers),
-                      '_non_persistent_buffers_set': set(getattr(m, '_non_persistent_buffers_set', ())), '_modules': children})
-    return rec
-
-def _ul_name(m:nn.Module)->str:
-    c = type(m).__name__
-    if type(m).__module__.startswith('torch.nn'): return f'{type(m).__module__}.{c}'
-    if c in ('SegHead', 'DetectHead'): return f"ultralytics.nn.modules.head.{'Segment' if c == 'SegHead' else 'Detect'}"
-    return f"ultralytics.nn.modules.{UL_CLASSES.get(c, 'block')}.{c}"
-
-def _tree(m:nn.Module)->StandIn:
-    return _record(m, _ul_name(m), {k: _tree(c) for k, c in m.named_children()})
-
-def _fuse(rec:StandIn):
-    "Fold every `bn` of the record tree into the `conv` beside it, as Ultralytics' `model.fuse()` does (a bias added, the `bn` gone)."
-    mods = vars(rec)['_modules']
-    if 'conv' in mods and 'bn' in mods:
-        c, b = vars(mods['conv'])['_parameters'], {**vars(mods['bn'])['_parameters'], **vars(mods['bn'])['_buffers']}
-        scale = b['weight'].float() / (b['running_var'].float() + 1e-3).sqrt()
-        c['bias'] = nn.Parameter((b['bias'].float() - b['running_mean'].float() * scale).half(), requires_grad=False)
-        c['weight'] = nn.Parameter((c['weight'].float() * scale.view(-1, 1, 1, 1)).half(), requires_grad=False)
-        del mods['bn']
-    for sub in mods.values(): _fuse(sub)
-
-def write_ultralytics_layout(net:nn.Module, path,
-                             task:str|None=None, # None: the network's own; 'detect' (no mask branch), 'pose' (17 keypoints in the third branch, no prototypes)
-                             fused:bool=False,   # BatchNorm folded into the convolutions, as `model.fuse()` leaves a model
-                            )->Path:
-    "Write a `yolo` network as Ultralytics lays out and pickles a stripped YOLO11 checkpoint of `task` (fp16), for tests."
-    import sys, types
-    task = task or get_task(net.config.get('task')).name
-    sd = {ultralytics_key(k): v.detach().half() if v.is_floating_point() else v.detach() for k, v in net.state_dict().items()}
-    if task == 'pose':   # the third branch predicts 17 keypoints (x, y, visibility): 51 channels, not the 32 mask coefficients
-        for i in range(3):
-            w = sd[f'model.23.cv4.{i}.2.weight']
-            sd[f'model.23.cv4.{i}.2.weight'], sd[f'model.23.cv4.{i}.2.bias'] = torch.zeros(51, *w.shape[1:]).half(), torch.zeros(51).half()
-    layers = {}
-    for i in range(24):
-        if i in (11, 14): layers[str(i)] = _record(nn.Upsample(), 'torch.nn.modules.upsampling.Upsample', {})
-        elif i in (12, 15, 18, 21): layers[str(i)] = _record(nn.Module(), 'ultralytics.nn.modules.conv.Concat', {})
-        else:
-            mod = net.get_submodule(UL_LAYERS[i]); layers[str(i)] = _tree(mod)
-    def fill(rec, pre):   # the state dict's tensors into the records (fp16), by Ultralytics' names
-        d = vars(rec)
-        for k, v in d['_parameters'].items():
-            if v is not None: d['_parameters'][k] = nn.Parameter(sd[pre + k], requires_grad=False)
-        for k, v in d['_buffers'].items():
-            if v is not None and k not in d['_non_persistent_buffers_set']: d['_buffers'][k] = sd[pre + k]
-        for k, sub in d['_modules'].items(): fill(sub, f'{pre}{k}.')
-    # the head's names: branches as Ultralytics names them, and its fixed DFL convolution
-    head = layers['23']; hm = vars(head)['_modules']
-    drop = {'segment': (), 'detect': ('coef', 'proto'), 'pose': ('proto',)}[task]
-    vars(head)['_modules'] = {UL_HEAD_NAMES.get(k, k): v for k, v in hm.items() if k not in drop}
-    if task != 'segment':   # the head's own class: `Detect`, `Pose`
-        new = stand_in(f"ultralytics.nn.modules.head.{task.capitalize()}")(); vars(new).update(vars(head)); layers['23'] = head = new
-    dfl_conv = nn.Conv2d(16, 1, 1, bias=False)
-    vars(head)['_modules']['dfl'] = _record(nn.Module(), 'ultralytics.nn.modules.block.DFL',
-                                            {'conv': _record(dfl_conv, 'torch.nn.modules.conv.Conv2d', {})})
-    sd['model.23.dfl.conv.weight'] = torch.arange(16.).view(1, 16, 1, 1).half()
-    seq = _record(nn.Module(), 'torch.nn.modules.container.Sequential', layers)
-    model = _record(nn.Module(), f"ultralytics.nn.tasks.{dict(segment='Segmentation', detect='Detection', pose='Pose')[task]}Model", {'model': seq})
-    for i, rec in layers.items(): fill(rec, f'model.{i}.')
-    if fused: _fuse(model)
-    s = net.config.get('scale', 'n')
-    vars(model).update(yaml={'nc': net.head.num_classes, 'scale': s}, names={i: f'class{i}' for i in range(net.head.num_classes)},
-                       args={'task': task, 'imgsz': 640}, stride=torch.tensor([8., 16., 32.]), task=task)
-    # pickle needs each class importable by its name: empty modules of those names, for the length of the save
-    classes = {type(r) for r in _walk(model)}
-    added, replaced = {}, []
-    for c in classes:
-        parts = c.__module__.split('.')
-        for j in range(1, len(parts) + 1):
-            mn = '.'.join(parts[:j])
-            if mn not in sys.modules: added[mn] = sys.modules[mn] = types.ModuleType(mn)
-        mod = sys.modules[c.__module__]   # torch's own modules too: their classes are put back after the save
-        replaced.append((mod, c.__qualname__, vars(mod).get(c.__qualname__, replaced)))
-        setattr(mod, c.__qualname__, c)
-    try:
-        torch.save({'date': '2025-01-01T00:00:00', 'version': 'lucid layout', 'license': 'AGPL-3.0 License', 'docs': '',
-                    'epoch': -1, 'best_fitness': None, 'model': model, 'ema': None, 'updates': None, 'optimizer': None,
-                    'train_args': {'task': task, 'imgsz': 640}, 'train_metrics': {}, 'train_results': {}}, path)
-    finally:
-        for mod, name, was in reversed(replaced):
-            if was is replaced: delattr(mod, name)
-            else: setattr(mod, name, was)
-        for mn in added: sys.modules.pop(mn, None)
-    return Path(path)
-
-def _walk(rec:StandIn):
-    yield rec
-    for sub in (vars(rec).get('_modules') or {}).values(): yield from _walk(sub)

@@ -13,7 +13,8 @@ from lucid_nb.core import EMBEDDED_ANNOTATIONS, EMBEDDED_IMAGES
 from lucid_nb.command import cli_main
 from lucid_nb.predict import load as load_predictor
 from lucid_nb.runs import LOCK_NAME, read_checkpoint
-from lucid_nb.weights import DAMAGE, HASH_KEY, damaged_copy
+from lucid_nb.checkpoints import HASH_KEY
+from lucid_nb.testing import DAMAGE, damaged_copy
 
 from helpers import LUCID, fit, hashes_only, lucid_main, tiny
 

@@ -1,6 +1,7 @@
-"""`--model.weights` and the safe reader (`nbs/03a_weights.ipynb`): Ultralytics parity on a fixture written by real
-Ultralytics, the size check, the class-count transfer, refused code-running pickles on every path (`--model.weights`,
-`--ckpt_path` and Lightning's own read of it, `lucid_nb.load`), and starting a fit from a lucid checkpoint."""
+"""`--model.weights` (`nbs/03a_weights.ipynb`) and the safe reader (`nbs/03a_checkpoints.ipynb`): Ultralytics parity
+on a fixture written by real Ultralytics, the size check, the class-count transfer, refused code-running pickles on every
+path (`--model.weights`, `--ckpt_path` and Lightning's own read of it, `lucid_nb.load`), and starting a fit from a lucid
+checkpoint."""
 import json, os, pickle, subprocess, tempfile
 from pathlib import Path
 
@@ -12,8 +13,9 @@ from lucid_nb.core import EMBEDDED_IMAGES
 from lucid_nb.heads import yolo_seg
 from lucid_nb.runs import SafeCheckpointIO
 from lucid_nb.trainer import LitYolo
-from lucid_nb.weights import (PARITY_RTOL, UnsafeCheckpoint, load_weights, parity, pickle_globals, read_weights,
-                              write_ultralytics_layout)
+from lucid_nb.checkpoints import UnsafeCheckpoint, pickle_globals
+from lucid_nb.weights import PARITY_RTOL, load_weights, parity, read_weights
+from lucid_nb.testing import write_ultralytics_layout
 
 from helpers import LUCID, cli_main, fit, lucid_main, tiny
 
