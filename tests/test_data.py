@@ -9,8 +9,9 @@ from pycocotools import mask as mask_utils
 from lucid_nb import augment
 from helpers import TensorBytes
 from lucid_nb.core import BATCH_KEYS, MASK_STRIDE, digest
-from lucid_nb.data import (BadInputError, DataReport, YoloData, YoloDataset, YoloLoader, data_main, default_cache_dir,
+from lucid_nb.data import (BadInputError, DataReport, YoloData, YoloDataset, YoloLoader, default_cache_dir,
                            hsv_jitter, load_coco_json, coco_categories)
+from lucid_nb.data_command import data_main
 
 CATS = [{'id': 3, 'name': 'car'}, {'id': 17, 'name': 'cat'}, {'id': 90, 'name': 'toothbrush'}]
 
