@@ -19,12 +19,12 @@ try: from jsonargparse._link_arguments import skip_apply_links   # a parse witho
 except ImportError: skip_apply_links = contextlib.nullcontext
 from fastcore.basics import patch
 from .core import *
-from .data import YoloData
+from .data import DATA_SOURCE, YoloData
 from .model import model_summary
 from .checkpoints import local_file
 from .weights import read_weights, weights_read
 from .runs import LOCK_NAME, RunFolderInUse, SafeCheckpointIO, CheckpointWriteError, checkpoint_epoch, lock_owner_alive, wait_for_checkpoints, note, read_checkpoint, read_lock, run_folder, run_lock, weak_checkpoint
-from .trainer import DATA_SOURCE, LitYolo
+from .trainer import LitYolo
 from .tasks import TASKS
 from .metrics import conf_line, predict_conf
 from .predict import no_weights_line, untrained_asked

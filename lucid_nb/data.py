@@ -1,4 +1,4 @@
-"""The `YoloData` datamodule: COCO files to padded, augmented, cached and prefetched batches for Lightning, and plain image files for prediction.
+"""The `YoloData` datamodule: COCO files (or a YOLO-seg folder) to padded, augmented, cached and prefetched batches for Lightning.
 
 Docs: https://lucid-nb.github.io/lucid_nb/data.html.md"""
 
@@ -6,29 +6,28 @@ Docs: https://lucid-nb.github.io/lucid_nb/data.html.md"""
 
 # %% ../nbs/01d_data.ipynb #072e9fdf
 from __future__ import annotations
-import argparse, glob, os, sys, time
+import time
 from pathlib import Path
 from dataclasses import dataclass
 from typing import Callable, Literal
 import numpy as np, torch, lightning as L
 from fastcore.basics import patch
 from lightning.fabric.utilities.rank_zero import rank_zero_only
-from PIL import Image
 from pycocotools.coco import COCO
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 from .core import *
-from .tasks import TASKS, get_task
+from .tasks import get_task
 from .coco import *
 from .yolo import *
 from .augment import *
 from .cache import *
 from .loader import *
 from .augment_device import *
+from .images import ImageFiles, RectImages, collate_images, image_files
 
 # %% auto #0
-__all__ = ['AUGMENT_ON', 'DATA_FORMATS', 'ULTRALYTICS_VAL_BATCH', 'YoloData', 'DataFormat', 'data_format', 'image_files',
-           'pil_rgb', 'prepare_image', 'ultralytics_sample', 'image_batch', 'ImageFiles', 'collate_images',
-           'RectImages', 'show_batch', 'OneLineArgumentParser', 'data_cli', 'data_main', 'bool_value']
+__all__ = ['AUGMENT_ON', 'DATA_SOURCE', 'DATA_FORMATS', 'ULTRALYTICS_VAL_BATCH', 'YoloData', 'DataFormat', 'data_format',
+           'show_batch']
 
 # %% ../nbs/01d_data.ipynb #ac8594aa
 _COCO_OPTIONS = ('train_images', 'train_annotations', 'val_images', 'val_annotations')   # the options that name COCO data
@@ -76,6 +75,39 @@ class YoloData(L.LightningDataModule):
         COCO instances JSON of the validation images (required with `val_images`).
     val_count : int
         Validation images taken from the training set when no validation set is given.
+    predict_images : str | None
+        What `lucid predict` runs on: a folder, a glob pattern or one image file (no annotations needed). None: the
+        validation images.
+    task : str
+        'segment' (instances with masks) or 'detect' (boxes only: no segmentation read, no masks in a batch). `lucid`
+        sets it from `--model.task`.
+    """
+    def __init__(self, dataset:str|None=None, train_images:str|None=None, train_annotations:str|None=None, val_images:str|None=None,
+                 val_annotations:str|None=None, val_count:int=32, imgsz:int=640, batch_size:int=4, val_batch_size:int|None=None,
+                 workers:int=0, threads:int|None=None,
+                 cache:Literal['none', 'ram', 'disk']='ram', cache_dir:str|None=None, prefetch:bool=True, pin_memory:bool=True, max_instances:int=100,
+                 on_bad_input:Literal['skip', 'error']='skip', fliplr:float=.5, degrees:float=0., translate:float=.1, scale:float=.5,
+                 shear:float=0., mosaic:float=1., close_mosaic:int=10, hsv_h:float=.015, hsv_s:float=.7, hsv_v:float=.4,
+                 augment_on:Literal['cpu', 'device']='cpu', seed:int=0, max_epochs:int|None=None, predict_images:str|None=None,
+                 task:Literal['segment', 'detect']='segment'):
+        super().__init__()
+        _check_options(dict(locals()))
+        self.aug = AugSettings(fliplr=fliplr, degrees=degrees, translate=translate, scale=scale, shear=shear, mosaic=mosaic,
+                               hsv_h=hsv_h, hsv_s=hsv_s, hsv_v=hsv_v)
+        self.save_hyperparameters()
+        self.task = get_task(task)
+        self.report, self._train, self._val, self._json, self._val_coco, self._loaders = DataReport(on_bad_input), None, None, None, None, []
+        self._disks = {}   # folder: DiskCache, shared by train and validation when they come from one JSON
+        self._classes, self._predict, self._spec = None, None, None   # classes from `set_classes`; the `predict_images` dataset; the data.yaml read
+        self._json_categories, self.cache_mode = None, cache   # the training JSON's classes; the cache used (`setup`: what fits)
+        self.rules = 'lucid'   # the inference rules of validation and prediction (`set_rules`)
+        self.scored = 'val'    # the split `val_records` holds: 'val', or a data.yaml's 'test' for `lucid test`
+
+# %% ../nbs/01d_data.ipynb #30f8d1c0
+YoloData.__init__.__doc__ = """How the batches are made, then how they are augmented (below).
+
+    Parameters
+    ----------
     imgsz : int
         Side of the square letterboxed input, a multiple of 32.
     batch_size : int
@@ -104,6 +136,10 @@ class YoloData(L.LightningDataModule):
         Padded instance slots per image; more instances keep the largest (reported).
     on_bad_input : str
         'skip' (report and leave out bad images/annotations) or 'error' (raise on the first one).
+"""
+
+# %% ../nbs/01d_data.ipynb #cfe8d2d1
+YoloData.__init__.__doc__ += """\
     fliplr : float
         Probability of a horizontal flip.
     degrees : float
@@ -132,33 +168,10 @@ class YoloData(L.LightningDataModule):
         Seed of the shuffle order and every augmentation draw.
     max_epochs : int | None
         Epoch count for `close_mosaic`. None: the attached trainer's `max_epochs`.
-    predict_images : str | None
-        What `lucid predict` runs on: a folder, a glob pattern or one image file (no annotations needed). None: the
-        validation images.
-    task : str
-        'segment' (instances with masks) or 'detect' (boxes only: no segmentation read, no masks in a batch). `lucid`
-        sets it from `--model.task`.
-    """
-    def __init__(self, dataset:str|None=None, train_images:str|None=None, train_annotations:str|None=None, val_images:str|None=None,
-                 val_annotations:str|None=None, val_count:int=32, imgsz:int=640, batch_size:int=4, val_batch_size:int|None=None,
-                 workers:int=0, threads:int|None=None,
-                 cache:Literal['none', 'ram', 'disk']='ram', cache_dir:str|None=None, prefetch:bool=True, pin_memory:bool=True, max_instances:int=100,
-                 on_bad_input:Literal['skip', 'error']='skip', fliplr:float=.5, degrees:float=0., translate:float=.1, scale:float=.5,
-                 shear:float=0., mosaic:float=1., close_mosaic:int=10, hsv_h:float=.015, hsv_s:float=.7, hsv_v:float=.4,
-                 augment_on:Literal['cpu', 'device']='cpu', seed:int=0, max_epochs:int|None=None, predict_images:str|None=None,
-                 task:Literal['segment', 'detect']='segment'):
-        super().__init__()
-        _check_options(dict(locals()))
-        self.aug = AugSettings(fliplr=fliplr, degrees=degrees, translate=translate, scale=scale, shear=shear, mosaic=mosaic,
-                               hsv_h=hsv_h, hsv_s=hsv_s, hsv_v=hsv_v)
-        self.save_hyperparameters()
-        self.task = get_task(task)
-        self.report, self._train, self._val, self._json, self._val_coco, self._loaders = DataReport(on_bad_input), None, None, None, None, []
-        self._disks = {}   # folder: DiskCache, shared by train and validation when they come from one JSON
-        self._classes, self._predict, self._spec = None, None, None   # classes from `set_classes`; the `predict_images` dataset; the data.yaml read
-        self._json_categories, self.cache_mode = None, cache   # the training JSON's classes; the cache used (`setup`: what fits)
-        self.rules = 'lucid'   # the inference rules of validation and prediction (`set_rules`)
-        self.scored = 'val'    # the split `val_records` holds: 'val', or a data.yaml's 'test' for `lucid test`
+"""
+
+# %% ../nbs/01d_data.ipynb #964a35f6
+DATA_SOURCE = ('dataset', 'train_images', 'train_annotations', 'val_images', 'val_annotations', 'val_count')   # what data a checkpoint was trained and validated on
 
 # %% ../nbs/01d_data.ipynb #6c41de4f
 @patch
@@ -282,6 +295,7 @@ def _plan_cache(self:YoloData, recs:list, images:Path, annotations:Path)->str:
     if line and rank_zero_only.rank == 0: log.warning(line)
     return mode
 
+# %% ../nbs/01d_data.ipynb #040a5d8d
 @patch
 def setup(self:YoloData, stage:str|None=None):
     "Read, check, split and cache the data (once), then print the report; `predict` on `predict_images` reads nothing here."
@@ -312,6 +326,7 @@ def _coco_records(self:YoloData, stage:str|None=None)->tuple:
     vsrc = f"{h.val_annotations}" if h.val_images else f"the last {h.val_count} images of {annotations.name} (by file name)"
     return tr, va, (images, annotations), (Path(h.val_images) if h.val_images else images, Path(h.val_annotations) if h.val_annotations else annotations), vsrc
 
+# %% ../nbs/01d_data.ipynb #b399d4c5
 @patch
 def _setup_datasets(self:YoloData, tr:list, va:list, tkey:tuple, vkey:tuple, vsrc:str, t0:float, stage:str|None=None):
     "Check and cache the train and validation records (`tkey`, `vkey`: their disk cache's images folder and annotations file), then print the report; validation must hold an instance unless `stage` is 'predict'."
@@ -444,75 +459,6 @@ def on_after_batch_transfer(self:YoloData, batch:dict, dataloader_idx:int=0)->di
     batch['img'] = hsv_jitter(batch['img'], batch['hsv']) if jitter else batch['img'].float() / 255
     return batch
 
-# %% ../nbs/01d_data.ipynb #9fdecac6
-def image_files(path:str|Path)->list[Path]:
-    "The image files of a folder (sorted, not recursive), of a glob pattern (sorted), or one file."
-    p = Path(path)
-    if p.is_file(): return [p]
-    found = p.iterdir() if p.is_dir() else map(Path, glob.glob(str(path), recursive=True))
-    files = sorted(f for f in found if f.suffix.lower() in IMAGE_SUFFIXES and f.is_file())
-    if not files: raise FileNotFoundError(f"{path}: no image files ({', '.join(IMAGE_SUFFIXES)}) found there")
-    return files
-
-# %% ../nbs/01d_data.ipynb #a5a11101
-def pil_rgb(im:Image.Image)->np.ndarray:
-    "(H,W,3) uint8 RGB of a PIL image as displayed (EXIF orientation applied), as `load_rgb` reads files."
-    o = exif_orientation(im)
-    return np.array(to_rgb(im if o == 1 else im.transpose(ORIENTATIONS[o][0])))
-
-def prepare_image(img:np.ndarray, imgsz:int, image_id:int=0)->Prepared:
-    "An (H,W,3) uint8 RGB image resized as `prepare` resizes (long side = imgsz), with no instances."
-    H, W = img.shape[:2]; h, w = resized_hw((H, W), imgsz)
-    if (h, w) != (H, W): img = np.array(Image.fromarray(img).resize((w, h), Image.BILINEAR))
-    return Prepared(img, image_id, (H, W), np.zeros((0, 4), np.float32), np.zeros(0, np.int64),
-                    np.zeros((0, 2), np.float32), np.zeros((0, 2), np.int64), [])
-
-def ultralytics_sample(img:np.ndarray, imgsz:int, image_id:int=0, shape=None)->dict:
-    "An (H,W,3) uint8 RGB image as a sample by Ultralytics' rules (`letterbox_cv2`): predict's shape, or validation's into its batch's `shape`; with `ratio_pad`."
-    H, W = img.shape[:2]
-    if shape is None: out, rp = letterbox_cv2(img, (imgsz, imgsz), auto=True)
-    else: out, rp = letterbox_cv2(img, tuple(shape), resized=val_resized_hw((H, W), imgsz))
-    s = out.shape[0] // MASK_STRIDE
-    return dict(img=out, boxes=np.zeros((0, 4), np.float32), cls=np.zeros(0, np.int64), masks=np.zeros((0, s, s), np.uint8),
-                image_id=image_id, orig_hw=np.array([H, W], np.int64), letterbox=rp[[1, 2, 3]].astype(np.float32),
-                hsv=np.ones(3, np.float32), dropped=0, ratio_pad=rp)
-
-def image_batch(imgs:list[np.ndarray], imgsz:int, first_id:int=0, rules:str='lucid')->dict:
-    "Letterboxed images as a batch in the format of `collate` (`image_id` counts from `first_id`); by Ultralytics' rules, images of one shape."
-    if check_rules(rules) == 'ultralytics': return collate_images([ultralytics_sample(a, imgsz, first_id + i) for i, a in enumerate(imgs)])
-    return collate([build_sample([prepare_image(a, imgsz, first_id + i)], imgsz, max_instances=1) for i, a in enumerate(imgs)], 1)
-
-# %% ../nbs/01d_data.ipynb #9458abf8
-class ImageFiles(Dataset):
-    "Plain image files as letterboxed samples; `image_id` is the file's index in `files` (or its `ids` entry); a file that cannot be read is a `problem` sample naming it."
-    def __init__(self, files:list[Path], imgsz:int=640, rules:str='lucid', ids:list|None=None):
-        self.files, self.imgsz, self.rules = list(files), imgsz, check_rules(rules)
-        self.ids = list(range(len(self.files))) if ids is None else list(ids)
-    def __len__(self): return len(self.files)
-    def __getitem__(self, i:int)->dict:
-        try: img = load_rgb(self.files[i])
-        except BadInputError as e: return {'problem': str(e), 'image_id': self.ids[i]}   # the others' results are kept (`collate_images`)
-        if self.rules == 'ultralytics': return ultralytics_sample(img, self.imgsz, self.ids[i])
-        return build_sample([prepare_image(img, self.imgsz, self.ids[i])], self.imgsz, max_instances=1)
-
-def collate_images(samples:list[dict])->dict:
-    "`ImageFiles` samples as a batch of the good ones (no `img` when none is), with `problems`: (image_id, message) of the bad files; `ratio_pad` (B,4) by Ultralytics' rules."
-    good = [s for s in samples if 'problem' not in s]
-    batch = collate(good, max_instances=1) if good else {}
-    if good and 'ratio_pad' in good[0]: batch['ratio_pad'] = torch.from_numpy(np.stack([s['ratio_pad'] for s in good]))
-    batch['problems'] = [(s['image_id'], s['problem']) for s in samples if 'problem' in s]
-    return batch
-
-class RectImages(Dataset):
-    "Validation records as samples by Ultralytics' validation rules: in `rect_batches`' order, each letterboxed into its batch's shape."
-    def __init__(self, records:list, imgsz:int, batch_size:int):
-        self.records, self.imgsz = list(records), imgsz
-        self.order, self.shapes = rect_batches([r.hw for r in self.records], batch_size, imgsz)
-    def __len__(self): return len(self.records)
-    def __getitem__(self, k:int)->dict:
-        r = self.records[self.order[k]]
-        return ultralytics_sample(load_rgb(r.path), self.imgsz, r.image_id, self.shapes[k])
-
 # %% ../nbs/01d_data.ipynb #fcce96c1
 @patch
 def predict_dataloader(self:YoloData)->DataLoader|YoloLoader:
@@ -579,62 +525,3 @@ def show_batch(batch:dict, class_names:list|None=None, n:int=8, ncols:int=4, siz
         ax.set_title(f"image {int(batch['image_id'][b])}", fontsize=8)
     fig.tight_layout()
     return fig
-
-# %% ../nbs/01d_data.ipynb #532b81f2
-class OneLineArgumentParser(argparse.ArgumentParser):
-    "argparse, whose usage errors are one line on stderr (`<prog>: error: …`, pointing at `--help`) and exit status 2; `LUCID_DEBUG=1`: argparse's own report."
-    def error(self, message:str):
-        if os.environ.get('LUCID_DEBUG') == '1': super().error(message)
-        prog = self.prog.split()[0]   # `lucid export`: its errors are `lucid`'s
-        print(f"{prog}: error: {' '.join(str(message).split())} (`{self.prog} --help` lists every option)", file=sys.stderr)
-        sys.exit(2)
-
-def data_cli():
-    "The `lucid-data` command: exit status 0 on success, 2 after bad input or a bad option (one line naming the file or option)."
-    try: data_main()
-    except (ValueError, OSError) as e:   # a missing folder, a bad data.yaml or JSON, input that `on_bad_input='error'` refuses
-        if os.environ.get('LUCID_DEBUG') == '1': raise
-        print(f"lucid-data: error: {one_line(e)} (LUCID_DEBUG=1 shows the traceback)", file=sys.stderr)
-        sys.exit(2)
-
-def _data_option(ap, name:str, **kw):
-    "`--data.<name>`, as `lucid` spells it, with the former spelling `--<name with dashes>` as an alias."
-    ap.add_argument(f'--data.{name}', f"--{name.replace('_', '-')}", dest=name, **kw)
-
-def data_main(argv:list[str]|None=None)->YoloData:
-    "Console entry point `lucid-data`: load a COCO or Ultralytics dataset (default: embedded coco128), print what it holds, time an epoch."
-    ap = OneLineArgumentParser(prog='lucid-data', allow_abbrev=False,
-                               description='Load a COCO instance-segmentation or detection dataset (or a YOLO data.yaml) the way training does and report on it.')
-    for k in ('dataset', 'train_images', 'train_annotations', 'val_images', 'val_annotations', 'cache_dir'): _data_option(ap, k, default=None)
-    _data_option(ap, 'imgsz', type=int, default=640); _data_option(ap, 'batch_size', type=int, default=4)
-    _data_option(ap, 'val_count', type=int, default=32, help='validation images split off when no validation set is given')
-    _data_option(ap, 'workers', type=int, default=0); _data_option(ap, 'cache', default='ram', choices=CACHE_MODES)
-    _data_option(ap, 'prefetch', type=bool_value, default=True, help='true or false'); _data_option(ap, 'seed', type=int, default=0)
-    ap.add_argument('--no-prefetch', dest='prefetch', action='store_false', help='the same as --data.prefetch false')
-    _data_option(ap, 'on_bad_input', default='skip', choices=BAD_INPUT_POLICIES)
-    ap.add_argument('--model.task', '--task', dest='task', default='segment', choices=list(TASKS), help='segment: instances with masks; detect: boxes only')
-    ap.add_argument('--batches', type=int, default=0, help='batches to time (0: one epoch)')
-    a = ap.parse_args(argv)
-    dm = YoloData(a.dataset, a.train_images, a.train_annotations, a.val_images, a.val_annotations, a.val_count, imgsz=a.imgsz, batch_size=a.batch_size,
-                  workers=a.workers, cache=a.cache, cache_dir=a.cache_dir, prefetch=a.prefetch, seed=a.seed, on_bad_input=a.on_bad_input,
-                  task=a.task)
-    dm.setup('fit')
-    print(f"classes: {', '.join(dm.class_names[:8])}{', ...' if dm.num_classes > 8 else ''}")
-    ld, n, t0 = dm.train_dataloader(), 0, time.perf_counter()
-    for k, b in enumerate(ld):
-        if k == 0:
-            print('one training batch (uint8 on the loader; float32 after on_after_batch_transfer):')
-            for key, v in b.items(): print(f"  {key:<10} {str(tuple(v.shape)):<22} {str(v.dtype).removeprefix('torch.')}")
-        n += len(b['img'])
-        if a.batches and k + 1 >= a.batches: break
-    dt = time.perf_counter() - t0
-    ld.close(); dm.teardown()
-    print(f"throughput: {n} training images (augmented, mosaic on) in {dt:.2f} s = {n / dt:.0f} images/s "
-          f"[{a.workers} workers, prefetch {'on' if a.prefetch else 'off'}]")
-    return dm
-
-def bool_value(v:str)->bool:
-    "A boolean option's value as `lucid` reads it: true/false (also yes/no, 1/0)."
-    if (b := {'true': True, 'yes': True, '1': True, 'false': False, 'no': False, '0': False}.get(str(v).lower())) is None:
-        raise argparse.ArgumentTypeError(f"{v!r} is not true or false")
-    return b

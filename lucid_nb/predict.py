@@ -15,7 +15,9 @@ from torch import nn, Tensor
 from fastcore.basics import patch
 from .core import *
 from .coco import coco_categories, load_coco_json
-from .data import OneLineArgumentParser, bool_value, image_batch, load_rgb, pil_rgb
+from .arguments import OneLineArgumentParser, bool_value
+from .coco import load_rgb
+from .images import image_batch, pil_rgb
 from .tasks import TASKS, get_task
 from .heads import yolo
 from .metrics import PREDICT_CONF, Validator, predict_conf

@@ -16,7 +16,7 @@ from lightning.pytorch.strategies import DDPStrategy
 from torch import nn, Tensor
 from fastcore.basics import patch
 from .allocator import expandable_segments
-from .data import load_rgb
+from .data import DATA_SOURCE, load_rgb
 from .model import SCALES
 from .tasks import get_task
 from .heads import yolo
@@ -30,8 +30,8 @@ from .draw import draw_results, save_jpeg, save_val_plots
 from .runs import AtomicCheckpoint, EpochSummary, RunArtifacts, gather_objects, note, run_folder, say, _now, _run_dir
 
 # %% auto #0
-__all__ = ['DATA_SOURCE', 'LitYolo', 'StepLossBar', 'default_val_group_pixels', 'append_jsonl', 'merge_results',
-           'PredictionWriter', 'FrozenHeap', 'ddp_blocker', 'broadcast_buffers', 'DistributedRun', 'default_callbacks']
+__all__ = ['LitYolo', 'StepLossBar', 'default_val_group_pixels', 'append_jsonl', 'merge_results', 'PredictionWriter',
+           'FrozenHeap', 'ddp_blocker', 'broadcast_buffers', 'DistributedRun', 'default_callbacks']
 
 # %% ../nbs/08c_trainer.ipynb #235f0363
 class LitYolo(L.LightningModule):
@@ -367,8 +367,6 @@ def on_save_checkpoint(self:LitYolo, checkpoint:dict):
                                data={k: absolute(h[k]) for k in DATA_SOURCE[:5]} | dict(val_count=h.val_count))
     if (stats := getattr(self, 'last_val_stats', None)) is not None:
         checkpoint['lucid']['val'] = {k: float(v) for k, v in stats.summary().items()}
-
-DATA_SOURCE = ('dataset', 'train_images', 'train_annotations', 'val_images', 'val_annotations', 'val_count')   # what data a checkpoint was trained and validated on
 
 # %% ../nbs/08c_trainer.ipynb #921548c1
 @patch

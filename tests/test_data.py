@@ -10,8 +10,9 @@ from lucid_nb import augment
 from helpers import TensorBytes
 from lucid_nb.core import BATCH_KEYS, MASK_STRIDE, digest
 from lucid_nb.cache import default_cache_dir
-from lucid_nb.data import (BadInputError, DataReport, YoloData, YoloDataset, YoloLoader, data_main, hsv_jitter,
+from lucid_nb.data import (BadInputError, DataReport, YoloData, YoloDataset, YoloLoader, hsv_jitter,
                            load_coco_json, coco_categories)
+from lucid_nb.data_command import data_main
 
 CATS = [{'id': 3, 'name': 'car'}, {'id': 17, 'name': 'cat'}, {'id': 90, 'name': 'toothbrush'}]
 

@@ -155,7 +155,7 @@ def test_device_augmentation_is_refused_for_detection_in_one_line(ddata, tmp_pat
 
 
 def test_lucid_data_reads_box_labels(ddata):
-    r = subprocess.run([sys.executable, '-c', 'from lucid_nb.data import data_cli; data_cli()', '--dataset', str(ddata),
+    r = subprocess.run([sys.executable, '-c', 'from lucid_nb.data_command import data_cli; data_cli()', '--dataset', str(ddata),
                         '--task', 'detect', '--imgsz', '64', '--batches', '1'], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-2000:]
     assert f'val {N_VAL} images' in r.stdout and '  masks ' not in r.stdout and '  boxes ' in r.stdout

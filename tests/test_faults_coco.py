@@ -8,6 +8,7 @@ import numpy as np, pytest
 from PIL import Image
 
 import lucid_nb.data as data
+import lucid_nb.images as images
 import lucid_nb.command as command
 from lucid_nb.core import digest
 from test_data import _edit_json, dm_for, make_coco
@@ -173,11 +174,11 @@ def test_checkpoint_of_other_categories_is_refused(coco):
 def test_unreadable_file_to_predict_is_named(coco, tmp_path):
     "A file `predict` cannot read is a problem sample naming it; the batch keeps the good ones (`collate_images`)."
     bad = tmp_path / 'broken.jpg'; bad.write_bytes(b'\xff\xd8\xff truncated')
-    files = data.ImageFiles([bad, sorted(data.EMBEDDED_IMAGES.glob('*.jpg'))[0]], 64)
+    files = images.ImageFiles([bad, sorted(data.EMBEDDED_IMAGES.glob('*.jpg'))[0]], 64)
     assert files[0]['image_id'] == 0 and 'broken.jpg: unreadable image' in files[0]['problem']
-    batch = data.collate_images([files[0], files[1]])
+    batch = images.collate_images([files[0], files[1]])
     assert batch['img'].shape[0] == 1 and batch['image_id'].tolist() == [1] and batch['problems'][0][0] == 0
-    assert set(data.collate_images([files[0]])) == {'problems'}   # no image read: no `img`
+    assert set(images.collate_images([files[0]])) == {'problems'}   # no image read: no `img`
 
 
 def test_load_rgb_names_an_unreadable_file(tmp_path):
