@@ -10,7 +10,7 @@ import os, sys, time
 from .core import one_line
 from .tasks import TASKS
 from .coco import BAD_INPUT_POLICIES
-from .loader import CACHE_MODES
+from .cache import CACHE_MODES
 from .arguments import OneLineArgumentParser, bool_value
 from .data import YoloData
 
