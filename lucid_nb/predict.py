@@ -21,7 +21,8 @@ from .heads import yolo
 from .metrics import PREDICT_CONF, Validator, predict_conf
 from .draw import draw_instances
 from .weights import load_weights, local_file, read_weights
-from .runs import note, weak_checkpoint
+from .lines import note
+from .runs import weak_checkpoint
 
 # %% auto #0
 __all__ = ['OUTPUT_NAMES', 'ONNX_NEEDS', 'EXPORTER_LOGS', 'UNTRAINED_WORDS', 'Predictor', 'load', 'Detections', 'as_rgb',

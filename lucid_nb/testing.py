@@ -14,7 +14,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from .core import digest, state_hashes
 from .loss import task_loss
-from .recorder import model_outputs
+from .heads import model_outputs
 from .command import cli_main
 
 # %% auto #0

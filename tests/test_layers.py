@@ -8,9 +8,9 @@ ROOT = Path(__file__).resolve().parent.parent
 PKG = ROOT / 'lucid_nb'
 PACKAGE = 'lucid_nb'
 # allocator → core → tasks → coco → yolo → augment → augment_device → loader → data | model → heads → weights → loss / optim / masks → metrics / ema / graphs →
-# recorder → draw → runs → trainer → predict → command → cli → testing
+# recorder → draw → lines → runs → trainer → predict → command → cli → testing
 LAYER = dict(allocator=-1, core=0, tasks=0.5, coco=1, yolo=1.1, augment=1.25, augment_device=1.375, loader=1.5, data=1.75, model=1, heads=2, weights=2.5, loss=3, optim=3,
-             masks=3, metrics=3.5, ema=3.5, graphs=3.5, recorder=4, draw=4.5, runs=4.75, trainer=5, predict=6,
+             masks=3, metrics=3.5, ema=3.5, graphs=3.5, recorder=4, draw=4.5, lines=4.6, runs=4.75, trainer=5, predict=6,
              command=6.5, cli=7, testing=8)
 IMPORTERS = {'import_module', '__import__'}
 
