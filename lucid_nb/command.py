@@ -23,7 +23,8 @@ from .data import DATA_SOURCE, YoloData
 from .model import model_summary
 from .checkpoints import local_file
 from .weights import read_weights, weights_read
-from .runs import LOCK_NAME, RunFolderInUse, SafeCheckpointIO, CheckpointWriteError, checkpoint_epoch, lock_owner_alive, wait_for_checkpoints, note, read_checkpoint, read_lock, run_folder, run_lock, weak_checkpoint
+from .lines import note
+from .runs import LOCK_NAME, RunFolderInUse, SafeCheckpointIO, CheckpointWriteError, checkpoint_epoch, lock_owner_alive, wait_for_checkpoints, read_checkpoint, read_lock, run_folder, run_lock, weak_checkpoint
 from .trainer import LitYolo
 from .tasks import TASKS
 from .metrics import conf_line, predict_conf

@@ -19,8 +19,8 @@ __all__ = ['BATCH_KEYS', 'MASK_STRIDE', 'INSTANCE_GROUP', 'GROUP_KEYS', 'RULES',
            'EMBEDDED_ANNOTATIONS', 'TEST_IMG', 'group_bucket', 'group_instances', 'pad_groups', 'image_instances',
            'check_rules', 'package_dir', 'repo_root', 'env_info', 'env_card', 'device_tag', 'module_pointers',
            'tensor_bytes', 'digest', 'state_hashes', 'current_umask', 'atomic_write', 'one_line', 'test_bytes_equal',
-           'test_grads_equal', 'cuda_cell_skipped', 'skip_cuda_cells', 'HostSyncError', 'assert_no_host_sync',
-           'bbox_iou', 'box_area', 'box_iou', 'crop_mask', 'synth_batch']
+           'test_grads_equal', 'autocast_state', 'cuda_cell_skipped', 'skip_cuda_cells', 'HostSyncError',
+           'assert_no_host_sync', 'bbox_iou', 'box_area', 'box_iou', 'crop_mask', 'synth_batch']
 
 # %% ../nbs/00b_core.ipynb #00d8c748
 BATCH_KEYS = ('img', 'boxes', 'cls', 'valid', 'masks', 'owner', 'image_id', 'orig_hw', 'letterbox', 'hsv')
@@ -207,6 +207,12 @@ def test_grads_equal(m1:torch.nn.Module, m2:torch.nn.Module):
         g1, g2 = p1[n].grad, p2[n].grad
         assert (g1 is None) == (g2 is None), f"{n}: grad is {'None' if g1 is None else 'set'} vs {'None' if g2 is None else 'set'}"
         if g1 is not None: test_bytes_equal(g1, g2, f"{n}.grad")
+
+# %% ../nbs/00b_core.ipynb #0b48b1b0
+def autocast_state(device_type:str)->dict:
+    "The surrounding autocast dtype and on/off state of `device_type`, weight-cast cache off, as `torch.autocast` keywords."
+    return dict(enabled=torch.is_autocast_enabled(device_type), dtype=torch.get_autocast_dtype(device_type),
+                cache_enabled=False)
 
 # %% ../nbs/00b_core.ipynb #ecca7d7d
 def cuda_cell_skipped(lines:list[str])->list[str]:

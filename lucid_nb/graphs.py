@@ -16,21 +16,10 @@ from .core import *
 from .optim import CapturedUpdate
 
 # %% auto #0
-__all__ = ['STEP_INPUTS', 'autocast_state', 'head_autocast', 'CudaGraphs', 'pool_allocated', 'nothing_kept', 'spent',
-           'spent_since', 'EagerGraphs', 'input_signature', 'alignment', 'grad_layout', 'non_overlapping',
-           'empty_with_layout', 'ModuleGraphs', 'HeadGraphs', 'HeadReplay', 'UpdateMismatch', 'UpdateGraphs',
-           'step_inputs', 'StepGraphs', 'StepReplay', 'graph_blocker', 'head_blocker', 'replay_blocker', 'call_blocker',
-           'step_call_blocker']
-
-# %% ../nbs/06a_graphs.ipynb #50518cff
-def autocast_state(device_type:str)->dict:
-    "The surrounding autocast dtype and on/off state of `device_type`, weight-cast cache off, as `torch.autocast` keywords."
-    return dict(enabled=torch.is_autocast_enabled(device_type), dtype=torch.get_autocast_dtype(device_type),
-                cache_enabled=False)
-
-def head_autocast(device_type:str)->torch.autocast:
-    "The head's autocast region: `autocast_state` entered."
-    return torch.autocast(device_type, **autocast_state(device_type))
+__all__ = ['STEP_INPUTS', 'CudaGraphs', 'pool_allocated', 'nothing_kept', 'spent', 'spent_since', 'EagerGraphs',
+           'input_signature', 'alignment', 'grad_layout', 'non_overlapping', 'empty_with_layout', 'ModuleGraphs',
+           'HeadGraphs', 'HeadReplay', 'UpdateMismatch', 'UpdateGraphs', 'step_inputs', 'StepGraphs', 'StepReplay',
+           'graph_blocker', 'head_blocker', 'replay_blocker', 'call_blocker', 'step_call_blocker']
 
 # %% ../nbs/06a_graphs.ipynb #d54738e0
 class CudaGraphs:

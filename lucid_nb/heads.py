@@ -9,12 +9,13 @@ from __future__ import annotations
 import math
 import torch, torch.nn as nn
 from torch import Tensor
+from .core import autocast_state
 from .model import Backbone, Conv, DWConv, Neck, YoloModel, get_scale
 from .tasks import get_task
 
 # %% auto #0
 __all__ = ['make_anchors', 'dist2bbox', 'bbox2dist', 'dfl_expectation', 'decode_boxes', 'DFL', 'flatten_levels', 'DetectHead',
-           'Proto', 'SegHead', 'yolo', 'yolo_seg', 'yolo_detect']
+           'Proto', 'SegHead', 'yolo', 'yolo_seg', 'yolo_detect', 'head_autocast', 'model_outputs']
 
 # %% ../nbs/03_heads.ipynb #d5ac6ec7
 def make_anchors(
@@ -200,3 +201,17 @@ def yolo_seg(scale:str='n', num_classes:int=80, num_protos:int=32, reg_max:int=1
 def yolo_detect(scale:str='n', num_classes:int=80, reg_max:int=16)->YoloModel:
     "A YOLO11-style object-detection model of the given scale (`yolo` of task 'detect')."
     return yolo(scale, num_classes, 'detect', reg_max=reg_max)
+
+# %% ../nbs/03_heads.ipynb #de5687b8
+def head_autocast(device_type:str)->torch.autocast:
+    "The head's autocast region: `autocast_state` entered."
+    return torch.autocast(device_type, **autocast_state(device_type))
+
+def model_outputs(model:nn.Module, img:Tensor,
+                  recorder=None, # what replays the head's prediction calls (a `Recorder` or `HeadRegion`): its `predict(head, feats)`
+                 )->dict:
+    "The model's training output, the head's prediction calls replayed by `recorder` when it can."
+    feats = model.features(img)
+    with head_autocast(img.device.type):
+        raw = recorder.predict(model.head, feats) if recorder is not None else model.head.predict(feats)
+    return model.head.assemble(raw)

@@ -24,7 +24,8 @@ from .metrics import PREDICT_CONF, Validator, predict_conf
 from .draw import draw_instances
 from .checkpoints import local_file
 from .weights import load_weights, read_weights
-from .runs import note, weak_checkpoint
+from .lines import note
+from .runs import weak_checkpoint
 
 # %% auto #0
 __all__ = ['OUTPUT_NAMES', 'ONNX_NEEDS', 'EXPORTER_LOGS', 'UNTRAINED_WORDS', 'Predictor', 'load', 'Detections', 'as_rgb',

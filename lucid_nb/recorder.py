@@ -19,9 +19,8 @@ from .graphs import _describe_batch
 from .optim import CapturedUpdate, captured_update, state_ready, update_blocker
 
 # %% auto #0
-__all__ = ['MIN_TORCH', 'log', 'fit_blocker', 'precision_blocker', 'head_fit_blocker', 'Region', 'HeadRegion', 'model_outputs',
-           'record_checked', 'update_fit_blocker', 'UpdateRegion', 'step_fit_blocker', 'StepRegion', 'EmaRegion',
-           'Recorder']
+__all__ = ['MIN_TORCH', 'log', 'fit_blocker', 'precision_blocker', 'head_fit_blocker', 'Region', 'HeadRegion', 'record_checked',
+           'update_fit_blocker', 'UpdateRegion', 'step_fit_blocker', 'StepRegion', 'EmaRegion', 'Recorder']
 
 # %% ../nbs/06b_recorder.ipynb #d014a40b
 MIN_TORCH = (2, 9)
@@ -192,14 +191,6 @@ def record(self:HeadRegion, head:nn.Module, feats:list[Tensor])->str|None:
         self.blocked = f"the head's parameters kept moving; stopped after {self.max_records} recordings"
         return self.blocked
     return self.record_graphs(lambda alias_params: self.graphs_type(head, feats, self.backend_, self.layouts, alias_params))
-
-# %% ../nbs/06b_recorder.ipynb #a4ea51ff
-def model_outputs(model:nn.Module, img:Tensor, recorder=None)->dict: # recorder: a `Recorder` or `HeadRegion`
-    "The segmentation model's training output, the head's prediction calls replayed by `recorder` when it can."
-    feats = model.features(img)
-    with head_autocast(img.device.type):
-        raw = recorder.predict(model.head, feats) if recorder is not None else model.head.predict(feats)
-    return model.head.assemble(raw)
 
 # %% ../nbs/06b_recorder.ipynb #1b7e203f
 def record_checked(region:Region, update:CapturedUpdate, grads:list[Tensor], pattern:tuple, native,

@@ -1,4 +1,4 @@
-"""The run folder: checkpoints written atomically in the background, one run per folder, the files a fit leaves there (hashes, timings, pictures) and the lines it prints.
+"""The run folder: checkpoints written atomically in the background, one run per folder, resuming into it, and the files a fit leaves there (hashes, timings, pictures).
 
 Docs: https://lucid-nb.github.io/lucid_nb/runs.html.md"""
 
@@ -19,6 +19,7 @@ from lightning_utilities.core.apply_func import apply_to_collection
 from torch import Tensor
 from fastcore.basics import patch
 from .core import *
+from .lines import close_bars, epoch_line, note, say, young_run_line
 from .coco import BadInputError
 from .checkpoints import local_file, safe_load, with_hashes
 from .cache import disk_free
@@ -27,13 +28,13 @@ from .metrics import class_rows, class_table, speed_line, write_results
 from .draw import draw_train_batch, draw_val_batch, plot_curves, save_figure, save_jpeg, save_val_plots, val_labels_grid
 
 # %% auto #0
-__all__ = ['SIGINT_HOLD', 'LOCK_NAME', 'WEAK_MAP', 'YOUNG_MAP', 'AtomicCheckpoint', 'CheckpointWriteError', 'tensor_bytes_of',
+__all__ = ['SIGINT_HOLD', 'LOCK_NAME', 'WEAK_MAP', 'AtomicCheckpoint', 'CheckpointWriteError', 'tensor_bytes_of',
            'checkpoint_epoch', 'write_failure', 'write_checkpoint_file', 'wait_for_checkpoints', 'link_or_copy',
-           'SigintHold', 'note', 'RunFolderInUse', 'read_lock', 'lock_owner_alive', 'acquire_run_lock', 'run_lock',
+           'SigintHold', 'RunFolderInUse', 'read_lock', 'lock_owner_alive', 'acquire_run_lock', 'run_lock',
            'remove_leftovers', 'read_checkpoint', 'SafeCheckpointIO', 'weak_checkpoint', 'run_folder',
-           'write_predictions', 'gather_objects', 'rank_state_hashes', 'say', 'close_bars', 'fit_state_hashes',
-           'write_json_atomic', 'data_wait', 'val_data_wait', 'checkpoint_seconds', 'process_age', 'start_labels_grid',
-           'RunArtifacts', 'epoch_line', 'EpochSummary', 'young_run_line']
+           'write_predictions', 'gather_objects', 'rank_state_hashes', 'fit_state_hashes', 'write_json_atomic',
+           'data_wait', 'val_data_wait', 'checkpoint_seconds', 'process_age', 'start_labels_grid', 'RunArtifacts',
+           'EpochSummary']
 
 # %% ../nbs/08b_runs.ipynb #cbbc85fc
 class AtomicCheckpoint(ModelCheckpoint):
@@ -70,33 +71,6 @@ class AtomicCheckpoint(ModelCheckpoint):
             for logger in trainer.loggers: logger.after_save_checkpoint(proxy(self))
         self.save_seconds += time.perf_counter() - t0
 
-    def _submit(self, write, tmp:str, filepath:str, size=lambda: None):
-        "Queue `write` (which makes `tmp`, about `size()` bytes) and the rename onto `filepath`; one at a time, in order."
-        def job():
-            free = need = None
-            try:
-                for old in Path(filepath).parent.glob('*.ckpt.tmp'):   # a killed run's leftovers; no write of ours is open
-                    if str(old) != tmp: old.unlink(missing_ok=True)
-                free, need = disk_free(Path(filepath).parent), size()   # before the write: a failed one is deleted below
-                write(); os.replace(tmp, filepath)
-            except BaseException as e:   # the first failure is the one to tell
-                self._error = self._error or (e, Path(filepath).name, need, free); Path(tmp).unlink(missing_ok=True)
-        if self._writer is None: self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix='lucid_nb-checkpoint')
-        self._writer.submit(job)
-
-    def wait(self):
-        "Block until every queued checkpoint is on disk; raise the error of one that failed."
-        if self._writer is not None: self._writer.shutdown(wait=True); self._writer = None
-        self._raise_error()
-
-    def _raise_error(self):
-        if self._error is not None:
-            (e, name, need, free), self._error = self._error, None
-            raise CheckpointWriteError(write_failure(self.dirpath, name, e, need, free)) from e
-
-    def on_train_batch_start(self, trainer, module, batch, batch_idx): self._raise_error()   # a failed write stops the fit at once
-    def on_validation_start(self, trainer, module): self.wait()   # the last epoch's file is on disk before this epoch can end
-
     def _remove_checkpoint(self, trainer, filepath):
         self.wait(); super()._remove_checkpoint(trainer, filepath)   # never under a write in flight
 
@@ -107,13 +81,54 @@ class AtomicCheckpoint(ModelCheckpoint):
             self.dirpath = str(run_folder(trainer)/'checkpoints')
         super().setup(trainer, module, stage)
 
-    def on_fit_end(self, trainer, module): self.wait()
-    def teardown(self, trainer, module, stage): SIGINT_HOLD.release(); self.wait()
-    def on_exception(self, trainer, module, exception):
-        SIGINT_HOLD.release()   # an epoch's hold cut short by the error: Ctrl-C works again
-        try: self.wait()   # the finished epochs' checkpoints land before the run ends
-        except CheckpointWriteError as e: note(str(e))
+# %% ../nbs/08b_runs.ipynb #2d3025f8
+@patch
+def _submit(self:AtomicCheckpoint, write, tmp:str, filepath:str, size=lambda: None):
+    "Queue `write` (which makes `tmp`, about `size()` bytes) and the rename onto `filepath`; one at a time, in order."
+    def job():
+        free = need = None
+        try:
+            for old in Path(filepath).parent.glob('*.ckpt.tmp'):   # a killed run's leftovers; no write of ours is open
+                if str(old) != tmp: old.unlink(missing_ok=True)
+            free, need = disk_free(Path(filepath).parent), size()   # before the write: a failed one is deleted below
+            write(); os.replace(tmp, filepath)
+        except BaseException as e:   # the first failure is the one to tell
+            self._error = self._error or (e, Path(filepath).name, need, free); Path(tmp).unlink(missing_ok=True)
+    if self._writer is None: self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix='lucid_nb-checkpoint')
+    self._writer.submit(job)
 
+@patch
+def wait(self:AtomicCheckpoint):
+    "Block until every queued checkpoint is on disk; raise the error of one that failed."
+    if self._writer is not None: self._writer.shutdown(wait=True); self._writer = None
+    self._raise_error()
+
+@patch
+def _raise_error(self:AtomicCheckpoint):
+    if self._error is not None:
+        (e, name, need, free), self._error = self._error, None
+        raise CheckpointWriteError(write_failure(self.dirpath, name, e, need, free)) from e
+
+# %% ../nbs/08b_runs.ipynb #8238f358
+@patch
+def on_train_batch_start(self:AtomicCheckpoint, trainer, module, batch, batch_idx): self._raise_error()   # a failed write stops the fit at once
+
+@patch
+def on_validation_start(self:AtomicCheckpoint, trainer, module): self.wait()   # the last epoch's file is on disk before this epoch can end
+
+@patch
+def on_fit_end(self:AtomicCheckpoint, trainer, module): self.wait()
+
+@patch
+def teardown(self:AtomicCheckpoint, trainer, module, stage): SIGINT_HOLD.release(); self.wait()
+
+@patch
+def on_exception(self:AtomicCheckpoint, trainer, module, exception):
+    SIGINT_HOLD.release()   # an epoch's hold cut short by the error: Ctrl-C works again
+    try: self.wait()   # the finished epochs' checkpoints land before the run ends
+    except CheckpointWriteError as e: note(str(e))
+
+# %% ../nbs/08b_runs.ipynb #4e26c45d
 class CheckpointWriteError(OSError): "A checkpoint could not be written (a user's problem: the disk, the folder)."
 
 def tensor_bytes_of(state)->int:
@@ -146,6 +161,7 @@ def write_failure(folder, name:str, e:BaseException, need:int|None, free:int|Non
     held = f"last.ckpt holds epoch {epoch + 1}" if epoch is not None else 'no checkpoint was written'
     return f"writing {name} into {folder} failed: {why}; the fit stopped, {held}"
 
+# %% ../nbs/08b_runs.ipynb #031c3064
 def write_checkpoint_file(state:dict, path):
     "`torch.save` of `state` into the file `path` (its folder made if need be), flushed to the disk."
     Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -235,13 +251,10 @@ def load_state_dict(self:AtomicCheckpoint, state_dict:dict):
                           best_k_models={move(k): v for k, v in state_dict.get('best_k_models', {}).items()})
     ModelCheckpoint.load_state_dict(self, state_dict)
 
+
+
 # %% ../nbs/08b_runs.ipynb #dfda702c
 LOCK_NAME = 'lucid.lock'
-
-@rank_zero_only
-def note(msg:str):
-    "One line for the user on stderr (from rank 0)."
-    print(f"lucid: {msg}", file=sys.stderr, flush=True)
 
 class RunFolderInUse(RuntimeError): "A live run holds the run folder's lock."
 
@@ -366,18 +379,6 @@ def rank_state_hashes(trainer, module)->dict:
     return {'ranks': ranks}
 
 # %% ../nbs/08b_runs.ipynb #3aa39449
-def say(trainer, msg:str):
-    "Print a line to stdout; through the progress bar's `print` while it is on, so the line does not land inside the bar's."
-    bar = trainer.progress_bar_callback
-    (bar.print if bar is not None else print)(msg)
-
-def close_bars(trainer):
-    "Close the progress bar's open bars, so that what is printed next starts on a line of its own."
-    bar = trainer.progress_bar_callback
-    for name in ('_predict_progress_bar', '_test_progress_bar', '_val_progress_bar', '_train_progress_bar'):   # Lightning's `TQDMProgressBar`
-        b = getattr(bar, name, None)
-        if b is not None and not b.disable: b.close()   # a closed bar is disabled
-
 def fit_state_hashes(trainer, module)->dict:
     "Byte hashes of everything a resumed or replayed run must reproduce."
     sched = trainer.lr_scheduler_configs[0].scheduler if trainer.lr_scheduler_configs else None
@@ -391,6 +392,7 @@ def write_json_atomic(path:Path, obj):
     "Write `obj` as JSON to `path` through a temporary file and a rename."
     atomic_write(path, json.dumps(obj, indent=1, sort_keys=True).encode())
 
+# %% ../nbs/08b_runs.ipynb #60ee000d
 def _now(trainer)->float:
     "Host clock after the training device has finished its queued work."
     dev = trainer.strategy.root_device
@@ -427,6 +429,7 @@ def start_labels_grid(trainer)->concurrent.futures.Future|None:
     try: return pool.submit(val_labels_grid, dm)
     finally: pool.shutdown(wait=False)   # the thread ends with its one task
 
+# %% ../nbs/08b_runs.ipynb #e31b3a54
 class RunArtifacts(Callback):
     "State hashes, a phase-by-phase timing, curves and sample predictions written to the run folder at the end of fit."
     def on_fit_start(self, trainer, module):
@@ -480,53 +483,47 @@ class RunArtifacts(Callback):
         try: write_predictions(trainer, module)
         except OSError as e: note(f"predictions.json of the last validation not written: {e}")
 
-    def on_fit_end(self, trainer, module):
-        ranks = rank_state_hashes(trainer, module)   # every process takes part; {} on one
-        if not trainer.is_global_zero: return
-        wait_for_checkpoints(trainer)   # nothing is recorded for an epoch that is in no checkpoint
-        t_end, run = _now(trainer), _run_dir(trainer)
-        self._close_epoch(trainer, t_end)
-        dev = trainer.strategy.root_device
-        mem = torch.cuda.max_memory_reserved(dev) / 2**20 if dev.type == 'cuda' else None
-        parts, t = {}, time.perf_counter()
-        def part(name):   # the seconds since the last part ended
-            nonlocal t
-            now = time.perf_counter(); parts[name], t = now - t, now
-        results = write_predictions(trainer, module); part('predictions')   # before the hashes, which include its bytes
-        write_json_atomic(run/'state_hashes.json', dict(**fit_state_hashes(trainer, module), **ranks, env=env_info()))
-        part('state_hashes')
-        csv_path = run/'metrics.csv'
-        if csv_path.exists(): plt.close(save_figure(plot_curves(csv_path), run/'curves.png', tight=False))
-        part('curves')
-        stats = getattr(module, 'last_val_stats', None)   # the last validation's curves and confusion matrix
-        if stats is not None: save_val_plots(run, stats, getattr(trainer.datamodule, 'class_names', None))
-        part('val_plots')
-        preds = run/'predictions.json'
-        if results is None and preds.exists(): results = json.loads(preds.read_text())   # a fit that did not validate
-        if results is not None:
-            labels = getattr(self, 'labels', None)
-            try: images, grid = labels.result() if labels is not None else val_labels_grid(trainer.datamodule)
-            except BadInputError as e: note(f"val_batch_labels.jpg and val_batch_pred.jpg not drawn: {e}")   # not worth a fit's end
-            else:
-                save_jpeg(grid, run/'val_batch_labels.jpg')
-                save_jpeg(draw_val_batch(trainer.datamodule, results, n=len(images), images=images), run/'val_batch_pred.jpg')
-        part('val_drawings')
-        dm = trainer.datamodule
-        write_json_atomic(run/'timing.json', dict(
-            process_start_to_fit_start=None if self.t_process is None else self.t_fit - self.t_process,
-            data_setup_seconds=getattr(dm, 'setup_seconds', None), startup_seconds=self.startup,
-            first_step_seconds=self.first_step, fit_seconds=t_end - self.t_fit, fit_end_seconds=time.perf_counter() - t_end, fit_end_parts=parts,
-            epochs=self.epochs, peak_reserved_mib=mem))
+# %% ../nbs/08b_runs.ipynb #27c7b400
+@patch
+def on_fit_end(self:RunArtifacts, trainer, module):
+    ranks = rank_state_hashes(trainer, module)   # every process takes part; {} on one
+    if not trainer.is_global_zero: return
+    wait_for_checkpoints(trainer)   # nothing is recorded for an epoch that is in no checkpoint
+    t_end, run = _now(trainer), _run_dir(trainer)
+    self._close_epoch(trainer, t_end)
+    dev = trainer.strategy.root_device
+    mem = torch.cuda.max_memory_reserved(dev) / 2**20 if dev.type == 'cuda' else None
+    parts, t = {}, time.perf_counter()
+    def part(name):   # the seconds since the last part ended
+        nonlocal t
+        now = time.perf_counter(); parts[name], t = now - t, now
+    results = write_predictions(trainer, module); part('predictions')   # before the hashes, which include its bytes
+    write_json_atomic(run/'state_hashes.json', dict(**fit_state_hashes(trainer, module), **ranks, env=env_info()))
+    part('state_hashes')
+    csv_path = run/'metrics.csv'
+    if csv_path.exists(): plt.close(save_figure(plot_curves(csv_path), run/'curves.png', tight=False))
+    part('curves')
+    stats = getattr(module, 'last_val_stats', None)   # the last validation's curves and confusion matrix
+    if stats is not None: save_val_plots(run, stats, getattr(trainer.datamodule, 'class_names', None))
+    part('val_plots')
+    preds = run/'predictions.json'
+    if results is None and preds.exists(): results = json.loads(preds.read_text())   # a fit that did not validate
+    if results is not None:
+        labels = getattr(self, 'labels', None)
+        try: images, grid = labels.result() if labels is not None else val_labels_grid(trainer.datamodule)
+        except BadInputError as e: note(f"val_batch_labels.jpg and val_batch_pred.jpg not drawn: {e}")   # not worth a fit's end
+        else:
+            save_jpeg(grid, run/'val_batch_labels.jpg')
+            save_jpeg(draw_val_batch(trainer.datamodule, results, n=len(images), images=images), run/'val_batch_pred.jpg')
+    part('val_drawings')
+    dm = trainer.datamodule
+    write_json_atomic(run/'timing.json', dict(
+        process_start_to_fit_start=None if self.t_process is None else self.t_fit - self.t_process,
+        data_setup_seconds=getattr(dm, 'setup_seconds', None), startup_seconds=self.startup,
+        first_step_seconds=self.first_step, fit_seconds=t_end - self.t_fit, fit_end_seconds=time.perf_counter() - t_end, fit_end_parts=parts,
+        epochs=self.epochs, peak_reserved_mib=mem))
 
 # %% ../nbs/08b_runs.ipynb #52ce82d3
-def epoch_line(trainer, validated:bool=True)->str:
-    "The epoch's mean loss terms and, if it `validated`, its validation mAP50-95 (box, and mask where scored), from `callback_metrics`."
-    m = {k: float(v) for k, v in trainer.callback_metrics.items()}
-    terms = ' '.join(f"{k[6:-6]} {v:.3f}" for k, v in m.items() if k.startswith('train/') and k.endswith('_epoch'))
-    scores = ' '.join(f"{t} {m[k]:.4f}" for t, k in (('box', 'mAP50-95(B)'), ('mask', 'mAP50-95(M)')) if k in m)
-    val = f"  mAP50-95 {scores}" if validated and scores else ''
-    return f"epoch {trainer.current_epoch + 1}/{trainer.max_epochs}  loss {terms or '-'}{val}"
-
 class EpochSummary(Callback):
     "Prints `epoch_line` at the end of every training epoch, and the per-class table, the speed and the run folder after fit."
     def on_train_epoch_start(self, trainer, module): self.t0, self.validated = time.perf_counter(), False
@@ -545,14 +542,3 @@ class EpochSummary(Callback):
             if (speed := getattr(module, 'last_val_speed', None)) is not None: print(speed_line(speed))
             if line := young_run_line(trainer, module, stats.summary()): print(line)
         print(f"Results saved to {run}", flush=True)
-
-# %% ../nbs/08b_runs.ipynb #b9fd61f1
-YOUNG_MAP = 0.01   # a fit from scratch whose box and mask mAP50-95 are under this has not begun to detect
-
-def young_run_line(trainer, module, summary:dict)->str|None:
-    "For a fit from scratch (no `--model.weights`, no resumed checkpoint) that scored under `YOUNG_MAP`: that this is expected, and where trained figures are."
-    if module.hparams.get('weights') or trainer.ckpt_path: return None
-    if max(summary.get('mAP50-95(B)', 0), summary.get('mAP50-95(M)', 0)) >= YOUNG_MAP: return None
-    n = trainer.current_epoch   # the epochs run: Lightning counts the last one done at fit end
-    return (f"From scratch, {n} epoch{'s' * (n != 1)} {'is' if n == 1 else 'are'} far too few to detect anything: a class table of zeros is what to expect here. "
-            "Figures of trained models: README.md, section Measured, and benchmarks/README.md")

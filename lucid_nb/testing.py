@@ -17,7 +17,7 @@ from .tasks import get_task
 from .checkpoints import StandIn, stand_in
 from .weights import UL_HEAD_NAMES, UL_LAYERS, ultralytics_key
 from .loss import task_loss
-from .recorder import model_outputs
+from .heads import model_outputs
 from .command import cli_main
 
 # %% auto #0

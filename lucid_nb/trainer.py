@@ -19,30 +19,33 @@ from .allocator import expandable_segments
 from .data import DATA_SOURCE, load_rgb
 from .model import SCALES
 from .tasks import get_task
-from .heads import yolo
+from .heads import model_outputs, yolo
 from .weights import TransferReport, load_weights, read_weights
 from .loss import task_loss
 from .optim import build_optimizer, build_schedule
 from .ema import ModelEMA
-from .recorder import Recorder, model_outputs
+from .recorder import Recorder
 from .metrics import Validator, write_results, CocoStats, class_rows, class_table, speed_line, predict_conf
 from .draw import draw_results, save_jpeg, save_val_plots
-from .runs import AtomicCheckpoint, EpochSummary, RunArtifacts, gather_objects, note, run_folder, say, _now, _run_dir
+from .lines import note, say
+from .runs import AtomicCheckpoint, EpochSummary, RunArtifacts, gather_objects, run_folder, _now, _run_dir
 
 # %% auto #0
 __all__ = ['LitYolo', 'StepLossBar', 'default_val_group_pixels', 'append_jsonl', 'merge_results', 'PredictionWriter',
            'FrozenHeap', 'ddp_blocker', 'broadcast_buffers', 'DistributedRun', 'default_callbacks']
 
 # %% ../nbs/08c_trainer.ipynb #235f0363
-class LitYolo(L.LightningModule):
-    """YOLO-style instance segmentation and object detection.
+_DOC_MODEL = """YOLO-style instance segmentation and object detection.
 
     Parameters
     ----------
     size : str
         Model scale: n, s or m (named `size` here because `data.scale` is the zoom augmentation).
     num_classes : int
-        Classes (linked to the datamodule's categories by the `lucid` CLI).
+        Classes (linked to the datamodule's categories by the `lucid` CLI)."""
+
+# %% ../nbs/08c_trainer.ipynb #994de625
+_DOC_OPTIMISER = """
     optimizer : str
         sgd, adamw or musgd.
     lr : float
@@ -60,7 +63,10 @@ class LitYolo(L.LightningModule):
     lrf : float
         Final learning rate as a fraction of `lr`.
     cosine : bool
-        Cosine instead of linear decay.
+        Cosine instead of linear decay."""
+
+# %% ../nbs/08c_trainer.ipynb #1d7f6e82
+_DOC_LOSS = """
     box : float
         Gain of the box (CIoU) loss.
     cls : float
@@ -72,7 +78,10 @@ class LitYolo(L.LightningModule):
     ema_decay : float
         Final EMA decay.
     ema_tau : float
-        EMA ramp in updates.
+        EMA ramp in updates."""
+
+# %% ../nbs/08c_trainer.ipynb #dbe432a8
+_DOC_VALIDATION = """
     conf : float
         Score threshold of validation's NMS; prediction takes it as given on the command line, else at least 0.25 (`predict_conf`).
     iou : float
@@ -84,7 +93,10 @@ class LitYolo(L.LightningModule):
         detections' prototype-grid cells and crop pixels, `07b_metrics`' `Validator`): larger groups mean fewer host
         operator calls and more GPU memory. Unset: 2**27 where the CUDA allocator has expandable segments (`lucid`'s
         default, `00a_allocator`), else 2**25 — what keeps validation within the training step's memory at the reference
-        settings. The predictions are the same bytes for any value.
+        settings. The predictions are the same bytes for any value."""
+
+# %% ../nbs/08c_trainer.ipynb #51930ab3
+_DOC_RECORDING = """
     capture_segment_heads : bool
         Record the head's prediction calls (segment or detect) and their backward into CUDA graphs at the first training batch
         and replay them every step (`06b_recorder`); results are bit-identical to native training. Off by default.
@@ -100,7 +112,10 @@ class LitYolo(L.LightningModule):
         Keep the network's weights and activations in channels-last memory order (NHWC), which the GPU's
         convolution and batch-norm kernels of bf16 prefer; the same numbers in another memory order, so native and
         replayed steps stay bit-identical to each other. Off by default; `benchmarks/scale.py` measures what it
-        buys on the GPU.
+        buys on the GPU."""
+
+# %% ../nbs/08c_trainer.ipynb #bbb1bf49
+_DOC_WEIGHTS = """
     weights : str | None
         Start the network from this file: an Ultralytics YOLO11-seg checkpoint (`yolo11n-seg.pt`, n/s/m; the size must
         be this one's) or a lucid checkpoint's EMA weights — not its optimiser, schedule or epoch (that is
@@ -114,6 +129,10 @@ class LitYolo(L.LightningModule):
         Take only the backbone and neck of `weights` (for fit): a start from a network of another task (a detector's
         file for a segmentation model, or the reverse) or with a fresh head. Off by default: the whole network.
     """
+
+# %% ../nbs/08c_trainer.ipynb #a63aedf8
+class LitYolo(L.LightningModule):
+    __doc__ = _DOC_MODEL + _DOC_OPTIMISER + _DOC_LOSS + _DOC_VALIDATION + _DOC_RECORDING + _DOC_WEIGHTS
     def __init__(self, size:Literal['n', 's', 'm']='n', num_classes:int=80, optimizer:Literal['sgd', 'adamw', 'musgd']='sgd', lr:float=0.01, momentum:float=0.937,
                  weight_decay:float=5e-4, warmup_epochs:float=3.0, warmup_bias_lr:float=0.1,
                  warmup_momentum:float=0.8, lrf:float=0.01, cosine:bool=False, box:float=7.5, cls:float=0.5,
@@ -141,31 +160,36 @@ class LitYolo(L.LightningModule):
         self.last_losses, self.term_sums, self.term_count = {}, None, 0   # last step's terms; the epoch's sums (`log_train_terms`)
         self.recorder = None    # a `Recorder` with a capture option on (`configure_callbacks`)
 
-    def on_load_checkpoint(self, checkpoint:dict):
-        "Refuse a checkpoint of another architecture with a message that says which option differs."
-        saved = checkpoint.get('hyper_parameters', {})
-        if saved: saved = {**saved, 'task': get_task(saved.get('task')).name}   # none: a segmentation model's
-        diff = [f"{k}={saved[k]!r} (this run: {self.hparams[k]!r})" for k in ('task', 'size', 'num_classes')
-                if k in saved and saved[k] != self.hparams[k]]
-        if diff: raise ValueError(f"--ckpt_path: the checkpoint does not match this model: it has {', '.join(diff)}; "
-                                  "use the checkpoint's settings (its run folder holds config.yaml) or another checkpoint")
+# %% ../nbs/08c_trainer.ipynb #171ede56
+@patch
+def on_load_checkpoint(self:LitYolo, checkpoint:dict):
+    "Refuse a checkpoint of another architecture with a message that says which option differs."
+    saved = checkpoint.get('hyper_parameters', {})
+    if saved: saved = {**saved, 'task': get_task(saved.get('task')).name}   # none: a segmentation model's
+    diff = [f"{k}={saved[k]!r} (this run: {self.hparams[k]!r})" for k in ('task', 'size', 'num_classes')
+            if k in saved and saved[k] != self.hparams[k]]
+    if diff: raise ValueError(f"--ckpt_path: the checkpoint does not match this model: it has {', '.join(diff)}; "
+                              "use the checkpoint's settings (its run folder holds config.yaml) or another checkpoint")
 
-    def start_from(self, path)->TransferReport:
-        "Load `--model.weights` into the network (every tensor that fits; the backbone and neck only with `weights_backbone`) and say in one line what was taken."
-        w, backbone = read_weights(path), self.hparams.weights_backbone   # `lucid` read it already: that reading (`weights_read`)
-        w.check_size(self.hparams.size); w.check_task(self.task.name, backbone)
-        report = load_weights(self.model, w, backbone)
-        note(report.line)
-        return report
+@patch
+def start_from(self:LitYolo, path)->TransferReport:
+    "Load `--model.weights` into the network (every tensor that fits; the backbone and neck only with `weights_backbone`) and say in one line what was taken."
+    w, backbone = read_weights(path), self.hparams.weights_backbone   # `lucid` read it already: that reading (`weights_read`)
+    w.check_size(self.hparams.size); w.check_task(self.task.name, backbone)
+    report = load_weights(self.model, w, backbone)
+    note(report.line)
+    return report
 
-    def build_model(self)->nn.Module:
-        "A fresh network of this module's task, size and class count (the model, and the EMA's copy), channels-last if asked."
-        m = yolo(self.hparams.size, self.hparams.num_classes, self.task.name)
-        return m.to(memory_format=torch.channels_last) if self.hparams.get('channels_last') else m
+@patch
+def build_model(self:LitYolo)->nn.Module:
+    "A fresh network of this module's task, size and class count (the model, and the EMA's copy), channels-last if asked."
+    m = yolo(self.hparams.size, self.hparams.num_classes, self.task.name)
+    return m.to(memory_format=torch.channels_last) if self.hparams.get('channels_last') else m
 
-    def forward(self, img:Tensor)->dict:
-        "Inference: the EMA network's outputs for a (B,3,S,S) float batch in [0,1]."
-        return self.ema.module(img)
+@patch
+def forward(self:LitYolo, img:Tensor)->dict:
+    "Inference: the EMA network's outputs for a (B,3,S,S) float batch in [0,1]."
+    return self.ema.module(img)
 
 # %% ../nbs/08c_trainer.ipynb #53fde761
 @patch
@@ -203,6 +227,21 @@ def on_train_batch_end(self:LitYolo, outputs, batch, batch_idx):
     if self.recorder is None: self.ema.update(self.model)
     else: self.recorder.ema_update(self.ema, self.model)
 
+# %% ../nbs/08c_trainer.ipynb #5b97493b
+@patch
+def configure_optimizers(self:LitYolo):
+    "The optimiser over the parameter groups and the per-step warm-up and decay schedule of `max_epochs`."
+    h = self.hparams
+    opt = build_optimizer(self.model, h.optimizer, lr=h.lr, momentum=h.momentum, weight_decay=h.weight_decay)
+    epochs = self.trainer.max_epochs
+    if epochs is None or epochs < 1:
+        raise ValueError(f"--trainer.max_epochs={epochs}: the learning-rate schedule needs a fixed number of epochs (>= 1)")
+    steps = max(1, math.ceil(self.trainer.estimated_stepping_batches / epochs))
+    sched = build_schedule(opt, epochs=epochs, steps_per_epoch=steps, warmup_epochs=h.warmup_epochs,
+                           warmup_bias_lr=h.warmup_bias_lr, warmup_momentum=h.warmup_momentum, lrf=h.lrf, cosine=h.cosine)
+    return {'optimizer': opt, 'lr_scheduler': {'scheduler': sched, 'interval': 'step'}}
+
+# %% ../nbs/08c_trainer.ipynb #12760b68
 class StepLossBar(TQDMProgressBar):
     "Lightning's progress bar, counting epochs from 1 as the epoch lines do, and showing the last loss terms read back from the device once every `log_every_n_steps` steps."
     def __init__(self, refresh_rate:int=1):
@@ -220,20 +259,6 @@ class StepLossBar(TQDMProgressBar):
         super().on_train_batch_end(trainer, module, outputs, batch, batch_idx)
 
     def get_metrics(self, trainer, module)->dict: return {**super().get_metrics(trainer, module), **self.terms}
-
-
-@patch
-def configure_optimizers(self:LitYolo):
-    "The optimiser over the parameter groups and the per-step warm-up and decay schedule of `max_epochs`."
-    h = self.hparams
-    opt = build_optimizer(self.model, h.optimizer, lr=h.lr, momentum=h.momentum, weight_decay=h.weight_decay)
-    epochs = self.trainer.max_epochs
-    if epochs is None or epochs < 1:
-        raise ValueError(f"--trainer.max_epochs={epochs}: the learning-rate schedule needs a fixed number of epochs (>= 1)")
-    steps = max(1, math.ceil(self.trainer.estimated_stepping_batches / epochs))
-    sched = build_schedule(opt, epochs=epochs, steps_per_epoch=steps, warmup_epochs=h.warmup_epochs,
-                           warmup_bias_lr=h.warmup_bias_lr, warmup_momentum=h.warmup_momentum, lrf=h.lrf, cosine=h.cosine)
-    return {'optimizer': opt, 'lr_scheduler': {'scheduler': sched, 'interval': 'step'}}
 
 # %% ../nbs/08c_trainer.ipynb #167e6bd5
 @patch
@@ -263,6 +288,7 @@ def on_validation_epoch_start(self:LitYolo):
     self.validator, self.val_seconds = self.make_validator(), dict(preprocess=None, forward=0., postprocess=0., evaluate=0.)
     self.val_images, self.val_batch_t0 = 0, None
 
+# %% ../nbs/08c_trainer.ipynb #ebb4ee56
 @patch
 def _on_before_batch_transfer(self:LitYolo, batch, dataloader_idx:int=0):
     "Lightning's; in validation and test, the clock of the batch's pre-processing starts here (`_validate_batch` stops it)."
@@ -297,6 +323,7 @@ def val_speed(self:LitYolo)->dict:
     s, n = self.val_seconds, max(getattr(self, 'val_images', 0), 1)
     return {k: None if s[v] is None else 1e3 * s[v] / n for k, v in (('preprocess', 'preprocess'), ('inference', 'forward'), ('postprocess', 'postprocess'))}
 
+# %% ../nbs/08c_trainer.ipynb #f6b74903
 def append_jsonl(path, obj):
     "Append `obj` as one JSON line, in one write to a file opened for appending: a killed run leaves whole lines."
     data, fd = (json.dumps(obj) + '\n').encode(), os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)

@@ -15,8 +15,9 @@ from lucid_nb.heads import yolo_seg
 from lucid_nb.loss import SegLoss
 from lucid_nb.optim import SGDUpdate, build_optimizer, build_schedule
 from lucid_nb.graphs import EagerGraphs, head_blocker, nothing_kept
-from lucid_nb.recorder import (HeadRegion, Recorder, StepRegion, UpdateRegion, head_fit_blocker, model_outputs,
-                               step_fit_blocker, update_fit_blocker)
+from lucid_nb.heads import model_outputs
+from lucid_nb.recorder import (HeadRegion, Recorder, StepRegion, UpdateRegion, head_fit_blocker, step_fit_blocker,
+                               update_fit_blocker)
 
 from helpers import StepLosses, StopAfterFirstEpoch, fit, hashes_only, train_trace
 from helpers import test_traces_equal as traces_equal   # (not collected as a test)
