@@ -402,7 +402,7 @@ def _ckpt_options(self:LucidCLI):
     self.ckpt_hparams, self.ckpt_extra, sub = {}, {}, self.config.get('subcommand')
     path = self.config[sub].get('ckpt_path') if sub else None
     if not path or path in ('last', 'best', 'hpc'): return   # Lightning's names of this run's own checkpoints
-    local = local_file(path, '--ckpt_path')   # the one rule (`03a_weights`): a file:// URL is its path, other URLs are refused
+    local = local_file(path, '--ckpt_path')   # the one rule (`03a_checkpoints`): a file:// URL is its path, other URLs are refused
     if str(local) != path or re.fullmatch(r'registry(:.*)?', path, re.I | re.S):   # Lightning gets the file (one named as its registry keyword: by its full path)
         path = str(local.absolute()); self.config = self.parser.parse_object({sub: {'ckpt_path': path}}, self.config)
     ckpt = read_checkpoint(path)
