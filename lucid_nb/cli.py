@@ -6,13 +6,14 @@ Docs: https://lucid-nb.github.io/lucid_nb/cli.html.md"""
 
 # %% ../nbs/10b_cli.ipynb #a6e44897
 from __future__ import annotations
-import atexit, contextlib, gc, os, signal, sys, threading
+import atexit, contextlib, gc, os, signal, sys, threading, time
 from pathlib import Path
 from .allocator import allocator_defaults   # os alone: no heavy import
 
 # %% auto #0
-__all__ = ['LEAN_IMPORTS_HIDE', 'bytecode_cache', 'enable_bytecode_cache', 'HiddenDistributions', 'lean_imports',
-           'collector_paused', 'exit_status', 'exit_now', 'interrupted_line', 'sigint_deferred', 'run', 'main']
+__all__ = ['LEAN_IMPORTS_HIDE', 'EXIT_WAIT', 'bytecode_cache', 'enable_bytecode_cache', 'HiddenDistributions', 'lean_imports',
+           'collector_paused', 'exit_status', 'unfinished_threads', 'exit_now', 'interrupted_line', 'sigint_deferred',
+           'run', 'main']
 
 # %% ../nbs/10b_cli.ipynb #47b87641
 def bytecode_cache()->str|None:
@@ -73,10 +74,20 @@ def exit_status(code)->int:
     print(code, file=sys.stderr)
     return 1
 
+EXIT_WAIT = 10.   # seconds `exit_now` waits, in all, for threads still running (`LUCID_NB_EXIT_WAIT`)
+
+def unfinished_threads(wait:float)->list[str]:
+    "Join the threads that are not daemons, `wait` seconds at most in all; the names of those still running."
+    deadline, others = time.monotonic() + wait, [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon]
+    for t in others: t.join(max(0., deadline - time.monotonic()))
+    return [t.name for t in others if t.is_alive()]
+
 def exit_now(status:int):
-    "End the process now: non-daemon threads joined, `atexit` handlers run, stdio flushed; no interpreter teardown."
-    for t in threading.enumerate():
-        if t is not threading.main_thread() and not t.daemon: t.join()
+    "End the process now: non-daemon threads joined (`EXIT_WAIT` seconds at most, and one line names any still running), `atexit` handlers run, stdio flushed; no interpreter teardown."
+    wait = float(os.environ.get('LUCID_NB_EXIT_WAIT', EXIT_WAIT))
+    if left := unfinished_threads(wait):
+        print(f"lucid: the process ends with {len(left)} thread(s) still running {wait:g} s after the command's end: {', '.join(left)}",
+              file=sys.stderr, flush=True)
     atexit._run_exitfuncs()   # what `sys.exit` would run next; `os._exit` runs none
     for f in (sys.stdout, sys.stderr):
         try: f.flush()

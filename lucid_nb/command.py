@@ -339,6 +339,8 @@ def _run_locked(self:LucidCLI, subcommand:str, run:Path|None, fresh:bool):
             sig, status = ('SIGTERM', 128 + signal.SIGTERM) if sigterm else ('Ctrl-C', 128 + signal.SIGINT)
             note(_stop_line(subcommand, sig, self.trainer))
             raise SystemExit(status) from None
+        finally:   # on an error or a Ctrl-C too, where Lightning calls no `teardown` hook: no data thread outlives the command
+            if isinstance(self.datamodule, YoloData): self.datamodule.teardown()
         if stops.ctrl_c or self.trainer.received_sigterm:   # it came after the last check: the fit ended as it would have
             sig, status = ('Ctrl-C', 128 + signal.SIGINT) if stops.ctrl_c else ('SIGTERM', 128 + signal.SIGTERM)
             done = f"all {self.trainer.max_epochs} epochs" if subcommand == 'fit' else 'its work'

@@ -445,9 +445,11 @@ def test_dataloader(self:YoloData)->YoloLoader|DataLoader:
 # %% ../nbs/01d_data.ipynb #284252de
 @patch
 def teardown(self:YoloData, stage:str|None=None):
-    "Stop every prefetch thread."
+    "Stop every thread and worker process the data path started: prefetch threads, loader workers, sample threads (safe to call twice)."
     for ld in self._loaders: ld.close()
     self._loaders.clear()
+    for ds in (self._train, self._val):
+        if ds is not None: ds.close()
 
 @patch
 def on_after_batch_transfer(self:YoloData, batch:dict, dataloader_idx:int=0)->dict:

@@ -6,7 +6,7 @@ Docs: https://lucid-nb.github.io/lucid_nb/loader.html.md"""
 
 # %% ../nbs/01c_loader.ipynb #a6f6c04b
 from __future__ import annotations
-import os, queue, threading, time
+import contextlib, os, queue, threading, time, weakref
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 import numpy as np, torch
@@ -64,7 +64,7 @@ class YoloDataset(Dataset):
         self.recipes = augment and augment_on == 'device'   # what `__getitem__` gives: recipes, or built samples
         self.seed, self.max_instances, self.mosaic_until = seed, max_instances, None
         self.report = report if report is not None else DataReport()
-        self.threads, self._pool = threads or min(8, os.cpu_count() or 1), None
+        self.threads, self._pool, self._users, self._lock = threads or min(8, os.cpu_count() or 1), None, 0, threading.Lock()
         with ThreadPoolExecutor(self.threads) as ex:
             checked = list(ex.map(lambda r: _check_image(r, imgsz, cache, disk, decode=not augment), records))
         self.records, self._ram = [], []
@@ -129,13 +129,38 @@ def __getitem__(self:YoloDataset, key:tuple|int)->dict:
 def __getitems__(self:YoloDataset, keys:list)->list[dict]:
     "The samples of `keys`, in order: built by `threads` threads of this process, one at a time inside a loader worker."
     if self.threads < 2 or len(keys) < 2 or get_worker_info() is not None: return [self[k] for k in keys]
-    if self._pool is None: self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix='lucid_nb-samples')
-    return list(self._pool.map(self.__getitem__, keys))
+    with self._lock:   # inside an epoch's iteration its pool (`threads_in_use`), else threads of this call alone
+        if self._users and self._pool is None: self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix='lucid_nb-samples')
+        pool = self._pool
+    if pool is not None: return list(pool.map(self.__getitem__, keys))
+    with ThreadPoolExecutor(self.threads, thread_name_prefix='lucid_nb-samples') as ex: return list(ex.map(self.__getitem__, keys))
 
 @patch
 def __getstate__(self:YoloDataset)->dict:
     "A copy for a loader worker process: without this process's threads."
-    return {**self.__dict__, '_pool': None}
+    return {**{k: v for k, v in self.__dict__.items() if k != '_lock'}, '_pool': None, '_users': 0}
+
+@patch
+def __setstate__(self:YoloDataset, state:dict): self.__dict__.update(state, _lock=threading.Lock())
+
+# %% ../nbs/01c_loader.ipynb #0c34b0fc
+@patch
+@contextlib.contextmanager
+def threads_in_use(self:YoloDataset):
+    "Inside, an epoch's iteration uses the samples' thread pool; when the last one that does ends, the pool is shut down."
+    with self._lock: self._users += 1
+    try: yield
+    finally:
+        with self._lock:
+            self._users -= 1
+            pool, self._pool = (self._pool, None) if self._users == 0 else (None, self._pool)
+        if pool is not None: pool.shutdown(wait=False, cancel_futures=True)   # idle: its threads end at once
+
+@patch
+def close(self:YoloDataset):
+    "Shut the samples' thread pool down now (the end of a command, an error, Ctrl-C); safe to call twice."
+    with self._lock: pool, self._pool = self._pool, None
+    if pool is not None: pool.shutdown(wait=True, cancel_futures=True)
 
 # %% ../nbs/01c_loader.ipynb #355e76ed
 class EpochBatchSampler:
@@ -188,6 +213,7 @@ def _joined(it, counts:list):
     "The DataLoader's unpadded pieces from `it` joined back into whole batches (`counts[k]` pieces for batch k), padded: the bytes of one `collate` of each."
     for k in counts: yield pad_groups(join_pieces([next(it) for _ in range(k)]))
 
+# %% ../nbs/01c_loader.ipynb #1ef742a8
 class YoloLoader:
     "Epoch-seeded padded batches from a `YoloDataset`, via a DataLoader, optionally prefetched by a background thread."
     def __init__(self, dataset:YoloDataset, batch_size:int=4, shuffle:bool=True, drop_last:bool=True, seed:int=0,
@@ -198,6 +224,7 @@ class YoloLoader:
                  pieces:int|None=None,      # workers that build one batch together (None: every worker, up to the batch size)
                 ):
         self.dataset, self.prefetch, self.depth, self._live, self.wait_seconds = dataset, prefetch, depth, [], 0.
+        self._epochs = weakref.WeakSet()   # the epochs' batch iterators made and not yet ended (`close` ends them)
         self.pin_device = pin_device if prefetch else None
         self.ahead_until, self._ahead = ahead_until, None
         self.batch_sampler = self.sampler = EpochBatchSampler(len(dataset), batch_size, shuffle, drop_last, seed, rank, world)
@@ -209,7 +236,11 @@ class YoloLoader:
     def _open(self):
         "The current epoch's whole batches, its iteration started here on the calling thread: its order, seed and piece counts are read now."
         it = iter(self.loader)                        # reads the sampler's epoch and draws the iterator's seed
-        return _joined(it, list(self.pieces.counts))  # counts: read by the iterator just made
+        batches = self._holding_threads(_joined(it, list(self.pieces.counts)))  # counts: read by the iterator just made
+        self._epochs.add(batches); return batches
+    def _holding_threads(self, batches):
+        "`batches`, holding the dataset's sample threads while they are made (`YoloDataset.threads_in_use`)."
+        with getattr(self.dataset, 'threads_in_use', contextlib.nullcontext)(): yield from batches
     def set_epoch(self, epoch:int): self.batch_sampler.set_epoch(epoch)
     def __len__(self): return len(self.batch_sampler)
     def __iter__(self): return self._prefetched() if self.prefetch else self._timed(self._open())
@@ -243,6 +274,7 @@ def _produce(self:YoloLoader, epoch:int)->tuple:
                 if not put(('batch', b)): return
             put(('end', None))
         except BaseException as e: put(('error', e))
+        finally: batches.close()   # stopped early: the epoch's hold on the sample threads ends here, not at garbage collection
     t = threading.Thread(target=work, name='lucid_nb-prefetch', daemon=True)
     self._live.append((t, stop)); t.start()
     return epoch, q, t, stop
@@ -282,9 +314,11 @@ def _stop(self:YoloLoader, t:threading.Thread, stop:threading.Event):
 
 @patch
 def close(self:YoloLoader):
-    "Stop every prefetch thread and worker process of this loader (teardown; safe to call twice)."
+    "Stop every prefetch thread and worker process of this loader, and end its epochs' hold on the sample threads (teardown; safe to call twice)."
     self._ahead = None
     for t, stop in list(self._live): self._stop(t, stop)
+    for batches in list(self._epochs):
+        with contextlib.suppress(ValueError): batches.close()   # ValueError: running in a thread that outlived its join
     it = getattr(self.loader, '_iterator', None)   # persistent workers live in the DataLoader's iterator
     if it is not None and hasattr(it, '_shutdown_workers'): it._shutdown_workers()
     self.loader._iterator = None

@@ -13,7 +13,7 @@ from lucid_nb.testing import TINY, TensorBytes, fit, hashes_only, test_traces_eq
 
 # what the tests take from here: this file's own helpers, and the library's test helpers passed on
 __all__ = ['ROOT', 'LUCID', 'lucid_main', 'StopAfterFirstEpoch', 'StepLosses', 'WaitForSignal', 'WaitAtSetup', 'FullDisk',
-           'CheckpointTiming', 'cli_main', 'TINY', 'TensorBytes', 'fit', 'hashes_only', 'test_traces_equal', 'tiny', 'train_trace']
+           'CheckpointTiming', 'SpoilValidationImage', 'cli_main', 'TINY', 'TensorBytes', 'fit', 'hashes_only', 'test_traces_equal', 'tiny', 'train_trace']
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -96,3 +96,9 @@ class CheckpointTiming(Callback):
         runs.apply_to_collection, runs.write_checkpoint_file = slow_apply, slow_save
         self.marks = marks
     def on_exception(self, trainer, module, exception): (self.marks / 'stopping').touch()
+
+
+class SpoilValidationImage(Callback):
+    """As training starts (the data set up and checked), overwrites the first validation image with bytes that are no
+    image: with `--data.cache none` the first validation stops with a data error naming the file, in the middle of a fit."""
+    def on_train_start(self, trainer, module): trainer.datamodule.val_records[0].path.write_bytes(b'not an image any more')

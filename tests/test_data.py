@@ -6,7 +6,7 @@ import numpy as np, pytest, torch
 from PIL import Image
 from pycocotools import mask as mask_utils
 
-from lucid_nb import augment
+from lucid_nb import augment, loader
 from helpers import TensorBytes
 from lucid_nb.core import BATCH_KEYS, MASK_STRIDE, digest
 from lucid_nb.cache import default_cache_dir
@@ -346,16 +346,23 @@ def _digests(dm, epoch):
     out = [digest(b) for b in ld]; ld.close(); return out
 
 
-def test_same_bytes_with_prefetch_and_workers(coco):
+def test_same_bytes_with_prefetch_and_workers(coco, monkeypatch):
     base = dm_for(coco, val_count=2, seed=3, threads=1); base.setup()   # every sample built one after the other
     ref = [_digests(base, e) for e in (0, 1)]
     assert ref[0] != ref[1]
+    pools, Pool = [], loader.ThreadPoolExecutor   # the sample threads' pools made, by their number of threads
+    class Counted(Pool):
+        def __init__(self, n, thread_name_prefix=''):
+            if thread_name_prefix == 'lucid_nb-samples': pools.append(n)
+            super().__init__(n, thread_name_prefix=thread_name_prefix)
+    monkeypatch.setattr(loader, 'ThreadPoolExecutor', Counted)
     for kw in (dict(prefetch=True), dict(workers=2), dict(workers=2, prefetch=True), dict(cache='none'), dict(cache='disk'),
                dict(threads=3), dict(threads=3, prefetch=True), dict(threads=3, workers=2)):
-        dm = dm_for(coco, val_count=2, seed=3, **kw); dm.setup()
+        dm = dm_for(coco, val_count=2, seed=3, **kw); dm.setup(); pools.clear()
         assert [_digests(dm, e) for e in (0, 1)] == ref, kw
         if kw.get('threads') and not kw.get('workers'):   # the batch's samples were built by the dataset's threads
-            assert dm._train._pool is not None and dm._train._pool._max_workers == 3
+            assert pools and set(pools) == {3}, (kw, pools)
+        assert dm._train._pool is None, kw   # each epoch's pool ended with its epoch
     other = dm_for(coco, val_count=2, seed=4); other.setup()
     assert _digests(other, 0) != ref[0]
     assert live_prefetch_threads() == []
