@@ -14,7 +14,10 @@ Stages (each takes `--n N --root DIR`: the data set `<DIR>/n<N>`, made when miss
              configuration), `step` (`--model.capture_train_step true`), any other arm of `reference_run.py` (`step-cl`:
              channels-last; `step@base`: the library in $LUCID_NB_BASELINE, for before/after in one call; every run of
              one library must end with the same hashes), `ul` (`ultralytics_run.py`: Ultralytics' public API,
-             offline; left out, with a line, where `ultralytics` does not import), E epochs. Steady state:
+             offline; left out, with a line, where `ultralytics` does not import), `ul-compile` (the same with its
+             `compile=True`, torch.compile of the model: its fastest setting; `ul-compile-ro` and `ul-compile-max`:
+             the modes reduce-overhead and max-autotune-no-cudagraphs; `over_ul_compile` in the summary holds each
+             lucid arm's images/s over `ul-compile`'s, per round), E epochs. Steady state:
              the training images of epochs 1..E-1 over their training seconds (validation excluded). Per run also each
              epoch's data wait (lucid: `timing.json`; Ultralytics: host seconds between a batch's end and the next one's
              start), whole-process seconds, peak reserved memory; lucid's state hashes (native and step must be equal
@@ -205,19 +208,22 @@ def fit_lucid(arm: str, batch: int, ds: Path, a, work: Path) -> dict:
     return dict(**{k: r[k] for k in keep}, **steady(epochs), epochs=epochs)
 
 
-def fit_ul(batch: int, ds: Path, a, work: Path) -> dict:
-    "One `ultralytics_run.py` process on the set's YOLO-seg copy: its epochs, steady state and process seconds."
-    cfg, out = config_data(a.smoke), work / f'ul_b{batch}.json'
+UL_COMPILE = {'ul': 'off', 'ul-compile': 'default', 'ul-compile-ro': 'reduce-overhead', 'ul-compile-max': 'max-autotune-no-cudagraphs'}
+
+def fit_ul(batch: int, ds: Path, a, work: Path, arm: str = 'ul') -> dict:
+    "One `ultralytics_run.py` process on the set's YOLO-seg copy (`ul-compile*`: with its `compile=` mode): its epochs, steady state and process seconds."
+    cfg, out = config_data(a.smoke), work / f'{arm}_b{batch}.json'
     args = [sys.executable, str(BENCH / 'ultralytics_run.py'), '--data', str(ds / 'ul' / 'data.yaml'), '--batch', str(batch),
             '--epochs', str(a.epochs), '--imgsz', str(cfg['imgsz']), '--workers', str(cfg['workers']),
-            '--close-mosaic', str(a.close_mosaic), '--cache', a.ul_cache, '--project', str(work / 'ul'), '--json', str(out)]
+            '--close-mosaic', str(a.close_mosaic), '--cache', a.ul_cache, '--compile', UL_COMPILE[arm],
+            '--project', str(work / arm), '--json', str(out)]
     t0 = time.perf_counter()
     r = subprocess.run(args, capture_output=True, text=True, cwd=ROOT)
     wall = time.perf_counter() - t0
     if r.returncode or not out.exists(): return dict(error=(r.stdout + r.stderr)[-3000:])
     res = json.loads(out.read_text())
     keep = ('ultralytics', 'torch', 'cache', 'close_mosaic', 'workers', 'imgsz', 'setup_seconds', 'train_call_seconds',
-            'epochs', 'peak_reserved_mib')
+            'epochs', 'peak_reserved_mib', 'compile')
     return dict(command=' '.join(args[1:]), process_seconds=wall, ul_process_seconds=res['process_seconds'],
                 **steady(res['epochs']), **{k: res[k] for k in keep})
 
@@ -233,6 +239,9 @@ def summarize(runs: list, arms: list, batches: list) -> dict:
         ul = {r['round']: r['images_per_s'] for r in by.get('ul', [])}
         sb['over_ul'] = {arm: [r['images_per_s'] / ul[r['round']] if ul.get(r['round']) else None for r in rs]
                          for arm, rs in by.items() if arm != 'ul'} if ul else None
+        ulc = {r['round']: r['images_per_s'] for r in by.get('ul-compile', [])}   # Ultralytics' fastest setting
+        sb['over_ul_compile'] = {arm: [r['images_per_s'] / ulc[r['round']] if ulc.get(r['round']) else None for r in rs]
+                                 for arm, rs in by.items() if arm not in UL_COMPILE} if ulc else None
         lucid = [r for r in ok if 'hashes' in r]   # the runs of one library (`@base`: the other), memory order (`-cl`) and task end byte-identical
         kind = lambda arm: ('baseline' if arm.endswith('@base') else 'current') + ''.join(k for k in ('-cl', '-detect') if k in arm)
         libs = {k: [r for r in lucid if kind(r['arm']) == k] for k in sorted({kind(r['arm']) for r in lucid})}
@@ -245,7 +254,8 @@ def summarize(runs: list, arms: list, batches: list) -> dict:
 
 def fit(a, ds: Path) -> Path:
     arms = a.arms.split(',')
-    if 'ul' in arms and not ul_importable(): arms.remove('ul'); print('fit: ultralytics does not import here: the ul arm is left out')
+    if any(arm in UL_COMPILE for arm in arms) and not ul_importable():
+        arms = [arm for arm in arms if arm not in UL_COMPILE]; print('fit: ultralytics does not import here: its arms are left out')
     if not arms: raise SystemExit('fit: no arm to run')
     loader_res = json.loads(Path(a.loader).read_text()) if a.loader else None
     runs, path = [], None
@@ -253,7 +263,7 @@ def fit(a, ds: Path) -> Path:
         for b in a.batch:
             for arm in arms:
                 work = Path(a.root) / 'runs' / f'n{a.n}' / f'b{b}' / f'round{rnd}'
-                r = fit_ul(b, ds, a, work) if arm == 'ul' else fit_lucid(arm, b, ds, a, work)
+                r = fit_ul(b, ds, a, work, arm) if arm in UL_COMPILE else fit_lucid(arm, b, ds, a, work)
                 r = dict(arm=arm, batch=b, round=rnd, **r); runs.append(r)
                 if 'error' in r: print(f'round {rnd} b{b} {arm:>6}: FAILED\n{r["error"][-1500:]}', flush=True)
                 else: print(f"round {rnd} b{b} {arm:>6}: {r['images_per_s']:7.1f} images/s steady, process {r['process_seconds']:.1f} s, "
@@ -271,7 +281,8 @@ def fit(a, ds: Path) -> Path:
         sb = summary[f'b{b}']
         cells = '  '.join(f"{arm} {sb[arm]['images_per_s']['median']:.1f} ({sb[arm]['images_per_s']['min']:.1f}-"
                           f"{sb[arm]['images_per_s']['max']:.1f})" for arm in arms if sb[arm]['images_per_s'])
-        over = '  '.join(f"{arm}/ul {statistics.median(x for x in v if x):.2f}x" for arm, v in (sb['over_ul'] or {}).items() if any(v))
+        over = '  '.join(f"{arm}/{ref} {statistics.median(x for x in v if x):.2f}x" for ref, key in (('ul', 'over_ul'), ('ul-compile', 'over_ul_compile'))
+                         for arm, v in (sb.get(key) or {}).items() if any(v))
         print(f"batch {b}: images/s {cells}  {over}  lucid hashes equal: {sb['lucid_hashes_equal']}")
     if loader_res: print_loader_over_fit(loader_over_fit(loader_res['rows'], summary, loader_res['batch_size'], a.loader))
     print(f'-> {path}'); return path

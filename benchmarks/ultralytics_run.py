@@ -4,6 +4,11 @@ run; it runs on the GPU machine with the wheels in `.whl/` (`ultralytics` among 
 
     python benchmarks/ultralytics_run.py --data lucid_nb/embedded/coco128 --batch 4 --json /tmp/ul.json
     python benchmarks/ultralytics_run.py --data <set>/ul/data.yaml --batch 32 --epochs 3 --close-mosaic 0 --json ...
+    python benchmarks/ultralytics_run.py ... --compile default   # its fastest setting: torch.compile (inductor) of the model
+
+`--compile` is Ultralytics' own `compile=` training argument (8.4: `True` = `default`, or `reduce-overhead`,
+`max-autotune-no-cudagraphs`): the model compiled by inductor, its compile time inside the first epoch and so in the
+process's seconds, as it would be for its user (steady state, taken from later epochs, excludes it).
 
 `--data` is a COCO folder (`images/`, `annotations/*.json`: made into Ultralytics' layout by its own
 `ultralytics.data.converter.convert_coco`, segments, the 91 COCO ids to its 80 classes, then split as lucid splits
@@ -107,6 +112,8 @@ def main(argv=None):
     p.add_argument('--close-mosaic', type=int, default=10, help="epochs at the end without mosaic (Ultralytics' default 10)")
     p.add_argument('--cache', default='none', choices=('none', 'ram', 'disk'), help="Ultralytics' image cache (default none, its own)")
     p.add_argument('--model', default='yolo11n-seg.yaml')
+    p.add_argument('--compile', default='off', choices=('off', 'default', 'reduce-overhead', 'max-autotune-no-cudagraphs'),
+                   help="Ultralytics' compile= (torch.compile of the model, inductor; default off)")
     p.add_argument('--device', help='default: GPU 0 where CUDA is, else cpu')
     p.add_argument('--project', help='folder of its run (default: a temporary one)')
     a = p.parse_args(argv)
@@ -129,12 +136,13 @@ def main(argv=None):
     t_train = time.perf_counter()
     model.train(data=str(yaml), epochs=a.epochs, imgsz=a.imgsz, batch=a.batch, device=a.device or (0 if cuda else 'cpu'),
                 seed=0, workers=a.workers, pretrained=False, plots=False, close_mosaic=a.close_mosaic,
-                cache=False if a.cache == 'none' else a.cache, project=a.project or str(work / 'runs'), name='r', exist_ok=True)
+                cache=False if a.cache == 'none' else a.cache, project=a.project or str(work / 'runs'), name='r', exist_ok=True,
+                **({} if a.compile == 'off' else {'compile': True if a.compile == 'default' else a.compile}))
     sync()
     rows = clock.rows()
     res = dict(ultralytics=ultralytics.__version__, torch=torch.__version__, model=a.model, data=str(a.data),
                gpu=torch.cuda.get_device_name(0) if cuda else 'cpu', batch=a.batch, epochs_asked=a.epochs, imgsz=a.imgsz,
-               workers=a.workers, cache=a.cache, close_mosaic=a.close_mosaic, iterations=sum(e['batches'] for e in rows),
+               workers=a.workers, cache=a.cache, close_mosaic=a.close_mosaic, compile=a.compile, iterations=sum(e['batches'] for e in rows),
                setup_seconds=t_train - T0, train_call_seconds=time.perf_counter() - t_train,
                process_seconds=time.perf_counter() - T0, epochs=rows,
                peak_reserved_mib=torch.cuda.max_memory_reserved() / 2**20 if cuda else None)

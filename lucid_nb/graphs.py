@@ -29,14 +29,14 @@ class CudaGraphs:
         self.warmup_iters, self.stream, self.pool = warmup_iters, None, None   # pool: a `torch.cuda.MemPool`
         self.spent = dict(warm_up=0., capture=0.)   # seconds so far, by phase
     def warm_up(self, fn):
-        "Run `fn` `warmup_iters` times on the capture stream."
+        "Run `fn` `warmup_iters` times on the capture stream, its memory from the graphs' pool."
         t0 = time.perf_counter()
-        self.stream = self.stream or torch.cuda.Stream()
+        self.stream, self.pool = self.stream or torch.cuda.Stream(), self.pool or torch.cuda.MemPool()
         self.stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(self.stream):
+        with torch.cuda.stream(self.stream), torch.cuda.use_mem_pool(self.pool):   # freed, its blocks are the capture's
             for _ in range(self.warmup_iters): fn()
         torch.cuda.current_stream().wait_stream(self.stream)
-        torch.cuda.synchronize(); torch.cuda.empty_cache()   # the warm-up's freed blocks: not held beside the graph's pool
+        torch.cuda.synchronize(); torch.cuda.empty_cache()   # what ran before, eagerly: not held beside the pool
         self.spent['warm_up'] += time.perf_counter() - t0
     def capture(self, fn)->tuple:
         "Record `fn`; return the graph and what `fn` returned (the graph's static outputs)."
