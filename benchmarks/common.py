@@ -42,12 +42,24 @@ def result_path(script: str, device: str, commit: str, tag: str = '', out=None) 
     return Path(out or RESULTS) / f"{script}_{device}_{commit}{'_' + tag.lstrip('_') if tag else ''}.json"
 
 
+def portable(x):
+    "`x` (strings, dicts, lists) with the interpreter, this checkout and the home folder as names, not this machine's paths."
+    if isinstance(x, str):
+        for path, name in ((sys.executable, Path(sys.executable).name), (f'{ROOT}/', ''), (str(ROOT), '.'), (str(Path.home()), '~')):
+            x = x.replace(path, name)
+        return x
+    if isinstance(x, dict): return {k: portable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)): return [portable(v) for v in x]
+    return x
+
+
 def write_result(script: str, payload: dict, device: str | None = None, tag: str = '', *, out=None,
                  commit: str | None = None) -> Path:
-    """Write `payload` (a dict, plus `env` unless it has one) atomically (temp file, fsync, rename) to
-    `result_path(script, device, commit, tag, out)`; `device` defaults to `device_of()`, `commit` to the env's. Return the path."""
+    """Write `payload` (a dict, plus `env` unless it has one; `portable`: no path of this machine) atomically (temp file,
+    fsync, rename) to `result_path(script, device, commit, tag, out)`; `device` defaults to `device_of()`, `commit` to
+    the env's. Return the path."""
     from lucid_nb.core import atomic_write
-    res = dict(payload)
+    res = portable(dict(payload))
     res.setdefault('env', env())
     dev = device or device_of()
     path = result_path(script, dev, commit or res['env'].get('commit') or 'unknown', tag, out)

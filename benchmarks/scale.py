@@ -47,6 +47,7 @@ Stages (each takes `--n N --root DIR`: the data set `<DIR>/n<N>`, made when miss
     python benchmarks/scale.py fit --n 4096 --batch 32 64 [--rounds 1] [--epochs 3] [--arms native,step,ul] [-- lucid args]
     python benchmarks/scale.py loader --n 4096 [--batch 64] [--workers 8 16] [--fit benchmarks/results/scale_...fit....json]
     python benchmarks/scale.py profile --n 4096 [--batch 64] [--capture]
+    python benchmarks/scale.py merge PART.json PART.json --out-tag fit_n4096   # one fit result of several calls' parts
     python benchmarks/scale.py --smoke     # everything tiny on this CPU (8 images, 64 px, batch 2), results in a temp folder
 
 On the GPU machine, one device call (carry `.whl`; put the commit run in LUCID_NB_COMMIT: the copied
@@ -526,6 +527,8 @@ def parser() -> argparse.ArgumentParser:
     l.add_argument('--batch', type=int, default=64); l.add_argument('--workers', type=int, nargs='+', default=[8, 16])
     l.add_argument('--loader-epochs', type=int, default=2, help='epochs, the first a warm-up (default 2)')
     l.add_argument('--fit', help="a `fit` result: the loader's images/s over each arm's steady state at this batch")
+    m = sub.add_parser('merge', help="join `fit` results of several calls into one (each part's file and env kept)")
+    m.add_argument('parts', nargs='+'); m.add_argument('--out-tag', required=True, help='the joined file: scale_<device>_<commit>_<tag>.json')
     q = sub.add_parser('profile', parents=[common])
     q.add_argument('--batch', type=int, default=64); q.add_argument('--capture', action='store_true')
     q.add_argument('--warmup', type=int, default=8); q.add_argument('--timed', type=int, default=10)
@@ -575,10 +578,24 @@ def run(a):
             'cache': lambda: cache_scaling(a, ds), 'index': lambda: index_memory(a, ds)}[a.stage]()
 
 
+def merge_fits(paths: list, out_tag: str) -> Path:
+    "One `fit` result of several calls' parts (the same N and epochs): runs joined, arms and batches united, summary redone."
+    parts = [json.loads(Path(p).read_text()) for p in paths]
+    if len({(q['n'], q['epochs'], q['close_mosaic']) for q in parts}) != 1: raise SystemExit('scale merge: the parts differ in N, epochs or mosaic')
+    runs = [dict(r, part=Path(p).name) for p, q in zip(paths, parts) for r in q['runs']]
+    arms = list(dict.fromkeys(arm for q in parts for arm in q['arms']))
+    batches = sorted({b for q in parts for b in q['batches']})
+    first, device = parts[0], Path(paths[0]).name.split('_')[1]   # scale_<device>_<commit>_...: the device the parts ran on
+    return _write_result('scale', dict(first, arms=arms, batches=batches, runs=runs, summary=summarize(runs, arms, batches),
+                                       parts=[dict(file=Path(p).name, env=q['env'], command=q['command']) for p, q in zip(paths, parts)],
+                                       command=' '.join([Path(sys.executable).name, *sys.argv])), device=device, tag=out_tag)
+
+
 def main(argv=None):
     p = parser()
     a = p.parse_args(argv)
     if a.smoke and a.stage is None: return smoke(p)
+    if a.stage == 'merge': print('->', merge_fits(a.parts, a.out_tag)); return
     if a.stage is None: p.error('give a stage (make, fit, loader, profile) or --smoke')
     run(a)
 

@@ -29,3 +29,24 @@ def test_epoch_clock_rows(monkeypatch):
     clock.epoch_end(tr); clock.fit_epoch_end(tr); clock.fit_epoch_end(tr)   # 4.0; validation to 6.0; best.pt's 9.0 ignored
     assert clock.rows() == [dict(epoch=0, batches=2, data_wait_seconds=2.5, train_seconds=4.0, images=8,
                                  validation_seconds=2.0)]
+
+
+def test_scale_fit_parts_merge_with_ultralytics_compiled_as_an_anchor(tmp_path, monkeypatch):
+    "`scale.py merge` joins fit results of several calls; each lucid arm is held against `ul` and `ul-compile` per round."
+    import json, scale
+    monkeypatch.setattr(scale, 'RESULTS', tmp_path)
+    run = lambda arm, b, ips, **kw: dict(arm=arm, batch=b, round=0, images_per_s=ips, process_seconds=10., peak_reserved_mib=1.,
+                                         steady_data_wait_seconds=0., startup_seconds=1., **kw)
+    env = dict(device='GPU', commit='abc1234')
+    part = lambda name, arms, batches, runs: (tmp_path / name).write_text(json.dumps(dict(
+        n=64, epochs=2, close_mosaic=0, arms=arms, batches=batches, runs=runs, env=env, command='scale.py fit')))
+    part('scale_gpu-x_abc1234_fit_n64.json', ['step', 'ul'], [64], [run('step', 64, 300., hashes={'all': 'h'}), run('ul', 64, 200.)])
+    part('scale_gpu-x_abc1234_fit_n64_ulc.json', ['ul-compile'], [64], [run('ul-compile', 64, 250.)])
+    part('scale_gpu-x_abc1234_fit_n64_b32.json', ['step'], [32], [run('step', 32, 280., hashes={'all': 'h2'})])
+    out = scale.merge_fits([tmp_path / f'scale_gpu-x_abc1234_fit_n64{t}.json' for t in ('', '_ulc', '_b32')], 'fit_n64')
+    assert out.name == 'scale_gpu-x_abc1234_fit_n64.json'   # the parts' device and commit, not this machine's
+    got = json.loads(out.read_text())
+    assert got['arms'] == ['step', 'ul', 'ul-compile'] and got['batches'] == [32, 64] and len(got['runs']) == 4
+    s = got['summary']['b64']
+    assert s['over_ul']['step'] == [1.5] and s['over_ul']['ul-compile'] == [1.25] and s['over_ul_compile'] == {'step': [1.2]}
+    assert got['summary']['b32']['over_ul'] is None and [p['file'] for p in got['parts']][1] == 'scale_gpu-x_abc1234_fit_n64_ulc.json'
