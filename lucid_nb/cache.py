@@ -152,7 +152,12 @@ RAM_SHARE = 0.5    # the RAM cache may take at most this share of MemAvailable a
 DISK_SHARE = 0.9   # the disk cache may take at most this share of its file system's free space
 GB = 1e9
 
-def _size(b:float)->str: return f"{b / GB:.1f} GB" if b >= GB / 10 else f"{b / 1e6:.0f} MB"
+def _size(b:float)->str:
+    "Bytes in the unit that shows them: GB from a tenth of one, then MB, kB, bytes (a tiny disk's few kB are not '0 MB')."
+    if b >= GB / 10: return f"{b / GB:.1f} GB"
+    for unit, size in (('MB', 1e6), ('kB', 1e3)):
+        if b >= size: return f"{b / size:.0f} {unit}"
+    return f"{b:.0f} bytes"
 
 def mem_available()->int|None:
     "Bytes of memory available to new work (`MemAvailable` of /proc/meminfo); None where it cannot be read."

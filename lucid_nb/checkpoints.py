@@ -12,8 +12,9 @@ import torch
 from .core import digest
 
 # %% auto #0
-__all__ = ['STAND_IN_MODULES', 'HIDDEN', 'CHECKED_PARTS', 'HASH_KEY', 'UnsafeCheckpoint', 'StandIn', 'stand_in', 'pickle_globals',
-           'local_file', 'safe_load', 'CorruptCheckpoint', 'corrupt', 'with_hashes', 'check_hashes']
+__all__ = ['STAND_IN_MODULES', 'ULTRALYTICS_RELEASES', 'HIDDEN', 'CHECKED_PARTS', 'HASH_KEY', 'EVERY_FIELD', 'UnsafeCheckpoint',
+           'StandIn', 'stand_in', 'where_from', 'pickle_globals', 'local_file', 'safe_load', 'CorruptCheckpoint',
+           'corrupt', 'with_hashes', 'check_hashes']
 
 # %% ../nbs/03a_checkpoints.ipynb #a413c5da
 STAND_IN_MODULES = ('ultralytics.', 'torch.nn.modules.', 'numpy.', 'pathlib.')  # inert stand-ins in an Ultralytics file
@@ -37,6 +38,15 @@ def stand_in(name:str)->type:
         module, _, qual = name.rpartition('.')
         _stand_ins[name] = type(qual, (StandIn,), {'__module__': module, '__qualname__': qual})
     return _stand_ins[name]
+
+# %% ../nbs/03a_checkpoints.ipynb #ca28cb38
+ULTRALYTICS_RELEASES = 'https://github.com/ultralytics/assets/releases'   # where Ultralytics publishes its weights files
+
+def where_from(p:Path)->str:
+    "For a missing Ultralytics weights file (`yolo11n-seg.pt`, `yolo11s.pt`...): where it comes from; else ''."
+    if not re.fullmatch(r'yolo(v?\d+)[nsmlx](-seg|-pose|-obb|-cls)?\.pt', p.name): return ''
+    return (f"; Ultralytics publishes it at {ULTRALYTICS_RELEASES} (lucid downloads nothing: fetch it once, e.g. "
+            f"`curl -LO {ULTRALYTICS_RELEASES}/download/v8.3.0/{p.name}`, then give its path)")
 
 # %% ../nbs/03a_checkpoints.ipynb #5e211c87
 HIDDEN = 'a callable whose name the pickle computes'   # what `pickle_globals` lists for a global it cannot name
@@ -104,11 +114,15 @@ class _SafeGlobals:
         torch.serialization.clear_safe_globals(); torch.serialization.add_safe_globals(self.before)
 
 def _archive_kind(p:Path)->str:
-    "'torch' (a PyTorch zip archive: its first member is `data.pkl`), 'zip' (another zip file), 'pickle' (a bare pickle, or a legacy torch file), or 'other', from the file's first bytes."
+    "'torch' (a PyTorch zip archive: a member `<name>/data.pkl`, first or not), 'zip' (another zip file), 'pickle' (a bare pickle, or a legacy torch file), or 'other', from the file's bytes."
     with open(p, 'rb') as f: head = f.read(30)
     if head[:4] == b'PK\x03\x04' and len(head) == 30:
         with open(p, 'rb') as f: f.seek(30); first = f.read(struct.unpack('<H', head[26:28])[0])
-        return 'torch' if first.endswith(b'data.pkl') else 'zip'
+        if first.endswith(b'data.pkl'): return 'torch'   # as torch writes it
+        try:
+            with zipfile.ZipFile(p) as z: names = z.namelist()   # members in another order (a tool rewrote the zip)
+        except (zipfile.BadZipFile, OSError, EOFError, ValueError): return 'torch' if b'/data.pkl' in p.read_bytes()[-2**20:] else 'zip'
+        return 'torch' if any(n.count('/') == 1 and n.endswith('/data.pkl') for n in names) else 'zip'
     return 'pickle' if head[:1] == b'\x80' else 'other'
 
 def _intact(p:Path)->bool:
@@ -121,9 +135,9 @@ def _intact(p:Path)->bool:
 def safe_load(path, option:str='--model.weights'):
     "A checkpoint read with `torch.load(weights_only=True)` on the CPU; Ultralytics' classes become `StandIn`s; a pickle that would call anything else is refused (`UnsafeCheckpoint`); a file that is no checkpoint is a one-line `ValueError`, a damaged one (any damage) one `CorruptCheckpoint` line."
     p = local_file(path, option)
-    if not p.is_file(): raise FileNotFoundError(f"{option} {p}: {'a folder, not a file' if p.is_dir() else 'no such file'}")
+    if not p.is_file(): raise FileNotFoundError(f"{option} {p}: {'a folder, not a file' if p.is_dir() else 'no such file'}{where_from(p)}")
     kind = _archive_kind(p)
-    if kind in ('zip', 'other'): raise ValueError(f"{option} {p} is not a checkpoint ({'a zip file' if kind == 'zip' else 'not'} a PyTorch archive)")
+    if kind in ('zip', 'other'): raise ValueError(f"{option} {p} is not a checkpoint ({'a zip file, but not' if kind == 'zip' else 'not'} a PyTorch archive)")
     if kind == 'torch' and not _intact(p): raise corrupt(p, option)   # a member changed, the directory damaged, the file cut short
     names = pickle_globals(p)
     ultra = any(n.startswith('ultralytics.') for n in names)
@@ -138,12 +152,15 @@ def safe_load(path, option:str='--model.weights'):
     except pickle.UnpicklingError as e:   # torch's allow-list caught a name the scan did not see: named, torch's advice left out
         if 'global' not in str(e).lower(): raise ValueError(f"{option} {p} is not a checkpoint torch can read ({type(e).__name__})") from None
         raise refuse([m[1] if (m := re.search(r'GLOBAL ([\w.]+)', str(e))) else HIDDEN]) from None
-    except Exception as e: raise ValueError(f"{option} {p} is not a checkpoint torch can read ({type(e).__name__})") from None
+    except Exception as e:
+        if kind == 'torch': raise corrupt(p, option) from None   # CRCs whole, yet torch cannot read it: its zip directory changed
+        raise ValueError(f"{option} {p} is not a checkpoint torch can read ({type(e).__name__})") from None
     return check_hashes(ckpt, p, option)   # `lucid`'s own checkpoints carry their hashes
 
 # %% ../nbs/03a_checkpoints.ipynb #8adbcf55
-CHECKED_PARTS = ('state_dict', 'optimizer_states', 'lr_schedulers')   # a checkpoint's training state: what its stored hashes cover
-HASH_KEY = 'lucid_sha256'   # where a checkpoint `lucid` wrote keeps them: {part: sha256}
+CHECKED_PARTS = ('state_dict', 'optimizer_states', 'lr_schedulers')   # a checkpoint's training state: what older checkpoints' hashes cover
+HASH_KEY = 'lucid_sha256'   # where a checkpoint `lucid` wrote keeps them: {field: sha256}
+EVERY_FIELD = '*'           # in HASH_KEY: the names of all the fields, each of them hashed (metadata too)
 
 class CorruptCheckpoint(ValueError): "A checkpoint whose bytes changed after it was written: its archive's CRCs, or the hashes stored in it, no longer match."
 
@@ -157,12 +174,15 @@ def _digest(x)->str|None:
     except TypeError: return None   # an object `digest` does not know (another program's state): left unchecked
 
 def with_hashes(ckpt:dict)->dict:
-    "`ckpt` with the `digest` of each of its `CHECKED_PARTS` under `HASH_KEY` (what `lucid` writes)."
-    return {**ckpt, HASH_KEY: {k: h for k in CHECKED_PARTS if k in ckpt and (h := _digest(ckpt[k])) is not None}}
+    "`ckpt` with the `digest` of every one of its fields, and their names (`EVERY_FIELD`), under `HASH_KEY` (what `lucid` writes)."
+    fields = sorted(str(k) for k in ckpt if k != HASH_KEY)
+    return {**ckpt, HASH_KEY: {EVERY_FIELD: fields, **{k: _digest(ckpt[k]) for k in fields}}}
 
 def check_hashes(ckpt, path, option:str='--ckpt_path'):
-    "`ckpt` when the hashes stored in it match its contents, or when it stores none; else `CorruptCheckpoint`."
+    "`ckpt` when the hashes stored in it match its contents (every field, where they cover all), or when it stores none; else `CorruptCheckpoint`."
     stored = ckpt.get(HASH_KEY) if isinstance(ckpt, dict) else None
     if not isinstance(stored, dict): return ckpt   # written before, or by another program
-    if any(k in ckpt and _digest(ckpt[k]) != h for k, h in stored.items()): raise corrupt(path, option)
+    fields = stored.get(EVERY_FIELD)
+    if fields is not None and fields != sorted(str(k) for k in ckpt if k != HASH_KEY): raise corrupt(path, option)   # a field added or gone
+    if any(k != EVERY_FIELD and (k not in ckpt or _digest(ckpt[k]) != h) for k, h in stored.items()): raise corrupt(path, option)
     return ckpt

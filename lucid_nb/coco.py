@@ -16,16 +16,18 @@ from lightning.fabric.utilities.rank_zero import rank_zero_only
 from PIL import Image
 from pycocotools import mask as mask_utils
 from pycocotools.coco import COCO
+from .core import atomic_write
 
 # %% auto #0
-__all__ = ['log', 'BAD_INPUT_POLICIES', 'ORIENTATION_TAG', 'ORIENTATIONS', 'IMAGE_SUFFIXES', 'BadInputError', 'DataReport',
-           'load_coco_json', 'coco_categories', 'to_coco', 'Instance', 'ImageRecord', 'coco_id', 'read_records',
-           'eval_annotations', 'to_rgb', 'exif_orientation', 'check_size', 'load_rgb', 'Prepared', 'resized_hw',
-           'prepare']
+__all__ = ['log', 'BAD_INPUT_POLICIES', 'PROBLEMS_FILE', 'ORIENTATION_TAG', 'ORIENTATIONS', 'IMAGE_SUFFIXES', 'BadInputError',
+           'DataReport', 'report_lines', 'load_coco_json', 'coco_categories', 'to_coco', 'Instance', 'ImageRecord',
+           'coco_id', 'read_records', 'eval_annotations', 'to_rgb', 'exif_orientation', 'check_size', 'load_rgb',
+           'Prepared', 'resized_hw', 'prepare']
 
 # %% ../nbs/01a_coco.ipynb #f1c891ef
 log = logging.getLogger('lucid_nb.data')   # one logger for the whole data pipeline (coco, augment, loader, data)
 BAD_INPUT_POLICIES = ('skip', 'error')
+PROBLEMS_FILE = 'input_problems.txt'   # where a run writes every input problem (`DataReport.write`; the data line names it)
 
 class BadInputError(ValueError):
     "A problem in the input data: raised under `on_bad_input='error'`, and by `load_rgb` for a file it cannot read."
@@ -34,11 +36,11 @@ class BadInputError(ValueError):
 class DataReport:
     "Input problems, each reported once and counted by reason, plus plain notes (negatives, crowd regions, cache use)."
     def __init__(self, policy:str='skip'):
-        self.policy, self.problems, self.notes, self._seen = policy, [], Counter(), set()
+        self.policy, self.problems, self.notes, self._seen, self._kinds = policy, [], Counter(), set(), set()
         self._lock = threading.Lock()
 
     def __getstate__(self): return {k: v for k, v in self.__dict__.items() if k != '_lock'}
-    def __setstate__(self, d): self.__dict__.update(d); self._lock = threading.Lock()
+    def __setstate__(self, d): self.__dict__.update(d); self._kinds = {r for _, r in self._seen}; self._lock = threading.Lock()
 
     def problem(self, where:str, reason:str, detail:str='', action:str='skipped', fatal:bool=True):
         "Report that `where` has `reason`; a `fatal` problem raises `BadInputError` under the `error` policy."
@@ -47,8 +49,14 @@ class DataReport:
             raise BadInputError(f"{msg}. on_bad_input='error' stops here; pass on_bad_input='skip' to skip such input")
         with self._lock:
             if (where, reason) in self._seen: return
-            self._seen.add((where, reason)); self.problems.append((where, reason, action))
-        if rank_zero_only.rank == 0: log.warning(f"{msg} -> {action}")
+            first = reason not in self._kinds   # one line per kind: the first
+            self._seen.add((where, reason)); self._kinds.add(reason); self.problems.append((where, reason, action))
+        if first and rank_zero_only.rank == 0: log.warning(f"{msg} -> {action}")
+
+    def write(self, path)->Path|None:
+        "Every problem, one a line (`where: reason -> action`), into the file `path` (none when there is none); the file."
+        if not self.problems: return None
+        atomic_write(path, ''.join(f"{w}: {r} -> {a}\n" for w, r, a in self.problems).encode()); return Path(path)
 
     def note(self, what:str, n:int=1):
         "Count a plain fact."
@@ -60,16 +68,16 @@ class DataReport:
         return Counter(r for _, r, _ in self.problems)
 
 # %% ../nbs/01a_coco.ipynb #27ddd54a
-def _report_lines(self:DataReport, limit:int=8)->list:
-    "The problems by reason and the notes in one line; then, only when there are problems, up to `limit` of them one a line."
+def report_lines(self:DataReport, listing:str|None=None)->list:
+    "The problems counted by reason and the notes, in one line; where a kind came more than once, a line naming `listing`, where every one is."
     c = self.counts
     head = (f"input problems (on_bad_input={self.policy!r}): " + ', '.join(f"{n} × {r}" for r, n in sorted(c.items()))) if c else 'input problems: none'
     if self.notes: head += '; notes: ' + ', '.join(f"{n} × {w}" for w, n in sorted(self.notes.items()))
-    lines = [head] + [f"  {w}: {r} -> {a}" for w, r, a in self.problems[:limit]]
-    if len(self.problems) > limit: lines.append(f"  ... and {len(self.problems) - limit} more (see `.problems`)")
-    return lines
+    if not c or max(c.values()) == 1: return [head]   # each one was its own line already (`problem`)
+    return [head, f"  every one, the first of each kind said above: {listing or 'the list `DataReport.problems`'}"]
 
-DataReport.__str__ = lambda self: '\n'.join(_report_lines(self))
+DataReport.lines = report_lines
+DataReport.__str__ = lambda self: '\n'.join(report_lines(self))
 DataReport.__repr__ = DataReport.__str__
 DataReport._repr_markdown_ = lambda self: ('| reason | count |\n|---|---|\n' +
     ''.join(f"| {r} | {n} |\n" for r, n in sorted(self.counts.items())) +
@@ -155,12 +163,23 @@ def _instance(a:dict, hw:tuple, lut:dict, masks:bool=True)->Instance|tuple|None:
         if any(not isinstance(p, list) or len(p) < 6 for p in seg): return 'polygon with fewer than 3 points', ''
         if any(len(p) % 2 for p in seg): return 'bad segmentation', 'odd number of polygon coordinates'
         inst.polys = [np.array([float(v) for v in p]) for p in seg]   # float64: 8 bytes a coordinate
+        if (bad := _polygon_outside(inst.polys, H, W)): return bad
     elif isinstance(seg, dict) and 'counts' in seg and 'size' in seg:
         if list(seg['size']) != [H, W]: return 'bad segmentation', f"RLE size {seg['size']} is not the image's {[H, W]}"
         c = seg['counts']
         inst.rle = mask_utils.frPyObjects(seg, H, W) if isinstance(c, list) else dict(size=[H, W], counts=c.encode() if isinstance(c, str) else c)
     else: return 'bad segmentation', 'neither polygons nor RLE'
     return inst
+
+# %% ../nbs/01a_coco.ipynb #b51d7539
+def _polygon_outside(polys:list, H:int, W:int)->tuple|None:
+    "`(reason, detail)` for polygons outside the image, or with a vertex more than the image's own size beyond it; None if they are in it."
+    xy = np.concatenate([p.reshape(-1, 2) for p in polys])
+    (x0, y0), (x1, y1) = xy.min(0), xy.max(0)
+    if x1 <= 0 or y1 <= 0 or x0 >= W or y0 >= H: return 'polygon outside the image', f"its points span x {x0:g}..{x1:g}, y {y0:g}..{y1:g} in {W}x{H}"
+    far = (xy[:, 0] < -W) | (xy[:, 0] > 2 * W) | (xy[:, 1] < -H) | (xy[:, 1] > 2 * H)
+    if far.any(): x, y = xy[far.argmax()]; return 'polygon far outside the image', f"point ({x:g}, {y:g}) of a {W}x{H} image"
+    return None
 
 # %% ../nbs/01a_coco.ipynb #2a688af6
 def coco_id(v)->int|None:

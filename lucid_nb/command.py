@@ -24,7 +24,7 @@ from .model import model_summary
 from .checkpoints import local_file
 from .weights import read_weights, weights_read
 from .lines import note
-from .runs import LOCK_NAME, RunFolderInUse, SafeCheckpointIO, CheckpointWriteError, checkpoint_epoch, lock_owner_alive, wait_for_checkpoints, read_checkpoint, read_lock, run_folder, run_lock, weak_checkpoint
+from .runs import LOCK_NAME, RunFolderInUse, SafeCheckpointIO, CheckpointWriteError, checkpoint_epoch, lock_owner_alive, wait_for_checkpoints, read_checkpoint, read_lock, reopen_metrics_csv, run_folder, run_lock, weak_checkpoint
 from .trainer import LitYolo
 from .tasks import TASKS
 from .metrics import conf_line, predict_conf
@@ -32,12 +32,17 @@ from .predict import no_weights_line, untrained_asked
 
 # %% auto #0
 __all__ = ['BATCH_LIMITS', 'RESUME_FIXED', 'HELP', 'LIGHTNING_LOGS', 'QUIET_WARNINGS', 'AFTER_FIT', 'NOT_LUCID', 'EXPORT_HELP',
-           'RUN_RECORDS', 'UNUSED_RUN_FILES', 'USER_ERRORS', 'OneLineParser', 'LucidCLI', 'refuse_resume_changes',
-           'run_logger', 'add_tensorboard', 'cli_main', 'QuietLightning', 'quiet_lightning', 'model_line', 'ModelLine',
-           'quiet_trainer', 'resume_hint', 'Interrupted', 'StopSignals', 'other_run_folder', 'refuse_earlier_run',
-           'remove_unused_run_folder', 'main']
+           'RUN_RECORDS', 'UNUSED_RUN_FILES', 'USER_ERRORS', 'finite_number_line', 'OneLineParser', 'LucidCLI',
+           'refuse_resume_changes', 'checkpoint_run_folder', 'continue_in_run_folder', 'run_logger', 'add_tensorboard',
+           'cli_main', 'QuietLightning', 'quiet_lightning', 'model_line', 'ModelLine', 'quiet_trainer', 'resume_hint',
+           'Interrupted', 'StopSignals', 'other_run_folder', 'refuse_earlier_run', 'remove_unused_run_folder', 'main']
 
 # %% ../nbs/10a_command.ipynb #d9baf6c2
+def finite_number_line(msg:str)->str:
+    "jsonargparse's refusal of a float option given NaN or an infinity, as what is wrong with it; any other message as it is."
+    m = re.match(r'Parser key "([\w.]+)": Expected a <class .float.>\. Got value: ([+-]?(?:nan|inf|infinity))\b', msg, re.I)
+    return f"--{m[1]} {m[2]}: must be a finite number" if m else msg
+
 class OneLineParser(LightningArgumentParser):
     "LightningCLI's parser, whose usage errors are one line on stderr and exit status 2, and which expands no abbreviated option."
     def __init__(self, *args, **kwargs):
@@ -51,7 +56,7 @@ class OneLineParser(LightningArgumentParser):
     def error(self, message:str, ex:Exception|None=None):
         if not self.exit_on_error or os.environ.get('LUCID_DEBUG'): return super().error(message, ex)
         prog = (getattr(ex, 'subcommand_parser', None) or self).prog.replace(' [options]', '')
-        msg = ' '.join(str(message).split())
+        msg = finite_number_line(' '.join(str(message).split()))
         if OneLineParser.config_files:   # the YAML parser names the text it read `<unicode string>`, not its file
             msg = msg.replace('"<unicode string>"', ' or '.join(map(str, OneLineParser.config_files)))
         sys.stderr.write(f"lucid: error: {msg} (`{prog} --help` lists every option)\n")
@@ -99,6 +104,7 @@ def before_instantiate_classes(self:LucidCLI):
     root, given = cfg.trainer.get('default_root_dir'), getattr(self, 'given_trainer_options', set())
     if root and 'logger' not in given and isinstance(cfg.trainer.get('logger'), Namespace):
         cfg.trainer.logger.init_args.save_dir = str(root)
+    if self.subcommand == 'fit' and cfg.get('ckpt_path'): continue_in_run_folder(cfg.trainer.get('logger'), cfg.ckpt_path)
     if 'enable_progress_bar' not in given and not sys.stdout.isatty(): cfg.trainer.enable_progress_bar = False
 
 @patch
@@ -106,7 +112,9 @@ def after_instantiate_classes(self:LucidCLI):
     "CSV logs always, first among the loggers; TensorBoard logs beside them in the run folder with `--tensorboard true`."
     cfg = self.config.get(self.subcommand, self.config) if self.subcommand else self.config
     init = self.config_init.get(self.subcommand, self.config_init) if self.subcommand else self.config_init
-    run_logger(self.trainer, init.trainer.get('logger'), cfg.trainer.get('default_root_dir'))
+    csv_logger = run_logger(self.trainer, init.trainer.get('logger'), cfg.trainer.get('default_root_dir'))
+    if (self.subcommand == 'fit' and csv_logger is not None and cfg.get('ckpt_path') and rank_zero_only.rank == 0
+            and checkpoint_run_folder(cfg.ckpt_path) == Path(csv_logger.log_dir).resolve()): reopen_metrics_csv(csv_logger)   # it continues its run
     if cfg.get('tensorboard'): add_tensorboard(self.trainer)
     quiet_trainer(self.trainer, bool(cfg.get('verbose')))
     # `--ckpt_path` of another architecture: the check that loading makes, made before anything runs
@@ -136,6 +144,22 @@ def _ids(ids:list)->str:
     ids = list(ids); return f"{ids}" if len(ids) <= 12 else f"[{', '.join(map(str, ids[:10]))}, … {ids[-1]}] ({len(ids)} classes)"
 
 # %% ../nbs/10a_command.ipynb #d30db276
+def checkpoint_run_folder(ckpt)->Path|None:
+    "The run folder a checkpoint lies in (`<run>/checkpoints/<name>.ckpt`, `<run>` holding the run's `hparams.yaml` or `config.yaml`), or None."
+    p = Path(ckpt).resolve()
+    run = p.parent.parent
+    if p.parent.name != 'checkpoints' or not any((run/f).is_file() for f in ('hparams.yaml', 'config.yaml')): return None
+    return run
+
+def continue_in_run_folder(logger, ckpt)->Path|None:
+    "A resumed fit continues in its checkpoint's run folder: the CSV logger's folder set to it, unless `--trainer.logger.version` names another; the folder, or None."
+    run = checkpoint_run_folder(ckpt)
+    if run is None or not isinstance(logger, Namespace) or not str(logger.get('class_path', '')).endswith('CSVLogger'): return None
+    a = logger.init_args
+    if a.get('version') is not None: return None   # the user named the version folder
+    a.save_dir, a.name, a.version = str(run.parent.parent), run.parent.name, run.name
+    return run
+
 def run_logger(trainer, given, root=None):
     "Put a CSV logger (the given one, or one writing under `root` or `runs/lucid`) first among the trainer's loggers, so the run folder is its version folder whatever other loggers there are; returns it, None when logging is off."
     from lightning.pytorch.loggers import CSVLogger, Logger
@@ -325,7 +349,8 @@ def _run_locked(self:LucidCLI, subcommand:str, run:Path|None, fresh:bool):
     if subcommand == 'fit' and run is not None and not self.config[subcommand].get('ckpt_path'): refuse_earlier_run(run, elsewhere)
     stops = StopSignals()
     with run_lock(run, elsewhere) if run is not None else contextlib.nullcontext(), warnings.catch_warnings(), stops.installed(self.trainer):
-        if fresh: warnings.filterwarnings('ignore', message='Experiment logs directory .* exists and is not empty')  # our lock
+        if fresh or self.config[subcommand].get('ckpt_path'):   # our lock; a resumed run's records (`continue_run_records`)
+            warnings.filterwarnings('ignore', message='Experiment logs directory .* exists and is not empty')
         try: LightningCLI._run_subcommand(self, subcommand)
         except Interrupted: raise KeyboardInterrupt from None   # one line from `lucid_nb.cli.main`, status 130
         except KeyboardInterrupt:   # a Ctrl-C outside the trainer's own handling

@@ -18,9 +18,9 @@ from .allocator import allocator_setting
 __all__ = ['BATCH_KEYS', 'MASK_STRIDE', 'INSTANCE_GROUP', 'GROUP_KEYS', 'RULES', 'EMBEDDED_DATA', 'CONFIGS', 'EMBEDDED_IMAGES',
            'EMBEDDED_ANNOTATIONS', 'TEST_IMG', 'group_bucket', 'group_instances', 'pad_groups', 'image_instances',
            'check_rules', 'package_dir', 'repo_root', 'env_info', 'env_card', 'device_tag', 'module_pointers',
-           'tensor_bytes', 'digest', 'state_hashes', 'current_umask', 'atomic_write', 'one_line', 'test_bytes_equal',
-           'test_grads_equal', 'autocast_state', 'cuda_cell_skipped', 'skip_cuda_cells', 'HostSyncError',
-           'assert_no_host_sync', 'bbox_iou', 'box_area', 'box_iou', 'crop_mask', 'synth_batch']
+           'tensor_bytes', 'digest', 'state_hashes', 'current_umask', 'fsync_folder', 'atomic_write', 'one_line',
+           'test_bytes_equal', 'test_grads_equal', 'autocast_state', 'cuda_cell_skipped', 'skip_cuda_cells',
+           'HostSyncError', 'assert_no_host_sync', 'bbox_iou', 'box_area', 'box_iou', 'crop_mask', 'synth_batch']
 
 # %% ../nbs/00b_core.ipynb #00d8c748
 BATCH_KEYS = ('img', 'boxes', 'cls', 'valid', 'masks', 'owner', 'image_id', 'orig_hw', 'letterbox', 'hsv')
@@ -113,6 +113,7 @@ def env_info()->dict:
                 torch=torch.__version__, cuda=torch.version.cuda if cuda else None,
                 cudnn=torch.backends.cudnn.version() if cuda else None, python=platform.python_version(),
                 allocator=allocator_setting(),   # the CUDA allocator's setting (`00a_allocator`)
+                cpu_capability=torch.backends.cpu.get_cpu_capability(),   # the vector unit torch's CPU kernels use: CPU bytes depend on it
                 commit=_git_commit(), date=datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC'))
 
 def env_card()->str:
@@ -175,14 +176,22 @@ def current_umask()->int:
     "This process's umask (read by setting it and setting it back)."
     m = os.umask(0o22); os.umask(m); return m
 
+def fsync_folder(folder):
+    "Flush a folder's entries (a rename into it) to the disk; a no-op where folders cannot be opened (Windows)."
+    try: fd = os.open(folder, os.O_RDONLY)
+    except OSError: return
+    try: os.fsync(fd)
+    except OSError: pass   # a filesystem that cannot sync a folder
+    finally: os.close(fd)
+
 def atomic_write(path, data:bytes)->Path:
-    "Write `data` to `path` through a temporary file in the same folder, fsync, then `os.replace`."
+    "Write `data` to `path` through a temporary file in the same folder, fsync, then `os.replace` (the folder synced too)."
     path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix='.tmp')
     try:
         os.fchmod(fd, 0o666 & ~current_umask())
         with os.fdopen(fd, 'wb') as f: f.write(data); f.flush(); os.fsync(f.fileno())
-        os.replace(tmp, path)
+        os.replace(tmp, path); fsync_folder(path.parent)
     except BaseException:
         Path(tmp).unlink(missing_ok=True); raise
     return path

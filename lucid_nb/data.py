@@ -26,8 +26,8 @@ from .augment_device import *
 from .images import ImageFiles, RectImages, collate_images, image_files
 
 # %% auto #0
-__all__ = ['AUGMENT_ON', 'DATA_SOURCE', 'DATA_FORMATS', 'ULTRALYTICS_VAL_BATCH', 'YoloData', 'DataFormat', 'data_format',
-           'show_batch']
+__all__ = ['AUGMENT_ON', 'DATA_SOURCE', 'DATA_FORMATS', 'SCORING_STAGES', 'ULTRALYTICS_VAL_BATCH', 'YoloData', 'DataFormat',
+           'data_format', 'show_batch']
 
 # %% ../nbs/01d_data.ipynb #ac8594aa
 _COCO_OPTIONS = ('train_images', 'train_annotations', 'val_images', 'val_annotations')   # the options that name COCO data
@@ -296,10 +296,13 @@ def _plan_cache(self:YoloData, recs:list, images:Path, annotations:Path)->str:
     return mode
 
 # %% ../nbs/01d_data.ipynb #040a5d8d
+SCORING_STAGES = ('validate', 'test', 'predict')   # stages that only score: the training split is not set up
+
 @patch
 def setup(self:YoloData, stage:str|None=None):
-    "Read, check, split and cache the data (once), then print the report; `predict` on `predict_images` reads nothing here."
-    if self._train is not None or (stage == 'predict' and self.hparams.predict_images): return
+    "Read, check, split and cache the data (once), then print the report; `predict` on `predict_images` reads nothing here, and `validate`, `test` and `predict` only the scored split."
+    if self._train is not None or (self._val is not None and stage in SCORING_STAGES): return
+    if stage == 'predict' and self.hparams.predict_images: return
     t0 = time.perf_counter()
     self._setup_datasets(*data_format(self.hparams.dataset).records(self, stage), t0, stage)
 
@@ -330,17 +333,19 @@ def _coco_records(self:YoloData, stage:str|None=None)->tuple:
 @patch
 def _setup_datasets(self:YoloData, tr:list, va:list, tkey:tuple, vkey:tuple, vsrc:str, t0:float, stage:str|None=None):
     "Check and cache the train and validation records (`tkey`, `vkey`: their disk cache's images folder and annotations file), then print the report; validation must hold an instance unless `stage` is 'predict'."
-    h, fmt = self.hparams, data_format(self.hparams.dataset)
-    self.cache_mode = self._plan_cache(tr + va, *tkey)
-    self._val = self._dataset(va, *vkey, False)
-    self._train = self._dataset(tr, *tkey, True)
+    h, fmt, scoring = self.hparams, data_format(self.hparams.dataset), stage in SCORING_STAGES   # scoring: nothing trains
+    self.cache_mode = self._plan_cache(va if scoring else tr + va, *tkey)
+    self._val, self.scored_source = self._dataset(va, *vkey, False), vsrc
+    self._train = None if scoring else self._dataset(tr, *tkey, True)   # its images neither checked nor prepared
     for disk in self._disks.values():
         disk.save()
         for k, n in disk.stats.items(): self.report.note(f"disk cache {k}", n)
+    if len(self._val) == 0 and not va:   # nothing was left out: there was nothing
+        raise ValueError(f"no validation image: {vsrc} lists none that can be read; " + fmt.fix_bad_val(self))
     if len(self._val) == 0:
-        raise ValueError(f"no usable validation image: every one of {vsrc} was left out as bad input (see the report above); "
-                         + fmt.fix_bad_val(self))
-    if not any(r.instances for r in self._train.records):
+        raise ValueError(f"no usable validation image: every one of the {len(va)} of {vsrc} was left out as bad input "
+                         f"({str(self.report).splitlines()[0]}); " + fmt.fix_bad_val(self))
+    if not scoring and not any(r.instances for r in self._train.records):
         raise ValueError(f"no training instance: none of the {len(self._train)} training images has a usable annotation, so there "
                          f"is nothing to learn ({'a segmentation model needs masks: polygons or RLE' if self.task.masks else 'a detector needs boxes'}"
                          f"{fmt.fix_no_train})\n{self.report}")
@@ -348,7 +353,7 @@ def _setup_datasets(self:YoloData, tr:list, va:list, tkey:tuple, vkey:tuple, vsr
         fix = fmt.fix_no_val(self)
         raise ValueError(f"no validation instance: none of the {len(self._val)} validation images ({vsrc}) has a usable annotation, so "
                          f"mAP is undefined there (COCOeval gives -1) and best.ckpt would be chosen on nothing; {fix}")
-    if len(self._train) < h.batch_size:
+    if not scoring and len(self._train) < h.batch_size:
         raise ValueError(f"batch_size={h.batch_size} exceeds the {len(self._train)} usable training images (training drops the last partial batch)")
     self.setup_seconds = time.perf_counter() - t0
     if rank_zero_only.rank == 0: print(self.summary())
@@ -359,8 +364,11 @@ def summary(self:YoloData)->str:
     "What was loaded, in one line: images, instances, classes, cache, problems and notes (a line more for each problem listed)."
     h, tr, va = self.hparams, self._train, self._val
     inst = lambda ds: sum(len(r.instances) for r in ds.records)
-    return (f"lucid_nb data: train {len(tr)} images ({inst(tr)} instances), {self.scored} {len(va)} images ({inst(va)} instances), "
-            f"{self.num_classes} classes; imgsz {h.imgsz}, cache {self.cache_mode!r}, prepared in {self.setup_seconds:.1f} s; {self.report}")
+    split = (f"train {len(tr)} images ({inst(tr)} instances), {self.scored} {len(va)} images ({inst(va)} instances)" if tr is not None
+             else f"scoring {len(va)} images ({inst(va)} instances): {self.scored_source}")   # `validate`, `test`, `predict`
+    listing = f"{PROBLEMS_FILE} in the run folder" if self.trainer is not None else None   # a run writes it (`08b_runs`)
+    return (f"lucid_nb data: {split}, {self.num_classes} classes; imgsz {h.imgsz}, cache {self.cache_mode!r}, "
+            f"prepared in {self.setup_seconds:.1f} s; " + '\n'.join(self.report.lines(listing)))
 
 @patch
 def __str__(self:YoloData)->str:
@@ -371,6 +379,12 @@ def __str__(self:YoloData)->str:
     # link's `compute_fn` (`lucid`'s `num_classes` link), so the message of that error would be lost in a traceback.
     h = self.hparams
     return f"YoloData({h.dataset or h.train_images or 'embedded coco128'}, imgsz={h.imgsz}, batch_size={h.batch_size})"
+
+@patch(as_prop=True)
+def train_records(self:YoloData)->list[ImageRecord]:
+    "The checked records of the training images (after `setup('fit')`)."
+    if self._train is None: raise RuntimeError("call setup('fit') first")
+    return self._train.records
 
 @patch(as_prop=True)
 def val_records(self:YoloData)->list[ImageRecord]:
@@ -440,7 +454,10 @@ def val_dataloader(self:YoloData)->YoloLoader|DataLoader:
 def test_dataloader(self:YoloData)->YoloLoader|DataLoader:
     "The scored split: a data.yaml's `test` split when it names one and the data was first set up for `test` (`lucid test`), else the validation images (COCO: give the test set as `val_images`/`val_annotations`)."
     if self.rules == 'ultralytics': return self._rect_loader()
-    self.setup('test'); return self._make_loader(self._val, False)
+    self.setup('test')
+    if self.hparams.dataset and self.scored != 'test' and rank_zero_only.rank == 0:   # said once: the scores are of another split
+        log.warning(f"lucid test: {self.hparams.dataset} names no test split, so its val split is scored")
+    return self._make_loader(self._val, False)
 
 # %% ../nbs/01d_data.ipynb #284252de
 @patch

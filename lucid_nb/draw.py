@@ -10,6 +10,7 @@ import csv, io
 from pathlib import Path
 import numpy as np, torch
 import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 from PIL import Image, ImageDraw, ImageFont
 from pycocotools import mask as mask_utils
@@ -21,7 +22,7 @@ from .metrics import CONF_GRID, SUMMARY_NAMES, f1_score
 __all__ = ['MAP_AXIS_TOP', 'VAL_PLOTS', 'PALETTE', 'read_metrics_csv', 'plot_curves', 'save_figure', 'plot_pr_curve',
            'plot_conf_curve', 'plot_confusion', 'save_val_plots', 'draw_instances', 'instances_of', 'draw_results',
            'draw_note', 'tile_size', 'fit_tile', 'image_grid', 'save_jpeg', 'draw_train_batch', 'draw_val_batch',
-           'val_labels_grid']
+           'val_labels_grid', 'plot_labels']
 
 # %% ../nbs/08a_draw.ipynb #15863fd7
 def read_metrics_csv(path)->dict:
@@ -247,3 +248,23 @@ def val_labels_grid(dm, n:int=8)->tuple[list,np.ndarray]:
     "The first `n` validation images (`load_rgb`) and the grid of their ground truth (`draw_val_batch`)."
     images = [load_rgb(r.path) for r in dm.val_records[:n]]
     return images, draw_val_batch(dm, n=n, images=images)
+
+# %% ../nbs/08a_draw.ipynb #f36d6405
+def plot_labels(records:list, class_names:list)->plt.Figure:
+    "Instances per class, box centres and box sizes (fractions of the image), instances per image: the training records at a glance."
+    boxes = np.array([[*i.box, *r.hw] for r in records for i in r.instances], np.float64).reshape(-1, 6)   # x1 y1 x2 y2 H W
+    cls = np.array([i.cls for r in records for i in r.instances], np.int64)
+    x1, y1, x2, y2, H, W = boxes.T
+    fig = Figure(figsize=(10, 8)); ax = fig.subplots(2, 2)   # no pyplot: a run draws it in a thread of its own
+    counts = np.bincount(cls, minlength=len(class_names))
+    ax[0, 0].bar(range(len(counts)), counts, color='C0')
+    ax[0, 0].set(ylabel='instances', title=f'{len(cls):,} instances in {len(records):,} images, {int((counts > 0).sum())} of {len(class_names)} classes')
+    if len(class_names) <= 40: ax[0, 0].set_xticks(range(len(class_names)), class_names, rotation=90, fontsize=7)
+    else: ax[0, 0].set_xlabel('class')
+    ax[0, 1].hist2d((x1 + x2) / 2 / W, (y1 + y2) / 2 / H, bins=50, range=[[0, 1], [0, 1]], cmap='Blues')
+    ax[0, 1].set(xlabel='box centre x / image width', ylabel='y / height', title='where the boxes are'); ax[0, 1].invert_yaxis()
+    ax[1, 0].hist2d((x2 - x1) / W, (y2 - y1) / H, bins=50, range=[[0, 1], [0, 1]], cmap='Blues')
+    ax[1, 0].set(xlabel='box width / image width', ylabel='height / image height', title='how large they are')
+    ax[1, 1].hist([len(r.instances) for r in records], bins=30, color='C0')
+    ax[1, 1].set(xlabel='instances in an image', ylabel='images', title='how crowded the images are')
+    fig.tight_layout(); return fig

@@ -44,8 +44,8 @@ def epoch_line(trainer, validated:bool=True)->str:
 YOUNG_MAP = 0.01   # a fit from scratch whose box and mask mAP50-95 are under this has not begun to detect
 
 def young_run_line(trainer, module, summary:dict)->str|None:
-    "For a fit from scratch (no `--model.weights`, no resumed checkpoint) that scored under `YOUNG_MAP`: that this is expected, and where trained figures are."
-    if module.hparams.get('weights') or trainer.ckpt_path: return None
+    "For a fit from scratch (no `--model.weights`; resumed or not: a resumed fit keeps its first run's options) that scored under `YOUNG_MAP`: that this is expected, and where trained figures are."
+    if module.hparams.get('weights'): return None
     if max(summary.get('mAP50-95(B)', 0), summary.get('mAP50-95(M)', 0)) >= YOUNG_MAP: return None
     n = trainer.current_epoch   # the epochs run: Lightning counts the last one done at fit end
     return (f"From scratch, {n} epoch{'s' * (n != 1)} {'is' if n == 1 else 'are'} far too few to detect anything: a class table of zeros is what to expect here. "

@@ -28,9 +28,9 @@ from .lines import note
 from .runs import weak_checkpoint
 
 # %% auto #0
-__all__ = ['OUTPUT_NAMES', 'ONNX_NEEDS', 'EXPORTER_LOGS', 'UNTRAINED_WORDS', 'Predictor', 'load', 'Detections', 'as_rgb',
-           'to_detections', 'ExportNet', 'export_input', 'exporter_quiet', 'export_model', 'onnx_data', 'onnx_metadata',
-           'add_onnx_metadata', 'run_exported', 'export_check', 'untrained_asked', 'no_weights_line',
+__all__ = ['OUTPUT_NAMES', 'ONNX_NEEDS', 'EXPORTER_LOGS', 'ONNX_FILE_LIMIT', 'UNTRAINED_WORDS', 'Predictor', 'load', 'Detections',
+           'as_rgb', 'to_detections', 'ExportNet', 'export_input', 'exporter_quiet', 'export_model', 'onnx_data',
+           'onnx_metadata', 'add_onnx_metadata', 'run_exported', 'export_check', 'untrained_asked', 'no_weights_line',
            'untrained_predictor', 'check_export_options', 'export_main']
 
 # %% ../nbs/09_predict.ipynb #2705249e
@@ -181,8 +181,10 @@ def export_model(p:Predictor, fmt:str, path, verbose:bool=False)->Path:
         elif fmt == 'onnx':
             onnx_data(path).unlink(missing_ok=True)   # an earlier export's weights: the new file would not read them
             names = dict(input_names=['img'], output_names=list(outputs))
+            apart = sum(t.numel() * t.element_size() for t in (*net.parameters(), *net.buffers())) > ONNX_FILE_LIMIT   # else one file
             try:
-                with exporter_quiet(verbose): torch.onnx.export(net, (x,), str(path), dynamo=True, dynamic_shapes=({0: torch.export.Dim('batch', min=1, max=4096)},), **names)
+                with exporter_quiet(verbose): torch.onnx.export(net, (x,), str(path), dynamo=True, external_data=apart,
+                                                                dynamic_shapes=({0: torch.export.Dim('batch', min=1, max=4096)},), **names)
             except Exception as e:   # an op the dynamo exporter cannot take
                 note(f"export: the dynamo ONNX exporter failed ({type(e).__name__}); using the classic one")
                 with exporter_quiet(verbose): torch.onnx.export(net, (x,), str(path), dynamo=False, opset_version=17, **names,
@@ -190,6 +192,8 @@ def export_model(p:Predictor, fmt:str, path, verbose:bool=False)->Path:
             add_onnx_metadata(path, onnx_metadata(p))
         else: raise ValueError(f"--format {fmt!r}: use onnx or torchscript")
     return path
+
+ONNX_FILE_LIMIT = 2**31 - 2**26   # protobuf's 2 GiB, less room for the graph: larger weights go into a `.data` file beside it
 
 def onnx_data(path)->Path:
     "Where the ONNX exporter puts the weights of `path`: `<path>.data` beside it."
@@ -202,7 +206,7 @@ def onnx_metadata(p:Predictor)->dict:
                 producer='lucid_nb')
 
 def add_onnx_metadata(path, props:dict):
-    "Set `props` as the ONNX file's `metadata_props`; the weights stay in their external `.data` file."
+    "Set `props` as the ONNX file's `metadata_props`; the weights stay where they are (in it, or in its `.data` file)."
     import onnx
     m = onnx.load(str(path), load_external_data=False)
     old = {e.key: e.value for e in m.metadata_props}

@@ -6,7 +6,7 @@ Docs: https://lucid-nb.github.io/lucid_nb/runs.html.md"""
 
 # %% ../nbs/08b_runs.ipynb #12ca6a79
 from __future__ import annotations
-import concurrent.futures, contextlib, datetime, errno, hashlib, json, os, shutil, signal, socket, sys, threading, time
+import concurrent.futures, contextlib, csv, datetime, errno, hashlib, json, os, shutil, signal, socket, sys, threading, time
 from pathlib import Path
 from weakref import proxy
 import torch
@@ -20,21 +20,22 @@ from torch import Tensor
 from fastcore.basics import patch
 from .core import *
 from .lines import close_bars, epoch_line, note, say, young_run_line
-from .coco import BadInputError
-from .checkpoints import local_file, safe_load, with_hashes
+from .coco import PROBLEMS_FILE, BadInputError
+from .checkpoints import HASH_KEY, local_file, safe_load, with_hashes
 from .cache import disk_free
 from .data import YoloData
 from .metrics import class_rows, class_table, speed_line, write_results
-from .draw import draw_train_batch, draw_val_batch, plot_curves, save_figure, save_jpeg, save_val_plots, val_labels_grid
+from .draw import draw_train_batch, draw_val_batch, plot_curves, plot_labels, save_figure, save_jpeg, save_val_plots, val_labels_grid
 
 # %% auto #0
-__all__ = ['SIGINT_HOLD', 'LOCK_NAME', 'WEAK_MAP', 'AtomicCheckpoint', 'CheckpointWriteError', 'tensor_bytes_of',
+__all__ = ['SIGINT_HOLD', 'LOCK_NAME', 'WEAK_MAP', 'BEST_FIELDS', 'AtomicCheckpoint', 'CheckpointWriteError', 'tensor_bytes_of',
            'checkpoint_epoch', 'write_failure', 'write_checkpoint_file', 'wait_for_checkpoints', 'link_or_copy',
-           'SigintHold', 'RunFolderInUse', 'read_lock', 'lock_owner_alive', 'acquire_run_lock', 'run_lock',
+           'SigintHold', 'carry_best', 'metrics_csv_rows', 'write_metrics_csv', 'reopen_metrics_csv',
+           'continue_run_records', 'RunFolderInUse', 'read_lock', 'lock_owner_alive', 'acquire_run_lock', 'run_lock',
            'remove_leftovers', 'read_checkpoint', 'SafeCheckpointIO', 'weak_checkpoint', 'run_folder',
-           'write_predictions', 'gather_objects', 'rank_state_hashes', 'fit_state_hashes', 'write_json_atomic',
-           'data_wait', 'val_data_wait', 'checkpoint_seconds', 'process_age', 'start_labels_grid', 'RunArtifacts',
-           'EpochSummary']
+           'write_predictions', 'gather_objects', 'rank_state_hashes', 'best_checkpoint_hashes', 'fit_state_hashes',
+           'write_json_atomic', 'data_wait', 'val_data_wait', 'checkpoint_seconds', 'process_age',
+           'write_input_problems', 'start_labels_grid', 'RunArtifacts', 'EpochSummary']
 
 # %% ../nbs/08b_runs.ipynb #cbbc85fc
 class AtomicCheckpoint(ModelCheckpoint):
@@ -91,7 +92,7 @@ def _submit(self:AtomicCheckpoint, write, tmp:str, filepath:str, size=lambda: No
             for old in Path(filepath).parent.glob('*.ckpt.tmp'):   # a killed run's leftovers; no write of ours is open
                 if str(old) != tmp: old.unlink(missing_ok=True)
             free, need = disk_free(Path(filepath).parent), size()   # before the write: a failed one is deleted below
-            write(); os.replace(tmp, filepath)
+            write(); os.replace(tmp, filepath); fsync_folder(Path(filepath).parent)   # the rename too, on the disk
         except BaseException as e:   # the first failure is the one to tell
             self._error = self._error or (e, Path(filepath).name, need, free); Path(tmp).unlink(missing_ok=True)
     if self._writer is None: self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix='lucid_nb-checkpoint')
@@ -125,6 +126,7 @@ def teardown(self:AtomicCheckpoint, trainer, module, stage): SIGINT_HOLD.release
 @patch
 def on_exception(self:AtomicCheckpoint, trainer, module, exception):
     SIGINT_HOLD.release()   # an epoch's hold cut short by the error: Ctrl-C works again
+    self.say_line_when_saved()   # an epoch that ended before the stop: its line, after its checkpoint
     try: self.wait()   # the finished epochs' checkpoints land before the run ends
     except CheckpointWriteError as e: note(str(e))
 
@@ -185,7 +187,30 @@ def on_train_epoch_end(self:AtomicCheckpoint, trainer, module):
         ModelCheckpoint.on_train_epoch_end(self, trainer, module)
         if self.save_last and not self._should_skip_saving_checkpoint(trainer):  # skipped: this step is saved already
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
-    finally: SIGINT_HOLD.end_epoch()   # the epoch's writes are queued: a Ctrl-C held since its line is let through
+    finally:
+        SIGINT_HOLD.end_epoch()   # the epoch's writes are queued: a Ctrl-C held since its line is let through
+        if getattr(self, '_line', None) is not None: self._line = (*self._line[:2], True)
+
+@patch
+def hold_line(self:AtomicCheckpoint, trainer, line:str):
+    "Keep the epoch's `line` until the epoch's checkpoints and records are on disk (`say_line_when_saved`)."
+    self._line = (trainer, line, False)   # False: its checkpoints are not queued yet
+
+@patch
+def say_line_when_saved(self:AtomicCheckpoint):
+    "The run logger's rows written; then the held line printed once every checkpoint queued so far is on disk, from the writer's thread after the last one."
+    if getattr(self, '_line', None) is None: return
+    (trainer, line, queued), self._line = self._line, None
+    if (csv_logger := getattr(trainer, 'lucid_csv', None)) is not None: csv_logger.save()   # the epoch's metrics.csv rows
+    def job(): say(trainer, line + ('' if queued and not self._error else '  (its checkpoint was not written)'))
+    if self._writer is None: job()
+    else: self._writer.submit(job)
+
+@patch
+def on_train_epoch_start(self:AtomicCheckpoint, trainer, module): self.say_line_when_saved()   # the last epoch's rows are logged by now
+
+@patch
+def on_train_end(self:AtomicCheckpoint, trainer, module): ModelCheckpoint.on_train_end(self, trainer, module); self.say_line_when_saved()
 
 # %% ../nbs/08b_runs.ipynb #9a833f79
 class SigintHold:
@@ -225,6 +250,13 @@ class SigintHold:
 SIGINT_HOLD = SigintHold()   # the process's one hold: SIGINT has one handler
 
 # %% ../nbs/08b_runs.ipynb #7cea11be
+def carry_best(best:str|None, src:Path, dst:Path):
+    "The best checkpoint named `best` (in `src`, the resumed run's folder) linked into `dst`, the new folder a resumed fit writes to (rank 0)."
+    if not best or rank_zero_only.rank != 0 or not (src/Path(best).name).is_file(): return
+    dst.mkdir(parents=True, exist_ok=True)
+    if not (dst/Path(best).name).exists(): link_or_copy(src/Path(best).name, dst/Path(best).name)
+    note(f"this fit continues the run of {src.parent} in {dst.parent}: its {Path(best).name} and score come along")
+
 @patch
 def on_load_checkpoint(self:AtomicCheckpoint, trainer, module, checkpoint:dict):
     "Refuse to resume a fit from a checkpoint of its last epoch; remember where the resumed checkpoint lies."
@@ -232,6 +264,7 @@ def on_load_checkpoint(self:AtomicCheckpoint, trainer, module, checkpoint:dict):
     self._resumed_from = trainer.ckpt_path
     if trainer.is_global_zero and trainer.ckpt_path and Path(trainer.ckpt_path).parent != Path(self.dirpath or ''):
         remove_leftovers(Path(trainer.ckpt_path).parent)   # a new version folder: the old one's are not swept by our saves
+    elif trainer.is_global_zero and trainer.ckpt_path: continue_run_records(trainer, checkpoint.get('epoch', -1))   # the same folder
     current = checkpoint.get('loops', {}).get('fit_loop', {}).get('epoch_progress', {}).get('current', {})
     done = current.get('processed', checkpoint.get('epoch', -2) + 1)   # epochs finished (saved at an epoch's end)
     if trainer.max_epochs is not None and trainer.max_epochs >= 1 and done >= trainer.max_epochs:
@@ -240,11 +273,12 @@ def on_load_checkpoint(self:AtomicCheckpoint, trainer, module, checkpoint:dict):
 
 @patch
 def load_state_dict(self:AtomicCheckpoint, state_dict:dict):
-    "Lightning's; a run folder moved since the state was saved (the resumed checkpoint lies in this folder) keeps its best and last."
-    old, here = state_dict.get('dirpath'), self.dirpath
-    src = self._resumed_from
-    if old and here and old != here and src and Path(src).resolve().parent == Path(here).resolve():
-        move = lambda p: str(Path(here)/Path(p).relative_to(old)) if p and Path(p).is_relative_to(old) else p
+    "Lightning's, the run's best kept: in a run folder moved since the state was saved, and in a new folder a resumed fit writes to (its best checkpoint linked there, one line says so)."
+    old, here, src = state_dict.get('dirpath'), self.dirpath, self._resumed_from
+    if old and here and old != here and src:
+        srcdir = Path(src).resolve().parent   # the resumed checkpoint's folder: its best lies beside it
+        if srcdir != Path(here).resolve(): carry_best(state_dict.get('best_model_path'), srcdir, Path(here))
+        move = lambda p: str(Path(here)/Path(p).name) if p and Path(p).is_relative_to(old) else p
         state_dict = dict(state_dict, dirpath=here, best_model_path=move(state_dict.get('best_model_path')),
                           kth_best_model_path=move(state_dict.get('kth_best_model_path')),
                           last_model_path=move(state_dict.get('last_model_path')),
@@ -252,6 +286,35 @@ def load_state_dict(self:AtomicCheckpoint, state_dict:dict):
     ModelCheckpoint.load_state_dict(self, state_dict)
 
 
+
+# %% ../nbs/08b_runs.ipynb #4dfcdc04
+def metrics_csv_rows(path)->tuple[list,list]:
+    "The columns and rows of a `metrics.csv` (none where there is no file)."
+    if not Path(path).is_file(): return [], []
+    with open(path, newline='') as f: reader = csv.DictReader(f); return list(reader.fieldnames or []), list(reader)
+
+def write_metrics_csv(logger, header:list, rows:list):
+    "`rows` as the CSV logger's `metrics.csv`, and its writer told their columns: the rows it logs next are appended under them."
+    writer = logger.experiment   # Lightning's writer: made now (if not before), it deletes an existing file (2.6)
+    with open(writer.metrics_file_path, 'w', newline='') as f:
+        out = csv.DictWriter(f, fieldnames=sorted(header)); out.writeheader(); out.writerows(rows)
+    writer.metrics_keys = sorted(header)
+
+def reopen_metrics_csv(logger):
+    "Start the CSV logger of a run that continues in its folder, its `metrics.csv` kept (`10a_command`, before Lightning's start deletes it)."
+    header, rows = metrics_csv_rows(Path(logger.log_dir)/'metrics.csv')
+    if header: write_metrics_csv(logger, header, rows)
+
+def continue_run_records(trainer, epoch:int):
+    "The run folder's records up to `epoch` (the resumed checkpoint's), for a fit that continues in it: later lines of `val_metrics.jsonl` and rows of `metrics.csv` dropped."
+    run = run_folder(trainer)
+    jl = run/'val_metrics.jsonl'
+    if jl.is_file():
+        lines = [l for l in jl.read_text().splitlines() if l.strip() and json.loads(l).get('epoch', -1) <= epoch]
+        atomic_write(jl, ''.join(l + '\n' for l in lines).encode())
+    header, rows = metrics_csv_rows(run/'metrics.csv')
+    if header and (logger := getattr(trainer, 'lucid_csv', None)) is not None:
+        write_metrics_csv(logger, header, [r for r in rows if not r.get('epoch') or float(r['epoch']) <= epoch])
 
 # %% ../nbs/08b_runs.ipynb #dfda702c
 LOCK_NAME = 'lucid.lock'
@@ -338,10 +401,13 @@ def weak_checkpoint(ckpt:dict)->str|None:
     if val is None:   # a checkpoint written before: the score its checkpoint callback saw last (mask mAP50-95)
         val = {k: st['current_score'] for k, st in (ckpt.get('callbacks') or {}).items()
                if 'Checkpoint' in k and isinstance(st, dict) and st.get('current_score') is not None}
-    scores = [float(v) for v in val.values()]
-    if not scores or max(scores) >= WEAK_MAP: return None
-    return (f"the checkpoint's last validation scored mAP50-95 {max(scores):.4f} (epoch {ckpt.get('epoch', '?')}): its "
-            "detections are unlikely to mean anything; train it longer")
+    scores = {k: float(v) for k, v in val.items() if 'mAP50-95' in k or 'Checkpoint' in k}   # mAP50 is a looser score: not this one
+    if not scores or max(scores.values()) >= WEAK_MAP: return None
+    name, best = max(scores.items(), key=lambda kv: kv[1])
+    metric = name if name.startswith('mAP') else 'mAP50-95'
+    epoch = f"epoch {ckpt['epoch'] + 1}" if isinstance(ckpt.get('epoch'), int) else 'its last epoch'   # counted from 1, as `fit` prints it
+    return (f"the checkpoint's last validation ({epoch}) scored {metric} {best:.4f}: its detections are unlikely to mean "
+            "anything; train it longer")
 
 # %% ../nbs/08b_runs.ipynb #5d084199
 def run_folder(trainer)->Path:
@@ -379,11 +445,22 @@ def rank_state_hashes(trainer, module)->dict:
     return {'ranks': ranks}
 
 # %% ../nbs/08b_runs.ipynb #3aa39449
+BEST_FIELDS = ('state_dict', 'optimizer_states', 'lr_schedulers', 'epoch', 'global_step')   # what makes `best.ckpt` the best epoch's
+
+def best_checkpoint_hashes(trainer)->dict|None:
+    "The `digest` of each of `BEST_FIELDS` of the run's `best.ckpt` (its stored hashes where it has them), or None without one."
+    ck = next((c for c in trainer.callbacks if isinstance(c, AtomicCheckpoint)), None)
+    path = Path(ck.best_model_path) if ck is not None and ck.best_model_path else None
+    if path is None or not path.is_file(): return None
+    state = torch.load(path, map_location='cpu', weights_only=True, mmap=True)   # written by this run: its hashes are checked when read back
+    stored = state.get(HASH_KEY) or {}
+    return {k: stored.get(k) or digest(state[k]) for k in BEST_FIELDS if k in state}
+
 def fit_state_hashes(trainer, module)->dict:
-    "Byte hashes of everything a resumed or replayed run must reproduce."
+    "Byte hashes of everything a resumed or replayed run must reproduce, `best.ckpt`'s state among them."
     sched = trainer.lr_scheduler_configs[0].scheduler if trainer.lr_scheduler_configs else None
     h = state_hashes(model=module.model, optimizer=trainer.optimizers[0] if trainer.optimizers else None,
-                     scheduler=sched, ema=module.ema, loss=module.last_losses)
+                     scheduler=sched, ema=module.ema, loss=module.last_losses, best=best_checkpoint_hashes(trainer))
     preds = _run_dir(trainer)/'predictions.json'
     if preds.exists(): h['predictions'] = hashlib.sha256(preds.read_bytes()).hexdigest()
     return h
@@ -419,19 +496,28 @@ def process_age()->float|None:
         return float(Path('/proc/uptime').read_text().split()[0]) - started
     except (OSError, ValueError, IndexError): return None
 
+def write_input_problems(trainer)->Path|None:
+    "Every input problem the data has met so far (`DataReport.write`) into the run folder's `PROBLEMS_FILE` (rank 0); the file, or None."
+    dm = trainer.datamodule
+    if not trainer.is_global_zero or dm is None or not getattr(getattr(dm, 'report', None), 'problems', None): return None
+    return dm.report.write(_run_dir(trainer)/PROBLEMS_FILE)
+
 def start_labels_grid(trainer)->concurrent.futures.Future|None:
     "`val_labels_grid` of the fit's `YoloData` drawn in a thread (rank 0), so it is ready at the fit's end; None without one."
     dm = trainer.datamodule
     if not trainer.is_global_zero or not isinstance(dm, YoloData): return None
     try: dm.val_coco()   # built here, so the thread only reads it
     except RuntimeError: return None   # not set up: nothing to draw
-    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix='lucid_nb-drawing')
-    try: return pool.submit(val_labels_grid, dm)
-    finally: pool.shutdown(wait=False)   # the thread ends with its one task
+    pool, run = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix='lucid_nb-drawing'), _run_dir(trainer)
+    try:
+        if trainer.state.fn == 'fit': pool.submit(lambda: save_figure(plot_labels(dm.train_records, dm.class_names), run/'labels.jpg'))
+        return pool.submit(val_labels_grid, dm)
+    finally: pool.shutdown(wait=False)   # the thread ends with its tasks
 
 # %% ../nbs/08b_runs.ipynb #e31b3a54
 class RunArtifacts(Callback):
-    "State hashes, a phase-by-phase timing, curves and sample predictions written to the run folder at the end of fit."
+    "State hashes, a phase-by-phase timing, curves and sample predictions written to the run folder at the end of fit; the data's input problems at every command's start."
+    def setup(self, trainer, module, stage): write_input_problems(trainer)   # every command that reads data: its problems listed
     def on_fit_start(self, trainer, module):
         self.t_fit, self.epochs, self.validations, self.startup, self.ended = _now(trainer), [], [], None, None
         self.t_first, self.first_step = None, None
@@ -478,8 +564,9 @@ class RunArtifacts(Callback):
         self.epochs.append(e); self.ended = (t, self.ckpt0)   # `_close_epoch` adds `boundary_seconds`, `checkpoint_seconds`
 
     def on_exception(self, trainer, module, exception):
-        "A fit that fails or is stopped keeps its last validation's predictions."
+        "A fit that fails or is stopped keeps its last validation's predictions, and the list of its input problems."
         if not trainer.is_global_zero: return
+        write_input_problems(trainer)
         try: write_predictions(trainer, module)
         except OSError as e: note(f"predictions.json of the last validation not written: {e}")
 
@@ -498,6 +585,7 @@ def on_fit_end(self:RunArtifacts, trainer, module):
         nonlocal t
         now = time.perf_counter(); parts[name], t = now - t, now
     results = write_predictions(trainer, module); part('predictions')   # before the hashes, which include its bytes
+    write_input_problems(trainer)   # with those met during training (an image unreadable since set-up)
     write_json_atomic(run/'state_hashes.json', dict(**fit_state_hashes(trainer, module), **ranks, env=env_info()))
     part('state_hashes')
     csv_path = run/'metrics.csv'
@@ -527,12 +615,19 @@ def on_fit_end(self:RunArtifacts, trainer, module):
 class EpochSummary(Callback):
     "Prints `epoch_line` at the end of every training epoch, and the per-class table, the speed and the run folder after fit."
     def on_train_epoch_start(self, trainer, module): self.t0, self.validated = time.perf_counter(), False
-    def on_validation_end(self, trainer, module): self.validated = getattr(self, 'validated', False) or not trainer.sanity_checking
     @rank_zero_only
     def on_train_epoch_end(self, trainer, module):
-        if any(isinstance(c, AtomicCheckpoint) for c in trainer.callbacks): SIGINT_HOLD.begin_epoch()   # until its checkpoints are queued
-        say(trainer, f"{epoch_line(trainer, getattr(self, 'validated', True))}  {time.perf_counter() - getattr(self, 't0', time.perf_counter()):.1f} s")
+        line = f"{epoch_line(trainer, getattr(self, 'validated', True))}  {time.perf_counter() - getattr(self, 't0', time.perf_counter()):.1f} s"
+        ckpt = next((c for c in trainer.callbacks if isinstance(c, AtomicCheckpoint)), None)
+        if ckpt is None: say(trainer, line); return
+        SIGINT_HOLD.begin_epoch()   # until its checkpoints are queued
+        ckpt.hold_line(trainer, line)   # said once they are on disk: a printed epoch is a saved epoch
     def on_exception(self, trainer, module, exception): close_bars(trainer)   # the stop or error line after it starts a line
+    def on_validation_end(self, trainer, module):
+        self.validated = getattr(self, 'validated', False) or not trainer.sanity_checking
+        if trainer.state.fn == 'validate' and trainer.is_global_zero: print(f"Results saved to {_run_dir(trainer)}", flush=True)
+    def on_test_end(self, trainer, module):
+        if trainer.is_global_zero: print(f"Results saved to {_run_dir(trainer)}", flush=True)   # `lucid test`'s table and files
     @rank_zero_only
     def on_fit_end(self, trainer, module):
         wait_for_checkpoints(trainer)   # "Results saved" only when they are

@@ -22,7 +22,7 @@ from .command import cli_main
 
 # %% auto #0
 __all__ = ['TINY', 'DAMAGE', 'UL_CLASSES', 'tiny', 'fit', 'hashes_only', 'train_trace', 'test_traces_equal', 'flip_a_tensor_byte',
-           'damaged_copy', 'write_ultralytics_layout', 'TensorBytes']
+           'damaged_copy', 'reordered_copy', 'write_ultralytics_layout', 'TensorBytes']
 
 # %% ../nbs/11_testing.ipynb #15784748
 TINY = ['--trainer.accelerator', 'cpu', '--trainer.num_sanity_val_steps', '0', '--trainer.limit_train_batches', '2',
@@ -106,7 +106,7 @@ def flip_a_tensor_byte(src, dst)->Path:
         f.seek(at); b = f.read(1); f.seek(at); f.write(bytes([b[0] ^ 0x10]))
     return Path(dst)
 
-DAMAGE = ('a tensor byte', 'a data.pkl byte', 'the zip directory', 'cut short')   # what `damaged_copy` can do to an archive
+DAMAGE = ('a tensor byte', 'a data.pkl byte', 'the zip directory', 'a zip directory name', 'cut short')   # what `damaged_copy` can do to an archive
 
 def damaged_copy(src, dst, damage:str)->Path:
     "A copy of the torch archive `src` with one of `DAMAGE` done to it (for tests)."
@@ -116,9 +116,16 @@ def damaged_copy(src, dst, damage:str)->Path:
         pkl, cd = next(i for i in z.infolist() if i.filename.endswith('data.pkl')), z.start_dir
     if damage == 'a data.pkl byte': b[pkl.header_offset + 30 + len(pkl.filename.encode()) + len(pkl.extra) + pkl.file_size // 2] ^= 0x10
     elif damage == 'the zip directory': b[cd] ^= 0x10   # the first central-directory record's signature
+    elif damage == 'a zip directory name': b[cd + 46 + 2] ^= 0x01   # a letter of the first record's file name: the CRCs still match
     elif damage == 'cut short': b = b[:len(b) // 2]
     else: raise ValueError(f"damage {damage!r}: one of {DAMAGE}")
     Path(dst).write_bytes(bytes(b)); return Path(dst)
+
+def reordered_copy(src, dst)->Path:
+    "A copy of the zip archive `src` with its members in reverse order, each byte for byte (a tool that rewrote the zip; for tests)."
+    with zipfile.ZipFile(src) as z, zipfile.ZipFile(dst, 'w') as out:
+        for info in reversed(z.infolist()): out.writestr(info, z.read(info.filename))
+    return Path(dst)
 
 # %% ../nbs/11_testing.ipynb #4702a88b
 UL_CLASSES = {'Conv': 'conv', 'Concat': 'conv', 'C3k2': 'block', 'C3k': 'block', 'Bottleneck': 'block', 'SPPF': 'block',

@@ -13,7 +13,7 @@ from lucid_nb.testing import TINY, TensorBytes, fit, hashes_only, test_traces_eq
 
 # what the tests take from here: this file's own helpers, and the library's test helpers passed on
 __all__ = ['ROOT', 'LUCID', 'lucid_main', 'StopAfterFirstEpoch', 'StepLosses', 'WaitForSignal', 'WaitAtSetup', 'FullDisk',
-           'CheckpointTiming', 'SpoilValidationImage', 'cli_main', 'TINY', 'TensorBytes', 'fit', 'hashes_only', 'test_traces_equal', 'tiny', 'train_trace']
+           'CheckpointTiming', 'SpoilValidationImage', 'start_lucid', 'signal_at_line', 'cli_main', 'TINY', 'TensorBytes', 'fit', 'hashes_only', 'test_traces_equal', 'tiny', 'train_trace']
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -102,3 +102,29 @@ class SpoilValidationImage(Callback):
     """As training starts (the data set up and checked), overwrites the first validation image with bytes that are no
     image: with `--data.cache none` the first validation stops with a data error naming the file, in the middle of a fit."""
     def on_train_start(self, trainer, module): trainer.datamodule.val_records[0].path.write_bytes(b'not an image any more')
+
+
+# ---- the fault harness: a real `lucid fit` in its own process, signalled at a line it prints ----
+# A campaign starts here: `start_lucid` runs the tiny fit with stdout line by line, `signal_at_line` sends a signal the
+# moment a line begins with a prefix (or, with a delay, after it); the tests then read the run folder (checkpoints by
+# the safe reader, `state_hashes.json` against an uninterrupted run). `tests/test_faults_trainer.py` holds the trials.
+TESTS = Path(__file__).resolve().parent
+
+
+def start_lucid(tmp: Path, *extra, epochs: int = 3, version: str | None = 'v', env: dict | None = None):
+    "A tiny `lucid fit` subprocess (one torch thread, `tests/` importable for callbacks) whose stdout arrives line by line."
+    import subprocess
+    env = {**os.environ, 'PYTHONUNBUFFERED': '1', 'OMP_NUM_THREADS': '1',
+           'PYTHONPATH': os.pathsep.join([str(TESTS), os.environ.get('PYTHONPATH', '')]), **(env or {})}
+    return subprocess.Popen([str(LUCID), *tiny(tmp, *extra, epochs=epochs, version=version)], cwd=tmp, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def signal_at_line(proc, prefix: str, sig, delay: float = 0.) -> tuple[str, str]:
+    "Send `sig` `delay` s after a stdout line starting with `prefix` arrives; the process's stdout and stderr to its end."
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if line.startswith(prefix): time.sleep(delay); proc.send_signal(sig); break
+    out, err = proc.communicate(timeout=300)
+    return ''.join(seen) + out, err

@@ -151,6 +151,8 @@ FAULTS = {  # name: (inject(imgs, ann), reason, what the message names)
     'box outside the image': (lambda i, a: _edit_json(a, lambda d: _ann(d, 3).update(bbox=[500, 5, 10, 10])), 'box outside the image', 'annotation 3'),
     'short polygon': (lambda i, a: _edit_json(a, lambda d: _ann(d, 4).update(segmentation=[[1, 1, 5, 5]])), 'polygon with fewer than 3 points', 'annotation 4'),
     'odd polygon': (lambda i, a: _edit_json(a, lambda d: _ann(d, 4).update(segmentation=[[1, 1, 5, 5, 9, 9, 3]])), 'bad segmentation', 'annotation 4'),
+    'polygon far outside': (lambda i, a: _edit_json(a, lambda d: _ann(d, 4).update(segmentation=[[1, 1, 1e30, 5, 9, -1e30]])), 'polygon far outside the image', 'annotation 4'),
+    'polygon outside': (lambda i, a: _edit_json(a, lambda d: _ann(d, 4).update(segmentation=[[300, 1, 310, 5, 305, 20]])), 'polygon outside the image', 'annotation 4'),
     'no segmentation': (lambda i, a: _edit_json(a, lambda d: _ann(d, 5).update(segmentation=[])), 'bad segmentation', 'annotation 5'),
     'RLE of another size': (lambda i, a: _edit_json(a, lambda d: _ann(d, 12).update(segmentation={'size': [5, 5], 'counts': [25]})), 'bad segmentation', 'annotation 12'),
     'bad bbox': (lambda i, a: _edit_json(a, lambda d: _ann(d, 6).pop('bbox')), 'bad bbox', 'annotation 6'),
@@ -170,7 +172,7 @@ def test_bad_input_skip(coco, fault):
     assert sum(1 for _ in dm.train_dataloader()) == len(dm._train) // 2    # an epoch runs
 
 
-@pytest.mark.parametrize('fault', ['missing file', 'truncated image', 'unknown category id', 'short polygon', 'box outside the image'])
+@pytest.mark.parametrize('fault', ['missing file', 'truncated image', 'unknown category id', 'short polygon', 'box outside the image', 'polygon far outside'])
 def test_bad_input_error(coco, fault):
     inject, reason, where = FAULTS[fault]
     inject(*coco)
@@ -268,7 +270,7 @@ def test_ram_cache_that_would_not_fit_goes_to_disk_or_none(coco, tmp_path, monke
     monkeypatch.setattr(cache, 'disk_free', lambda f: 100 * need)
     dm = dm_for(coco, cache_dir=str(tmp_path / 'c')); dm.setup()
     lines = [r.getMessage() for r in caplog.records if 'would take' in r.getMessage()]
-    assert dm.cache_mode == 'disk' and len(lines) == 1 and f"would take {need / 1e6:.0f} MB, more than 50% of the {1.9 * need / 1e6:.0f} MB" in lines[0] and 'using the disk cache in' in lines[0]
+    assert dm.cache_mode == 'disk' and len(lines) == 1 and f"would take {cache._size(need)}, more than 50% of the {cache._size(1.9 * need)}" in lines[0] and 'using the disk cache in' in lines[0]
     assert str(tmp_path / 'c') in lines[0] and 'cache \'disk\'' in dm.summary()
     assert [digest(b) for b in dm.val_dataloader()] == want and list((tmp_path / 'c').glob('*/*.bin'))
     monkeypatch.setattr(cache, 'disk_free', lambda f: need)                         # nor on the disk: no cache

@@ -1,7 +1,7 @@
 """Faults around a training run (issue 9, trainer side): checkpoints after every epoch, leftover temporary files,
 SIGTERM / Ctrl-C / kill -9 of a real `lucid` process and its exact resume, two runs in one folder, bad checkpoint
 files, options given with `--ckpt_path`, and user errors reported in one line with exit status 2."""
-import json, os, re, shutil, signal, socket, subprocess, sys, time
+import csv, json, os, re, shutil, signal, socket, subprocess, sys, time
 from pathlib import Path
 
 import pytest
@@ -16,7 +16,7 @@ from lucid_nb.runs import LOCK_NAME, read_checkpoint
 from lucid_nb.checkpoints import HASH_KEY
 from lucid_nb.testing import DAMAGE, damaged_copy
 
-from helpers import LUCID, fit, hashes_only, lucid_main, tiny
+from helpers import LUCID, fit, hashes_only, lucid_main, signal_at_line, start_lucid, tiny
 
 TESTS = Path(__file__).resolve().parent
 
@@ -316,44 +316,38 @@ def test_malformed_annotations_reported_once(tmp_path, monkeypatch, capsys):
 
 # ---- signals timed against the epoch line (issue 39) ----
 
-def start_lucid(tmp: Path, *extra, epochs: int = 3, version: str = 'v', env: dict | None = None) -> subprocess.Popen:
-    "A tiny `lucid fit` subprocess whose stdout arrives line by line (unbuffered)."
-    env = {**os.environ, 'PYTHONUNBUFFERED': '1', 'OMP_NUM_THREADS': '1',
-           'PYTHONPATH': os.pathsep.join([str(TESTS), os.environ.get('PYTHONPATH', '')]), **(env or {})}
-    return subprocess.Popen([str(LUCID), *tiny(tmp, *extra, epochs=epochs, version=version)], cwd=tmp, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def signal_at_line(proc: subprocess.Popen, prefix: str, sig) -> tuple[str, str]:
-    "Send `sig` the moment a stdout line starting with `prefix` arrives; the process's stdout and stderr to its end."
-    seen = []
-    for line in proc.stdout:
-        seen.append(line)
-        if line.startswith(prefix): proc.send_signal(sig); break
-    out, err = proc.communicate(timeout=300)
-    return ''.join(seen) + out, err
-
-
 @pytest.mark.parametrize('epoch', [1, 2])
 def test_ctrl_c_right_after_the_epoch_line_keeps_the_epoch(tmp_path, epoch):
-    "Ctrl-C within milliseconds of `epoch N/3` (before that epoch's checkpoint is written) stops as SIGTERM does: epoch N is saved, and the stop line says so."
+    """Ctrl-C within milliseconds of `epoch N/3` stops as SIGTERM does, after the step in flight: epoch N is saved (or
+    a later one, if the next epoch ended meanwhile), and the stop line names the epoch `last.ckpt` holds."""
     proc = start_lucid(tmp_path)
     out, err = signal_at_line(proc, f'epoch {epoch}/3', signal.SIGINT)
     last = ckpts(tmp_path / 'runs' / 'tiny' / 'v') / 'last.ckpt'
     last_line = err.strip().splitlines()[-1]
     assert proc.returncode == 130, err[-3000:]
-    assert 'stopped by Ctrl-C' in last_line and f'{last} holds epoch {epoch}/3' in last_line, last_line
-    assert f'--ckpt_path {last}' in last_line and 'Traceback' not in err
-    assert load(last)['epoch'] == epoch - 1
+    held = load(last)['epoch'] + 1
+    assert held >= epoch and 'stopped by Ctrl-C' in last_line and f'{last} holds epoch {held}/3' in last_line, last_line
+    assert (held == 3 or f'--ckpt_path {last}' in last_line) and 'Traceback' not in err   # the last epoch: nothing to resume
     assert not (last.parent.parent / LOCK_NAME).exists()
+
+
+@pytest.mark.parametrize('epoch,delay', [(1, 0.), (2, 0.), (1, 0.05), (2, 0.2)])
+def test_a_kill_after_the_epoch_line_keeps_the_epoch(tmp_path, epoch, delay):
+    """`kill -9` `delay` s after `epoch N/3` is printed: `last.ckpt` holds epoch N (or a later one), whole: its stored
+    hashes check. The line used to come about 0.2 s before the file: 5 of 5 such kills lost the epoch."""
+    signal_at_line(proc := start_lucid(tmp_path), f'epoch {epoch}/3', signal.SIGKILL, delay)
+    last = ckpts(tmp_path / 'runs' / 'tiny' / 'v') / 'last.ckpt'
+    assert proc.returncode == -signal.SIGKILL
+    assert last.is_file(), f'epoch {epoch} was printed, and no last.ckpt was on disk when the process died'
+    assert read_checkpoint(last)['epoch'] >= epoch - 1   # the safe reader: CRCs and stored hashes checked
 
 
 @pytest.mark.parametrize('when', ['during the copy', 'during the copy, three', 'while the stop waits for the write'])
 def test_a_second_ctrl_c_never_loses_a_printed_epoch(tmp_path, when):
-    """Ctrl-C at the epoch line, and again while that epoch's state is copied to the host (before its write is queued;
-    a third one too), or while the stop waits for its write: epoch 1 is in last.ckpt, and the stop line, said once the
-    write is done, names it. Before, the second Ctrl-C lost the epoch (\"no epoch had finished\") or the line came
-    before the file."""
+    """Ctrl-C at the epoch line, and again while the next checkpoint's state is copied to the host (before its write
+    is queued; a third one too), or while the stop waits for a write: epoch 1 (or a later one) is in last.ckpt, and the
+    stop line, said once the write is done, names it. Before, the second Ctrl-C lost the epoch (\"no epoch had
+    finished\") or the line came before the file."""
     marks = tmp_path / 'marks'; marks.mkdir()
     slow = {'SLOW_WRITE': '3'} if 'write' in when else {'SLOW_COPY': '3'}
     proc = start_lucid(tmp_path, '--trainer.callbacks', 'helpers.CheckpointTiming', env={'MARKERS': str(marks), **slow})
@@ -367,9 +361,10 @@ def test_a_second_ctrl_c_never_loses_a_printed_epoch(tmp_path, when):
     last = ckpts(tmp_path / 'runs' / 'tiny' / 'v') / 'last.ckpt'
     lines = [l for l in err.strip().splitlines() if l.startswith('lucid:')]
     assert proc.returncode == 130, err[-3000:]
-    assert lines[-1].startswith('lucid: fit stopped by Ctrl-C before it finished;') and f'{last} holds epoch 1/3' in lines[-1], err[-3000:]
+    held = load(last)['epoch'] + 1
+    assert lines[-1].startswith('lucid: fit stopped by Ctrl-C before it finished;') and f'{last} holds epoch {held}/3' in lines[-1], err[-3000:]
     assert 'Traceback' not in err and 'before training started' not in err, err[-3000:]
-    assert load(last)['epoch'] == 0 and not list(last.parent.glob('*.tmp'))
+    assert held >= 1 and not list(last.parent.glob('*.tmp'))
 
 
 # ---- resuming into a run folder (issue 39) ----
@@ -441,7 +436,7 @@ def test_resume_refuses_an_optimiser_option_it_cannot_honour(one_epoch, tmp_path
     last_line = capsys.readouterr().err.strip().splitlines()[-1]
     assert last_line.startswith("lucid: error: --model.lr 0.05 (the checkpoint's: 0.01)") and '--model.weights' in last_line, last_line
     assert not list(tmp_path.rglob('*.ckpt')) and not list(tmp_path.rglob('hparams.yaml'))
-    assert lucid_main(monkeypatch, *tiny(tmp_path, '--ckpt_path', str(last), '--model.lr', '0.01', epochs=2)) == 0   # the same value: fine
+    assert lucid_main(monkeypatch, *tiny(tmp_path, '--ckpt_path', str(last), '--model.lr', '0.01', epochs=2, version='w')) == 0   # the same value: fine (into a new folder: the fixture's stays as it is)
 
 
 # ---- Ctrl-C before the fit loop; the stop line after a progress bar (issue 39) ----
@@ -484,10 +479,10 @@ def test_resume_into_a_new_folder_removes_the_old_folders_leftovers(one_epoch, t
     old = tmp_path / 'old' / 'v'
     shutil.copytree(one_epoch, old)
     for name in ('last.ckpt.tmp', 'best.ckpt.tmp'): (ckpts(old) / name).write_bytes(b'a complete state, never renamed')
-    fit(tmp_path, ckpt=str(ckpts(old) / 'last.ckpt'), epochs=2)
+    fit(tmp_path, ckpt=str(ckpts(old) / 'last.ckpt'), epochs=2, version='new')   # named: not the checkpoint's own folder
     assert sorted(p.name for p in ckpts(old).iterdir()) == ['best.ckpt', 'last.ckpt']
     assert f'removed 2 unfinished checkpoint file(s) (0 MB) that a stopped run left in {ckpts(old)}' in capsys.readouterr().err
-    assert load(ckpts(tmp_path / 'runs' / 'tiny' / 'version_0') / 'last.ckpt')['epoch'] == 1
+    assert load(ckpts(tmp_path / 'runs' / 'tiny' / 'new') / 'last.ckpt')['epoch'] == 1
 
 
 @pytest.mark.parametrize('damage', DAMAGE)
@@ -509,3 +504,29 @@ def test_a_corrupt_checkpoint_is_one_line(one_epoch, tmp_path, monkeypatch, caps
         assert err[-1] == f'lucid: error: {how} {says} (LUCID_DEBUG=1 shows the traceback)' and 'Traceback' not in '\n'.join(err), err
     old = load(good); old.pop(HASH_KEY); torch.save(old, tmp_path / 'old.ckpt')   # as written before the hashes were stored
     assert load_predictor(tmp_path / 'old.ckpt').class_names and capsys.readouterr().err == ''
+
+
+# ---- a resumed run continues its run folder (issue 58) ----
+
+def test_a_run_killed_after_an_epoch_line_resumes_in_its_folder_to_the_same_end(tmp_path):
+    """`kill -9` at `epoch 1/3`, then the same command with `--ckpt_path` of its last.ckpt: the run continues in its own
+    folder (no `version_1`), without a Lightning warning, and ends with the uninterrupted run's state hashes, best.ckpt's
+    included; its records hold every epoch once."""
+    whole, cut = tmp_path / 'whole', tmp_path / 'cut'; whole.mkdir(); cut.mkdir()
+    proc = start_lucid(whole, version=None)   # each process with the same environment: one torch thread
+    out, err = proc.communicate(timeout=600); assert proc.returncode == 0, err[-3000:]
+    signal_at_line(start_lucid(cut, version=None), 'epoch 1/3', signal.SIGKILL)
+    run = cut / 'runs' / 'tiny' / 'version_0'
+    proc = start_lucid(cut, '--ckpt_path', str(ckpts(run) / 'last.ckpt'), version=None)
+    out, err = proc.communicate(timeout=600)
+    r = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert sorted(p.name for p in run.parent.iterdir()) == ['version_0']
+    assert not [l for l in r.stderr.splitlines() if 'Warning' in l or 'warn' in l.lower()], r.stderr[-3000:]
+    want = json.loads((whole / 'runs' / 'tiny' / 'version_0' / 'state_hashes.json').read_text())
+    got = json.loads((run / 'state_hashes.json').read_text())
+    assert 'best' in got and hashes_only(got) == hashes_only(want)
+    assert [json.loads(l)['epoch'] for l in (run / 'val_metrics.jsonl').read_text().splitlines()] == [0, 1, 2]
+    with open(run / 'metrics.csv') as f: rows = list(csv.DictReader(f))
+    val = [int(float(r['epoch'])) for r in rows if r.get('mAP50-95(M)')]
+    assert val == [0, 1, 2], val   # the killed run's partial epoch is not in it twice

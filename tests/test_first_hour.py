@@ -87,7 +87,10 @@ def test_python_api_keeps_its_messages():
     (['--data.cache', 'bogus'], 'data.cache'), (['--model.size', 'x'], 'model.size'), (['--nope', '1'], '--nope'),
     (['--data.imgsz', '33'], 'imgsz=33'), (['--model.capture_segment_heads', '1'], 'capture_segment_heads'),
     (['--data.train_images', '/nope', '--data.train_annotations', '/nope.json'], '/nope.json'),
-    (['--ckpt_path', '/nope/last.ckpt'], '/nope/last.ckpt')])
+    (['--ckpt_path', '/nope/last.ckpt'], '/nope/last.ckpt'),
+    (['--model.lr', 'nan'], '--model.lr nan: must be a finite number'), (['--model.lr', 'inf'], '--model.lr inf: must be a finite number'),
+    (['--model.conf', 'NaN'], '--model.conf NaN: must be a finite number'),
+    (['--model.weights', 'yolo11n-seg.pt'], 'no such file; Ultralytics publishes it at https://github.com/ultralytics/assets/releases')])
 def test_user_errors_are_one_line(tmp_path, monkeypatch, capsys, args, says):
     "A bad option value, an unknown option, a missing path: one `lucid: error:` line naming it, exit status 2, no traceback."
     monkeypatch.chdir(tmp_path)

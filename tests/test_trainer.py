@@ -27,13 +27,13 @@ def reference(tmp_path_factory):
 def test_run_folder(reference):
     cli, run, h = reference
     for f in ('config.yaml', 'metrics.csv', 'predictions.json', 'val_metrics.jsonl', 'curves.png',
-              'val_batch_labels.jpg', 'val_batch_pred.jpg', 'train_batch.jpg', 'state_hashes.json', 'timing.json',
+              'val_batch_labels.jpg', 'val_batch_pred.jpg', 'train_batch.jpg', 'labels.jpg', 'state_hashes.json', 'timing.json',
               'checkpoints/last.ckpt', 'checkpoints/best.ckpt'):
         assert (run / f).exists(), f
     assert not list(run.rglob('*.tmp')), 'a temporary file was left behind'
     lines = [json.loads(l) for l in (run / 'val_metrics.jsonl').read_text().splitlines()]
     assert [l['epoch'] for l in lines] == [0, 1] and len([k for k in lines[0] if k.startswith('segm/')]) == 12
-    assert set(h) >= {'model', 'optimizer', 'scheduler', 'ema', 'loss', 'predictions', 'all'}
+    assert set(h) >= {'model', 'optimizer', 'scheduler', 'ema', 'loss', 'best', 'predictions', 'all'}
 
 
 def test_same_seed_same_hashes(reference, tmp_path):
@@ -149,8 +149,13 @@ def test_empty_validation_set_is_an_error(tmp_path):
     from lucid_nb.core import EMBEDDED_IMAGES
     images = tmp_path / 'images'; shutil.copytree(EMBEDDED_IMAGES, images)
     for p in sorted(images.glob('*.jpg'))[-2:]: p.write_bytes(b'not a jpeg')
-    with pytest.raises(ValueError, match='no usable validation image'):
+    with pytest.raises(ValueError, match='no usable validation image') as e:
         cli_main(tiny(tmp_path, '--data.train_images', str(images), '--data.train_annotations', str(EMBEDDED_ANNOTATIONS)))
+    assert 'every one of the 2 of the last 2 images' in str(e.value) and '2 × unreadable image' in str(e.value)   # the report in the line
+    val = tmp_path / 'val.json'   # a validation JSON that lists no image: said so, not 'left out as bad input'
+    val.write_text(json.dumps(dict(json.loads(EMBEDDED_ANNOTATIONS.read_text()), images=[], annotations=[])))
+    with pytest.raises(ValueError, match=f'no validation image: {val} lists none that can be read'):
+        cli_main(tiny(tmp_path, '--data.val_images', str(EMBEDDED_IMAGES), '--data.val_annotations', str(val)))
 
 
 def test_bf16_mixed_fit_and_validate(tmp_path):

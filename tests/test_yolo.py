@@ -349,10 +349,19 @@ def test_lucid_test_scores_the_test_split(tmp_path):
                        env=dict(os.environ, OMP_NUM_THREADS='1'))
     assert r.returncode == 0, r.stderr[-3000:]
     line = next(l for l in (r.stdout + r.stderr).splitlines() if l.startswith('lucid_nb data:'))
-    assert 'train 4 images' in line and ', test 2 images (' in line, line
+    assert 'train' not in line and 'scoring 2 images (' in line and 'the test images of' in line, line   # the scored split alone
     dm = YoloData(dataset=str(GAPS), imgsz=64, batch_size=2, prefetch=False); dm.setup('test')
     assert {r.path.parent.name for r in dm.val_records} == {'test'} and dm.scored == 'test'
     assert sorted(e['file_name'] for e in dm.val_coco().dataset['images']) == ['images/test/000000000092.jpg', 'images/test/000000000144.jpg']
+
+
+def test_lucid_test_without_a_test_split_says_it_scores_val(tmp_path, caplog):
+    "A data.yaml without `test`: `lucid test` scores `val`, and says so once."
+    y = gaps_copy(tmp_path, test=None)
+    dm = YoloData(dataset=str(y), imgsz=64, batch_size=2, prefetch=False)
+    with caplog.at_level('WARNING', logger='lucid_nb.data'): dm.test_dataloader()
+    said = [r.getMessage() for r in caplog.records if 'lucid test' in r.getMessage()]
+    assert said == [f"lucid test: {y} names no test split, so its val split is scored"] and dm.scored == 'val'
 
 
 BAD_YAML = {   # what is wrong: (data.yaml keys merged into the fixture's, what the message must say)
