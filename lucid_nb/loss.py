@@ -153,8 +153,9 @@ def exclusive_masks(
     m = (masks != 0) & valid[..., None, None]
     area = m.sum((-2, -1), dtype=torch.int64)                                               # (Q,G) pixels
     key = area * (R + 1) + (R - torch.arange(R, device=m.device).view(Q, G))                # smaller area first, then the later row
-    big = torch.iinfo(torch.int64).max
-    per_group = torch.where(m, key[..., None, None], big).amin(1)                          # (Q,h,w): each group's smallest key per pixel
+    big, chunk = torch.iinfo(torch.int64).max, max(1, MASK_CHUNK_ELEMENTS // (G * h * w))   # a chunk of groups' keys at a time
+    per_group = torch.cat([torch.where(m[s:s + chunk], key[s:s + chunk, :, None, None], big).amin(1)
+                           for s in range(0, Q, chunk)])                                     # (Q,h,w): each group's smallest key per pixel
     top = per_group.new_full((B, h, w), big).scatter_reduce_(0, owner[:, None, None].expand(Q, h, w), per_group, 'amin')
     return m & (top[owner][:, None] == key[..., None, None])
 

@@ -116,7 +116,7 @@ class MuSGD(torch.optim.Optimizer):
 @patch
 @torch.no_grad()
 def add_param_group(self:MuSGD, param_group:dict):
-    "Add a group: hyperparameters become its own 0-dim float32 tensors on its parameters' device."
+    "Add a group: hyperparameters become its own 0-dim float64 tensors on its parameters' device."
     super(MuSGD, self).add_param_group(param_group)
     g = self.param_groups[-1]
     ps = g['params']
