@@ -130,7 +130,8 @@ def after_instantiate_classes(self:LucidCLI):
         if line := conf_line(predict_conf(h.conf, self.model.conf_given), h.max_det): note(line)
 
 # %% ../nbs/10a_command.ipynb #9642a43b
-RESUME_FIXED = ('optimizer', 'lr', 'momentum', 'weight_decay', 'warmup_epochs', 'warmup_bias_lr', 'warmup_momentum', 'lrf', 'cosine')
+RESUME_FIXED = ('optimizer', 'lr', 'momentum', 'weight_decay', 'warmup_epochs', 'warmup_bias_lr', 'warmup_momentum', 'lrf', 'cosine',
+                'clip_grad_norm')
 
 def refuse_resume_changes(hparams, saved:dict, given:set):
     "A resumed fit continues the checkpoint's optimiser and schedule: a different value given for one of them is an error, not ignored."

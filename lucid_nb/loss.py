@@ -16,8 +16,8 @@ from .tasks import get_task
 from .heads import make_anchors, bbox2dist, flatten_levels, decode_boxes
 
 # %% auto #0
-__all__ = ['MASK_CHUNK_ELEMENTS', 'dfl_loss', 'Assignment', 'in_boxes', 'assign', 'chunk_grad', 'CroppedMaskBCE', 'mask_loss',
-           'DetectLoss', 'SegLoss', 'Assigned', 'task_loss', 'synth_head_out']
+__all__ = ['MASK_CHUNK_ELEMENTS', 'dfl_loss', 'Assignment', 'in_boxes', 'assign', 'chunk_grad', 'CroppedMaskBCE',
+           'exclusive_masks', 'mask_loss', 'DetectLoss', 'SegLoss', 'Assigned', 'task_loss', 'synth_head_out']
 
 # %% ../nbs/04_loss.ipynb #ca19813e
 def dfl_loss(
@@ -45,10 +45,13 @@ class Assignment(NamedTuple):
 def in_boxes(
     anchors:Tensor,     # (A,2) xy px
     boxes:Tensor,       # (B,M,4) xyxy px
+    min_side:float=0.,  # a side shorter than this is widened to it about the box centre
     eps:float=1e-9,
 )->Tensor:              # (B,M,A) bool
-    "Anchor centres strictly inside each box."
-    lt, rb = boxes[:, :, None, :2], boxes[:, :, None, 2:]  # (B,M,1,2)
+    "Anchor centres strictly inside each box, its short sides widened to `min_side` (Ultralytics' `select_candidates_in_gts`)."
+    c, wh = (boxes[..., :2] + boxes[..., 2:]) / 2, boxes[..., 2:] - boxes[..., :2]      # its xyxy → xywh → xyxy, rounding as it does
+    half = torch.where(wh < min_side, torch.full_like(wh, min_side), wh) / 2
+    lt, rb = (c - half)[:, :, None], (c + half)[:, :, None]                             # (B,M,1,2)
     return torch.cat([anchors - lt, rb - anchors], -1).amin(-1) > eps
 
 # %% ../nbs/04_loss.ipynb #6faef6be
@@ -62,11 +65,12 @@ def assign(
     valid:Tensor,       # (Q,G) bool
     owner:Tensor|None=None, # (Q,) int64: each group's image; None: group q is image q (one group per image)
     topk:int=10, alpha:float=0.5, beta:float=6.0, eps:float=1e-9,
+    min_side:float=0.,  # candidates: boxes' sides widened to at least this (px; `DetectLoss` gives its middle stride, as Ultralytics)
 )->Assignment:
     "Task-aligned assignment of anchors to ground-truth slots held in groups, with fixed shapes."
     B, A, K = pd_scores.shape; Q, G = gt_cls.shape; R, dev = Q * G, pd_scores.device
     if owner is None: owner = torch.arange(Q, device=dev)
-    cand = in_boxes(anchors, gt_boxes) & valid[..., None]                                         # (Q,G,A)
+    cand = in_boxes(anchors, gt_boxes, min_side) & valid[..., None]                               # (Q,G,A)
     ov = torch.where(cand, bbox_iou(gt_boxes[:, :, None], pd_boxes[owner][:, None], ciou=True).clamp(0), 0)
     cls_at = (owner[:, None, None] * A + torch.arange(A, device=dev)) * K + gt_cls[..., None]       # (Q,G,A): the slot's class at each anchor of its image
     s = torch.where(cand, pd_scores.reshape(-1)[cls_at], 0)
@@ -74,12 +78,14 @@ def assign(
     top = metric.sort(dim=-1, descending=True, stable=True).indices[..., :topk]                   # (Q,G,topk)
     pos = torch.zeros_like(cand).scatter_(-1, top, True) & cand
     img = owner.repeat_interleave(G)[:, None].expand(R, A)                                        # (R,A): each row's image
-    val = torch.where(pos, ov, -1.).view(R, A)
-    top_ov = val.new_full((B, A), -1.).scatter_reduce_(0, img, val, 'amax')                       # per anchor, over its image's slots
     row = torch.arange(R, device=dev)[:, None].expand(R, A)
-    best = row.new_full((B, A), R).scatter_reduce_(0, img, torch.where(val == top_ov.gather(0, img), row, R), 'amin').clamp_(max=R - 1)
-    pos &= row.view(Q, G, A) == best[owner][:, None]
-    fg = top_ov > -1
+    per_image = lambda x, init, how: x.new_full((B, A), init).scatter_reduce_(0, img, x, how)    # (R,A) → (B,A) over each image's rows
+    first, last = per_image(torch.where(pos.view(R, A), row, R), R, 'amin'), per_image(torch.where(pos.view(R, A), row, -1), -1, 'amax')
+    fg, multi = first < R, (first < last)                                                         # selected by one slot, by several
+    ovv = torch.where(valid[..., None], ov, -1.).view(R, A)                                       # overlaps with every slot of the image, selecting or not
+    top_ov = per_image(ovv, -1., 'amax')
+    best = torch.where(multi, per_image(torch.where(ovv == top_ov.gather(0, img), row, R), R, 'amin'), first).clamp_(max=R - 1)
+    pos = torch.where(multi[owner][:, None], row.view(Q, G, A) == best[owner][:, None], pos)      # several: the highest overlap of all its image's slots wins
     tcls, tbox = gt_cls.reshape(R)[best], gt_boxes.reshape(R, 4)[best]                            # (B,A), (B,A,4)
     metric = metric * pos
     term = metric * (ov * pos).amax(-1, keepdim=True) / (metric.amax(-1, keepdim=True) + eps)    # (Q,G,A)
@@ -89,49 +95,69 @@ def assign(
     return Assignment(fg, best, tbox, scores, pos, top)
 
 # %% ../nbs/04_loss.ipynb #7fdc7cfb
-MASK_CHUNK_ELEMENTS = 2**25   # logits per chunk of groups in `CroppedMaskBCE` (128 MB in float32)
+MASK_CHUNK_ELEMENTS = 2**24   # logits per chunk of groups in `CroppedMaskBCE` (64 MB in float32; three such tensors at the peak)
 
-def _cropped_bce_sum(c, proto, t, inside):
-    "Σ over (h,w) of inside · BCE(c · proto, t): c (n,G,k,P), proto (n,P,h,w), t and inside (n,G,h,w) → (n,G,k)."
+def _cropped_bce_sum(c, proto, t, rows, cols):
+    "Σ over (h,w) of inside · BCE(c · proto, t): c (n,G,k,P), proto (n,P,h,w), t (n,G,k,h,w), the crop's rows (n,G,k,h,1) and columns (n,G,k,1,w) → (n,G,k)."
     x = torch.einsum('qgkp,qphw->qgkhw', c, proto)
-    bce = F.binary_cross_entropy_with_logits(x, t[:, :, None].expand_as(x), reduction='none')
-    del x                                        # one chunk-sized tensor less at the peak
-    n, G, k, h, w = bce.shape                    # the crop and the sum as one product: the BCE is read once
-    return torch.matmul(bce.view(n, G, k, h * w), inside.view(n, G, h * w, 1))[..., 0]
+    bce = F.binary_cross_entropy_with_logits(x, t, reduction='none')
+    del x, t                                     # chunk-sized tensors less at the peak
+    return (rows.transpose(-1, -2) @ (bce @ cols.transpose(-1, -2)))[..., 0, 0]   # the crop and the sum as two products: the BCE is read once
 
-def chunk_grad(x, t, inside):
-    "(σ(x) − t) · inside, computed in `x`'s memory: x (n,G,k,h,w), t and inside (n,G,h,w) 0/1; ∂ loss/∂x is this times the incoming gradient."
-    return torch.sigmoid_(x).sub_(t[:, :, None]).mul_(inside[:, :, None])
+def chunk_grad(x, t, rows, cols):
+    "(σ(x) − t) · inside, computed in `x`'s memory: x and t (n,G,k,h,w), the crop as rows (n,G,k,h,1) and columns (n,G,k,1,w), 0/1; ∂ loss/∂x is this times the incoming gradient."
+    return torch.sigmoid_(x).sub_(t).mul_(rows).mul_(cols)
 
-def _chunk_inputs(proto, owner, t, mbox, s, e):
-    "Groups s..e-1: their images' prototypes (n,P,h,w), and their masks and box crops as 0/1 floats (n,G,h,w)."
-    h, w = proto.shape[-2:]
-    return proto[owner[s:e]], t[s:e].to(proto.dtype), crop_mask(mbox[s:e], h, w).to(proto.dtype)
+def _chunk_inputs(proto, owner, masks, tgt, ebox, s, e):
+    "Groups s..e-1: their images' prototypes (n,P,h,w); each entry's target mask (n,G,k,h,w) and its box's rows and columns, 0/1 floats."
+    h, w = proto.shape[-2:]; b = ebox[s:e, ..., None].to(proto.dtype)   # (n,G,k,4,1)
+    c, r = torch.arange(w, device=b.device, dtype=b.dtype), torch.arange(h, device=b.device, dtype=b.dtype)
+    rows, cols = ((r >= b[..., 1, :]) & (r < b[..., 3, :]))[..., None], ((c >= b[..., 0, :]) & (c < b[..., 2, :]))[..., None, :]
+    return proto[owner[s:e]], masks[tgt[s:e]].to(proto.dtype), rows.to(proto.dtype), cols.to(proto.dtype)
 
 # %% ../nbs/04_loss.ipynb #b2214211
 class CroppedMaskBCE(torch.autograd.Function):
-    "Per (q, g, k) the BCE of mask logits `c · proto` against slot (q, g)'s mask, summed inside its box; `chunk` groups at a time."
+    "Per entry (q, g, k) the BCE of mask logits `c · proto` against the mask of row `tgt[q,g,k]`, summed inside box `ebox[q,g,k]`; `chunk` groups at a time."
     @staticmethod
-    def forward(ctx, c, proto, owner, t, mbox, chunk:int):   # c (Q,G,k,P), proto (B,P,h,w), owner (Q,), t (Q,G,h,w) 0/1, mbox (Q,G,4) mask px
-        ctx.save_for_backward(c, proto, owner, t, mbox); ctx.chunk = chunk
-        return torch.cat([_cropped_bce_sum(c[s:s + chunk], *_chunk_inputs(proto, owner, t, mbox, s, s + chunk))
+    def forward(ctx, c, proto, owner, masks, tgt, ebox, chunk:int):   # c (Q,G,k,P), proto (B,P,h,w), owner (Q,), masks (R,h,w) 0/1, tgt (Q,G,k) rows of masks, ebox (Q,G,k,4) mask px
+        ctx.save_for_backward(c, proto, owner, masks, tgt, ebox); ctx.chunk = chunk
+        return torch.cat([_cropped_bce_sum(c[s:s + chunk], *_chunk_inputs(proto, owner, masks, tgt, ebox, s, s + chunk))
                           for s in range(0, len(c), chunk)])
 
     @staticmethod
     @once_differentiable
     def backward(ctx, g):                                 # g (Q,G,k)
-        c, proto, owner, t, mbox = ctx.saved_tensors
+        c, proto, owner, masks, tgt, ebox = ctx.saved_tensors
         B, P, h, w = proto.shape; G, k = c.shape[1:3]
         gc, per_group = [], proto.new_empty(len(c), P, h * w)   # (Q,P,h·w): each group's share of ∂/∂proto
         with torch.autocast(g.device.type, enabled=False):      # in the forward's precision, wherever backward is called
             for s in range(0, len(c), ctx.chunk):
-                e = s + ctx.chunk; n = len(c[s:e]); cs, (ps, ts, ins) = c[s:e], _chunk_inputs(proto, owner, t, mbox, s, e)
-                d = chunk_grad(torch.einsum('qgkp,qphw->qgkhw', cs, ps), ts, ins).view(n, G * k, h * w)   # (σ(x) − t)·inside, in x's memory
+                e = s + ctx.chunk; n = len(c[s:e]); cs, (ps, ts, rs, cl) = c[s:e], _chunk_inputs(proto, owner, masks, tgt, ebox, s, e)
+                d = chunk_grad(torch.einsum('qgkp,qphw->qgkhw', cs, ps), ts, rs, cl).view(n, G * k, h * w)   # (σ(x) − t)·inside, in x's memory
+                del ts
                 gc.append(torch.bmm(d, ps.view(n, P, h * w).transpose(1, 2)).view(n, G, k, P) * g[s:e, ..., None])
                 torch.bmm((cs * g[s:e, ..., None]).view(n, G * k, P).transpose(1, 2), d, out=per_group[s:e])
             images = (owner == torch.arange(B, device=owner.device)[:, None]).to(proto.dtype)   # (B,Q) one-hot
             gp = images.mm(per_group.view(len(c), -1)).view_as(proto)   # each image's groups summed by a product: no atomic adds
-        return torch.cat(gc), gp, None, None, None, None
+        return torch.cat(gc), gp, None, None, None, None, None
+
+# %% ../nbs/04_loss.ipynb #a57e0c02
+def exclusive_masks(
+    masks:Tensor,       # (Q,G,h,w) instance masks, 0/1
+    valid:Tensor,       # (Q,G) bool
+    owner:Tensor,       # (Q,) each group's image
+    B:int,              # images
+)->Tensor:              # (Q,G,h,w) bool
+    "Each slot's mask without the pixels a smaller instance of its image covers (Ultralytics' `overlap_mask`: smaller on top; equal areas: the later slot)."
+    Q, G, h, w = masks.shape; R = Q * G
+    m = (masks != 0) & valid[..., None, None]
+    area = m.sum((-2, -1), dtype=torch.int64)                                               # (Q,G) pixels
+    key = area * (R + 1) + (R - torch.arange(R, device=m.device).view(Q, G))                # smaller area first, then the later row
+    big, chunk = torch.iinfo(torch.int64).max, max(1, MASK_CHUNK_ELEMENTS // (G * h * w))   # a chunk of groups' keys at a time
+    per_group = torch.cat([torch.where(m[s:s + chunk], key[s:s + chunk, :, None, None], big).amin(1)
+                           for s in range(0, Q, chunk)])                                     # (Q,h,w): each group's smallest key per pixel
+    top = per_group.new_full((B, h, w), big).scatter_reduce_(0, owner[:, None, None].expand(Q, h, w), per_group, 'amin')
+    return m & (top[owner][:, None] == key[..., None, None])
 
 # %% ../nbs/04_loss.ipynb #204805a4
 def mask_loss(
@@ -139,21 +165,25 @@ def mask_loss(
     proto:Tensor,       # (B,P,h,w) prototypes, h = w = S/4
     a:Assignment,
     gt_boxes:Tensor,    # (Q,G,4) xyxy px of the letterboxed image
-    masks:Tensor,       # (Q,G,h,w) instance masks, 0/1 (uint8 or float)
+    masks:Tensor,       # (Q,G,h,w) instance masks, 0/1 (uint8, bool or float)
     img_hw:tuple,       # (H,W) of the input image in px
     owner:Tensor|None=None, # (Q,) each group's image; None: group q is image q
     eps:float=1e-9,
 )->Tensor:              # 0-dim: mean over foreground anchors
-    "Cropped, area-normalised mask BCE over the foreground anchors, computed for each slot's top-k anchors."
-    Q, G, k = a.topk_idx.shape; B, A, P = coef.shape; h, w = proto.shape[-2:]
-    if owner is None: owner = torch.arange(Q, device=coef.device)
-    wt = a.mask_pos.gather(2, a.topk_idx)                                               # (Q,G,k)
-    c = coef.reshape(B * A, P)[(owner[:, None, None] * A + a.topk_idx).view(-1)].view(Q, G, k, P)   # each slot's top-k, of its image
-    sx, sy = w / img_hw[1], h / img_hw[0]
-    mbox = torch.stack([gt_boxes[..., 0] * sx, gt_boxes[..., 1] * sy, gt_boxes[..., 2] * sx, gt_boxes[..., 3] * sy], -1)  # (Q,G,4) mask px
-    area = ((mbox[..., 2] - mbox[..., 0]) * (mbox[..., 3] - mbox[..., 1])).clamp_min(eps)  # (Q,G)
+    "Cropped, area-normalised mask BCE over the foreground anchors, each once, computed on the slots' top-k lists."
+    Q, G, k = a.topk_idx.shape; B, A, P = coef.shape; h, w = proto.shape[-2:]; dev = coef.device
+    if owner is None: owner = torch.arange(Q, device=dev)
+    at = (owner[:, None, None] * A + a.topk_idx).view(-1)                                    # (Q·G·k,) each entry's anchor, as b·A + a
+    entry = torch.arange(Q * G * k, device=dev)
+    first = entry.new_full((B * A,), Q * G * k).scatter_reduce_(0, at, entry, 'amin')         # each anchor's first entry
+    wt = ((first[at] == entry) & a.fg.view(-1)[at]).view(Q, G, k)                            # a foreground anchor counts once
+    tgt = a.gt_idx.view(-1)[at].view(Q, G, k)                                                 # the row it is assigned to
+    c = coef.reshape(B * A, P)[at].view(Q, G, k, P)
+    (H, W), x1, y1, x2, y2 = img_hw, *gt_boxes.unbind(-1)
+    mbox = torch.stack([x1 / W * w, y1 / H * h, x2 / W * w, y2 / H * h], -1).view(-1, 4)   # (R,4) mask px, rounded as Ultralytics does
+    area = ((mbox[:, 2] - mbox[:, 0]) * (mbox[:, 3] - mbox[:, 1])).clamp_min(eps)           # (R,)
     chunk = max(1, min(Q, MASK_CHUNK_ELEMENTS // (G * k * h * w)))
-    per = CroppedMaskBCE.apply(c, proto, owner, masks, mbox, chunk) / area[..., None]   # (Q,G,k)
+    per = CroppedMaskBCE.apply(c, proto, owner, masks.reshape(Q * G, h, w), tgt, mbox[tgt], chunk) / area[tgt]   # (Q,G,k)
     return (per * wt).sum() / a.fg.sum().clamp_min(1)
 
 # %% ../nbs/04_loss.ipynb #c9e5e5f5
@@ -179,9 +209,10 @@ class SegLoss(DetectLoss):
     def __init__(self, num_classes:int=80, reg_max:int=16, strides=(8, 16, 32), box:float=7.5, cls:float=0.5,
                  dfl:float=1.5,
                  seg:float=7.5,          # gain of the mask BCE (YOLOv8-seg uses the box gain)
-                 topk:int=10, alpha:float=0.5, beta:float=6.0):
+                 topk:int=10, alpha:float=0.5, beta:float=6.0,
+                 overlap:bool=True):     # a pixel of several instances is the smallest one's (Ultralytics' `overlap_mask`)
         super().__init__(num_classes, reg_max, strides, box, cls, dfl, topk, alpha, beta)
-        self.gains['seg'] = seg
+        self.gains['seg'], self.overlap = seg, overlap
 
 # %% ../nbs/04_loss.ipynb #824512b3
 class Assigned(NamedTuple):
@@ -215,7 +246,7 @@ def box_terms(self:DetectLoss, out:dict, batch:dict)->tuple[dict,Assigned]:
     pbox = decode_boxes(pdist.flatten(-2), anchors, self.reg_max)                # (B,A,4) grid units, as the head decodes
     gcls, gbox, valid, owner = self.targets(batch)
     a = assign(pcls.detach().sigmoid(), pbox.detach() * stride, anchors * stride, gcls, gbox, valid, owner,
-               self.topk, self.alpha, self.beta)
+               self.topk, self.alpha, self.beta, min_side=self.strides[min(1, len(self.strides) - 1)])
     tss = a.target_scores.sum().clamp_min(1)
     w = a.target_scores.sum(-1)                                                  # (B,A), 0 on background
     tbox = a.target_boxes / stride                                               # (B,A,4) grid units
@@ -241,7 +272,9 @@ def forward(self:DetectLoss, out:dict, batch:dict)->dict:
 def extra_terms(self:SegLoss, out:dict, batch:dict, assigned:Assigned)->dict:
     "The mask term `seg`: the Segment head's coefficients (B,A,P) and prototypes (B,P,S/4,S/4) against the batch's masks."
     coef, proto = flatten_levels(out['coef']).float(), out['proto'].float()
-    return dict(seg=mask_loss(coef, proto, assigned.a, assigned.gt_boxes, batch['masks'], assigned.img_hw, assigned.owner))
+    masks, owner = batch['masks'], assigned.owner
+    if self.overlap: masks = exclusive_masks(masks, batch['valid'], torch.arange(len(masks), device=masks.device) if owner is None else owner, len(coef))
+    return dict(seg=mask_loss(coef, proto, assigned.a, assigned.gt_boxes, masks, assigned.img_hw, owner))
 
 def task_loss(task:str='segment', # a task of `TASKS` (`00c_tasks`)
               num_classes:int=80, box:float=7.5, cls:float=0.5, dfl:float=1.5,

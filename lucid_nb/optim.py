@@ -14,9 +14,9 @@ from torch.optim.lr_scheduler import LRScheduler
 from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['NS_COEFFS', 'HYPERPARAMS', 'OPTIMIZERS', 'param_groups', 'newton_schulz', 'orthogonalise', 'MuSGD', 'build_optimizer',
-           'WarmupDecayLR', 'build_schedule', 'CapturedUpdate', 'MuSGDUpdate', 'SGDUpdate', 'AdamWUpdate',
-           'update_blocker', 'captured_update', 'state_ready']
+__all__ = ['NS_COEFFS', 'HYPERPARAMS', 'OPTIMIZERS', 'NBS', 'MUSGD_CLS_LR', 'param_groups', 'newton_schulz', 'orthogonalise',
+           'MuSGD', 'auto_optimizer', 'build_optimizer', 'WarmupDecayLR', 'build_schedule', 'CapturedUpdate',
+           'MuSGDUpdate', 'SGDUpdate', 'AdamWUpdate', 'update_blocker', 'captured_update', 'state_ready']
 
 # %% ../nbs/05_optim.ipynb #96576144
 _NORMS = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm)
@@ -58,28 +58,41 @@ def newton_schulz(
     return X.mT if tall else X
 
 # %% ../nbs/05_optim.ipynb #7f6ef9e4
+def _batches(updates:list[Tensor])->list[list[tuple[int,Tensor]]]:
+    "Ultralytics' batches: the (rows, cols) views by columns and scale, each run of rows within 16× of its largest, largest first."
+    buckets, out = {}, []
+    for i, u in enumerate(updates):
+        m = u.flatten(1) if u.ndim > 2 else u
+        buckets.setdefault((m.size(1), max(1, u.size(-2) / u.size(-1)) ** 0.5, m.device, m.dtype), []).append((i, m))
+    for items in buckets.values():
+        items.sort(key=lambda t: -t[1].size(0))                          # stable: equal rows keep their order
+        start = 0
+        for j in range(1, len(items) + 1):
+            if j == len(items) or items[start][1].size(0) > 16 * items[j][1].size(0): out.append(items[start:j]); start = j
+    return out
+
 def orthogonalise(
     updates:list[Tensor],          # tensors with ndim >= 2 (momentum updates of matrix-like params)
     steps:int=5,                   # Newton–Schulz iterations
-    dtype:torch.dtype=torch.float32, # dtype of the iteration
+    dtype:torch.dtype=torch.bfloat16, # dtype of the iteration (Ultralytics' MuSGD: bfloat16)
 )->list[Tensor]:                   # orthogonalised updates, each shaped and typed like its input
-    "Newton–Schulz of each update viewed as `(shape[0], -1)`, batched over equal shapes, scaled by √max(1, rows/cols)."
-    out, by_shape = [None] * len(updates), {}
-    for i, u in enumerate(updates): by_shape.setdefault(tuple(u.shape), []).append(i)
-    for shape, idx in by_shape.items():
-        r, c = shape[0], math.prod(shape[1:])
-        O = newton_schulz(torch.stack([updates[i].reshape(r, c) for i in idx]).to(dtype), steps)   # (n,r,c)
-        O = O * max(1.0, r / c) ** 0.5
-        for j, i in enumerate(idx): out[i] = O[j].reshape(shape).to(updates[i].dtype)
+    "Newton–Schulz of each update viewed as `(shape[0], -1)`, batched and scaled as Ultralytics' `muon_update`: rows zero-padded within a batch, × √max(1, shape[-2]/shape[-1])."
+    out = [None] * len(updates)
+    for items in _batches(updates):
+        m0 = items[0][1]; scale = max(1, updates[items[0][0]].size(-2) / updates[items[0][0]].size(-1)) ** 0.5
+        X = m0.new_zeros(len(items), m0.size(0), m0.size(1))            # zero rows stay zero through the iteration
+        torch._foreach_add_([X[j, :m.size(0)] for j, (_, m) in enumerate(items)], [m for _, m in items])
+        O = newton_schulz(X.to(dtype), steps).to(m0.dtype).mul_(scale)
+        for j, (i, m) in enumerate(items): out[i] = O[j, :m.size(0)].reshape(updates[i].shape)
     return out
 
 # %% ../nbs/05_optim.ipynb #95dfbac2
-HYPERPARAMS = ('lr', 'momentum', 'weight_decay', 'muon_weight', 'sgd_weight')   # 0-dim tensors in every MuSGD group
+HYPERPARAMS = ('lr', 'momentum', 'weight_decay', 'muon_weight', 'sgd_weight')   # 0-dim float64 tensors in every MuSGD group
 
 def _hyper(v, device)->Tensor:
-    "A fresh 0-dim float32 tensor on `device` holding `v` (a number or a 1-element tensor)."
-    if isinstance(v, Tensor): return v.detach().reshape(()).to(device=device, dtype=torch.float32).clone()
-    return torch.tensor(float(v), dtype=torch.float32, device=device)
+    "A fresh 0-dim float64 tensor on `device` holding `v` (a number or a 1-element tensor): a Python float's exact value."
+    if isinstance(v, Tensor): return v.detach().reshape(()).to(device=device, dtype=torch.float64).clone()
+    return torch.tensor(float(v), dtype=torch.float64, device=device)
 
 # %% ../nbs/05_optim.ipynb #38fb6206
 class MuSGD(torch.optim.Optimizer):
@@ -93,7 +106,7 @@ class MuSGD(torch.optim.Optimizer):
         muon_weight:float=0.2,           # w_m, weight of the orthogonalised update (matrix groups)
         sgd_weight:float=1.0,            # w_s, weight of the SGD update in matrix groups (vector groups use 1)
         ns_steps:int=5,                  # Newton–Schulz iterations
-        ns_dtype:torch.dtype=torch.float32, # dtype of the Newton–Schulz iteration
+        ns_dtype:torch.dtype=torch.bfloat16, # dtype of the Newton–Schulz iteration (Ultralytics': bfloat16)
     ):
         self.ns_steps, self.ns_dtype = ns_steps, ns_dtype
         super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov,
@@ -103,7 +116,7 @@ class MuSGD(torch.optim.Optimizer):
 @patch
 @torch.no_grad()
 def add_param_group(self:MuSGD, param_group:dict):
-    "Add a group: hyperparameters become its own 0-dim float32 tensors on its parameters' device."
+    "Add a group: hyperparameters become its own 0-dim float64 tensors on its parameters' device."
     super(MuSGD, self).add_param_group(param_group)
     g = self.param_groups[-1]
     ps = g['params']
@@ -134,17 +147,17 @@ def init_state(self:MuSGD):
 
 # %% ../nbs/05_optim.ipynb #9276eab7
 def _sgd_direction(ps, grads, bufs, mom:Tensor, wd:Tensor, nesterov:bool)->list[Tensor]:
-    d = torch._foreach_mul(ps, wd); torch._foreach_add_(d, grads)        # d = λp + g
+    n = len(ps)
+    d = torch._foreach_addcmul(grads, ps, [wd] * n)                      # d = g + λp
     torch._foreach_mul_(bufs, mom); torch._foreach_add_(bufs, d)         # b = μb + d
     if not nesterov: return bufs
-    u = torch._foreach_mul(bufs, mom); torch._foreach_add_(u, d)         # u = μb + d
-    return u
+    return torch._foreach_addcmul(d, bufs, [mom] * n)                    # u = d + μb
 
 def _muon_direction(grads, bufs, mom:Tensor, nesterov:bool)->list[Tensor]:
-    g1 = torch._foreach_mul(grads, 1 - mom)                              # (1-μ)g
-    torch._foreach_mul_(bufs, mom); torch._foreach_add_(bufs, g1)        # m = μm + (1-μ)g
+    damp = [1 - mom] * len(grads)
+    torch._foreach_mul_(bufs, mom); torch._foreach_addcmul_(bufs, grads, damp)    # m = μm + (1-μ)g
     if not nesterov: return bufs
-    v = torch._foreach_mul(bufs, mom); torch._foreach_add_(v, g1)        # v = μm + (1-μ)g
+    v = torch._foreach_mul(bufs, mom); torch._foreach_addcmul_(v, grads, damp)    # v = μm + (1-μ)g
     return v
 
 # %% ../nbs/05_optim.ipynb #2d6466ff
@@ -154,22 +167,16 @@ def update(self:MuSGD,
            params:list[list[Tensor]],  # per group, the parameters to update
            grads:list[list[Tensor]]):  # their gradients, in the same order
     "The update of `step` with the gradients given (a recorded update passes its static gradient buffers)."
-    todo, muon_in = [], []
     for g, ps, grads_g in zip(self.param_groups, params, grads):
         if not ps: continue
-        st = [self.state[p] for p in ps]
+        st, lr = [self.state[p] for p in ps], g['lr']
+        if g['use_muon']:                                                 # Ultralytics' order: the Muon step first
+            o = orthogonalise(_muon_direction(grads_g, [s['muon_buffer'] for s in st], g['momentum'], g['nesterov']),
+                              self.ns_steps, self.ns_dtype)
+            torch._foreach_addcmul_(ps, o, [-(lr * g['muon_weight'])] * len(ps))       # p −= η w_m o
+            lr = lr * g['sgd_weight']
         u = _sgd_direction(ps, grads_g, [s['momentum_buffer'] for s in st], g['momentum'], g['weight_decay'], g['nesterov'])
-        if g['use_muon']:
-            muon_in += _muon_direction(grads_g, [s['muon_buffer'] for s in st], g['momentum'], g['nesterov'])
-        todo.append((g, ps, u))
-    orth = iter(orthogonalise(muon_in, self.ns_steps, self.ns_dtype))
-    for g, ps, u in todo:
-        if g['use_muon']:
-            upd = torch._foreach_mul(u, g['sgd_weight'])                                   # w_s u
-            torch._foreach_add_(upd, torch._foreach_mul([next(orth) for _ in ps], g['muon_weight']))  # + w_m o
-            torch._foreach_mul_(upd, g['lr'])                                             # η (...)
-        else: upd = torch._foreach_mul(u, g['lr'])                                        # η u
-        torch._foreach_sub_(ps, upd)
+        torch._foreach_addcmul_(ps, u, [-lr] * len(ps))                   # then p −= η w_s u, decay on the new p
 
 @patch
 @torch.no_grad()
@@ -205,6 +212,23 @@ def load_state_dict(self:MuSGD, state_dict:dict):
 
 # %% ../nbs/05_optim.ipynb #b1c93387
 OPTIMIZERS = ('sgd', 'adamw', 'musgd')
+NBS = 64                  # Ultralytics' nominal batch size, in its `optimizer=auto` rule
+MUSGD_CLS_LR = 3.0        # MuSGD: lr factor of the class branch's parameters (Ultralytics' `build_optimizer`)
+
+def auto_optimizer(
+    iterations:int,       # Ultralytics' count: ceil(training images / max(batch, NBS)) × epochs
+    num_classes:int,      # K
+)->tuple[str,float,float]: # name, lr, momentum
+    "Ultralytics' `optimizer=auto`: MuSGD (lr 0.01) above 10,000 iterations, else AdamW with lr round(0.002·5/(4+K), 6); momentum 0.9."
+    return ('musgd', 0.01, 0.9) if iterations > 10000 else ('adamw', round(0.002 * 5 / (4 + num_classes), 6), 0.9)
+
+def _boosted(groups:list[dict], boost:set)->list[dict]:
+    "Each group split in two, its parameters in `boost` (first, lr ×`MUSGD_CLS_LR`) and the others; empty halves dropped."
+    out = []
+    for g in groups:
+        for part, cls in (([p for p in g['params'] if id(p) in boost], True), ([p for p in g['params'] if id(p) not in boost], False)):
+            if part: out.append(dict(g, params=part, **({'lr_factor': MUSGD_CLS_LR} if cls else {})))
+    return out
 
 def build_optimizer(
     model:nn.Module,          # the model whose trainable parameters are optimised
@@ -216,12 +240,15 @@ def build_optimizer(
     muon_weight:float=0.2,    # MuSGD: weight of the orthogonalised update
     sgd_weight:float=1.0,     # MuSGD: weight of the SGD update of matrices
 )->torch.optim.Optimizer:
-    "SGD (Nesterov), AdamW or MuSGD over `param_groups(model, weight_decay)`."
+    "SGD (Nesterov), AdamW or MuSGD over `param_groups(model, weight_decay)`; MuSGD gives the class branch (`model.head.cls`) 3× the lr, as Ultralytics."
     key = name.lower() if isinstance(name, str) else name
     if key not in OPTIMIZERS: raise ValueError(f"optimizer name={name!r} is not one of {', '.join(map(repr, OPTIMIZERS))}")
     groups = param_groups(model, weight_decay)
     if key == 'sgd': return torch.optim.SGD(groups, lr=lr, momentum=momentum, nesterov=nesterov)
     if key == 'adamw': return torch.optim.AdamW(groups, lr=lr, betas=(momentum, 0.999))
+    cls = getattr(getattr(model, 'head', None), 'cls', None)
+    groups = _boosted(groups, {id(p) for p in cls.parameters()} if cls is not None else set())
+    for g in groups: g['lr'] = lr * g.get('lr_factor', 1.0)
     return MuSGD(groups, lr=lr, momentum=momentum, nesterov=nesterov, muon_weight=muon_weight, sgd_weight=sgd_weight)
 
 # %% ../nbs/05_optim.ipynb #722d6951
@@ -229,40 +256,42 @@ def _get_momentum(g:dict):
     return g['betas'][0] if 'betas' in g else g.get('momentum')
 
 def _set_momentum(g:dict, m:float):
-    "Write momentum (AdamW: β₁) into a group: `fill_` a tensor in place, assign a float."
-    if 'betas' in g:
-        b = g['betas']
-        if isinstance(b[0], Tensor): b[0].fill_(m)
-        else: g['betas'] = (m, *b[1:])
-    elif 'momentum' in g:
-        if isinstance(g['momentum'], Tensor): g['momentum'].fill_(m)
-        else: g['momentum'] = m
+    "Write momentum into a group that has one (SGD, MuSGD): `fill_` a tensor in place, assign a float. AdamW's β₁ stays (as Ultralytics')."
+    if 'momentum' not in g: return
+    if isinstance(g['momentum'], Tensor): g['momentum'].fill_(m)
+    else: g['momentum'] = m
+
+def _interp(x:float, x1:float, a:float, b:float)->float:
+    "`np.interp(x, [0, x1], [a, b])` for 0 <= x <= x1, to the bit (NumPy's slope form; the end point exact)."
+    return float(b) if x >= x1 else (b - a) / x1 * x + a
 
 # %% ../nbs/05_optim.ipynb #0de608d7
 class WarmupDecayLR(LRScheduler):
-    "Per-iteration YOLO schedule: warm-up of lr (bias group from `warmup_bias_lr`) and momentum, then linear or cosine decay."
+    "Ultralytics' schedule, per iteration: lr decayed by whole epochs, and a linear warm-up of lr (bias group from `warmup_bias_lr`) and momentum."
     def __init__(self,
         optimizer:torch.optim.Optimizer, # groups named 'bias' (see `param_groups`) warm up from `warmup_bias_lr`
         epochs:int,                      # E, epochs of the run
         steps_per_epoch:int,             # optimiser steps per epoch
-        warmup_epochs:float=3.0,         # warm-up length in epochs (0: none)
+        warmup_epochs:float=3.0,         # warm-up length in epochs (0: none), at most E − 1
         warmup_bias_lr:float=0.1,        # bias-group lr at iteration 0
-        warmup_momentum:float=0.8,       # momentum (β₁) at iteration 0
+        warmup_momentum:float=0.8,       # momentum at iteration 0 (AdamW's β₁ is not warmed up)
         lrf:float=0.01,                  # final lr as a fraction of the initial one
         cosine:bool=False,               # cosine instead of linear decay
-        min_warmup_iters:int=100,        # warm-up lasts at least this many iterations (if warmup_epochs > 0)
+        min_warmup_iters:int=0,          # warm-up lasts at least this many iterations (if warmup_epochs > 0)
+        momentum:float|None=None,        # where the momentum warm-up ends; None: each group's own momentum
         last_epoch:int=-1,               # torch's resume argument (Lightning uses load_state_dict instead)
     ):
         _check_schedule(epochs, steps_per_epoch, warmup_epochs, lrf, min_warmup_iters)
         self.epochs, self.steps_per_epoch, self.lrf, self.cosine = int(epochs), int(steps_per_epoch), float(lrf), bool(cosine)
         self.warmup_bias_lr, self.warmup_momentum = float(warmup_bias_lr), float(warmup_momentum)
-        self.warmup_iters = max(round(warmup_epochs * steps_per_epoch), int(min_warmup_iters)) if warmup_epochs > 0 else 0
+        we = min(warmup_epochs, max(self.epochs - 1, 0))                  # the last epoch is never warm-up
+        self.warmup_iters = max(round(we * steps_per_epoch), int(min_warmup_iters)) if we > 0 else 0
         gs = optimizer.param_groups
         for g in gs:   # host reads, once, at construction (never in a step)
             m = _get_momentum(g)
             g.setdefault('initial_momentum', 0.0 if m is None else float(m))
         self.lr0 = [float(g.get('initial_lr', g['lr'])) for g in gs]
-        self.momentum0 = [g['initial_momentum'] for g in gs]
+        self.momentum0 = [g['initial_momentum'] if momentum is None else float(momentum) for g in gs]
         self.is_bias = [g.get('name') == 'bias' for g in gs]
         super().__init__(optimizer, last_epoch)
 
@@ -276,21 +305,20 @@ def _check_schedule(epochs, steps_per_epoch, warmup_epochs, lrf, min_warmup_iter
 
 # %% ../nbs/05_optim.ipynb #45db6e8a
 @patch
-def factor(self:WarmupDecayLR, e:float)->float:
-    x = min(e / self.epochs, 1.0)
-    if self.cosine: return 1 + (self.lrf - 1) * (1 - math.cos(math.pi * x)) / 2
-    return (1 - x) * (1 - self.lrf) + self.lrf
+def factor(self:WarmupDecayLR, e:int)->float:
+    "The decay factor of whole epoch `e`: Ultralytics' `lf` (linear, or its `one_cycle` cosine), to the bit."
+    if self.cosine: return max((1 - math.cos(e * math.pi / self.epochs)) / 2, 0) * (self.lrf - 1.0) + 1.0
+    return max(1 - e / self.epochs, 0) * (1.0 - self.lrf) + self.lrf
 
 @patch
-def values(self:WarmupDecayLR, it:int)->tuple[list[float], list[float]]:
-    "Learning rates and momenta of every group at iteration `it` (0-based)."
-    f = self.factor(it / self.steps_per_epoch)
-    lrs, moms = [b * f for b in self.lr0], list(self.momentum0)
-    if it < self.warmup_iters:
-        t = it / self.warmup_iters
-        lrs = [(self.warmup_bias_lr if bias else 0.0) * (1 - t) + lr * t for lr, bias in zip(lrs, self.is_bias)]
-        moms = [self.warmup_momentum * (1 - t) + m * t for m in moms]
-    return lrs, moms
+def values(self:WarmupDecayLR, it:int)->tuple[list[float], list[float|None]]:
+    "Learning rates and momenta of every group at iteration `it` (0-based); a momentum of None is left as it is."
+    f = self.factor(it // self.steps_per_epoch)
+    lrs = [b * f for b in self.lr0]
+    if not self.warmup_iters: return lrs, [None] * len(lrs)
+    if it > self.warmup_iters: return lrs, list(self.momentum0)          # where the warm-up left it
+    lrs = [_interp(it, self.warmup_iters, self.warmup_bias_lr if bias else 0.0, lr) for lr, bias in zip(lrs, self.is_bias)]
+    return lrs, [_interp(it, self.warmup_iters, self.warmup_momentum, m) for m in self.momentum0]
 
 @patch
 def get_lr(self:WarmupDecayLR)->list[float]: return self.values(self.last_epoch)[0]
@@ -299,7 +327,8 @@ def get_lr(self:WarmupDecayLR)->list[float]: return self.values(self.last_epoch)
 def step(self:WarmupDecayLR, epoch=None):
     "Advance one iteration: torch writes the lrs, then the momenta are written the same way."
     super(WarmupDecayLR, self).step(epoch)
-    for g, m in zip(self.optimizer.param_groups, self.values(self.last_epoch)[1]): _set_momentum(g, m)
+    for g, m in zip(self.optimizer.param_groups, self.values(self.last_epoch)[1]):
+        if m is not None: _set_momentum(g, m)
 
 # %% ../nbs/05_optim.ipynb #d08584b9
 def build_schedule(
@@ -311,11 +340,12 @@ def build_schedule(
     warmup_momentum:float=0.8,       # momentum (AdamW β₁) at iteration 0
     lrf:float=0.01,                  # final lr fraction
     cosine:bool=False,               # cosine instead of linear decay
-    min_warmup_iters:int=100,        # warm-up lasts at least this many iterations
+    min_warmup_iters:int=0,          # warm-up lasts at least this many iterations
+    momentum:float|None=None,        # where the momentum warm-up ends; None: each group's own
 )->WarmupDecayLR:                    # step it every iteration (Lightning: `interval='step'`)
-    "The YOLO warm-up + linear/cosine decay schedule, stepped per iteration."
+    "Ultralytics' warm-up + linear/cosine decay schedule, stepped per iteration."
     return WarmupDecayLR(optimizer, epochs, steps_per_epoch, warmup_epochs, warmup_bias_lr, warmup_momentum, lrf,
-                         cosine, min_warmup_iters)
+                         cosine, min_warmup_iters, momentum)
 
 # %% ../nbs/05_optim.ipynb #dc4f8fb6
 class CapturedUpdate:

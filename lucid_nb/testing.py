@@ -28,7 +28,7 @@ __all__ = ['TINY', 'DAMAGE', 'UL_CLASSES', 'tiny', 'fit', 'hashes_only', 'train_
 TINY = ['--trainer.accelerator', 'cpu', '--trainer.num_sanity_val_steps', '0', '--trainer.limit_train_batches', '2',
         '--trainer.enable_progress_bar', 'false', '--trainer.enable_model_summary', 'false',
         '--data.imgsz', '64', '--data.batch_size', '2', '--data.val_count', '2', '--data.close_mosaic', '1',
-        '--model.warmup_epochs', '0', '--model.max_det', '20', '--seed_everything', '0']
+        '--model.warmup_epochs', '0', '--model.clip_grad_norm', '0', '--model.max_det', '20', '--seed_everything', '0']
 
 def tiny(tmp: Path, *extra: str, sub: str = 'fit', epochs: int = 2, version: str | None = None) -> list:
     "Arguments of a tiny `lucid` run logging to `tmp/runs/tiny/<version>` (the next `version_N` when None)."

@@ -22,7 +22,7 @@ from .tasks import get_task
 from .heads import model_outputs, yolo
 from .weights import TransferReport, load_weights, read_weights
 from .loss import task_loss
-from .optim import build_optimizer, build_schedule
+from .optim import NBS, auto_optimizer, build_optimizer, build_schedule
 from .ema import ModelEMA
 from .recorder import Recorder
 from .metrics import Validator, write_results, CocoStats, class_rows, class_table, speed_line, predict_conf
@@ -47,7 +47,10 @@ _DOC_MODEL = """YOLO-style instance segmentation and object detection.
 # %% ../nbs/08c_trainer.ipynb #994de625
 _DOC_OPTIMISER = """
     optimizer : str
-        sgd, adamw or musgd.
+        sgd, adamw, musgd, or auto: Ultralytics' choice by the length of the run — MuSGD (lr 0.01, momentum 0.9) above
+        10,000 iterations of its nominal batch of 64 (ceil(training images / max(batch, 64)) × epochs), else AdamW
+        with lr round(0.002·5/(4 + num_classes), 6) and momentum 0.9; `lr` and `momentum` are then not used, and the
+        bias warm-up starts at 0.
     lr : float
         Initial learning rate.
     momentum : float
@@ -63,7 +66,10 @@ _DOC_OPTIMISER = """
     lrf : float
         Final learning rate as a fraction of `lr`.
     cosine : bool
-        Cosine instead of linear decay."""
+        Cosine instead of linear decay.
+    clip_grad_norm : float
+        Before each update, the gradients are scaled down to this total L2 norm when theirs is larger (Ultralytics:
+        10); 0: no clipping. A Trainer's own `gradient_clip_val` takes its place."""
 
 # %% ../nbs/08c_trainer.ipynb #1d7f6e82
 _DOC_LOSS = """
@@ -133,9 +139,9 @@ _DOC_WEIGHTS = """
 # %% ../nbs/08c_trainer.ipynb #a63aedf8
 class LitYolo(L.LightningModule):
     __doc__ = _DOC_MODEL + _DOC_OPTIMISER + _DOC_LOSS + _DOC_VALIDATION + _DOC_RECORDING + _DOC_WEIGHTS
-    def __init__(self, size:Literal['n', 's', 'm']='n', num_classes:int=80, optimizer:Literal['sgd', 'adamw', 'musgd']='sgd', lr:float=0.01, momentum:float=0.937,
+    def __init__(self, size:Literal['n', 's', 'm']='n', num_classes:int=80, optimizer:Literal['sgd', 'adamw', 'musgd', 'auto']='sgd', lr:float=0.01, momentum:float=0.937,
                  weight_decay:float=5e-4, warmup_epochs:float=3.0, warmup_bias_lr:float=0.1,
-                 warmup_momentum:float=0.8, lrf:float=0.01, cosine:bool=False, box:float=7.5, cls:float=0.5,
+                 warmup_momentum:float=0.8, lrf:float=0.01, cosine:bool=False, clip_grad_norm:float=10.0, box:float=7.5, cls:float=0.5,
                  dfl:float=1.5, seg:float=7.5, ema_decay:float=0.9999, ema_tau:float=2000.0, conf:float=0.001,
                  iou:float=0.7, max_det:int=300, val_group_pixels:int|None=None, capture_segment_heads:bool=False,
                  capture_optimizer_step:bool=False, capture_train_step:bool=False, channels_last:bool=False, weights:str|None=None,
@@ -148,7 +154,7 @@ class LitYolo(L.LightningModule):
             raise ValueError(f"--model.val_group_pixels={val_group_pixels} must be at least 1, or left unset (`default_val_group_pixels`)")
         for name, value, ok, need in (('lr', lr, lr > 0, 'positive'), ('lrf', lrf, lrf > 0, 'positive'),
                                       ('momentum', momentum, 0 <= momentum < 1, 'in [0, 1)'), ('weight_decay', weight_decay, weight_decay >= 0, 'at least 0'),
-                                      ('warmup_epochs', warmup_epochs, warmup_epochs >= 0, 'at least 0'), ('ema_decay', ema_decay, 0 <= ema_decay < 1, 'in [0, 1)'),
+                                      ('warmup_epochs', warmup_epochs, warmup_epochs >= 0, 'at least 0'), ('clip_grad_norm', clip_grad_norm, clip_grad_norm >= 0, 'at least 0'), ('ema_decay', ema_decay, 0 <= ema_decay < 1, 'in [0, 1)'),
                                       ('conf', conf, 0 <= conf <= 1, 'in [0, 1]'), ('iou', iou, 0 < iou <= 1, 'in (0, 1]'), ('max_det', max_det, max_det >= 1, 'at least 1')):
             if not ok: raise ValueError(f"--model.{name}={value} must be {need}")
         self.save_hyperparameters()
@@ -230,16 +236,41 @@ def on_train_batch_end(self:LitYolo, outputs, batch, batch_idx):
 # %% ../nbs/08c_trainer.ipynb #5b97493b
 @patch
 def configure_optimizers(self:LitYolo):
-    "The optimiser over the parameter groups and the per-step warm-up and decay schedule of `max_epochs`."
+    "The optimiser over the parameter groups (`auto`: Ultralytics' choice) and the per-step warm-up and decay schedule of `max_epochs`."
     h = self.hparams
-    opt = build_optimizer(self.model, h.optimizer, lr=h.lr, momentum=h.momentum, weight_decay=h.weight_decay)
     epochs = self.trainer.max_epochs
     if epochs is None or epochs < 1:
         raise ValueError(f"--trainer.max_epochs={epochs}: the learning-rate schedule needs a fixed number of epochs (>= 1)")
     steps = max(1, math.ceil(self.trainer.estimated_stepping_batches / epochs))
-    sched = build_schedule(opt, epochs=epochs, steps_per_epoch=steps, warmup_epochs=h.warmup_epochs,
-                           warmup_bias_lr=h.warmup_bias_lr, warmup_momentum=h.warmup_momentum, lrf=h.lrf, cosine=h.cosine)
+    name, lr, momentum, bias_lr = h.optimizer, h.lr, h.momentum, h.warmup_bias_lr
+    if name == 'auto': (name, lr, momentum), bias_lr = auto_optimizer(self.auto_iterations(epochs, steps), h.num_classes), 0.0
+    opt = build_optimizer(self.model, name, lr=lr, momentum=momentum, weight_decay=h.weight_decay)
+    sched = build_schedule(opt, epochs=epochs, steps_per_epoch=steps, warmup_epochs=h.warmup_epochs, warmup_bias_lr=bias_lr,
+                           warmup_momentum=h.warmup_momentum, lrf=h.lrf, cosine=h.cosine, momentum=h.momentum)
     return {'optimizer': opt, 'lr_scheduler': {'scheduler': sched, 'interval': 'step'}}
+
+@patch
+def auto_iterations(self:LitYolo, epochs:int, steps:int)->int:
+    "Ultralytics' run length for `optimizer=auto`: ceil(training images / max(batch, NBS)) × epochs (the batch over all devices)."
+    loader = self.trainer.train_dataloader
+    batch = getattr(getattr(loader, 'batch_sampler', None), 'batch_size', None) or getattr(loader, 'batch_size', None) or 1
+    batch *= self.trainer.world_size
+    images = len(loader.dataset) if hasattr(loader, 'dataset') else steps * batch
+    return math.ceil(images / max(batch, NBS)) * epochs
+
+@patch
+def configure_gradient_clipping(self:LitYolo, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
+    "Ultralytics' clipping before each update: the gradients' total norm at most `clip_grad_norm`, unless the Trainer clips."
+    if gradient_clip_val is not None or not self.hparams.get('clip_grad_norm', 0):
+        return self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+    torch.nn.utils.clip_grad_norm_(self.clip_order(), self.hparams.clip_grad_norm)
+
+@patch
+def clip_order(self:LitYolo)->list[Tensor]:
+    "The network's parameters as Ultralytics' `model.parameters()` lists them (its head's prototypes before the mask coefficients): the total norm sums in its order."
+    ps = list(self.model.named_parameters())
+    part = lambda pre: [p for n, p in ps if n.startswith(pre)]
+    return [p for n, p in ps if not n.startswith(('head.coef.', 'head.proto.'))] + part('head.proto.') + part('head.coef.')
 
 # %% ../nbs/08c_trainer.ipynb #12760b68
 class StepLossBar(TQDMProgressBar):

@@ -69,7 +69,7 @@ def test_every_option_has_help():
     r = subprocess.run([str(LUCID), 'fit', '--help'], capture_output=True, text=True, timeout=120)
     assert undocumented_options(r.stdout) == []
     assert undocumented_options('\noptions:\n  --model.box BOX       (type: float, default: 7.5)\n') == ['--model.box BOX       (type: float, default: 7.5)']
-    for choices in ('--model.size {n,s,m}', '--model.optimizer {sgd,adamw,musgd}', '--data.cache {none,ram,disk}',
+    for choices in ('--model.size {n,s,m}', '--model.optimizer {sgd,adamw,musgd,auto}', '--data.cache {none,ram,disk}',
                     '--data.on_bad_input {skip,error}'):
         assert choices in r.stdout
 

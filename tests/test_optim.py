@@ -1,7 +1,9 @@
 """Checks of `lucid_nb.optim` beyond `nbs/05_optim.ipynb` (which checks the groups, Newton–Schulz, the tensor
 hyperparameters, refusals, host syncs, state-dict round trips, `build_optimizer`, the schedule, resuming and, on a GPU,
 graph replay): frozen and shared parameters, MuSGD against a plain per-matrix reference over several steps, the
-bfloat16 option, float values loaded into tensor hyperparameters, the cosine schedule and its bad arguments."""
+bfloat16 default, float values loaded into tensor hyperparameters, the cosine schedule and its bad arguments; and
+the optimisers, the trainer's clipping and the schedule against what Ultralytics 8.4.190 recorded
+(`fixtures/make_ultralytics_optim.py`)."""
 import copy, math
 
 import pytest
@@ -58,35 +60,33 @@ def ns_reference(G):
 
 
 class ReferenceMuSGD:
-    "Loop over parameters, one matrix at a time; the same formulas and tensor hyperparameters as MuSGD."
+    "Loop over parameters, one matrix at a time, in fp32; the same formulas, order and tensor hyperparameters as MuSGD (Ultralytics')."
     def __init__(self, groups, nesterov):
         self.groups, self.nesterov, self.state = groups, nesterov, {}
 
     @torch.no_grad()
     def step(self):
         for g in self.groups:
-            lr, mom, wd = g['lr'], g['momentum'], g['weight_decay']
+            mom, wd = g['momentum'], g['weight_decay']
             for p in g['params']:
                 s = self.state.setdefault(p, {'b': torch.zeros_like(p), 'm': torch.zeros_like(p)})
                 if p.grad is None: continue
-                d = p * wd + p.grad
+                lr = g['lr']
+                if g['use_muon']:                                          # first the Muon step
+                    s['m'] = torch.addcmul(s['m'] * mom, p.grad, 1 - mom)
+                    v = torch.addcmul(s['m'] * mom, p.grad, 1 - mom) if self.nesterov else s['m']
+                    o = ns_reference(v.reshape(p.shape[0], -1)).reshape(p.shape) * max(1, p.shape[-2] / p.shape[-1]) ** 0.5
+                    p.addcmul_(o, -(lr * g['muon_weight']))
+                    lr = lr * g['sgd_weight']
+                d = torch.addcmul(p.grad, p, wd)                           # then SGD, decaying the new p
                 s['b'] = s['b'] * mom + d
-                u = s['b'] * mom + d if self.nesterov else s['b']
-                if g['use_muon']:
-                    g1 = p.grad * (1 - mom)
-                    s['m'] = s['m'] * mom + g1
-                    v = s['m'] * mom + g1 if self.nesterov else s['m']
-                    r, c = p.shape[0], p[0].numel()
-                    o = (ns_reference(v.reshape(r, c)) * max(1.0, r / c) ** 0.5).reshape(p.shape)
-                    upd = (u * g['sgd_weight'] + o * g['muon_weight']) * lr
-                else:
-                    upd = u * lr
-                p.sub_(upd)
+                u = torch.addcmul(d, s['b'], mom) if self.nesterov else s['b']
+                p.addcmul_(u, -lr)
 
 
 def hyper_groups(model, **kw):
-    "Groups for the reference with the same 0-dim float32 hyperparameters MuSGD makes."
-    t = lambda v: torch.tensor(v, dtype=torch.float32)
+    "Groups for the reference with the same 0-dim float64 hyperparameters MuSGD makes."
+    t = lambda v: torch.tensor(v, dtype=torch.float64)
     return [dict(params=g['params'], use_muon=g['matrix'], lr=t(kw['lr']), momentum=t(kw['momentum']),
                  weight_decay=t(g['weight_decay']), muon_weight=t(kw['muon_weight']), sgd_weight=t(kw['sgd_weight']))
             for g in param_groups(model, kw['weight_decay'])]
@@ -108,7 +108,7 @@ def test_musgd_matches_plain_reference(nesterov):
     kw = dict(lr=0.03, momentum=0.9, weight_decay=0.01, muon_weight=0.2, sgd_weight=1.0)
     m_opt, m_ref = net(), net()
     opt = MuSGD(param_groups(m_opt, kw['weight_decay']), lr=kw['lr'], momentum=kw['momentum'], nesterov=nesterov,
-                muon_weight=kw['muon_weight'], sgd_weight=kw['sgd_weight'])
+                muon_weight=kw['muon_weight'], sgd_weight=kw['sgd_weight'], ns_dtype=torch.float32)
     ref = ReferenceMuSGD(hyper_groups(m_ref, **kw), nesterov)
     for i in range(6):
         none = (3,) if i == 2 else ()                           # a param without grad is skipped by both
@@ -123,7 +123,7 @@ def test_musgd_matches_plain_reference(nesterov):
         s = opt.state[p_opt]
         if p_opt.ndim >= 2:
             bytes_equal(s['muon_buffer'], ref.state[p_ref]['m'], 'muon buffer')   # depends on grads only: exact
-            close(s['momentum_buffer'], ref.state[p_ref]['b'], 'sgd buffer')       # its decay term reads p
+            close(s['momentum_buffer'], ref.state[p_ref]['b'], 'sgd buffer')       # its decay term reads p, after the Muon step
         else:
             bytes_equal(s['momentum_buffer'], ref.state[p_ref]['b'], 'sgd buffer')
             assert 'muon_buffer' not in s
@@ -132,13 +132,15 @@ def test_musgd_matches_plain_reference(nesterov):
 # ---------------------------------------------------------------- orthogonalise in bfloat16
 
 
-def test_orthogonalise_bf16_option_and_scale():
+def test_orthogonalise_bf16_default_and_scale():
     g = torch.Generator().manual_seed(0)
-    w = torch.randn(48, 8, 1, 1, generator=g)                       # tall: scaled by sqrt(48/8)
-    o32, o16 = orthogonalise([w])[0], orthogonalise([w], dtype=torch.bfloat16)[0]
+    w, lin = torch.randn(48, 8, 1, 1, generator=g), torch.randn(48, 8, generator=g)   # a tall 1x1 conv, a tall matrix
+    o16, o32 = orthogonalise([w])[0], orthogonalise([w], dtype=torch.float32)[0]
     assert o16.dtype == torch.float32 and o16.shape == w.shape
     assert (o32 - o16).abs().max() < 0.05 * o32.abs().max()
-    sv = torch.linalg.svdvals(o32.reshape(48, 8).double()) / math.sqrt(6)
+    sv = torch.linalg.svdvals(o32.reshape(48, 8).double())           # a 4-D weight: scale size(-2)/size(-1) = 1, as Ultralytics
+    assert sv.min() > 0.65 and sv.max() < 1.25
+    sv = torch.linalg.svdvals(orthogonalise([lin], dtype=torch.float32)[0].double()) / math.sqrt(6)   # a matrix: sqrt(48/8)
     assert sv.min() > 0.65 and sv.max() < 1.25
 
 
@@ -158,7 +160,7 @@ def test_load_into_fresh_optimizer_and_float_values():
     assert digest(opt_b.state_dict()) == digest(sd)
     sd['param_groups'][0]['lr'] = 0.25                                # a float from elsewhere becomes our tensor
     opt_b.load_state_dict(sd)
-    assert opt_b.param_groups[0]['lr'].dtype == torch.float32 and opt_b.param_groups[0]['lr'].item() == 0.25
+    assert opt_b.param_groups[0]['lr'].dtype == torch.float64 and opt_b.param_groups[0]['lr'].item() == 0.25
 
 
 # ---------------------------------------------------------------- schedule
@@ -168,9 +170,9 @@ def test_schedule_cosine_no_warmup_and_clamp():
     opt = build_optimizer(net(), 'musgd', lr=0.02)
     sched = build_schedule(opt, epochs=4, steps_per_epoch=5, warmup_epochs=0, cosine=True, lrf=0.05)
     assert sched.warmup_iters == 0
-    vals = [sched.values(i)[0][0] for i in (0, 10, 20, 30)]
-    assert vals == pytest.approx([0.02, 0.02 * (1 + (0.05 - 1) / 2), 0.02 * 0.05, 0.02 * 0.05])
-    assert sched.values(0)[1] == pytest.approx([0.937] * 3)
+    vals = [sched.values(i)[0][0] for i in (0, 4, 10, 19)]            # whole epochs: 0, 0, 2, 3 (of 4)
+    assert vals == pytest.approx([0.02, 0.02, 0.02 * (1 + (0.05 - 1) / 2), 0.02 * (1 + (0.05 - 1) * (1 - math.cos(0.75 * math.pi)) / 2)])
+    assert sched.values(0)[1] == [None] * len(opt.param_groups)      # no warm-up: the momentum is left as it is
 
 
 def test_schedule_bad_arguments():
@@ -180,3 +182,85 @@ def test_schedule_bad_arguments():
                     (dict(min_warmup_iters=-3), 'min_warmup_iters')]:
         args = dict(epochs=3, steps_per_epoch=4) | kw
         with pytest.raises(ValueError, match=msg): build_schedule(opt, **args)
+
+
+# ---------------------------------------------------------------- Ultralytics 8.4.190 (fixtures/make_ultralytics_optim.py)
+
+import importlib.util, json
+from pathlib import Path
+
+FIX = Path(__file__).parent / 'fixtures'
+_spec = importlib.util.spec_from_file_location('make_ultralytics_optim', FIX / 'make_ultralytics_optim.py')
+MUO = importlib.util.module_from_spec(_spec); _spec.loader.exec_module(MUO)   # its gradients, pattern and clip norm
+UO = json.loads((FIX / 'ultralytics_optim.json').read_text())
+# Each parameter's change after one and two steps, relative to its norm. Measured on the CPU that made the fixture:
+# 0 for all three (the same bytes); MuSGD's bfloat16 Newton–Schulz may round otherwise on another CPU's kernels.
+STEP_RTOL = {'SGD': 1e-5, 'AdamW': 1e-5, 'MuSGD': 1e-3}
+
+
+def lit_model():
+    from lucid_nb.trainer import LitYolo
+    return LitYolo(weights=str(FIX / UO['weights']))
+
+
+def value(v): return v.item() if isinstance(v, torch.Tensor) else v
+
+
+def group_by_param(opt): return {id(p): g for g in opt.param_groups for p in g['params']}
+
+
+def test_ultralytics_optim_fixture_is_small_and_complete():
+    assert (FIX / 'ultralytics_optim.json').stat().st_size < 2**20 and UO['versions']['ultralytics'] == '8.4.190'
+    assert set(UO['steps']) == {'SGD', 'AdamW', 'MuSGD'} and len(UO['schedules']) == 5
+    for s in UO['schedules'].values(): assert len(s['iterations']) == 4 * s['batches_per_epoch'] == 24
+
+
+@pytest.mark.parametrize('name', ['SGD', 'AdamW', 'MuSGD'])
+def test_step_equals_ultralytics(name):
+    "The groups (lr, decay, momentum, Muon) of `build_optimizer` and two steps of lucid's update, clipping included, as Ultralytics'."
+    from lucid_nb.weights import lucid_key
+    case, lit = UO['steps'][name], lit_model()
+    lit.hparams.clip_grad_norm = case['clip']
+    P = dict(lit.model.named_parameters())
+    opt = build_optimizer(lit.model, name.lower(), lr=case['lr'], momentum=case['momentum'], weight_decay=case['weight_decay'])
+    of = group_by_param(opt)
+    for g in case['groups']:
+        mine = {id(of[id(P[lucid_key(n)])]) for n in g['params']}
+        assert len(mine) == 1, (name, g['param_group'], 'spread over several groups')
+        m = of[id(P[lucid_key(g['params'][0])])]
+        got = (value(m['lr']), value(m['weight_decay']), value(m['betas'][0] if 'betas' in m else m['momentum']), bool(m.get('use_muon')))
+        assert got == (g['lr'], g['weight_decay'], g['momentum'], g['use_muon']), (name, g['param_group'], got)
+    assert sum(len(g['params']) for g in opt.param_groups) == sum(len(g['params']) for g in case['groups'])
+    names = list(case['changes']); before = {n: P[lucid_key(n)].detach().clone() for n in names}
+    got = {n: [] for n in names}
+    for step in (1, 2):
+        gs = MUO.grads([(n, P[lucid_key(n)].shape) for n in names], step)
+        assert MUO.grads_digest(gs) == case['grads_digests'][step - 1]
+        for n in names: P[lucid_key(n)].grad = gs[n].clone()
+        lit.configure_gradient_clipping(opt)                 # what Lightning calls before the update
+        opt.step(); opt.zero_grad()
+        for n in names: got[n] += MUO.change(P[lucid_key(n)].detach(), before[n])
+    for n in names:
+        want = case['changes'][n]
+        for k in (0, 1, 2, 3): assert abs(got[n][k] - want[k]) <= STEP_RTOL[name] * want[k // 2 * 2], (name, n, k, got[n][k], want[k])
+
+
+@pytest.mark.parametrize('case', list(UO['schedules']))
+def test_schedule_equals_ultralytics(case):
+    "Every group's lr and momentum at every iteration of 4 epochs, warm-up and decay, the same floats as Ultralytics' trainer wrote."
+    from lucid_nb.optim import auto_optimizer, NBS
+    from lucid_nb.weights import lucid_key
+    s, lit = UO['schedules'][case], lit_model()
+    a, P = s['args'], dict(lit.model.named_parameters())
+    name, lr, momentum, bias_lr = a['optimizer'].lower(), a.get('lr0', 0.01), 0.937, 0.1   # Ultralytics' defaults
+    if name == 'auto': (name, lr, momentum), bias_lr = auto_optimizer(math.ceil(96 / max(a['batch'], NBS)) * a['epochs'], 80), 0.0
+    opt = build_optimizer(lit.model, name, lr=lr, momentum=momentum, weight_decay=5e-4)
+    sched = build_schedule(opt, epochs=a['epochs'], steps_per_epoch=s['batches_per_epoch'], warmup_epochs=a['warmup_epochs'],
+                           warmup_bias_lr=bias_lr, cosine=a.get('cos_lr', False), momentum=0.937)
+    of = group_by_param(opt)
+    mine = [of[id(P[lucid_key(next(n for n in g['params'] if lucid_key(n) in P))])] for g in s['groups']]
+    for i, row in enumerate(s['iterations']):
+        for g, want_lr, want_m in zip(mine, row['lr'], row['momentum']):
+            m = value(g['betas'][0] if 'betas' in g else g['momentum'])
+            assert (value(g['lr']), m) == (want_lr, want_m), (case, i, g.get('name'), value(g['lr']), want_lr, m, want_m)
+        opt.step(); sched.step()
