@@ -1,7 +1,10 @@
-"""The docs site (issue 59, item 7): `.ci/docs_site.py`'s prepare and check steps on small sites made here, and what
-this checkout's pages must carry: README's commands, the reference run README cites, the screenshots of the site."""
+"""The docs site and the notebooks in JupyterLab (issue 59, items 7 and 8): `.ci/docs_site.py`'s prepare and check
+steps on small sites made here, JupyterLab's save hook (`jupyter_server_config.py`) through jupyter_server's own save,
+and what this checkout's notebooks must carry: a kernelspec, README's commands, the reference run README cites."""
 import importlib.util, json, re
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 URL = 'https://lucid-nb.github.io/lucid_nb/'
@@ -14,6 +17,7 @@ def _load(name: str, path: Path):
 
 
 site = _load('docs_site', ROOT / '.ci' / 'docs_site.py')
+hook = _load('jupyter_server_config', ROOT / 'jupyter_server_config.py')
 
 
 def html_page(path: Path, body: str, head: str = ''):
@@ -95,6 +99,48 @@ def test_prepare_names_pages_relinks_and_folds(tmp_path):
     notebook(proc / '01_model.ipynb', raw('---\noutput-file: model.html\n---\n'))
     try: site.prepare(proc, nbs); raise AssertionError('two pages named model')
     except SystemExit as e: assert 'two pages would be named model' in str(e)
+
+
+def test_every_notebook_names_the_python3_kernel():
+    "JupyterLab opens a notebook without a kernelspec with a 'Select Kernel' dialog."
+    want = {'display_name': 'python3', 'language': 'python', 'name': 'python3'}
+    assert {p.name: json.loads(p.read_text())['metadata'].get('kernelspec') for p in sorted((ROOT / 'nbs').glob('*.ipynb'))
+            if json.loads(p.read_text())['metadata'].get('kernelspec') != want} == {}
+
+
+def _gpu_notebook(cuda_out: str, image: dict, count=None) -> dict:
+    cell = lambda i, s, outs: dict(cell_type='code', id=i, metadata={}, source=s, outputs=outs, execution_count=count)
+    stream = lambda t: dict(output_type='stream', name='stdout', text=t)
+    return dict(nbformat=4, nbformat_minor=5, metadata=dict(kernelspec=dict(display_name='Python 3 (ipykernel)', language='python',
+                name='python3'), language_info=dict(name='python')),
+                cells=[cell('a1', '#| cuda\nprint(env_card())', [stream(cuda_out)]),
+                       cell('b2', 'show(img)', [dict(output_type='display_data', metadata={}, data=image)]),
+                       cell('c3', '#| slow\nprint(1)', [stream('1\n')])])
+
+
+@pytest.mark.filterwarnings('ignore:Overriding existing pre_save_hook')   # jupyter_server sets a configured hook twice
+def test_save_hook_keeps_gpu_outputs_drops_png_twins_and_cleans(tmp_path):
+    "The hook as JupyterLab runs it: jupyter_server reads the config file, and its contents manager saves the notebook."
+    import nbformat
+    from traitlets.config.loader import PyFileConfigLoader
+    from jupyter_server.services.contents.filemanager import FileContentsManager
+    from lucid_nb.core import cuda_cell_skipped
+    assert hook.SKIPPED in cuda_cell_skipped(['#| cuda\n', 'x\n'])[0]   # the line a skipped cell prints, as the hook knows it
+    (tmp_path / 'pyproject.toml').write_text((ROOT / 'pyproject.toml').read_text())   # nbdev's settings for the clean
+    committed = _gpu_notebook('NVIDIA H200 | torch 2.11.0+cu130\n', {'image/jpeg': '/9j/4AAQ', 'text/plain': '<PIL.Image>'})
+    (tmp_path / 'n.ipynb').write_text(json.dumps(committed))
+    rerun = _gpu_notebook(hook.SKIPPED + '\n', {'image/jpeg': '/9j/4AAQ', 'image/png': 'iVBORw0K', 'text/plain': '<PIL.Image>'}, 3)
+    rerun['cells'][2]['source'] = '#| slow\nprint(2)'
+    cfg = PyFileConfigLoader('jupyter_server_config.py', path=str(ROOT)).load_config()
+    cm = FileContentsManager(config=cfg, root_dir=str(tmp_path))
+    cm.save(dict(type='notebook', format='json', content=nbformat.from_dict(rerun)), 'n.ipynb')
+    saved = json.loads((tmp_path / 'n.ipynb').read_text())
+    assert ''.join(saved['cells'][0]['outputs'][0]['text']) == 'NVIDIA H200 | torch 2.11.0+cu130\n'   # the GPU's outputs, kept
+    assert sorted(saved['cells'][1]['outputs'][0]['data']) == ['image/jpeg', 'text/plain']  # one format
+    assert ''.join(saved['cells'][2]['source']) == '#| slow\nprint(2)' and saved['cells'][2]['execution_count'] is None
+    assert saved['metadata'] == {'kernelspec': {'display_name': 'python3', 'language': 'python', 'name': 'python3'}}
+    ran = _gpu_notebook('NVIDIA H100 | torch 2.11.0\n', {'image/jpeg': '/9j/4AAQ'})   # a run on a GPU replaces them
+    assert hook.keep_gpu_outputs(ran, saved) == 0 and ran['cells'][0]['outputs'][0]['text'].startswith('NVIDIA H100')
 
 
 def _joined(text: str) -> str: return re.sub(r'\\\n\s*', '', text)
