@@ -193,6 +193,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def test_cpu_requirements_never_take_the_cuda_build_on_linux():
     "On Linux, PyPI's torch is the CUDA build: the CPU requirements pin the `+cpu` build, and README installs it from PyTorch's CPU index first."
+    import re
     from packaging.requirements import Requirement
     lines = [l.strip() for l in (REPO / 'requirements-cpu.txt').read_text().splitlines() if l.strip() and not l.startswith('#')]
     torch_reqs = [Requirement(l) for l in lines if l.startswith('torch')]
@@ -200,7 +201,8 @@ def test_cpu_requirements_never_take_the_cuda_build_on_linux():
     assert len(linux) == 1 and [s.version for s in linux[0].specifier] == ['2.13.0+cpu'], linux
     others = [r for r in torch_reqs if r.marker is not None and r.marker.evaluate({'sys_platform': 'darwin'})]
     assert [str(r.specifier) for r in others] == ['==2.13.0'], others   # macOS and Windows: PyPI's torch is the CPU build
-    setup = next(l for l in (REPO / 'README.md').read_text().splitlines() if 'pip install -r requirements-cpu.txt' in l)
+    readme = re.sub(r'\\\n\s*', '', (REPO / 'README.md').read_text())   # a command wrapped with \ read as one line
+    setup = next(l for l in readme.splitlines() if 'pip install -r requirements-cpu.txt' in l)
     first = setup.index('--no-deps torch==2.13.0+cpu --index-url https://download.pytorch.org/whl/cpu')
     assert first < setup.index('-r requirements-cpu.txt'), setup
 

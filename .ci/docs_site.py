@@ -1,0 +1,325 @@
+#!/usr/bin/env python3
+"""The docs site: prepare the processed notebooks for smalldocs, then check the built site (standard library only;
+run from the repository root; `measure` and `shots` need chromium and PIL).
+
+    python .ci/docs_site.py prepare _proc        # after nbdev-proc-nbs, before smalldocs
+    python .ci/docs_site.py check _proc/_docs    # after smalldocs: dead internal links and anchors; warnings,
+                                                 # tracebacks and machine paths rendered into a page
+    python .ci/docs_site.py measure _proc/_docs  # each page's height in 1280x800 screens, code blocks wider than
+                                                 # their column
+    python .ci/docs_site.py shots _proc/_docs nbs/images/docs   # the screenshots beside this check
+
+`prepare` does what Quarto would and smalldocs does not:
+- pages take the names nbdev links to. nbdev links each symbol to `<output-file>#<name>` (`02_model.ipynb` is
+  `model.html`), smalldocs names a page after its notebook, and so 789 symbol links of the site were dead. Each
+  processed notebook is renamed to its `output-file`; links that name a notebook (the sidebar,
+  `[04_loss](04_loss.ipynb)`) follow, and links to the site's own address (`site-url`, nbs/nbdev.yml) become
+  relative. A symbol link to an anchor no page has goes to its class (a method without docs of its own) or, for a
+  private `_name` whose docs nbdev never shows, becomes plain code;
+- cells fold: with `code-fold` in `_quarto.yml` (or a page's front matter) Quarto folds every code cell of the page,
+  smalldocs only a cell that says so itself, so each shown code cell gets the option.
+
+`check` prints its findings one a line and exits 1 when there are any; KEPT lists what is kept, and why.
+"""
+import html, json, os, re, subprocess, sys, tempfile
+from html.parser import HTMLParser
+from pathlib import Path, PurePosixPath
+from urllib.parse import unquote
+
+FRONT_OUT = re.compile(r'^output-file:\s*(\S+)\s*$', re.M)
+SITE_URL = re.compile(r'^\s*site-url:\s*"?([^"\s]+)"?\s*$', re.M)
+
+# What must never be rendered into a page. A warning as the `warnings` module prints it (`file.py:12: UserWarning: ...`,
+# `<ipython-input-3-...>:25: ...`), a traceback, and a path of the machine that built the site.
+RENDERED = [
+    ('a warning', re.compile(r':\d+: \w*Warning: ')),
+    ('a warning', re.compile(r'<ipython-input-\d+-[0-9a-f]+>')),
+    ('a traceback', re.compile(r'Traceback \(most recent call last\)')),
+    ('a machine path', re.compile(r'(?<![\w.~/-])/(?:root|work|tmp|home|Users|opt)/[\w.~-]')),
+    ('a machine path', re.compile(r'[/\\](?:site|dist)-packages[/\\]')),
+]
+
+# Text that matches a pattern above and is kept, with why: (page, the text at the match, the reason).
+KEPT = [
+    ('predict.html', '/tmp/ulvenv', "the command that makes the parity fixture installs Ultralytics into a scratch "
+     "venv outside the checkout on purpose (never into the project's venv): an instruction, not a build machine's path"),
+]
+
+
+def site_url(nbs: Path = Path('nbs')) -> str:
+    "The site's own address, from nbs/nbdev.yml, with a trailing slash."
+    m = SITE_URL.search((nbs / 'nbdev.yml').read_text()) if (nbs / 'nbdev.yml').exists() else None
+    return m.group(1).rstrip('/') + '/' if m else ''
+
+
+# ----------------------------------------------------------------------------------------------------- prepare
+
+def output_names(proc: Path) -> dict:
+    "{notebook stem: output-file stem} for each processed notebook whose front matter names another file."
+    out = {}
+    for nb in sorted(proc.glob('*.ipynb')):
+        cells = json.loads(nb.read_text())['cells']
+        front = ''.join(cells[0]['source']) if cells and cells[0]['cell_type'] == 'raw' else ''
+        m = FRONT_OUT.search(front)
+        if m and Path(m.group(1)).stem != nb.stem: out[nb.stem] = Path(m.group(1)).stem
+    return out
+
+
+def pandoc_id(text: str) -> str:
+    "A heading's id as Pandoc (and smalldocs) make it: lower case, punctuation but `_-.` gone, spaces to hyphens."
+    text = re.sub(r'\[([^\]]*)\]\([^)]*\)', r'\1', text).replace('`', '')
+    out = '-'.join(''.join(c.lower() for c in text if c.isalnum() or c.isspace() or c in '_-.').split())
+    return out[next((i for i, c in enumerate(out) if c.isalpha()), len(out)):] or 'section'
+
+
+def heading_ids(markdown: str) -> set:
+    "The ids of a Markdown text's headings (`## Text {#id}` keeps its own id), fenced code left out."
+    text = re.sub(r'(?ms)^(`{3,}|~{3,}).*?^\1', '', markdown)
+    return {m.group(3) or pandoc_id(m.group(1)) for m in re.finditer(r'(?m)^#{1,6}\s+(.*?)(\s+\{#([^}\s]+)[^}]*\})?\s*$', text)}
+
+
+def relink(text: str, names: dict, url: str = '', ids: dict = None, note: list = None) -> str:
+    """Point links that name a notebook (`x.ipynb`, `x.html`, with or without `#anchor`) at its new name; make links to
+    `url` relative. With `ids` ({page stem: its heading ids}), a symbol link to an anchor the page lacks goes to the
+    class (`#musgd.update` -> `#musgd`: a method with no docs of its own), or is dropped, its code kept (nbdev links a
+    private `_name`, whose docs it never shows); `note` collects what was changed."""
+    if url: text = text.replace(f'](' + url, '](').replace(f'href="{url}', 'href="')
+    if names:
+        alt = '|'.join(re.escape(k) for k in sorted(names, key=len, reverse=True))
+        text = re.sub(rf'(?<![\w/.-])({alt})\.(ipynb|html)\b', lambda m: f'{names[m.group(1)]}.{m.group(2)}', text)
+    if not ids: return text
+
+    def fix(m):
+        label, page, frag = m.group(1), m.group(2), m.group(3)
+        have = ids.get(page)
+        if have is None or frag in have: return m.group(0)
+        parent = frag.rpartition('.')[0]
+        if parent in have:
+            if note is not None: note.append(f'{page}.html#{frag} -> #{parent}')
+            return f'[{label}]({page}.html#{parent})'
+        if re.fullmatch(r'`[^`]+`', label):
+            if note is not None: note.append(f'{page}.html#{frag} -> no link')
+            return label
+        return m.group(0)
+    return re.sub(r'\[(`[^`\]]+`|[^\]]+)\]\(([\w-]+)\.html#([^)\s]+)\)', fix, text)
+
+
+def markdown_parts(nb: dict):
+    "(holder, key) of every Markdown text of a notebook: markdown cells' `source`, code cells' `text/markdown` outputs."
+    for c in nb['cells']:
+        if c['cell_type'] == 'markdown': yield c, 'source'
+        for o in c.get('outputs', []):
+            if 'text/markdown' in o.get('data', {}): yield o['data'], 'text/markdown'
+
+
+def rename_pages(proc: Path, nbs: Path = Path('nbs')) -> tuple:
+    """Rename each processed notebook to its `output-file` and rewrite the links and the sidebar to match.
+    Returns ({old stem: new stem}, [the symbol links moved or dropped])."""
+    names, url = output_names(proc), site_url(nbs)
+    taken = {nb.stem for nb in proc.glob('*.ipynb')} - set(names)
+    clash = sorted(v for v in names.values() if v in taken or list(names.values()).count(v) > 1)
+    if clash: raise SystemExit(f'docs: two pages would be named {", ".join(clash)}: give them distinct output-file names')
+    books = {nb: json.loads(nb.read_text()) for nb in sorted(proc.glob('*.ipynb'))}
+    ids = {names.get(nb.stem, nb.stem): set().union(*(heading_ids(''.join(h[k])) for h, k in markdown_parts(d)))
+           for nb, d in books.items()}
+    note = []
+    for nb, d in books.items():
+        if d['cells'] and d['cells'][0]['cell_type'] == 'raw':   # the front matter: the file now has the name it asked for
+            d['cells'][0]['source'] = [l for l in ''.join(d['cells'][0]['source']).splitlines(True) if not FRONT_OUT.match(l)]
+        for holder, key in markdown_parts(d): holder[key] = relink(''.join(holder[key]), names, url, ids, note)
+        new = proc / f'{names.get(nb.stem, nb.stem)}.ipynb'
+        new.write_text(json.dumps(d, indent=1, ensure_ascii=False))
+        if new != nb: nb.unlink()
+    for yml in proc.glob('*.yml'): yml.write_text(relink(yml.read_text(), names))
+    return names, note
+
+
+FOLD = re.compile(r'^\s*code-fold:\s*(\w+)', re.M)
+OPTION = re.compile(r'^#\|\s*([\w-]+)\s*:\s*(.*?)\s*$')
+
+
+def fold_cells(nb: dict, default: str = 'false') -> int:
+    """Give each code cell whose code is shown the page's `code-fold` (its front matter's, else `default`, the project's);
+    returns the cells changed. Quarto folds every cell of such a page; smalldocs folds only a cell that says so itself.
+    A cell with its own `code-fold`, or whose code is not shown (`echo: false`, `include: false`), is left as it is."""
+    cells = nb['cells']
+    front = ''.join(cells[0]['source']) if cells and cells[0]['cell_type'] == 'raw' else ''
+    m = FOLD.search(front)
+    value = (m.group(1) if m else default).lower()
+    if value not in ('true', 'show'): return 0
+    n = 0
+    for c in cells:
+        if c['cell_type'] != 'code': continue
+        lines = ''.join(c['source']).splitlines(True)
+        k = next((i for i, l in enumerate(lines) if not l.startswith('#|')), len(lines))
+        opts = dict(OPTION.match(l).groups() for l in lines[:k] if OPTION.match(l))
+        if not ''.join(lines[k:]).strip() or 'code-fold' in opts or 'false' in (opts.get('echo'), opts.get('include')): continue
+        c['source'] = ''.join(lines[:k]) + f'#| code-fold: {value}\n' + ''.join(lines[k:])
+        n += 1
+    return n
+
+
+def prepare(proc: Path, nbs: Path = Path('nbs')) -> str:
+    "The steps between nbdev-proc-nbs and smalldocs: pages take their output-file names, cells fold as Quarto's would."
+    names, note = rename_pages(proc, nbs)
+    q = proc / '_quarto.yml'
+    m = FOLD.search(q.read_text()) if q.exists() else None
+    folded = 0
+    for nb in sorted(proc.glob('*.ipynb')):
+        d = json.loads(nb.read_text())
+        k = fold_cells(d, m.group(1) if m else 'false')
+        if k: nb.write_text(json.dumps(d, indent=1, ensure_ascii=False)); folded += k
+    moved = sum('-> #' in n for n in note)
+    return (f'docs: {len(names)} pages take their output-file name; of the symbol links to an anchor no page has, '
+            f'{moved} go to their class, {len(note) - moved} (private names) are left as code; {folded} code cells fold')
+
+
+# ----------------------------------------------------------------------------------------------------- check
+
+class Page(HTMLParser):
+    "The ids, the links and the visible text (code included, scripts and styles not) of one HTML page."
+    def __init__(self, text: str):
+        super().__init__(convert_charrefs=True)
+        self.ids, self.links, self.text, self._skip = set(), [], [], 0
+        self.feed(text)
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        for k in ('id', 'name') if tag in ('a', 'map') else ('id',):
+            if a.get(k): self.ids.add(a[k])
+        for k in ('href', 'src'):
+            if a.get(k) and tag in ('a', 'img', 'link', 'script', 'iframe', 'source'): self.links.append(a[k])
+        if tag in ('script', 'style'): self._skip += 1
+
+    def handle_endtag(self, tag):
+        if tag in ('script', 'style') and self._skip: self._skip -= 1
+
+    def handle_data(self, data):
+        if not self._skip: self.text.append(data)
+
+
+def internal_target(href: str, page: PurePosixPath, url: str):
+    "(path from the site root, anchor) of an internal link, or None for an external one."
+    if url and href.startswith(url): href = '/' + href[len(url):]
+    if re.match(r'^[a-z][a-z0-9+.-]*:|^//', href, re.I): return None    # http:, mailto:, data:, javascript:
+    path, _, frag = href.partition('#')
+    path = unquote(path.partition('?')[0])
+    if not path: return str(page), frag
+    joined = os.path.normpath(path.lstrip('/') if path.startswith('/') else os.path.join(str(page.parent), path))
+    if path.endswith('/') or not PurePosixPath(joined).suffix: joined = os.path.join(joined, 'index.html')
+    return joined.replace(os.sep, '/'), frag
+
+
+def excerpt(text: str, m: re.Match, width: int = 50) -> str:
+    return ' '.join(text[max(0, m.start() - width):m.end() + width].split())
+
+
+def check_site(site: Path, url: str = '') -> list:
+    "Every finding of the built site, one a line: dead internal links and anchors, warnings and machine paths."
+    pages = {p.relative_to(site).as_posix(): Page(p.read_text(encoding='utf-8', errors='replace'))
+             for p in sorted(site.rglob('*.html')) if 'site_libs' not in p.parts}
+    bad = [] if pages else [f'{site}: no pages (did the build fail?)']
+    for name, pg in pages.items():
+        seen = set()
+        for href in pg.links:
+            t = internal_target(html.unescape(href), PurePosixPath(name), url)
+            if t is None or (href in seen): continue
+            seen.add(href)
+            path, frag = t
+            if path.startswith('..'): bad.append(f'{name}: link outside the site: {href}')
+            elif path not in pages and not (site / path).exists(): bad.append(f'{name}: dead link: {href}')
+            elif frag and path in pages and frag not in pages[path].ids: bad.append(f'{name}: dead anchor: {href}')
+        text = ''.join(pg.text)
+        for what in dict.fromkeys(w for w, _ in RENDERED):
+            hits = sorted((m for w, pat in RENDERED if w == what for m in pat.finditer(text)
+                           if not any(name == pg_ and text.startswith(kept, m.start()) for pg_, kept, _ in KEPT)),
+                          key=lambda m: m.start())
+            if hits: bad.append(f'{name}: {what} rendered into the page ({len(hits)}x), e.g. "{excerpt(text, hits[0])}"')
+    return bad
+
+
+# ----------------------------------------------------------------------------------------------------- measure, shots
+
+CHROMIUM = ['chromium', '--headless', '--no-sandbox', '--disable-gpu', '--disable-background-networking',
+            '--disable-component-update', '--no-first-run', '--hide-scrollbars']
+MEASURE_JS = """<script>addEventListener('load', () => setTimeout(() => {
+  const wide = [...document.querySelectorAll('pre')].filter(p => p.offsetParent && p.scrollWidth > p.clientWidth + 1);
+  document.body.setAttribute('data-measure', JSON.stringify({height: document.documentElement.scrollHeight,
+    blocks: document.querySelectorAll('pre').length, wide: wide.length}));
+}, 300));</script></body>"""
+
+
+def measure(site: Path, width: int = 1280, height: int = 800) -> dict:
+    "{page: (height in screens of `height` px, code blocks, code blocks wider than their column)} in headless chromium."
+    out = {}
+    for p in sorted(site.glob('*.html')):
+        probe = p.with_name(f'.measure_{p.name}')
+        probe.write_text(p.read_text().replace('</body>', MEASURE_JS, 1))
+        try:
+            dom = subprocess.run(CHROMIUM + [f'--window-size={width},{height}', '--virtual-time-budget=3000', '--dump-dom',
+                                 probe.resolve().as_uri()], capture_output=True, text=True, timeout=120).stdout
+        finally: probe.unlink()
+        m = re.search(r"data-measure=\"([^\"]*)\"", dom)
+        if m:
+            d = json.loads(html.unescape(m.group(1)))
+            out[p.name] = (round(d['height'] / height, 1), d['blocks'], d['wide'])
+    return out
+
+
+SHOTS = [  # (file, page, anchor at the top or '', what to open): the index, a parameters table, a page with a figure
+    ('index.jpg', 'index.html', '', ''),
+    ('parameters_table.jpg', 'trainer.html', 'lityolo', 'details.params'),
+    ('figure.jpg', 'recorder.html', 'step-time-per-epoch-in-the-reference-runs', '.callout-collapse'),
+]
+SHOT_JS = """<script>addEventListener('load', () => setTimeout(() => {
+  document.querySelectorAll('%s').forEach(e => e.tagName == 'DETAILS' ? e.open = true : e.classList.add('show'));
+  const e = document.getElementById('%s');
+  document.body.setAttribute('data-top', e ? Math.round(e.getBoundingClientRect().top + scrollY) : 0);
+}, 300));</script></body>"""
+
+
+def shot(site: Path, page: str, anchor: str, opened: str, out: Path, size=(1280, 1000), quality: int = 60) -> int:
+    """A JPEG of `page` from `anchor` down, `size` big, with the elements `opened` selects open; returns its bytes.
+    Chromium cannot scroll before its screenshot, so it takes the page down to there and the top is cut off."""
+    from PIL import Image   # the venv's
+    p = site / page
+    probe = p.with_name(f'.shot_{p.name}')
+    probe.write_text(p.read_text().replace('</body>', SHOT_JS % (opened or 'none', anchor), 1))
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            dom = subprocess.run(CHROMIUM + [f'--window-size={size[0]},{size[1]}', '--virtual-time-budget=3000',
+                                 '--dump-dom', probe.resolve().as_uri()], capture_output=True, text=True, timeout=120).stdout
+            top = max(0, int(re.search(r'data-top="(\d+)"', dom).group(1)) - 70) if anchor else 0   # the navbar's 70 px
+            png = Path(tmp) / 'shot.png'
+            subprocess.run(CHROMIUM + [f'--window-size={size[0]},{top + size[1]}', '--virtual-time-budget=3000',
+                                       f'--screenshot={png}', probe.resolve().as_uri()], capture_output=True, timeout=120, check=True)
+            Image.open(png).crop((0, top, size[0], top + size[1])).convert('RGB').save(out, quality=quality, optimize=True)
+    finally: probe.unlink()
+    return out.stat().st_size
+
+
+def main(argv: list) -> int:
+    if len(argv) < 2 or argv[0] not in ('prepare', 'check', 'measure', 'shots'): print(__doc__); return 2
+    cmd, folder = argv[0], Path(argv[1])
+    if cmd == 'prepare':
+        print(prepare(folder))
+        return 0
+    if cmd == 'measure':
+        m = measure(folder)
+        for page, (screens, blocks, wide) in m.items():
+            print(f'{page:32} {screens:5.1f} screens  {blocks:4} code blocks, {wide:3} wider than the column')
+        print(f'{len(m)} pages, {sum(v[0] > 10 for v in m.values())} over 10 screens; '
+              f'{sum(v[2] for v in m.values())} of {sum(v[1] for v in m.values())} code blocks wider than the column')
+        return 0
+    if cmd == 'shots':
+        dest = Path(argv[2]); dest.mkdir(parents=True, exist_ok=True)
+        for name, page, anchor, opened in SHOTS: print(dest / name, shot(folder, page, anchor, opened, dest / name), 'bytes')
+        return 0
+    bad = check_site(folder, site_url())
+    for line in bad: print(line)
+    n = len(list(folder.rglob('*.html')))
+    print(f'docs: {n} pages crawled, {len(bad)} findings (dead links or anchors, warnings, machine paths)')
+    return 1 if bad else 0
+
+
+if __name__ == '__main__': sys.exit(main(sys.argv[1:]))
