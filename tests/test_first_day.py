@@ -84,7 +84,7 @@ def test_predict_warns_about_a_checkpoint_that_scored_nothing(three, given):
     r = _lucid('predict', '--trainer.accelerator', 'cpu', '--trainer.enable_progress_bar', 'false', given, str(ckpt),
                '--data.predict_images', str(Path(EMBEDDED_IMAGES) / '000000000009.jpg'), cwd=d)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert len([l for l in r.stderr.splitlines() if l.startswith("lucid: warning: the checkpoint's last validation scored")]) == 1
+    assert len([l for l in r.stderr.splitlines() if l.startswith("lucid: warning: the checkpoint's last validation (epoch 1) scored mAP50-95")]) == 1
 
 
 def test_abbreviated_options_are_refused(tmp_path, monkeypatch, capsys):

@@ -7,6 +7,7 @@ import numpy as np, pytest, torch
 from PIL import Image
 
 import lucid_nb
+from lucid_nb.checkpoints import with_hashes
 from lucid_nb.core import EMBEDDED_IMAGES
 from lucid_nb.data import load_rgb
 from lucid_nb.predict import to_detections
@@ -126,7 +127,7 @@ def test_api_matches_lucid_predict(tmp_path, ckpt, folder, conf):
         c = torch.load(ckpt, map_location='cpu', weights_only=True)
         c['hyper_parameters']['conf'] = float(np.median(scores))   # what `lucid fit --model.conf` stores
         assert (scores <= c['hyper_parameters']['conf']).any()       # some detections fall below it
-        torch.save(c, ckpt := tmp_path / 'raised.ckpt')
+        torch.save(with_hashes(c), ckpt := tmp_path / 'raised.ckpt')   # its hashes, as `lucid fit` writes them
     cli = cli_predictions(tmp_path, '--ckpt_path', str(ckpt), '--data.predict_images', str(folder))
     if conf == 'as trained': assert len(cli) > 0      # the fixture scores some boxes over 0.25
     assert_same_detections(cli, lucid_nb.load(ckpt), files)
