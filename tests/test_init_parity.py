@@ -96,7 +96,7 @@ def test_head_priors(nano):
 
 
 def test_a_constant_on_the_box_logits_changes_nothing():
-    "Why the box prior's value (2.0 now, 1.0 in Ultralytics 8.3) does not matter: the decode and the DFL loss see each side's softmax."
+    "Why the box prior's value (2.0 now, 1.0 in earlier Ultralytics releases) does not matter: the decode and the DFL loss see each side's softmax."
     torch.manual_seed(0)
     det = DetectHead((64, 128, 256)).eval()
     feats = [torch.rand(1, 64, 8, 8), torch.rand(1, 128, 4, 4), torch.rand(1, 256, 2, 2)]
