@@ -97,6 +97,7 @@ class DetectHead(nn.Module):
         self.cls = nn.ModuleList(nn.Sequential(nn.Sequential(DWConv(c, c, 3), Conv(c, c3, 1)),
                                                nn.Sequential(DWConv(c3, c3, 3), Conv(c3, c3, 1)),
                                                nn.Conv2d(c3, num_classes, 1)) for c in ch)
+        if reg_max > 1: nn.Conv2d(reg_max, 1, 1, bias=False)   # drawn and dropped: Ultralytics' DFL holds a fixed conv
         self.dfl = DFL(reg_max)
         self.bias_init()
 
@@ -105,9 +106,9 @@ class DetectHead(nn.Module):
 
     @torch.no_grad()
     def bias_init(self):
-        "YOLO's prior biases: box logits 1.0, class logits log(5/K/(640/s)²)."
+        "Ultralytics' prior biases: box logits 2.0, class logits log(5/K/(640/s)²)."
         for b, c, s in zip(self.box, self.cls, self.strides):
-            b[-1].bias.fill_(1.0)
+            b[-1].bias.fill_(2.0)
             c[-1].bias.fill_(math.log(5 / self.num_classes / (640 / s) ** 2))
 
     def prediction_calls(self)->list[tuple[str,nn.Module,int]]:
@@ -161,9 +162,10 @@ class SegHead(DetectHead):
                  strides:tuple=(8, 16, 32)): # stride of each level in pixels
         super().__init__(ch, num_classes, reg_max, strides)
         self.num_protos = num_protos
+        proto = Proto(ch[0], proto_channels, num_protos)   # drawn before the coefficients, as Ultralytics' Segment draws
         c4 = max(ch[0] // 4, num_protos)
         self.coef = nn.ModuleList(nn.Sequential(Conv(c, c4, 3), Conv(c4, c4, 3), nn.Conv2d(c4, num_protos, 1)) for c in ch)
-        self.proto = Proto(ch[0], proto_channels, num_protos)
+        self.proto = proto                                  # registered after them: the state dict's order is unchanged
 
     def prediction_calls(self)->list[tuple[str,nn.Module,int]]:
         "Native order: `box, cls, coef` level by level, then `proto` on level 0."

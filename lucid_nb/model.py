@@ -69,6 +69,7 @@ class C3k(nn.Module):
         super().__init__()
         c_ = int(c2 * e)
         self.cv1, self.cv2, self.cv3 = Conv(c1, c_, 1), Conv(c1, c_, 1), Conv(2 * c_, c2, 1)
+        for _ in range(n): Bottleneck(c_, c_, shortcut, k=(1, 3), e=1.0)   # drawn and dropped, as Ultralytics' C3 does
         self.m = nn.Sequential(*(Bottleneck(c_, c_, shortcut, k=(k, k), e=1.0) for _ in range(n)))
     def forward(self, x:Tensor)->Tensor: return self.cv3(torch.cat([self.m(self.cv1(x)), self.cv2(x)], 1))
 
