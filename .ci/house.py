@@ -4,7 +4,7 @@
     python .ci/house.py sidebar       # nbs/sidebar.yml lists exactly the pages: every nbs/*.ipynb, nothing else
     python .ci/house.py benchmarks    # benchmarks/ holds at most 10 scripts and 40 result files (rule below)
     python .ci/house.py cells [--strict]   # export cells over 60 lines, listed; --strict: fail on any
-    python .ci/house.py documents     # README.md and benchmarks/README.md within 15 KB, CHANGELOG entries of 1-2 lines
+    python .ci/house.py documents     # READMEs within 15 KB, their links live; CHANGELOG entries of 1-2 lines
     python .ci/house.py lines [--strict]   # code lines over 100 characters and `;` joins (rules below); --strict: fail
 
 Each check prints its offenders one a line and exits 1 when it fails.
@@ -85,12 +85,34 @@ def changelog_entries(text: str) -> list:
     return out
 
 
+def anchors(md: str) -> set:
+    "The anchors GitHub gives a Markdown file's headings: lower case, punctuation but `-` and `_` dropped, spaces as `-`."
+    return {re.sub(r'[^\w\- ]', '', m.group(1).strip().lower()).replace(' ', '-')
+            for m in re.finditer(r'^#{1,6}\s+(.+?)\s*#*$', re.sub(r'```.*?```', '', md, flags=re.S), re.M)}
+
+
+def dead_links(root: Path, doc: str) -> list:
+    "The relative links `[text](path#anchor)` of a Markdown file whose file or heading is not there (URLs not followed)."
+    bad, text = [], (root / doc).read_text()
+    for n, line in enumerate(text.splitlines(), 1):
+        for target in re.findall(r'\]\(([^)\s]+)\)', line):
+            if re.match(r'[a-z]+:', target): continue
+            path, _, anchor = target.partition('#')
+            file = (root / doc).parent / path if path else root / doc
+            if not file.exists(): bad.append(f'{doc}:{n}: dead link: {target}')
+            elif anchor and file.suffix == '.md' and anchor not in anchors(file.read_text()):
+                bad.append(f'{doc}:{n}: dead anchor: {target}')
+    return bad
+
+
 def check_documents(root: Path = Path('.')) -> list:
-    "README.md and benchmarks/README.md at most 15 KB (the latter no line over 300 characters); CHANGELOG entries of 1-2 lines."
+    """README.md and benchmarks/README.md at most 15 KB (the latter no line over 300 characters), their relative links
+    and anchors live; CHANGELOG entries of 1-2 lines."""
     bad = []
     for doc in ('README.md', 'benchmarks/README.md'):
         size = (root / doc).stat().st_size
         if size > MAX_DOC_BYTES: bad.append(f'{doc} is {size:,} bytes, over {MAX_DOC_BYTES:,}: link to the details, do not repeat them')
+        bad += dead_links(root, doc)
     for n, line in enumerate((root / 'benchmarks/README.md').read_text().splitlines(), 1):
         if len(line) > MAX_DOC_LINE: bad.append(f'benchmarks/README.md:{n} is {len(line)} characters, over {MAX_DOC_LINE}')
     for n, lines in changelog_entries((root / 'CHANGELOG.md').read_text()):

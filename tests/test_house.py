@@ -60,6 +60,11 @@ def test_documents_fail_over_their_budgets(tmp_path):
                                                'CHANGELOG.md:6 is 121 characters, over 120']
     _documents(tmp_path, readme=house.MAX_DOC_BYTES, bench='y' * 300 + '\n', changelog='- ' + 'z' * 118 + '\n')
     assert house.check_documents(tmp_path) == []
+    (tmp_path / 'README.md').write_text('# lucid_nb\n## The first hour\n```sh\n# not a heading\n```\n[a](#the-first-hour) '
+                                        '[b](benchmarks/README.md) [c](#not-a-heading) [d](gone.md) [e](https://x.org/y#z)\n'
+                                        '[f](benchmarks/README.md#current-figures)')
+    (tmp_path / 'benchmarks' / 'README.md').write_text('# Benchmarks\n## Current figures\n[back](../README.md#lucid_nb)\n')
+    assert house.check_documents(tmp_path) == ['README.md:6: dead anchor: #not-a-heading', 'README.md:6: dead link: gone.md']
 
 
 def test_semicolon_joins_spare_guards_and_line_ends():
