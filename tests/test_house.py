@@ -98,6 +98,7 @@ def test_this_checkout_keeps_the_house_rules(monkeypatch):
     monkeypatch.chdir(ROOT)
     assert house.check_sidebar() == []
     assert house.check_benchmarks() == []
+    assert house.check_documents() == []
 
 
 def test_the_comparator_is_in_the_repository():
