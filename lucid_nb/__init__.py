@@ -1,4 +1,4 @@
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 def __getattr__(name):
     "`lucid_nb.load` imports `lucid_nb.predict` (torch, Lightning) on first use, so `import lucid_nb` stays light."

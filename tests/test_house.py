@@ -1,5 +1,5 @@
-"""`.ci/house.py`: the house rules CI checks (sidebar, benchmarks' budget, export cells' length), on small folders made
-here and on this checkout."""
+"""`.ci/house.py`: the house rules CI checks (sidebar, benchmarks' budget, export cells' length, the documents' budgets,
+long lines and `;` joins), on small folders made here and on this checkout."""
 import importlib.util, json
 from pathlib import Path
 
@@ -43,10 +43,62 @@ def test_export_cells_counted_without_directives(tmp_path):
     assert house.check_cells(tmp_path) == [f'{tmp_path}/n.ipynb: cell 1 (f) is an export cell of 61 lines, over 60']
 
 
+def _documents(root: Path, readme: int = 100, bench: str = 'x\n', changelog: str = '- one line\n'):
+    (root / 'benchmarks').mkdir(exist_ok=True)
+    (root / 'README.md').write_text('x' * readme); (root / 'benchmarks' / 'README.md').write_text(bench)
+    (root / 'CHANGELOG.md').write_text('# Changelog\n\n## [0.2.0] - 2026-12-07\n\n### Added\n' + changelog)
+
+
+def test_documents_fail_over_their_budgets(tmp_path):
+    _documents(tmp_path, changelog='- one line\n- two\n  lines\n- three\n  lines\n  here\n- another\n')
+    assert house.changelog_entries((tmp_path / 'CHANGELOG.md').read_text()) == [
+        (6, ['- one line']), (7, ['- two', '  lines']), (9, ['- three', '  lines', '  here']), (12, ['- another'])]
+    assert house.check_documents(tmp_path) == ['CHANGELOG.md:9 is an entry of 3 lines, over 2']
+    _documents(tmp_path, readme=house.MAX_DOC_BYTES + 1, bench='ok\n' + 'y' * 301 + '\n', changelog='- ' + 'z' * 119 + '\n')
+    assert house.check_documents(tmp_path) == [f'README.md is 15,001 bytes, over 15,000: link to the details, do not repeat them',
+                                               'benchmarks/README.md:2 is 301 characters, over 300',
+                                               'CHANGELOG.md:6 is 121 characters, over 120']
+    _documents(tmp_path, readme=house.MAX_DOC_BYTES, bench='y' * 300 + '\n', changelog='- ' + 'z' * 118 + '\n')
+    assert house.check_documents(tmp_path) == []
+    (tmp_path / 'README.md').write_text('# lucid_nb\n## The first hour\n```sh\n# not a heading\n```\n[a](#the-first-hour) '
+                                        '[b](benchmarks/README.md) [c](#not-a-heading) [d](gone.md) [e](https://x.org/y#z)\n'
+                                        '[f](benchmarks/README.md#current-figures)')
+    (tmp_path / 'benchmarks' / 'README.md').write_text('# Benchmarks\n## Current figures\n[back](../README.md#lucid_nb)\n')
+    assert house.check_documents(tmp_path) == ['README.md:6: dead anchor: #not-a-heading', 'README.md:6: dead link: gone.md']
+
+
+def test_semicolon_joins_spare_guards_and_line_ends():
+    src = ('a = 1; b = 2\n'                        # a join
+           'if a: b = 3; return\n'                 # a one-line guard
+           'if a: b = 3; c = 4\n'                  # not a guard: nothing leaves
+           "s = 'x; y'  # c; d\n"                 # in a string and a comment
+           'plt.plot(a);\n'                       # a notebook's output suppressed
+           '%time x = 1; y = 2\n'                  # IPython
+           'for i in a:\n    if i: continue; x\n'  # the guard's last statement must leave
+           'while a:\n    if a: a -= 1; break\n')
+    assert house.semicolon_joins(src) == [1, 3, 8]
+
+
+def test_line_figures_count_library_and_unexported_cells(tmp_path, capsys):
+    (tmp_path / 'lucid_nb').mkdir(); (tmp_path / 'nbs').mkdir()
+    (tmp_path / 'lucid_nb' / 'm.py').write_text('x = 1; y = 2\n\n' + 'z = "' + 'w' * 100 + '"\n')
+    (tmp_path / 'lucid_nb' / '_modidx.py').write_text('d = "' + 'w' * 200 + '"\n')   # generated: not counted
+    notebook(tmp_path / 'nbs' / 'n.ipynb', '#| export\nx = 1; y = 2', '#| hide\nif x: y = 1; return\nq = 1; r = 2', 'ok = 1')
+    assert house.line_figures(tmp_path) == {'lucid_nb/m.py': dict(lines=2, long=1, joins=1),
+                                            'nbs/n.ipynb': dict(lines=3, long=0, joins=1)}
+    assert house.check_lines(tmp_path) == ['20.0% of code lines are over 100 characters, over 5%',
+                                           '2 `;` joins outside one-line guards']
+    assert 'library: 1 of 2 code lines over 100 characters (50.0%), 1 `;` joins' in capsys.readouterr().out
+    (tmp_path / 'lucid_nb' / 'm.py').write_text('x = 1\n' * 20 + 'z = "' + 'w' * 100 + '"\n')
+    notebook(tmp_path / 'nbs' / 'n.ipynb', 'ok = 1')
+    assert house.check_lines(tmp_path) == []   # 1 of 22 lines: under 5 %
+
+
 def test_this_checkout_keeps_the_house_rules(monkeypatch):
     monkeypatch.chdir(ROOT)
     assert house.check_sidebar() == []
     assert house.check_benchmarks() == []
+    assert house.check_documents() == []
 
 
 def test_the_comparator_is_in_the_repository():
