@@ -20,11 +20,11 @@ from .masks import *
 from .masks import _floats, _image_index, _slices_up_to
 
 # %% auto #0
-__all__ = ['COCO80_IDS', 'STAT_NAMES', 'SUMMARY_NAMES', 'CONF_GRID', 'PREDICT_CONF', 'greedy_keep', 'nms', 'class_top',
-           'nms_reference', 'quiet', 'load_coco', 'coco_results', 'results_bytes', 'write_results', 'CocoStats',
-           'at_scores', 'f1_score', 'operating_point', 'class_eval', 'no_detections_eval', 'gt_counts', 'match_boxes',
-           'confusion_matrix', 'coco_evaluate', 'class_rows', 'class_table', 'speed_line', 'Validator', 'predict_conf',
-           'conf_line']
+__all__ = ['COCO80_IDS', 'STAT_NAMES', 'SUMMARY_NAMES', 'CONF_GRID', 'PREDICT_CONF', 'greedy_in_order', 'greedy_keep', 'nms',
+           'class_top', 'nms_reference', 'quiet', 'load_coco', 'coco_results', 'results_bytes', 'write_results',
+           'CocoStats', 'at_scores', 'f1_score', 'operating_point', 'class_eval', 'no_detections_eval', 'gt_counts',
+           'match_boxes', 'confusion_matrix', 'coco_evaluate', 'class_rows', 'class_table', 'speed_line', 'Validator',
+           'predict_conf', 'conf_line']
 
 # %% ../nbs/07b_metrics.ipynb #a0b7cb8a
 def _candidates(scores:Tensor, conf:float, multi_label:bool, max_nms:int)->tuple[Tensor,Tensor,Tensor]: # (B,n) each
@@ -34,9 +34,13 @@ def _candidates(scores:Tensor, conf:float, multi_label:bool, max_nms:int)->tuple
     else: val, cls = scores.max(-1)                           # index: anchor
     cand = val > conf
     count = cand.sum(1)
-    if int(count.max()) > max_nms:   # the max_nms best without sorting everything; >= keeps every tie at the cut
+    if int(count.max()) > max_nms:   # the max_nms best without sorting everything
         cut = val.masked_fill(~cand, -math.inf).topk(min(max_nms, val.shape[1]), 1).values[:, -1:]
-        cand &= (val >= cut) | (count <= max_nms)[:, None]
+        # of the ties at the cut, the first ones in (anchor, class) order, as the stable sort below would keep them: a
+        # saturated model's scores are all 1.0, and sorting every tie cost seconds an image
+        above, tie = cand & (val > cut), cand & (val == cut)
+        tie &= tie.cumsum(1) <= max_nms - above.sum(1, keepdim=True)
+        cand &= above | tie | (count <= max_nms)[:, None]
     b, i = cand.nonzero(as_tuple=True)                        # image by image, then (anchor, class) order
     s = val[b, i]
     o = torch.sort(s, descending=True, stable=True).indices
@@ -57,6 +61,16 @@ def _candidates(scores:Tensor, conf:float, multi_label:bool, max_nms:int)->tuple
 def _suppresses(a:Tensor, ac:Tensor, b:Tensor, bc:Tensor, iou:float)->Tensor:
     "(B,m,n): box `a[:,i]` would suppress box `b[:,j]` (IoU above `iou`, same class)."
     return (box_iou(a, b) > iou) & (ac[:, :, None] == bc[:, None, :])
+
+def greedy_in_order(
+    alive:Tensor,  # (B,m) bool: candidates no earlier kept box suppresses, best first (on the host)
+    sup:Tensor,    # (B,m,m) bool: `sup[b,i,j]`, candidate i would suppress candidate j (only i < j)
+)->Tensor:         # (B,m) bool: the candidates greedy NMS keeps
+    "Greedy NMS inside a chunk on the CPU, one candidate after another: each kept one strikes out those it suppresses."
+    keep, sup = alive.numpy().copy(), sup.numpy()
+    for b, i in zip(*np.nonzero(sup.any(2) & keep)):  # only candidates that suppress something matter, in order
+        if keep[b, i]: keep[b] &= ~sup[b, i]               # still kept when its turn comes: it is greedy's
+    return torch.from_numpy(keep)
 
 def greedy_keep(
     boxes:Tensor,     # (B,n,4) xyxy, each image's candidates sorted best first
@@ -82,7 +96,8 @@ def greedy_keep(
         m = len(b[0])
         alive = (c >= 0) & ~_suppresses(kb[:, :most], kc[:, :most], b, c, iou).any(1)  # earlier chunks' kept
         sup = _suppresses(b, c, b, c, iou) & before[:m, :m]  # inside the chunk: earlier suppresses later
-        keep, changed, r = alive, True, rounds
+        # on the CPU the greedy answer box by box (`greedy_in_order`): the first round below confirms it, unchanged
+        keep, changed, r = alive if boxes.is_cuda else greedy_in_order(alive, sup), True, rounds
         while changed:                                  # `r` rounds queued, then one look: settled? any image still open?
             for _ in range(r): last, keep = keep, alive & ~(sup & keep[:, :, None]).any(1)
             r *= 2                                      # not settled yet: a long chain, twice the rounds before the next look

@@ -31,8 +31,9 @@ from .lines import note, say
 from .runs import AtomicCheckpoint, EpochSummary, RunArtifacts, gather_objects, run_folder, _now, _run_dir
 
 # %% auto #0
-__all__ = ['LitYolo', 'StepLossBar', 'default_val_group_pixels', 'append_jsonl', 'merge_results', 'PredictionWriter',
-           'FrozenHeap', 'ddp_blocker', 'broadcast_buffers', 'DistributedRun', 'default_callbacks']
+__all__ = ['SLOW_VALIDATION_SECONDS', 'LitYolo', 'StepLossBar', 'default_val_group_pixels', 'validation_dominates',
+           'append_jsonl', 'merge_results', 'PredictionWriter', 'FrozenHeap', 'ddp_blocker', 'broadcast_buffers',
+           'DistributedRun', 'default_callbacks']
 
 # %% ../nbs/08c_trainer.ipynb #235f0363
 _DOC_MODEL = """YOLO-style instance segmentation and object detection.
@@ -317,7 +318,27 @@ def on_validation_epoch_start(self:LitYolo):
     "A fresh validator and zeroed validation timings; on a GPU, the allocator's cached unused blocks given back first."
     if self.device.type == 'cuda': torch.cuda.empty_cache()
     self.validator, self.val_seconds = self.make_validator(), dict(preprocess=None, forward=0., postprocess=0., evaluate=0.)
-    self.val_images, self.val_batch_t0 = 0, None
+    self.val_images, self.val_batch_t0, self.val_t0 = 0, None, time.perf_counter()
+
+# %% ../nbs/08c_trainer.ipynb #c7a64c2a
+SLOW_VALIDATION_SECONDS = 60.   # a shorter validation never says it dominates: a small run's validation is short anyway
+
+@patch
+def on_train_epoch_start(self:LitYolo):
+    "The epoch's clock (`validation_dominates`)."
+    self.epoch_t0 = time.perf_counter()
+
+def validation_dominates(trainer, module)->str|None:
+    "Once a fit: when this validation took longer than the epoch's training and over `SLOW_VALIDATION_SECONDS`, what it cost and the options that shorten it."
+    if getattr(module, 'said_validation_dominates', False) or getattr(module, 'epoch_t0', None) is None: return None
+    now = time.perf_counter()
+    val, train = now - module.val_t0, module.val_t0 - module.epoch_t0
+    if val < max(train, SLOW_VALIDATION_SECONDS): return None
+    module.said_validation_dominates = True
+    s, per_image = module.val_seconds, len(module.validator.results) / max(module.val_images, 1)
+    return (f"validation took {val:.0f} s against the epoch's {train:.0f} s of training (post-processing {s['postprocess']:.0f} s, "
+            f"{per_image:.0f} detections an image; forward {s['forward']:.0f} s): `--trainer.check_val_every_n_epoch N` "
+            "validates every N epochs, `--trainer.limit_val_batches F` scores a share F of the validation images")
 
 # %% ../nbs/08c_trainer.ipynb #ebb4ee56
 @patch
@@ -386,7 +407,9 @@ def on_validation_epoch_end(self:LitYolo):
     dm = self.trainer.datamodule
     rows = class_rows(metrics, getattr(dm, 'class_names', None))
     append_jsonl(run/'val_metrics.jsonl', dict(**line, **metrics, speed=self.last_val_speed, classes=rows))
-    if self.trainer.state.fn == 'fit': return   # a fit prints one line per epoch; its table and plots come at its end
+    if self.trainer.state.fn == 'fit':   # a fit prints one line per epoch; its table and plots come at its end
+        if (why := validation_dominates(self.trainer, self)): note(why)
+        return
     say(self.trainer, class_table(rows)); say(self.trainer, speed_line(self.last_val_speed))
     save_val_plots(run, metrics, getattr(dm, 'class_names', None))
 

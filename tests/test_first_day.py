@@ -322,3 +322,25 @@ def test_many_problems_of_a_kind_are_one_line_and_a_file(tmp_path):
     assert any(l.strip() == 'every one, the first of each kind said above: input_problems.txt in the run folder' for l in lines), '\n'.join(lines[:12])
     (listed,) = (tmp_path / 'r').rglob('input_problems.txt')
     assert len(listed.read_text().splitlines()) == 30 and all(': missing file -> skipped' in l for l in listed.read_text().splitlines())
+
+
+def test_a_fit_whose_validation_dominates_says_so_once(tmp_path, monkeypatch, capsys):
+    "Issue 59: a young model's validation took 130 of an epoch's 189 s and nothing said why; now one line, once a fit."
+    import time
+    import lucid_nb.trainer
+    from lucid_nb.metrics import Validator
+    monkeypatch.chdir(tmp_path)
+    args = ['fit', *TINY, '--trainer.max_epochs', '2']
+    assert lucid_main(monkeypatch, *args) == 0
+    assert 'validation took' not in capsys.readouterr().err   # a short validation never says it
+    update, start, training = Validator.update, lucid_nb.trainer.LitYolo.on_validation_epoch_start, []
+    def timed_start(self): start(self); training.append(self.val_t0 - self.epoch_t0)
+    def slow_update(self, *a, **k): time.sleep(training[-1] + .5); return update(self, *a, **k)   # longer than training
+    monkeypatch.setattr(lucid_nb.trainer.LitYolo, 'on_validation_epoch_start', timed_start)
+    monkeypatch.setattr(Validator, 'update', slow_update)
+    monkeypatch.setattr(lucid_nb.trainer, 'SLOW_VALIDATION_SECONDS', 0.5)
+    assert lucid_main(monkeypatch, *args) == 0
+    lines = [l for l in capsys.readouterr().err.splitlines() if 'validation took' in l]
+    assert len(lines) == 1, lines                                # two validations, one line
+    assert lines[0].startswith('lucid: validation took') and '--trainer.check_val_every_n_epoch' in lines[0] \
+        and '--trainer.limit_val_batches' in lines[0], lines[0]
