@@ -114,6 +114,7 @@ def env_info()->dict:
                 cudnn=torch.backends.cudnn.version() if cuda else None, python=platform.python_version(),
                 allocator=allocator_setting(),   # the CUDA allocator's setting (`00a_allocator`)
                 cpu_capability=torch.backends.cpu.get_cpu_capability(),   # the vector unit torch's CPU kernels use: CPU bytes depend on it
+                cpu_threads=torch.get_num_threads(),   # so do the CPU's parallel sums: they split the work by threads
                 commit=_git_commit(), date=datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC'))
 
 def env_card()->str:

@@ -14,7 +14,7 @@ from .core import *
 __all__ = ['RLE_COUNTS', 'EXTENT_COUNTS', 'crop_window', 'proto_masks', 'proto_window', 'unletterbox_masks', 'unletterbox_grid',
            'unletterbox_boxes', 'rle_runs', 'runs_from_starts', 'rle_chars', 'rle_strings', 'rle_encode',
            'mask_runs_full', 'box_spans', 'crop_chunks', 'crop_order', 'crop_table', 'crop_starts', 'rle_extent',
-           'batch_mask_runs', 'mask_runs', 'masks_to_rle', 'ratio_pad_boxes', 'ultralytics_masks']
+           'by_mask', 'batch_mask_runs', 'mask_runs', 'masks_to_rle', 'ratio_pad_boxes', 'ultralytics_masks']
 
 # %% ../nbs/07a_masks.ipynb #46763104
 def crop_window(
@@ -273,15 +273,19 @@ def crop_starts(
     "Where runs of the masks `mask_runs_full` makes start, found inside each box's crop (outside it every mask is 0)."
     h, w, y0, x0, last_row, whole_w, lo, hi, first, H, _ = table.unbind(1)
     i, j = torch.arange(rows + 1, device=soft.device), torch.arange(cols, device=soft.device)   # row `h`: after a column's crop
-    grid = torch.stack(torch.broadcast_tensors(xs[x0[:, None] + j][:, None, :], ys[y0[:, None] + i][:, :, None]), -1)
+    # sampled column by column (n, cols, rows+1): the runs' order, so no transposed copy; a sample is the same
+    # arithmetic wherever it sits in the grid
+    grid = torch.stack(torch.broadcast_tensors(xs[x0[:, None] + j][:, :, None], ys[y0[:, None] + i][:, None, :]), -1)
     v = F.grid_sample(soft[:, None], grid, mode='bilinear', padding_mode='border', align_corners=False)[:, 0] > .5
     in_rows = i < h[:, None]
-    v = (v & in_rows[:, :, None] & (j < w[:, None])[:, None, :]).transpose(1, 2)   # (n, cols, rows+1): 0 outside the crop
+    v &= in_rows[:, None, :] & (j < w[:, None])[:, :, None]                     # 0 outside the crop
     last = v.gather(2, last_row[:, None, None].expand(-1, cols, 1))[..., 0]   # each column's last crop pixel
     # the pixel before a column's first: the previous column's last for crops of whole columns (they follow one
     # another: `whole_w` is their width, else 0), else 0; past the crop's columns 0 too, so that no run starts there
     before = F.pad(last[:, :-1], (1, 0)) & (j < whole_w[:, None])
-    starts = v != torch.cat([before[..., None], v[..., :-1]], 2)
+    starts = torch.empty_like(v)                      # a start where a pixel differs from the one before it
+    torch.ne(v[..., 1:], v[..., :-1], out=starts[..., 1:])
+    torch.ne(v[..., 0], before, out=starts[..., 0])
     # the start after a column's crop (row h) is kept outside the columns [lo, hi) (`crop_table`); below row h no run
     # starts anyway
     starts &= in_rows[:, None, :] | ((j < lo[:, None]) | (j >= hi[:, None]))[..., None]
@@ -305,9 +309,10 @@ def _rle_extent(counts:Tensor, runs:Tensor, h:Tensor)->Tensor:
     area = total(c * one)
     wraps = total(one & (x > x.roll(1))) > 0                  # a run of 1s from one column into the next: every row
     y = torch.where(inside, y, y.roll(1))                     # a trailing run of 0s: its mask's previous value
-    ky = torch.sort(mask * 2**32 + y).values & (2**32 - 1)    # each mask's y, sorted: its first is the least, its last the most
+    ky0 = y.new_full((n,), h.max()).scatter_reduce_(0, mask, y, 'amin')    # each mask's least y and its most
+    ky1 = y.new_zeros(n).scatter_reduce_(0, mask, y, 'amax')
     xs, xe = x[first], x[torch.maximum(first, end - 1 - runs % 2)]   # columns only grow along a mask
-    ys, ye = torch.where(wraps, 0, ky[first]), torch.where(wraps, h - 1, ky[last])
+    ys, ye = torch.where(wraps, 0, ky0), torch.where(wraps, h - 1, ky1)
     ext = torch.stack([area, xs, ys, xe - xs + 1, ye - ys + 1], 1)
     return torch.where(area[:, None] > 0, ext, 0)             # an empty mask: a box of zeros
 
@@ -325,6 +330,20 @@ def rle_extent(
                       for ms, cs in _mask_slices(runs, max_counts or EXTENT_COUNTS)])
 
 # %% ../nbs/07a_masks.ipynb #7bf1534d
+def by_mask(
+    m:Tensor,  # (s,) int64 mask of each start; a mask's starts one after the other (a chunk's `nonzero`)
+    q:Tensor,  # (s,) int64 their pixels, in order within each mask
+    n:int,     # masks
+)->tuple[Tensor,Tensor]: # `m` and `q` mask by mask: a stable sort by `m`
+    "The starts of `crop_starts`' chunks mask by mask, as `runs_from_starts` takes them; on the CPU in linear time, not a sort."
+    if m.is_cuda: o = torch.sort(m, stable=True).indices; return m[o], q[o]
+    k = torch.arange(len(m))
+    count = torch.zeros(n, dtype=torch.long).index_add_(0, m, torch.ones_like(m))
+    new = torch.ones_like(m, dtype=torch.bool)
+    new[1:] = m[1:] != m[:-1]                                        # a mask's first start
+    slot = (count.cumsum(0) - count)[m] + k - torch.where(new, k, 0).cummax(0).values   # its place, plus its rank in it
+    return torch.empty_like(m).index_put_((slot,), m), torch.empty_like(q).index_put_((slot,), q)
+
 def batch_mask_runs(
     coef:Tensor,      # (n,P) coefficients of the kept detections of the images, image after image
     proto:Tensor,     # (B,P,S/4,S/4) prototypes of the images
@@ -361,8 +380,7 @@ def batch_mask_runs(
     del soft, window   # what the runs and extents below need is in `found`: the group's soft masks can go
     m, q = (torch.cat([f[-1][f[0]] for f in found]), torch.cat([f[1] for f in found])) if found else (order[:0],) * 2
     del found
-    o = torch.sort(m, stable=True).indices   # mask by mask; each mask's starts come from one chunk, in order
-    c, r = runs_from_starts(m[o], q[o], n, table[:, 10])   # each mask's own H·W
+    c, r = runs_from_starts(*by_mask(m, q, n), n, table[:, 10])   # each mask's own H·W
     out = c.int() if int(hws.prod(1).max()) < 2**31 else c, r
     return out + (rle_extent(c, r, table[:, 9]),) if extent else out
 

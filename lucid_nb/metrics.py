@@ -24,7 +24,7 @@ __all__ = ['COCO80_IDS', 'STAT_NAMES', 'SUMMARY_NAMES', 'CONF_GRID', 'PREDICT_CO
            'class_top', 'nms_reference', 'quiet', 'load_coco', 'coco_results', 'results_bytes', 'write_results',
            'CocoStats', 'at_scores', 'f1_score', 'operating_point', 'class_eval', 'no_detections_eval', 'gt_counts',
            'match_boxes', 'confusion_matrix', 'coco_evaluate', 'class_rows', 'class_table', 'speed_line', 'Validator',
-           'predict_conf', 'conf_line']
+           'anchor_masks', 'predict_conf', 'conf_line']
 
 # %% ../nbs/07b_metrics.ipynb #a0b7cb8a
 def _candidates(scores:Tensor, conf:float, multi_label:bool, max_nms:int)->tuple[Tensor,Tensor,Tensor]: # (B,n) each
@@ -500,6 +500,17 @@ def _update(self:Validator, eval_out:dict, batch:dict):
     if not self.masks: self.mask_stats += [None] * (len(self.results) - len(self.mask_stats))
     self.image_ids += [int(i) for i in ids]
 
+# %% ../nbs/07b_metrics.ipynb #494dd3b3
+def anchor_masks(dets:list)->tuple|None: # per image: the first detection of each anchor (int64 indices), and where each detection's mask is among them all
+    "The detections of `dets` (on the host) that make the masks, one an anchor, and for every detection its mask's place; None when no anchor repeats."
+    kept, at, start = [], [], 0
+    for d in dets:
+        _, first, inverse = np.unique(d['anchors'].numpy(), return_index=True, return_inverse=True)
+        kept.append(torch.from_numpy(first))
+        at += (inverse.reshape(-1) + start).tolist()
+        start += len(first)
+    return None if start == len(at) else (kept, at)
+
 # %% ../nbs/07b_metrics.ipynb #80ece815
 @patch
 def _group_masks(self:Validator,
@@ -510,6 +521,13 @@ def _group_masks(self:Validator,
                  hws:Tensor, lbs:Tensor, # (B,2) the images' sizes, (B,3) their letterboxes, on the host
                 )->tuple[list,list]: # the masks' RLE strings and (area, x, y, w, h), image after image
     "The kept detections' masks, made for groups of images at once, up to `group_pixels` a group; their strings a few groups at once."
+    if not eval_out['coef'].is_cuda:   # on the CPU, where masks are most of validation: one mask an anchor (`anchor_masks`)
+        if (once := anchor_masks(dets)) is not None:
+            first, at = once
+            texts, stats = self._group_masks(eval_out, [{k: v[f] for k, v in d.items()} for d, f in zip(dets, first)],
+                                             [s[f] for s, f in zip(spans, first)],
+                                             [[s[j] for j in f.tolist()] for s, f in zip(sizes, first)], hws, lbs)
+            return [texts[g] for g in at], [stats[g] for g in at]
     # an image's pixels: its detections' masks on the prototype grid and their crops on the image. The strings of
     # several groups are made at once, up to `rle_strings`' own budget of counts (few host calls)
     texts, stats, cells = [], [], eval_out['proto'][0, 0].numel()

@@ -319,6 +319,23 @@ def test_validator_keeps_only_the_scored_detections():
     assert len(run(predict=True).results) == len(every.results)      # predicting: every detection
 
 
+def test_one_mask_an_anchor_gives_the_same_bytes(monkeypatch):
+    "On the CPU an anchor kept in several classes makes its mask once (`anchor_masks`): the same results, strings and extents as a mask a detection."
+    import lucid_nb.metrics
+    from lucid_nb.metrics import anchor_masks, nms
+    coco, rects = _gt()
+    out, batch = _gt_head_output(rects, shift=1.37)
+    alive = out['scores'].amax(-1, keepdim=True) > 0
+    out['scores'] = torch.where(out['scores'] > 0, out['scores'], alive * torch.linspace(.2, .5, len(CATS)))   # every class
+    assert anchor_masks(nms(out['boxes'], out['scores'])) is not None                         # anchors repeat
+    def run():
+        v = Validator(cat_ids=CATS); v.update(out, batch)
+        return results_bytes(v.results), v.mask_stats, len(v.results)
+    once = run()
+    monkeypatch.setattr(lucid_nb.metrics, 'anchor_masks', lambda dets: None)                  # a mask a detection
+    assert once == run() and once[2] == 4 * len(CATS)
+
+
 @cuda
 @pytest.mark.cuda
 def test_validator_on_cuda_same_bytes_as_cpu():
