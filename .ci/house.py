@@ -6,10 +6,11 @@
     python .ci/house.py cells [--strict]   # export cells over 60 lines, listed; --strict: fail on any
     python .ci/house.py documents     # READMEs within 15 KB, their links live; CHANGELOG entries of 1-2 lines
     python .ci/house.py lines [--strict]   # code lines over 100 characters and `;` joins (rules below); --strict: fail
+    python .ci/house.py paths         # no tracked text file names a path of one machine (a checkout, a home folder)
 
 Each check prints its offenders one a line and exits 1 when it fails.
 """
-import ast, io, json, re, sys, tokenize
+import ast, io, json, re, subprocess, sys, tokenize
 from pathlib import Path
 
 MAX_SCRIPTS, MAX_RESULTS, MAX_EXPORT_LINES = 10, 40, 60
@@ -181,9 +182,40 @@ def check_lines(root: Path = Path('.'), worst: int = 8) -> list:
             if long > MAX_LONG_SHARE * n else []) + ([f'{joins} `;` joins outside one-line guards'] if joins else [])
 
 
+# A path that exists on one machine only: a checkout, a home folder, pytest's temporary folders. Written into a
+# committed file it means nothing elsewhere, and tells where someone worked. A path a script chooses on any machine
+# (`/tmp/reference_run`) is an instruction, not one of these.
+MACHINE_PATH = re.compile(r'(?<![\w.~/-])(?:/work/|/root/|/home/\w|/Users/\w|/tmp/pytest)')
+PATHS_ALLOWED = {   # file: why the machine paths in it stay
+    'tests/test_docs_site.py': "examples of machine paths that the docs check must find in a page",
+    'tests/test_house.py': "examples of machine paths that this check must find",
+    '.ci/house.py': "the patterns of this check",
+}
+
+
+def tracked_files() -> list:
+    "The files git tracks here, relative to the repository root."
+    out = subprocess.run(['git', 'ls-files', '-z'], capture_output=True, text=True, check=True).stdout
+    return [f for f in out.split('\0') if f]
+
+
+def machine_paths(path: Path) -> list:
+    "(line number, path) of each machine path in a text file; [] for a binary or unreadable one."
+    try: text = path.read_text(encoding='utf-8')
+    except (OSError, UnicodeDecodeError): return []
+    if '\0' in text: return []
+    return [(i, m.group(0)) for i, line in enumerate(text.splitlines(), 1) for m in MACHINE_PATH.finditer(line)]
+
+
+def check_paths(files: list | None = None) -> list:
+    files = tracked_files() if files is None else files
+    return [f'{f}:{i}: {p}... is a path of one machine: write it relative to the repository, or as an example'
+            for f in files if str(f) not in PATHS_ALLOWED for i, p in machine_paths(Path(f))]
+
+
 def main(argv: list) -> int:
     checks = {'sidebar': check_sidebar, 'benchmarks': check_benchmarks, 'cells': check_cells,
-              'documents': check_documents, 'lines': check_lines}
+              'documents': check_documents, 'lines': check_lines, 'paths': check_paths}
     if not argv or argv[0] not in checks: print(__doc__); return 2
     bad = checks[argv[0]]()
     for line in bad: print(line)

@@ -3,7 +3,7 @@
 Runs the real trainer (`lucid fit` through `cli_main`: `LitYolo` + `YoloData` under Lightning) with the GPU
 configuration (`configs/coco128-seg-n.yaml`: nano, 640 px, bf16-mixed, the embedded data, RAM cache) on the CPU, with
 mosaic on in every epoch (`--data.close_mosaic 0`), no loader workers and no validation. After `--warmup` steps (the
-optimiser's momentum exists, the EMA's pairs are cached) one step runs under two `TorchDispatchMode`s: `OpCost` counts
+optimiser's momentum exists, the EMA's pairs are cached) one step runs under two `TorchDispatchMode`s: `lucid_nb.testing.OpCost` counts
 every aten op, `lucid_nb.testing.TensorBytes` the bytes of the storages the step makes that are alive at once (peak
 per part; the weights, EMA and optimiser state held before the step are `resident_mb`). Lightning's
 bf16-mixed on the CPU is `torch.autocast('cpu', torch.bfloat16)` around `training_step`, as on the GPU (CUDA's autocast
@@ -41,139 +41,13 @@ from pathlib import Path
 
 import torch
 from lightning.pytorch.callbacks import Callback
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
-from torch.utils.flop_counter import flop_registry
 
 from common import REFERENCE_CONFIG, mark_loss_and_ema, write_result
+from lucid_nb.testing import FAMILIES, OpCost, family   # the op counter, shared with tests/test_step_cost.py
 
 PARTS = ('forward', 'loss', 'backward', 'optimizer', 'ema')
 OUTSIDE = ('input',)   # counted beside the step, not in its total
-FAMILIES = ('conv/matmul', 'batch norm', 'casts/copies', 'elementwise', 'reductions', 'indexing/gather', 'other')
 MB = 1e6
-
-# ------------------------------------------------------------------------------------------------------ the op counter
-aten = torch.ops.aten
-UNCOUNTED = {'_unsafe_view', 'empty', 'empty_like', 'empty_strided', 'new_empty', 'new_empty_strided', 'resize_', 'set_',
-             'size', 'stride', 'sym_size', 'sym_stride', 'sym_numel', 'sym_storage_offset', 'is_same_size', 'is_nonzero', 'dim'}
-OVERWRITES = {'copy_', 'fill_', 'zero_', '_foreach_copy_', '_foreach_zero_', 'normal_', 'uniform_', 'bernoulli_', 'random_',
-              'exponential_'}   # the mutated tensor is written, not read
-INDEXED_WRITES = {'index_put_', '_index_put_impl_', 'scatter_', 'scatter_add_', 'scatter_reduce_', 'index_add_', 'index_copy_',
-                  'index_fill_', 'masked_scatter_', 'put_'}   # writes part of the mutated tensor
-DTYPES = {torch.float32: 'f32', torch.bfloat16: 'bf16', torch.float16: 'f16', torch.float64: 'f64', torch.uint8: 'u8',
-          torch.int64: 'i64', torch.int32: 'i32', torch.bool: 'bool', torch.int8: 'i8'}
-
-
-def counted(func) -> bool:
-    "Whether `func` (an `OpOverload`) does device work: not a view, not a metadata query, not a bare allocation."
-    return not (func.is_view or torch.Tag.inplace_view in func.tags or func.overloadpacket.__name__ in UNCOUNTED
-                or func.namespace == 'profiler')   # `record_function` ranges
-
-
-def op_name(func) -> str:
-    "The op's packet name (`add_`), namespaced when not aten (`prims::convert_element_type`)."
-    n = func.overloadpacket.__name__
-    return n if func.namespace == 'aten' else f'{func.namespace}::{n}'
-
-
-def _tags(name: str) -> set:
-    "The tags of every overload of aten op `name` (none for other names)."
-    packet = getattr(aten, name, None)
-    if packet is None or not hasattr(packet, 'overloads'): return set()
-    return {t for o in packet.overloads() for t in getattr(packet, o).tags}
-
-
-_CONV = re.compile(r'conv(?!ert)|^_?(mm|addmm|bmm|baddbmm|addbmm|matmul|linear|dot|vdot|mv|addmv|_?scaled_mm|_int_mm)$')
-_COPY = re.compile(r'^(_to_copy|copy_|_copy_from|_copy_from_and_resize|clone|lift_fresh_copy|_foreach_copy_|cat|stack|contiguous)$'
-                   r'|_copy$|^(select|slice|as_strided|diagonal|unfold)_backward$')
-_FILL = re.compile(r'^(masked_fill|fill|zero|zeros|ones|full|zeros_like|ones_like|full_like|new_zeros|new_ones|new_full|arange'
-                   r'|linspace|scalar_tensor|rand\w*|randn\w*|normal|uniform|bernoulli)_?$|binary_cross_entropy|_loss$')
-_INDEX = re.compile(r'index|gather|scatter|take|masked_select|masked_scatter|nonzero|embedding|^put_?$|unique|searchsorted|bucketize')
-_REDUCE = re.compile(r'softmax|pool|(^|_)(sum|mean|amax|amin|max|min|aminmax|argmax|argmin|topk|sort|argsort|cumsum|cumprod|norm'
-                     r'|var|std|var_mean|std_mean|all|any|prod|logsumexp|median|nanmedian|mode|kthvalue)(_|$)')
-
-
-def family(name: str) -> str:
-    "The family of an aten op name (`convolution_backward`, `aten::copy_`, `_to_copy f32>bf16`): first rule that fits."
-    n = name.split()[0].removeprefix('aten::')
-    if 'batch_norm' in n: return 'batch norm'
-    if _CONV.search(n): return 'conv/matmul'
-    if _COPY.search(n): return 'casts/copies'
-    if _INDEX.search(n): return 'indexing/gather'
-    tags = _tags(n)
-    if torch.Tag.pointwise in tags or n.startswith('_foreach_') or _FILL.search(n) or n.endswith(('_backward', '_backward_data')) and \
-            re.match(r'(silu|sigmoid|threshold|hardswish|gelu|relu|tanh|elu|leaky_relu|softplus|mish)', n): return 'elementwise'
-    if torch.Tag.reduction in tags or _REDUCE.search(n): return 'reductions'
-    return 'other'
-
-
-def _nbytes(t: torch.Tensor) -> int:
-    "Bytes a tensor's elements occupy: numel x item size, or the span its strides touch where smaller (broadcast, expand)."
-    if t.numel() == 0: return 0
-    span = 1 + sum((s - 1) * abs(st) for s, st in zip(t.shape, t.stride()) if s > 1)
-    return min(t.numel(), span) * t.element_size()
-
-
-def _storage_bytes(tensors) -> int:
-    "Bytes of `tensors`, each distinct storage at most its size."
-    per = collections.defaultdict(int)
-    sizes = {}
-    for t in tensors:
-        s = t.untyped_storage(); key = (s.data_ptr(), t.device)
-        per[key] += _nbytes(t); sizes[key] = s.nbytes()
-    return sum(min(b, sizes[k]) for k, b in per.items())
-
-
-def traffic(func, args, kwargs, out) -> tuple[int, int]:
-    "(bytes read, bytes written) of one call (the module docstring's rules)."
-    name = func.overloadpacket.__name__
-    read, written, indexed = [], [], []
-    schema = func._schema.arguments
-    bound = [(a, v) for a, v in zip(schema, args)] + [(a, kwargs[a.name]) for a in schema if a.name in kwargs]
-    for arg, value in bound:
-        ts = [t for t in tree_flatten(value)[0] if isinstance(t, torch.Tensor)]
-        mutated = arg.alias_info is not None and arg.alias_info.is_write
-        if not mutated: read += ts
-        elif name in INDEXED_WRITES: indexed += ts
-        else:
-            written += ts
-            if name not in OVERWRITES and not arg.is_out: read += ts
-    if indexed:   # an indexed write writes what its source holds, at most the destination's size
-        src = _storage_bytes([t for t in read if t.is_floating_point() or t.dtype == torch.bool]) if name != 'index_fill_' else 0
-        written_indexed = min(src, _storage_bytes(indexed)) if src else _storage_bytes(indexed)
-    else: written_indexed = 0
-    mutated_ptrs = {t.untyped_storage().data_ptr() for t in written + indexed}
-    outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in mutated_ptrs]
-    return _storage_bytes(read), _storage_bytes(written + outs) + written_indexed
-
-
-def flops(func, args, kwargs, out) -> int:
-    "FLOPs of one call by `torch.utils.flop_counter`'s registered formula (0 where none is registered)."
-    f = flop_registry.get(func.overloadpacket)
-    return int(f(*args, **kwargs, out_val=out)) if f is not None else 0
-
-
-class OpCost(TorchDispatchMode):
-    "Calls, bytes read and written, and FLOPs of the aten ops run under it, by (part, op name); `part` is set from outside."
-    def __init__(self):
-        super().__init__()
-        self.part, self.ops, self.syncs = 'outside', collections.defaultdict(lambda: [0, 0, 0, 0]), collections.Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        if not counted(func): return out
-        name = op_name(func)
-        if name in ('_to_copy', 'copy_'):   # a cast: name its dtypes
-            src, dst = (args[0], out) if name == '_to_copy' else (args[1], args[0])
-            if isinstance(src, torch.Tensor) and src.dtype != dst.dtype:
-                name += f' {DTYPES.get(src.dtype, src.dtype)}>{DTYPES.get(dst.dtype, dst.dtype)}'
-        if name == '_local_scalar_dense' or torch.Tag.data_dependent_output in func.tags or torch.Tag.dynamic_output_shape in func.tags:
-            self.syncs[self.part] += 1   # the host waits for the device here
-        r, w = traffic(func, args, kwargs, out)
-        rec = self.ops[(self.part, name)]
-        rec[0] += 1; rec[1] += r; rec[2] += w; rec[3] += flops(func, args, kwargs, out)
-        return out
 
 
 # --------------------------------------------------------------------------------------------------- the counted step

@@ -65,6 +65,7 @@ from lucid_nb.data import YoloData
 from lucid_nb.metrics import STAT_NAMES, nms, results_bytes
 from lucid_nb.command import quiet_lightning
 from lucid_nb.trainer import LitYolo
+from lucid_nb.testing import young_head   # shared with tests/test_metrics.py
 
 TIMES = ('forward', 'postprocess', 'evaluate')   # the parts of `LitYolo.val_seconds`
 CASES = ('random_init', 'many_detections', 'young_head', 'young_model')
@@ -72,25 +73,6 @@ CASES = ('random_init', 'many_detections', 'young_head', 'young_model')
 
 def sync(device):
     if device.type == 'cuda': torch.cuda.synchronize(device)
-
-
-def young_head(batches, seed=0, K=80, P=32, objects=6, jitter=.03) -> list[dict]:
-    "Head outputs like a young model's (see the module docstring), one dict per batch, on the batches' device."
-    g, out = torch.Generator().manual_seed(seed), []
-    for b in batches:
-        B, S = b['img'].shape[0], b['img'].shape[-1]
-        A = sum((S // s) ** 2 for s in (8, 16, 32))
-        obj = torch.rand(B, objects, 4, generator=g) * torch.tensor([.7 * S, .7 * S, .3 * S, .3 * S]) + 8
-        o = torch.gather(obj, 1, torch.randint(0, objects, (B, A, 1), generator=g).expand(-1, -1, 4))
-        xy = o[..., :2] + torch.randn(B, A, 2, generator=g) * o[..., 2:] * jitter
-        wh = o[..., 2:] * (1 + torch.randn(B, A, 2, generator=g) * jitter)
-        sc = torch.rand(B, A, K, generator=g) * .01 + .0011
-        cls = torch.tensor([0, 2, 56, 60])[torch.randint(0, 4, (B, A, 1), generator=g)]
-        sc.scatter_(2, cls, torch.rand(B, A, 1, generator=g) * .5 + .1)
-        h = dict(boxes=torch.cat([xy, xy + wh], -1), scores=sc, coef=torch.randn(B, A, P, generator=g),
-                 proto=torch.randn(B, P, S // 4, S // 4, generator=g) * 2)
-        out.append({k: v.to(b['img'].device) for k, v in h.items()})
-    return out
 
 
 def eval_net(checkpoint: str | None, num_classes: int):

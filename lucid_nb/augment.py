@@ -18,8 +18,8 @@ from .coco import *
 # %% auto #0
 __all__ = ['HSV_CHUNK_PIXELS', 'translate', 'letterbox_params', 'random_affine', 'resize_linear', 'letterbox_cv2',
            'val_resized_hw', 'rect_batches', 'warp_image', 'axis_plan', 'mosaic_layout', 'paste_canvas',
-           'mosaic_canvas', 'mask_grid', 'instance_geometry', 'rasterise_instances', 'place_instances', 'AugSettings',
-           'sample_plan', 'kept_by_placed', 'build_sample', 'hsv_jitter']
+           'mosaic_canvas', 'apply_affine', 'mask_grid', 'instance_geometry', 'rasterise_instances', 'place_instances',
+           'AugSettings', 'sample_plan', 'kept_by_placed', 'build_sample', 'hsv_jitter']
 
 # %% ../nbs/01b_augment.ipynb #d796d5c4
 def translate(tx:float, ty:float)->np.ndarray:
@@ -178,7 +178,9 @@ def _clip_poly(xy:np.ndarray, crop:tuple)->np.ndarray:
         xy = np.array(out, np.float64).reshape(-1, 2)
     return xy
 
-def _apply(M:np.ndarray, xy:np.ndarray)->np.ndarray: return xy @ M[:2, :2].T + M[:2, 2]
+def apply_affine(M:np.ndarray, xy:np.ndarray)->np.ndarray:
+    "The points `xy` (n,2) moved by the affine part of the 3×3 matrix `M`."
+    return xy @ M[:2, :2].T + M[:2, 2]
 
 # %% ../nbs/01b_augment.ipynb #01d817d5
 def mask_grid(M:np.ndarray)->np.ndarray:
@@ -197,16 +199,16 @@ def instance_geometry(p:Prepared, M:np.ndarray, crop:tuple, size:int)->tuple[np.
     n, (x1, y1, x2, y2) = len(p.cls), crop
     b = p.boxes.astype(np.float64)
     def corners(b): return np.stack([b[:, [0, 1]], b[:, [2, 1]], b[:, [2, 3]], b[:, [0, 3]]], 1)   # (n,4,2)
-    full = _apply(M, corners(b).reshape(-1, 2)).reshape(n, 4, 2)
+    full = apply_affine(M, corners(b).reshape(-1, 2)).reshape(n, 4, 2)
     area0 = np.ptp(full[..., 0], 1) * np.ptp(full[..., 1], 1)
     cb = corners(np.stack([b[:, 0].clip(x1, x2), b[:, 1].clip(y1, y2), b[:, 2].clip(x1, x2), b[:, 3].clip(y1, y2)], 1))
-    c = _apply(M, cb.reshape(-1, 2)).reshape(n, 4, 2)
+    c = apply_affine(M, cb.reshape(-1, 2)).reshape(n, 4, 2)
     boxes = np.concatenate([c.min(1), c.max(1)], 1)
     per, start = {}, 0
     for k, cnt in p.parts: per.setdefault(int(k), []).append(p.polys[start:start + cnt].astype(np.float64)); start += cnt
     if not (M[0, 1] == 0 and M[1, 0] == 0):   # rotated or sheared: the clipped polygons bound the box
         for k, polys in per.items():
-            v = [_apply(M, c) for c in (_clip_poly(xy, crop) for xy in polys) if len(c)]
+            v = [apply_affine(M, c) for c in (_clip_poly(xy, crop) for xy in polys) if len(c)]
             if v: v = np.concatenate(v); boxes[k] = (*v.min(0), *v.max(0))
     return boxes.clip(0, size).astype(np.float32), area0, per
 
@@ -220,7 +222,7 @@ def rasterise_instances(p:Prepared, M:np.ndarray, crop:tuple, size:int, per:dict
     (h, w), masks = p.img.shape[:2], np.zeros((len(ks), s, s), np.uint8)
     for j, k in enumerate(ks):
         if k in per:
-            rl = mask_utils.frPyObjects([_apply(Q, xy).ravel().tolist() for xy in per[k]], s, s)
+            rl = mask_utils.frPyObjects([apply_affine(Q, xy).ravel().tolist() for xy in per[k]], s, s)
             masks[j] = mask_utils.decode(mask_utils.merge(rl))
         elif k in rles: masks[j] = mask_utils.decode(dict(size=[h, w], counts=rles[k]))[iy.clip(0, h - 1), ix.clip(0, w - 1)]
     return masks & inside

@@ -14,7 +14,6 @@ from torch import Tensor
 from .core import *
 from .coco import *
 from .augment import *
-from .augment import _apply
 
 # %% auto #0
 __all__ = ['PRECISION_BITS', 'PIL_ORDERS', 'EDGE_COLUMNS', 'CANVAS_PIXELS', 'resize_tables', 'pil_resize', 'pil_vertical_first',
@@ -144,7 +143,7 @@ def device_recipe(ps:list[Prepared], ids:list[int], size:int, rng:np.random.Gene
         p, per, rles = placed[j][0], plan['geo'][j][2], dict(placed[j][0].rles)
         for k in ks.tolist():
             n = len(r['inst']); r['inst'].append(j)
-            if k in per: r['parts'] += [(n, _upsampled(_apply(Qs[j], xy))) for xy in per[k]]
+            if k in per: r['parts'] += [(n, _upsampled(apply_affine(Qs[j], xy))) for xy in per[k]]
             elif k in rles: r['rles'].append((n, mask_utils.decode(dict(size=list(p.img.shape[:2]), counts=rles[k]))))
     return r
 

@@ -9,12 +9,14 @@ from __future__ import annotations
 import copyreg, io, pickle, pickletools, re, struct, urllib.parse, zipfile
 from pathlib import Path
 import torch
+from lightning.pytorch.plugins.io import TorchCheckpointIO
 from .core import digest
 
 # %% auto #0
-__all__ = ['STAND_IN_MODULES', 'ULTRALYTICS_RELEASES', 'HIDDEN', 'CHECKED_PARTS', 'HASH_KEY', 'EVERY_FIELD', 'UnsafeCheckpoint',
-           'StandIn', 'stand_in', 'where_from', 'pickle_globals', 'local_file', 'safe_load', 'CorruptCheckpoint',
-           'corrupt', 'with_hashes', 'check_hashes']
+__all__ = ['STAND_IN_MODULES', 'ULTRALYTICS_RELEASES', 'HIDDEN', 'CHECKED_PARTS', 'HASH_KEY', 'EVERY_FIELD', 'WEAK_MAP',
+           'UnsafeCheckpoint', 'StandIn', 'stand_in', 'where_from', 'pickle_globals', 'local_file', 'safe_load',
+           'CorruptCheckpoint', 'corrupt', 'with_hashes', 'check_hashes', 'read_checkpoint', 'SafeCheckpointIO',
+           'weak_checkpoint']
 
 # %% ../nbs/03a_checkpoints.ipynb #a413c5da
 STAND_IN_MODULES = ('ultralytics.', 'torch.nn.modules.', 'numpy.', 'pathlib.')  # inert stand-ins in an Ultralytics file
@@ -186,3 +188,32 @@ def check_hashes(ckpt, path, option:str='--ckpt_path'):
     if fields is not None and fields != sorted(str(k) for k in ckpt if k != HASH_KEY): raise corrupt(path, option)   # a field added or gone
     if any(k != EVERY_FIELD and (k not in ckpt or _digest(ckpt[k]) != h) for k, h in stored.items()): raise corrupt(path, option)
     return ckpt
+
+# %% ../nbs/03a_checkpoints.ipynb #eecc4ead
+def read_checkpoint(path, option:str='--ckpt_path')->dict:
+    "Load a Lightning checkpoint on the CPU with `safe_load` (weights only, the file named by `local_file`); a file that is none, or would run code, raises an error naming it and what is wrong."
+    ckpt = safe_load(path, option)
+    if not isinstance(ckpt, dict) or 'state_dict' not in ckpt:
+        raise ValueError(f"{option} {local_file(path, option)} is not a Lightning checkpoint: it holds no 'state_dict'")
+    return ckpt
+
+class SafeCheckpointIO(TorchCheckpointIO):
+    "Lightning's checkpoint I/O whose reading is `read_checkpoint` of a local file (weights only, one-line errors), whatever form the path has."
+    def load_checkpoint(self, path, map_location=None, weights_only=None)->dict: return read_checkpoint(path)
+
+# %% ../nbs/03a_checkpoints.ipynb #weakckpt0cd
+WEAK_MAP = 1e-3   # a last validation's mAP50-95 (box and mask) below this: the network has learnt nothing yet
+
+def weak_checkpoint(ckpt:dict)->str|None:
+    "Why a checkpoint's detections will mean little: its own last validation scored mAP50-95 below `WEAK_MAP`; None when it scored more or there is no score."
+    val = (ckpt.get('lucid') or {}).get('val')   # box and mask (`on_save_checkpoint`)
+    if val is None:   # a checkpoint written before: the score its checkpoint callback saw last (mask mAP50-95)
+        val = {k: st['current_score'] for k, st in (ckpt.get('callbacks') or {}).items()
+               if 'Checkpoint' in k and isinstance(st, dict) and st.get('current_score') is not None}
+    scores = {k: float(v) for k, v in val.items() if 'mAP50-95' in k or 'Checkpoint' in k}   # mAP50 is a looser score: not this one
+    if not scores or max(scores.values()) >= WEAK_MAP: return None
+    name, best = max(scores.items(), key=lambda kv: kv[1])
+    metric = name if name.startswith('mAP') else 'mAP50-95'
+    epoch = f"epoch {ckpt['epoch'] + 1}" if isinstance(ckpt.get('epoch'), int) else 'its last epoch'   # counted from 1, as `fit` prints it
+    return (f"the checkpoint's last validation ({epoch}) scored {metric} {best:.4f}: its detections are unlikely to mean "
+            "anything; train it longer")

@@ -125,7 +125,7 @@ def run(keep_sigint:bool=False, # leave SIGINT as the command left it (the conso
 def _run()->int:
     enable_bytecode_cache()
     allocator_defaults()   # before anything can touch the GPU
-    with sigint_deferred(), lean_imports(), collector_paused(): from lucid_nb.command import main as command_main
+    with sigint_deferred(), lean_imports(), collector_paused(): from lucid_nb.command import command_main
     job = None
     if sys.argv[1:2] == ['export']:   # not a Lightning subcommand: `lucid export --ckpt_path CKPT --format onnx|torchscript`
         with sigint_deferred(): from lucid_nb.predict import export_main

@@ -19,10 +19,10 @@ from pycocotools.coco import COCO
 from .core import atomic_write
 
 # %% auto #0
-__all__ = ['log', 'BAD_INPUT_POLICIES', 'PROBLEMS_FILE', 'ORIENTATION_TAG', 'ORIENTATIONS', 'IMAGE_SUFFIXES', 'BadInputError',
-           'DataReport', 'report_lines', 'load_coco_json', 'coco_categories', 'to_coco', 'Instance', 'ImageRecord',
-           'coco_id', 'read_records', 'eval_annotations', 'to_rgb', 'exif_orientation', 'check_size', 'load_rgb',
-           'Prepared', 'resized_hw', 'prepare']
+__all__ = ['log', 'BAD_INPUT_POLICIES', 'PROBLEMS_FILE', 'ORIENTATION_TAG', 'ORIENTATIONS', 'IMAGE_ERRORS', 'IMAGE_SUFFIXES',
+           'BadInputError', 'DataReport', 'report_lines', 'load_coco_json', 'coco_categories', 'to_coco', 'Instance',
+           'ImageRecord', 'coco_id', 'read_records', 'eval_annotations', 'to_rgb', 'exif_orientation', 'check_size',
+           'decode_image', 'load_rgb', 'Prepared', 'resized_hw', 'prepare']
 
 # %% ../nbs/01a_coco.ipynb #f1c891ef
 log = logging.getLogger('lucid_nb.data')   # one logger for the whole data pipeline (coco, augment, loader, data)
@@ -279,9 +279,9 @@ def check_size(im:Image.Image, hw:tuple):
             "give the JSON the displayed size and annotate the displayed image" if im.size == (W, H) else '')
     raise ValueError(f"image is {w}x{h}, the JSON says {W}x{H}{hint}")
 
-_IMAGE_ERRORS = (OSError, ValueError, SyntaxError, Image.DecompressionBombError)   # what reading an image file can raise
+IMAGE_ERRORS = (OSError, ValueError, SyntaxError, Image.DecompressionBombError)   # what reading an image file can raise
 
-def _decode(path:str|Path, hw:tuple|None=None)->tuple[Image.Image, int]:
+def decode_image(path:str|Path, hw:tuple|None=None)->tuple[Image.Image, int]:
     "The image at `path` loaded, oriented and in RGB, and its EXIF orientation; checked against `hw` (H, W) if given."
     with Image.open(path) as im:
         if hw is not None: check_size(im, hw)
@@ -291,8 +291,8 @@ def _decode(path:str|Path, hw:tuple|None=None)->tuple[Image.Image, int]:
 
 def load_rgb(path:str|Path)->np.ndarray:
     "(H,W,3) uint8 RGB of an image file as displayed: EXIF orientation applied, then the mode rule (`prepare` reads the same way); an unreadable file is a `BadInputError` naming it."
-    try: return np.array(_decode(path)[0])
-    except _IMAGE_ERRORS as e: raise BadInputError(f"{path}: unreadable image ({type(e).__name__}: {e})") from None
+    try: return np.array(decode_image(path)[0])
+    except IMAGE_ERRORS as e: raise BadInputError(f"{path}: unreadable image ({type(e).__name__}: {e})") from None
 
 # %% ../nbs/01a_coco.ipynb #7d9b5678
 @dataclass
@@ -318,7 +318,7 @@ def prepare(rec:ImageRecord, imgsz:int,
            )->Prepared:
     "Decode `rec`'s image as displayed (raising on unreadable, truncated or wrongly sized files) and resize it with its instances."
     (H, W), (h, w) = rec.hw, resized_hw(rec.hw, imgsz)
-    im, orientation = _decode(rec.path if data is None else io.BytesIO(data), rec.hw)
+    im, orientation = decode_image(rec.path if data is None else io.BytesIO(data), rec.hw)
     img = np.array(im if (w, h) == (W, H) else im.resize((w, h), Image.BILINEAR))
     sx, sy = w / W, h / H
     boxes = (np.array([i.box for i in rec.instances], np.float64).reshape(-1, 4) * (sx, sy, sx, sy)).astype(np.float32)

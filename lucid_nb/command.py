@@ -21,21 +21,22 @@ from fastcore.basics import patch
 from .core import *
 from .data import DATA_SOURCE, YoloData
 from .model import model_summary
-from .checkpoints import local_file
-from .weights import read_weights, weights_read
-from .lines import note
-from .runs import LOCK_NAME, RunFolderInUse, SafeCheckpointIO, CheckpointWriteError, checkpoint_epoch, lock_owner_alive, wait_for_checkpoints, read_checkpoint, read_lock, reopen_metrics_csv, run_folder, run_lock, weak_checkpoint
+from .checkpoints import SafeCheckpointIO, local_file, read_checkpoint, weak_checkpoint
+from .weights import no_weights_line, read_weights, untrained_asked, weights_read
+from .messages import note
+from .run_folder import LOCK_NAME, RunFolderInUse, lock_owner_alive, read_lock, run_folder, run_lock
+from .saving import CheckpointWriteError, checkpoint_epoch, reopen_metrics_csv, wait_for_checkpoints
 from .trainer import LitYolo
 from .tasks import TASKS
 from .metrics import conf_line, predict_conf
-from .predict import no_weights_line, untrained_asked
 
 # %% auto #0
 __all__ = ['BATCH_LIMITS', 'RESUME_FIXED', 'HELP', 'LIGHTNING_LOGS', 'QUIET_WARNINGS', 'AFTER_FIT', 'NOT_LUCID', 'EXPORT_HELP',
            'RUN_RECORDS', 'UNUSED_RUN_FILES', 'USER_ERRORS', 'finite_number_line', 'OneLineParser', 'LucidCLI',
            'refuse_resume_changes', 'checkpoint_run_folder', 'continue_in_run_folder', 'run_logger', 'add_tensorboard',
            'cli_main', 'QuietLightning', 'quiet_lightning', 'model_line', 'ModelLine', 'quiet_trainer', 'resume_hint',
-           'Interrupted', 'StopSignals', 'other_run_folder', 'refuse_earlier_run', 'remove_unused_run_folder', 'main']
+           'Interrupted', 'StopSignals', 'other_run_folder', 'refuse_earlier_run', 'remove_unused_run_folder',
+           'command_main']
 
 # %% ../nbs/10a_command.ipynb #d9baf6c2
 def finite_number_line(msg:str)->str:
@@ -120,7 +121,7 @@ def after_instantiate_classes(self:LucidCLI):
     # `--ckpt_path` of another architecture: the check that loading makes, made before anything runs
     if self.ckpt_hparams: self.model.on_load_checkpoint({'hyper_parameters': self.ckpt_hparams})
     if self.subcommand == 'fit' and self.ckpt_hparams: refuse_resume_changes(self.model.hparams, self.ckpt_hparams, self.given_model_options)
-    # Lightning's own reading of `--ckpt_path` through the one safe reader (`08b_runs`)
+    # Lightning's own reading of `--ckpt_path` through the one safe reader (`03a_checkpoints`)
     s = self.trainer.strategy
     if type(s.checkpoint_io) is TorchCheckpointIO: s.checkpoint_io = SafeCheckpointIO()
     if getattr(self, 'datamodule', None) is not None: self.datamodule.set_rules(getattr(self, 'inference_rules', 'lucid'))   # a `.pt`'s: Ultralytics' (`_weights_options`)
@@ -167,7 +168,7 @@ def run_logger(trainer, given, root=None):
     given = [l for l in (given if isinstance(given, (list, tuple)) else [given]) if isinstance(l, Logger)]
     if not given: return None   # --trainer.logger false: Lightning's `default_root_dir` is the run folder
     csv = next((l for l in given if isinstance(l, CSVLogger)), None) or CSVLogger(root or 'runs', name='lucid')
-    trainer.lucid_csv = csv     # `run_folder` (08b_runs): also under `fast_dev_run`, which swaps the loggers for a DummyLogger
+    trainer.lucid_csv = csv     # `run_folder` (08b_run_folder): also under `fast_dev_run`, which swaps the loggers for a DummyLogger
     # Lightning's `trainer.log_dir` is the first logger's: a W&B logger's is None, so its `save_dir` became the run folder,
     # one folder for every run, and without the CSV `curves.png` was never drawn
     if not trainer.fast_dev_run: trainer.loggers = [csv, *(l for l in trainer.loggers if l is not csv)]
@@ -542,7 +543,7 @@ def instantiate_classes(self:LucidCLI):
 
 USER_ERRORS = (ValueError, OSError, RunFolderInUse, MisconfigurationException)
 
-def main(run=None):  # what to run (default: `cli_main`, the Lightning subcommands)
+def command_main(run=None):  # what to run (default: `cli_main`, the Lightning subcommands)
     "The `lucid` command: exit status 0 on success, 2 after a user error (one line), 143 after SIGTERM, 130 after Ctrl-C."
     try: (run or cli_main)()
     except USER_ERRORS as e:

@@ -366,7 +366,7 @@ def summary(self:YoloData)->str:
     inst = lambda ds: sum(len(r.instances) for r in ds.records)
     split = (f"train {len(tr)} images ({inst(tr)} instances), {self.scored} {len(va)} images ({inst(va)} instances)" if tr is not None
              else f"scoring {len(va)} images ({inst(va)} instances): {self.scored_source}")   # `validate`, `test`, `predict`
-    listing = f"{PROBLEMS_FILE} in the run folder" if self.trainer is not None else None   # a run writes it (`08b_runs`)
+    listing = f"{PROBLEMS_FILE} in the run folder" if self.trainer is not None else None   # a run writes it (`08c_run_artifacts`)
     return (f"lucid_nb data: {split}, {self.num_classes} classes; imgsz {h.imgsz}, cache {self.cache_mode!r}, "
             f"prepared in {self.setup_seconds:.1f} s; " + '\n'.join(self.report.lines(listing)))
 

@@ -18,8 +18,8 @@ from .optim import CapturedUpdate
 # %% auto #0
 __all__ = ['STEP_INPUTS', 'CudaGraphs', 'pool_allocated', 'nothing_kept', 'spent', 'spent_since', 'EagerGraphs',
            'input_signature', 'alignment', 'grad_layout', 'non_overlapping', 'empty_with_layout', 'ModuleGraphs',
-           'HeadGraphs', 'HeadReplay', 'UpdateMismatch', 'UpdateGraphs', 'step_inputs', 'StepGraphs', 'StepReplay',
-           'graph_blocker', 'head_blocker', 'replay_blocker', 'call_blocker', 'step_call_blocker']
+           'HeadGraphs', 'HeadReplay', 'UpdateMismatch', 'UpdateGraphs', 'step_inputs', 'describe_batch', 'StepGraphs',
+           'StepReplay', 'graph_blocker', 'head_blocker', 'replay_blocker', 'call_blocker', 'step_call_blocker']
 
 # %% ../nbs/06a_graphs.ipynb #d54738e0
 class CudaGraphs:
@@ -433,7 +433,8 @@ def step_inputs(batch:dict)->dict[str,Tensor]:
     "The tensors of a batch that a training step reads (no `owner` in the padded layout, no `masks` in a detection batch)."
     return {k: batch[k] for k in STEP_INPUTS if k in batch}
 
-def _describe_batch(sig:tuple, batch:dict)->str:   # sig: `input_signature` of `step_inputs(batch)`, in its order
+def describe_batch(sig:tuple, batch:dict)->str:   # sig: `input_signature` of `step_inputs(batch)`, in its order
+    "The batch's inputs named with their shapes, for a line that says which shape was new."
     return ', '.join(f"{k} {_describe(s)}" for k, s in zip(step_inputs(batch), sig))
 
 # %% ../nbs/06a_graphs.ipynb #b2f16cf0
@@ -497,7 +498,7 @@ def mismatch(self:StepGraphs, batch:dict)->str|None:
     "Why `batch` cannot be replayed (another shape, stride or dtype of an input), or None."
     sig = input_signature(list(step_inputs(batch).values()))
     if sig == self.signature: return None
-    return (f"the batch changed from {_describe_batch(self.signature, dict.fromkeys(self.input_names))} to {_describe_batch(sig, batch)} (a partial last "
+    return (f"the batch changed from {describe_batch(self.signature, dict.fromkeys(self.input_names))} to {describe_batch(sig, batch)} (a partial last "
             "batch or another image size); such steps run natively")
 
 @patch

@@ -16,7 +16,6 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 from .core import *
 from .coco import *
-from .coco import _decode, _IMAGE_ERRORS
 from .augment import *
 from .augment_device import *
 from .cache import *
@@ -41,14 +40,14 @@ def _check_image(rec:ImageRecord, imgsz:int, cache:str, disk:DiskCache|None, dec
     if not rec.path.is_file(): return None, ('missing file', str(rec.path)), 1
     try:
         if cache == 'none':
-            if decode: return None, None, _decode(rec.path, rec.hw)[1]   # every pixel read once (truncated data raises)
+            if decode: return None, None, decode_image(rec.path, rec.hw)[1]   # every pixel read once (truncated data raises)
             with Image.open(rec.path) as im: check_size(im, rec.hw); return None, None, exif_orientation(im)
         if disk is None: p = prepare(rec, imgsz); return p, None, p.orientation
         data = rec.path.read_bytes(); sha = source_hash(data)   # read once: hashed here, decoded below if need be
         if (o := disk.trusted(rec, sha)) is not None: return None, None, o   # its manifest entry vouches for these bytes
         if (p := disk.get(rec, sha)) is None: disk.put(rec, p := prepare(rec, imgsz, data), sha)
         return None, None, p.orientation   # the disk holds it: setup keeps no image in memory
-    except _IMAGE_ERRORS as e:
+    except IMAGE_ERRORS as e:
         return None, ('image size differs from the JSON' if 'the JSON says' in str(e) else 'unreadable image', f"{type(e).__name__}: {e}"), 1
 
 # %% ../nbs/01c_loader.ipynb #b38d87a5
@@ -101,7 +100,7 @@ def prepared(self:YoloDataset, i:int)->Prepared:
     for j in range(n):
         k = (i + j) % n
         try: return self._load(k)
-        except _IMAGE_ERRORS as e:
+        except IMAGE_ERRORS as e:
             if not self.augment:   # validation scores each image under its own id: another's pixels would be wrong numbers
                 raise BadInputError(f"{self.records[k].path}: unreadable since setup checked it ({type(e).__name__}: {e}); every "
                                     "validation image is scored, so validation stops here: restore the file or leave it out of the JSON") from e

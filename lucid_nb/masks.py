@@ -11,10 +11,11 @@ from torch import Tensor
 from .core import *
 
 # %% auto #0
-__all__ = ['RLE_COUNTS', 'EXTENT_COUNTS', 'crop_window', 'proto_masks', 'proto_window', 'unletterbox_masks', 'unletterbox_grid',
-           'unletterbox_boxes', 'rle_runs', 'runs_from_starts', 'rle_chars', 'rle_strings', 'rle_encode',
-           'mask_runs_full', 'box_spans', 'crop_chunks', 'crop_order', 'crop_table', 'crop_starts', 'rle_extent',
-           'by_mask', 'batch_mask_runs', 'mask_runs', 'masks_to_rle', 'ratio_pad_boxes', 'ultralytics_masks']
+__all__ = ['RLE_COUNTS', 'EXTENT_COUNTS', 'crop_window', 'proto_masks', 'proto_window', 'as_floats', 'unletterbox_masks',
+           'unletterbox_grid', 'unletterbox_boxes', 'rle_runs', 'runs_from_starts', 'rle_chars', 'slices_up_to',
+           'rle_strings', 'rle_encode', 'mask_runs_full', 'box_spans', 'crop_chunks', 'crop_order', 'image_index',
+           'crop_table', 'crop_starts', 'rle_extent', 'by_mask', 'batch_mask_runs', 'mask_runs', 'masks_to_rle',
+           'ratio_pad_boxes', 'ultralytics_masks']
 
 # %% ../nbs/07a_masks.ipynb #46763104
 def crop_window(
@@ -45,7 +46,9 @@ def proto_window(boxes:Tensor, proto:Tensor)->tuple[Tensor,Tensor]: # (n,h,1) ro
     return crop_window(boxes.float() / MASK_STRIDE, *proto.shape[1:])
 
 # %% ../nbs/07a_masks.ipynb #25681a75
-def _floats(x)->list: return x.tolist() if isinstance(x, Tensor) else [float(v) for v in x]
+def as_floats(x)->list:
+    "The values of a tensor or a sequence as a list of Python numbers."
+    return x.tolist() if isinstance(x, Tensor) else [float(v) for v in x]
 
 def _grid_coords(n_out:int, n_in:int, scale:float, pad:float, stride:float, device)->Tensor:
     "`grid_sample` coordinates (align_corners=False) of `n_out` original pixel centres on a letterboxed grid of `n_in` cells."
@@ -70,7 +73,7 @@ def unletterbox_masks(
 
 def unletterbox_grid(hw, letterbox, orig_hw, stride:float=MASK_STRIDE, device=None)->Tensor: # (1,H,W,2)
     "`grid_sample`'s grid of `unletterbox_masks`: where each original pixel centre falls on the (h,w) letterboxed grid."
-    scale, px, py = _floats(letterbox); H, W = map(int, _floats(orig_hw))
+    scale, px, py = as_floats(letterbox); H, W = map(int, as_floats(orig_hw))
     gx, gy = _grid_coords(W, hw[1], scale, px, stride, device), _grid_coords(H, hw[0], scale, py, stride, device)
     return torch.stack(torch.broadcast_tensors(gx[None, :], gy[:, None]), -1)[None]  # x, y of each pixel
 
@@ -82,7 +85,7 @@ def unletterbox_boxes(
     pad:Tensor|None=None, # (4,) float32 (pad_x, pad_y, pad_x, pad_y) on the boxes' device, if at hand (else a copy to it)
 )->Tensor:         # (n,4) xyxy in pixels of the original image
     "Undo the letterbox and clip to the original image."
-    scale, px, py = _floats(letterbox); H, W = _floats(orig_hw)
+    scale, px, py = as_floats(letterbox); H, W = as_floats(orig_hw)
     if pad is None: pad = boxes.new_tensor([px, py, px, py], dtype=torch.float32)   # a GPU waits for this copy
     b = (boxes.float() - pad) / scale
     return torch.stack([b[:, 0].clamp(0, W), b[:, 1].clamp(0, H), b[:, 2].clamp(0, W), b[:, 3].clamp(0, H)], -1)
@@ -135,7 +138,7 @@ def rle_chars(
 # %% ../nbs/07a_masks.ipynb #0f9d04cb
 RLE_COUNTS = 2**21   # run lengths `rle_strings` turns into characters at a time (~80 MiB of device memory)
 
-def _slices_up_to(sizes:list[int], most:int)->list[tuple[int,int]]:
+def slices_up_to(sizes:list[int], most:int)->list[tuple[int,int]]:
     "Consecutive slices `[a, b)` of the items, each adding up to at most `most` of `sizes` (or one item alone, larger)."
     out, a, total = [], 0, 0
     for j, r in enumerate(sizes):
@@ -146,7 +149,7 @@ def _slices_up_to(sizes:list[int], most:int)->list[tuple[int,int]]:
 def _mask_slices(runs:Tensor, most:int)->list[tuple[slice,slice]]:
     "Consecutive slices of masks and of their counts (one look at `runs`), each at most `most` counts (or one mask alone, more)."
     per_mask, out, first = runs.tolist(), [], 0
-    for a, b in _slices_up_to(per_mask, most):
+    for a, b in slices_up_to(per_mask, most):
         k = sum(per_mask[a:b]); out.append((slice(a, b), slice(first, first + k))); first += k
     return out
 
@@ -184,7 +187,7 @@ def mask_runs_full(
 )->tuple[Tensor,Tensor]: # `rle_runs` of the n masks, on the device: counts (k,) int32 (int64 past 2³¹ pixels), runs per mask (n,)
     "`mask_runs` by its definition, every mask at full resolution: prototypes × coefficients, cropped, un-letterboxed, > 0.5."
     if len(coef) == 0: return coef.new_zeros(0, dtype=torch.long), coef.new_zeros(0, dtype=torch.long)
-    H, W = map(int, _floats(orig_hw))
+    H, W = map(int, as_floats(orig_hw))
     rows, cols = crop_window(unletterbox_boxes(boxes, letterbox, orig_hw), H, W)  # the box again, at full resolution
     grid, step, out = unletterbox_grid(proto.shape[1:], letterbox, orig_hw, device=proto.device), max(1, max_pixels // (H * W)), []
     pr, pc = proto_window(boxes, proto)                          # elementwise: slices of it = each chunk's own
@@ -234,7 +237,7 @@ def _to_device(t:Tensor, device)->Tensor:
     if torch.device(device).type != 'cuda': return t.to(device)
     return t.pin_memory().to(device, non_blocking=True)   # the pinned block stays reserved until the copy is done
 
-def _image_index(per_image:list)->Tensor: # (n,) int64 on the host
+def image_index(per_image:list)->Tensor: # (n,) int64 on the host
     "Each detection's image, for detections of images one after the other (`per_image` of each)."
     return torch.repeat_interleave(torch.arange(len(per_image)), torch.tensor(per_image, dtype=torch.long))
 
@@ -374,7 +377,7 @@ def batch_mask_runs(
     soft = torch.empty(n, *proto.shape[-2:], dtype=torch.float32, device=proto.device)   # in crop order: a chunk's soft masks are a slice, not a copy
     for i, c, p, b, rw, cw in zip(place.split(per_image), coef.split(per_image), proto, boxes.split(per_image), *window):
         if len(c): soft.index_copy_(0, i, proto_masks(c, p, b, (rw, cw)))   # one product per image
-    table, ys, xs = table or crop_table(spans, _image_index(per_image), hws, lbs, proto.shape[-2:])
+    table, ys, xs = table or crop_table(spans, image_index(per_image), hws, lbs, proto.shape[-2:])
     found = [crop_starts(soft[a:b], table[sel], ys, xs, rows, cols) + (sel,)
              for a, b, rows, cols in chunks for sel in [order[a:b]]]
     del soft, window   # what the runs and extents below need is in `found`: the group's soft masks can go
@@ -396,17 +399,17 @@ def mask_runs(
     sizes:list|None=None,   # their (rows, columns) on the host, if at hand (else one look at the host)
 )->tuple[Tensor,Tensor]: # `rle_runs` of the n masks, on the device: counts (k,) int32 (int64 past 2³¹ pixels), runs per mask (n,)
     "Masks of detections on the original image, as run lengths: `mask_runs_full`'s, with pixels made only inside each box."
-    return batch_mask_runs(coef, proto[None], boxes, [len(coef)], [_floats(letterbox)], [_floats(orig_hw)], max_pixels, spans, sizes)
+    return batch_mask_runs(coef, proto[None], boxes, [len(coef)], [as_floats(letterbox)], [as_floats(orig_hw)], max_pixels, spans, sizes)
 
 def masks_to_rle(coef, proto, boxes, letterbox, orig_hw, max_pixels:int=2**23)->list[dict]: # n RLE dicts on the original image
     "`mask_runs`'s masks (the same arguments) as COCO RLE dicts: prototypes × coefficients, cropped, un-letterboxed, > 0.5."
-    H, W = map(int, _floats(orig_hw))
+    H, W = map(int, as_floats(orig_hw))
     return [{'size': [H, W], 'counts': t} for t in rle_strings(*mask_runs(coef, proto, boxes, letterbox, orig_hw, max_pixels), H * W)]
 
 # %% ../nbs/07a_masks.ipynb #345420c6
 def ratio_pad_boxes(boxes:Tensor, ratio_pad, orig_hw)->Tensor: # (n,4) xyxy on the letterboxed input -> on the image
     "Ultralytics' `scale_boxes`: (box − pad) / gain, each axis its own gain (`ratio_pad` = gain_y, gain_x, pad_x, pad_y), clipped."
-    gy, gx, px, py = _floats(ratio_pad); H, W = _floats(orig_hw)
+    gy, gx, px, py = as_floats(ratio_pad); H, W = as_floats(orig_hw)
     b = boxes.float().clone()
     b[:, [0, 2]] -= px; b[:, [1, 3]] -= py; b[:, [0, 2]] /= gx; b[:, [1, 3]] /= gy
     return torch.stack([b[:, 0].clamp(0, W), b[:, 1].clamp(0, H), b[:, 2].clamp(0, W), b[:, 3].clamp(0, H)], -1)
@@ -434,7 +437,7 @@ def ultralytics_masks(
 )->Tensor:          # (n,H,W) bool
     "Masks by Ultralytics' rule: logits upsampled, thresholded at 0, cropped to the box; `native`: predict's form, else validation's."
     P, mh, mw = proto.shape
-    H, W = map(int, _floats(orig_hw))
+    H, W = map(int, as_floats(orig_hw))
     out = torch.zeros(len(coef), H, W, dtype=torch.bool, device=proto.device)
     logits = (coef.float() @ proto.float().reshape(P, -1)).reshape(1, -1, mh, mw)
     if native:
@@ -451,7 +454,7 @@ def ultralytics_masks(
             m = _fit(c, (H, W), round((c.shape[2] - h) / 2 - .1), round((c.shape[3] - w) / 2 - .1), h, w)[0] > 0
             out[i:i + step] = _crop_box(m, boxes[i:i + step]).bool()
         else:
-            gy, gx, px, py = _floats(ratio_pad)
+            gy, gx, px, py = as_floats(ratio_pad)
             m = _crop_box(_fit(c, (4 * mh, 4 * mw), 0, 0, mh, mw)[0] > 0, boxes[i:i + step])[None]
             out[i:i + step] = _fit(m, (H, W), round(py - .1), round(px - .1), max(round(H * gy), 1), max(round(W * gx), 1))[0] >= 1
     return out

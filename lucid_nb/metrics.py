@@ -17,7 +17,6 @@ from ultrafast_pycocotools.coco import COCO as FastCOCO
 from ultrafast_pycocotools.cocoeval import COCOeval as FastCOCOeval
 from .core import *
 from .masks import *
-from .masks import _floats, _image_index, _slices_up_to
 
 # %% auto #0
 __all__ = ['COCO80_IDS', 'STAT_NAMES', 'SUMMARY_NAMES', 'CONF_GRID', 'PREDICT_CONF', 'greedy_in_order', 'greedy_keep', 'nms',
@@ -202,7 +201,7 @@ def coco_results(
 )->list[dict]:               # COCO results: {image_id, category_id, bbox [x,y,w,h], score, segmentation?}
     "Detections in COCO's results format."
     res, cats = [], [int(c) for c in cat_ids]   # a young model's validation: thousands of results, each a Python dict
-    for p, iid in zip(preds, _floats(image_ids)):
+    for p, iid in zip(preds, as_floats(image_ids)):
         iid, masks = int(iid), p.get('masks')
         boxes, scores, classes = (torch.as_tensor(p[k]).tolist() for k in ('boxes', 'scores', 'classes'))
         rows = [{'image_id': iid, 'category_id': cats[int(c)],
@@ -368,7 +367,7 @@ def coco_evaluate(
     iou_types=('bbox', 'segm'), # what is scored: a detector's results (`00c_tasks`), `('bbox',)`
 )->CocoStats:            # 12 numbers each for `bbox/` and `segm/`, plus the summary; per class in `classes`, `confusion`
     "COCO mAP and mAR of boxes and masks, by COCOeval (ultrafast-pycocotools: pycocotools' numbers to the bit, faster), per class too."
-    ids = sorted({int(i) for i in (coco_gt.getImgIds() if image_ids is None else _floats(image_ids))})
+    ids = sorted({int(i) for i in (coco_gt.getImgIds() if image_ids is None else as_floats(image_ids))})
     keep = set(ids)
     cats = sorted({a['category_id'] for a in coco_gt.dataset['annotations'] if a['image_id'] in keep})
     if mask_stats is None: mask_stats = [None] * len(results)
@@ -542,9 +541,9 @@ def _group_masks(self:Validator,
     first = [0, *itertools.accumulate(per_image)]
     coef = torch.cat([eval_out['coef'][i][d['anchors']] for i, d in enumerate(dets)])
     lb_boxes, crops, flat = torch.cat([d['boxes'] for d in dets]), torch.cat(spans), sum(sizes, [])   # letterboxed; spans
-    table, ys, xs = crop_table(crops, _image_index(per_image), hws.long(), lbs.double(), eval_out['proto'].shape[-2:])
+    table, ys, xs = crop_table(crops, image_index(per_image), hws.long(), lbs.double(), eval_out['proto'].shape[-2:])
     window = proto_window(lb_boxes, eval_out['proto'][0])
-    for a, b in _slices_up_to([len(s) * cells + sum(h * w for h, w in s) for s in sizes], self.group_pixels):
+    for a, b in slices_up_to([len(s) * cells + sum(h * w for h, w in s) for s in sizes], self.group_pixels):
         group = slice(first[a], first[b])   # its detections' rows
         *runs, ext = batch_mask_runs(coef[group], eval_out['proto'][a:b], lb_boxes[group], per_image[a:b], lbs[a:b],
                                      hws[a:b], spans=crops[group], sizes=flat[group], extent=True,

@@ -22,16 +22,15 @@ from .tasks import TASKS, get_task
 from .heads import yolo
 from .metrics import PREDICT_CONF, Validator, predict_conf
 from .draw import draw_instances
-from .checkpoints import local_file
-from .weights import load_weights, read_weights
-from .lines import note
-from .runs import weak_checkpoint
+from .checkpoints import local_file, weak_checkpoint
+from .weights import load_weights, no_weights_line, read_weights, untrained_asked
+from .messages import note
 
 # %% auto #0
-__all__ = ['OUTPUT_NAMES', 'ONNX_NEEDS', 'EXPORTER_LOGS', 'ONNX_FILE_LIMIT', 'UNTRAINED_WORDS', 'Predictor', 'load', 'Detections',
-           'as_rgb', 'to_detections', 'ExportNet', 'export_input', 'exporter_quiet', 'export_model', 'onnx_data',
-           'onnx_metadata', 'add_onnx_metadata', 'run_exported', 'export_check', 'untrained_asked', 'no_weights_line',
-           'untrained_predictor', 'check_export_options', 'export_main']
+__all__ = ['OUTPUT_NAMES', 'ONNX_NEEDS', 'EXPORTER_LOGS', 'ONNX_FILE_LIMIT', 'Predictor', 'load', 'Detections', 'as_rgb',
+           'to_detections', 'ExportNet', 'export_input', 'exporter_quiet', 'export_model', 'onnx_data', 'onnx_metadata',
+           'add_onnx_metadata', 'run_exported', 'export_check', 'untrained_predictor', 'check_export_options',
+           'export_main']
 
 # %% ../nbs/09_predict.ipynb #2705249e
 class Predictor:
@@ -234,17 +233,6 @@ def export_check(p:Predictor, path, fmt:str, image=TEST_IMG)->tuple[float,float]
     return max(d for d, _ in diffs), max(d / m for d, m in diffs)
 
 # %% ../nbs/09_predict.ipynb #exportopts0cd
-UNTRAINED_WORDS = ('none', 'null')   # `--model.weights none`: the untrained network, as asked
-
-def untrained_asked(weights)->bool:
-    "Whether a given `--model.weights` value asks for the untrained network: `none` (any case) or a null."
-    return weights is None or str(weights).strip().lower() in UNTRAINED_WORDS
-
-def no_weights_line(sub:str)->str:
-    "The refusal of `validate`, `test`, `predict` or `export` without a network to run: the options that give one."
-    return (f"lucid {sub} needs trained weights: give --ckpt_path CKPT (a lucid checkpoint, best.ckpt or last.ckpt) or "
-            f"--model.weights FILE (yolo11n-seg.pt); --model.weights none runs an untrained network")
-
 def untrained_predictor(imgsz:int|None=None, task:str='segment')->Predictor:
     "`--model.weights none`: a nano network of `task` initialised with seed 0, the embedded coco128's classes, `imgsz` (640 unless given)."
     cat_ids, names = coco_categories(load_coco_json(EMBEDDED_ANNOTATIONS))

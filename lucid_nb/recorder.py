@@ -15,7 +15,6 @@ from lightning.pytorch.utilities import rank_zero_info
 from fastcore.basics import patch
 from .core import *
 from .graphs import *
-from .graphs import _describe_batch
 from .optim import CapturedUpdate, captured_update, state_ready, update_blocker
 
 # %% auto #0
@@ -323,7 +322,7 @@ def select(self:StepRegion, model:nn.Module, step_fn, batch:dict)->str|None:
         self.release(); self.moves += 1; g = None
     if g is None:
         if len(self.shapes) >= self.max_shapes:
-            return f"the batch's shapes took more than {self.max_shapes} values (now {_describe_batch(sig, batch)}); such steps run natively"
+            return f"the batch's shapes took more than {self.max_shapes} values (now {describe_batch(sig, batch)}); such steps run natively"
         if why := self.record(model, step_fn, batch): return why
         g = self.shapes[sig] = self.graphs; self.seen.add(sig)
     self.graphs = g

@@ -6,12 +6,13 @@ Docs: https://lucid-nb.github.io/lucid_nb/testing.html.md"""
 
 # %% ../nbs/11_testing.ipynb #db6796cb
 from __future__ import annotations
-import contextlib, json, shutil, struct, sys, types, weakref, zipfile
+import collections, contextlib, json, re, shutil, struct, sys, types, weakref, zipfile
 from pathlib import Path
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
+from torch.utils.flop_counter import flop_registry
 from .core import digest, state_hashes
 from .tasks import get_task
 from .checkpoints import StandIn, stand_in
@@ -21,8 +22,10 @@ from .heads import model_outputs
 from .command import cli_main
 
 # %% auto #0
-__all__ = ['TINY', 'DAMAGE', 'UL_CLASSES', 'tiny', 'fit', 'hashes_only', 'train_trace', 'test_traces_equal', 'flip_a_tensor_byte',
-           'damaged_copy', 'reordered_copy', 'write_ultralytics_layout', 'TensorBytes']
+__all__ = ['TINY', 'DAMAGE', 'UL_CLASSES', 'FAMILIES', 'UNCOUNTED', 'OVERWRITES', 'INDEXED_WRITES', 'DTYPES', 'tiny', 'fit',
+           'hashes_only', 'train_trace', 'test_traces_equal', 'flip_a_tensor_byte', 'damaged_copy', 'reordered_copy',
+           'write_ultralytics_layout', 'TensorBytes', 'counted', 'op_name', 'family', 'traffic', 'flops', 'OpCost',
+           'young_head']
 
 # %% ../nbs/11_testing.ipynb #15784748
 TINY = ['--trainer.accelerator', 'cpu', '--trainer.num_sanity_val_steps', '0', '--trainer.limit_train_batches', '2',
@@ -269,3 +272,146 @@ class TensorBytes(TorchDispatchMode):
             self.counted.add(ptr); self.live += n; self.peak = max(self.peak, self.live)
             weakref.finalize(s, self._freed, ptr, n)
         return out
+
+# %% ../nbs/11_testing.ipynb #9805a327
+FAMILIES = ('conv/matmul', 'batch norm', 'casts/copies', 'elementwise', 'reductions', 'indexing/gather', 'other')
+
+UNCOUNTED = {'_unsafe_view', 'empty', 'empty_like', 'empty_strided', 'new_empty', 'new_empty_strided', 'resize_', 'set_',
+             'size', 'stride', 'sym_size', 'sym_stride', 'sym_numel', 'sym_storage_offset', 'is_same_size', 'is_nonzero', 'dim'}
+OVERWRITES = {'copy_', 'fill_', 'zero_', '_foreach_copy_', '_foreach_zero_', 'normal_', 'uniform_', 'bernoulli_', 'random_',
+              'exponential_'}   # the mutated tensor is written, not read
+INDEXED_WRITES = {'index_put_', '_index_put_impl_', 'scatter_', 'scatter_add_', 'scatter_reduce_', 'index_add_', 'index_copy_',
+                  'index_fill_', 'masked_scatter_', 'put_'}   # writes part of the mutated tensor
+DTYPES = {torch.float32: 'f32', torch.bfloat16: 'bf16', torch.float16: 'f16', torch.float64: 'f64', torch.uint8: 'u8',
+          torch.int64: 'i64', torch.int32: 'i32', torch.bool: 'bool', torch.int8: 'i8'}
+
+
+def counted(func) -> bool:
+    "Whether `func` (an `OpOverload`) does device work: not a view, not a metadata query, not a bare allocation."
+    return not (func.is_view or torch.Tag.inplace_view in func.tags or func.overloadpacket.__name__ in UNCOUNTED
+                or func.namespace == 'profiler')   # `record_function` ranges
+
+
+def op_name(func) -> str:
+    "The op's packet name (`add_`), namespaced when not aten (`prims::convert_element_type`)."
+    n = func.overloadpacket.__name__
+    return n if func.namespace == 'aten' else f'{func.namespace}::{n}'
+
+
+def _tags(name: str) -> set:
+    "The tags of every overload of aten op `name` (none for other names)."
+    packet = getattr(torch.ops.aten, name, None)
+    if packet is None or not hasattr(packet, 'overloads'): return set()
+    return {t for o in packet.overloads() for t in getattr(packet, o).tags}
+
+# %% ../nbs/11_testing.ipynb #79e9dbb4
+_CONV = re.compile(r'conv(?!ert)|^_?(mm|addmm|bmm|baddbmm|addbmm|matmul|linear|dot|vdot|mv|addmv|_?scaled_mm|_int_mm)$')
+_COPY = re.compile(r'^(_to_copy|copy_|_copy_from|_copy_from_and_resize|clone|lift_fresh_copy|_foreach_copy_|cat|stack|contiguous)$'
+                   r'|_copy$|^(select|slice|as_strided|diagonal|unfold)_backward$')
+_FILL = re.compile(r'^(masked_fill|fill|zero|zeros|ones|full|zeros_like|ones_like|full_like|new_zeros|new_ones|new_full|arange'
+                   r'|linspace|scalar_tensor|rand\w*|randn\w*|normal|uniform|bernoulli)_?$|binary_cross_entropy|_loss$')
+_INDEX = re.compile(r'index|gather|scatter|take|masked_select|masked_scatter|nonzero|embedding|^put_?$|unique|searchsorted|bucketize')
+_REDUCE = re.compile(r'softmax|pool|(^|_)(sum|mean|amax|amin|max|min|aminmax|argmax|argmin|topk|sort|argsort|cumsum|cumprod|norm'
+                     r'|var|std|var_mean|std_mean|all|any|prod|logsumexp|median|nanmedian|mode|kthvalue)(_|$)')
+
+
+def family(name: str) -> str:
+    "The family of an aten op name (`convolution_backward`, `aten::copy_`, `_to_copy f32>bf16`): first rule that fits."
+    n = name.split()[0].removeprefix('aten::')
+    if 'batch_norm' in n: return 'batch norm'
+    if _CONV.search(n): return 'conv/matmul'
+    if _COPY.search(n): return 'casts/copies'
+    if _INDEX.search(n): return 'indexing/gather'
+    tags = _tags(n)
+    if torch.Tag.pointwise in tags or n.startswith('_foreach_') or _FILL.search(n) or n.endswith(('_backward', '_backward_data')) and \
+            re.match(r'(silu|sigmoid|threshold|hardswish|gelu|relu|tanh|elu|leaky_relu|softplus|mish)', n): return 'elementwise'
+    if torch.Tag.reduction in tags or _REDUCE.search(n): return 'reductions'
+    return 'other'
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    "Bytes a tensor's elements occupy: numel x item size, or the span its strides touch where smaller (broadcast, expand)."
+    if t.numel() == 0: return 0
+    span = 1 + sum((s - 1) * abs(st) for s, st in zip(t.shape, t.stride()) if s > 1)
+    return min(t.numel(), span) * t.element_size()
+
+
+def _storage_bytes(tensors) -> int:
+    "Bytes of `tensors`, each distinct storage at most its size."
+    per = collections.defaultdict(int)
+    sizes = {}
+    for t in tensors:
+        s = t.untyped_storage(); key = (s.data_ptr(), t.device)
+        per[key] += _nbytes(t); sizes[key] = s.nbytes()
+    return sum(min(b, sizes[k]) for k, b in per.items())
+
+# %% ../nbs/11_testing.ipynb #000a968d
+def traffic(func, args, kwargs, out) -> tuple[int, int]:
+    "(bytes read, bytes written) of one call (the module docstring's rules)."
+    name = func.overloadpacket.__name__
+    read, written, indexed = [], [], []
+    schema = func._schema.arguments
+    bound = [(a, v) for a, v in zip(schema, args)] + [(a, kwargs[a.name]) for a in schema if a.name in kwargs]
+    for arg, value in bound:
+        ts = [t for t in tree_flatten(value)[0] if isinstance(t, torch.Tensor)]
+        mutated = arg.alias_info is not None and arg.alias_info.is_write
+        if not mutated: read += ts
+        elif name in INDEXED_WRITES: indexed += ts
+        else:
+            written += ts
+            if name not in OVERWRITES and not arg.is_out: read += ts
+    if indexed:   # an indexed write writes what its source holds, at most the destination's size
+        src = _storage_bytes([t for t in read if t.is_floating_point() or t.dtype == torch.bool]) if name != 'index_fill_' else 0
+        written_indexed = min(src, _storage_bytes(indexed)) if src else _storage_bytes(indexed)
+    else: written_indexed = 0
+    mutated_ptrs = {t.untyped_storage().data_ptr() for t in written + indexed}
+    outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in mutated_ptrs]
+    return _storage_bytes(read), _storage_bytes(written + outs) + written_indexed
+
+
+def flops(func, args, kwargs, out) -> int:
+    "FLOPs of one call by `torch.utils.flop_counter`'s registered formula (0 where none is registered)."
+    f = flop_registry.get(func.overloadpacket)
+    return int(f(*args, **kwargs, out_val=out)) if f is not None else 0
+
+
+class OpCost(TorchDispatchMode):
+    "Calls, bytes read and written, and FLOPs of the aten ops run under it, by (part, op name); `part` is set from outside."
+    def __init__(self):
+        super().__init__()
+        self.part, self.ops, self.syncs = 'outside', collections.defaultdict(lambda: [0, 0, 0, 0]), collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if not counted(func): return out
+        name = op_name(func)
+        if name in ('_to_copy', 'copy_'):   # a cast: name its dtypes
+            src, dst = (args[0], out) if name == '_to_copy' else (args[1], args[0])
+            if isinstance(src, torch.Tensor) and src.dtype != dst.dtype:
+                name += f' {DTYPES.get(src.dtype, src.dtype)}>{DTYPES.get(dst.dtype, dst.dtype)}'
+        if name == '_local_scalar_dense' or torch.Tag.data_dependent_output in func.tags or torch.Tag.dynamic_output_shape in func.tags:
+            self.syncs[self.part] += 1   # the host waits for the device here
+        r, w = traffic(func, args, kwargs, out)
+        rec = self.ops[(self.part, name)]
+        rec[0] += 1; rec[1] += r; rec[2] += w; rec[3] += flops(func, args, kwargs, out)
+        return out
+
+# %% ../nbs/11_testing.ipynb #f6ea7f67
+def young_head(batches, seed=0, K=80, P=32, objects=6, jitter=.03) -> list[dict]:
+    "Head outputs like a young model's (see the module docstring), one dict per batch, on the batches' device."
+    g, out = torch.Generator().manual_seed(seed), []
+    for b in batches:
+        B, S = b['img'].shape[0], b['img'].shape[-1]
+        A = sum((S // s) ** 2 for s in (8, 16, 32))
+        obj = torch.rand(B, objects, 4, generator=g) * torch.tensor([.7 * S, .7 * S, .3 * S, .3 * S]) + 8
+        o = torch.gather(obj, 1, torch.randint(0, objects, (B, A, 1), generator=g).expand(-1, -1, 4))
+        xy = o[..., :2] + torch.randn(B, A, 2, generator=g) * o[..., 2:] * jitter
+        wh = o[..., 2:] * (1 + torch.randn(B, A, 2, generator=g) * jitter)
+        sc = torch.rand(B, A, K, generator=g) * .01 + .0011
+        cls = torch.tensor([0, 2, 56, 60])[torch.randint(0, 4, (B, A, 1), generator=g)]
+        sc.scatter_(2, cls, torch.rand(B, A, 1, generator=g) * .5 + .1)
+        h = dict(boxes=torch.cat([xy, xy + wh], -1), scores=sc, coef=torch.randn(B, A, P, generator=g),
+                 proto=torch.randn(B, P, S // 4, S // 4, generator=g) * 2)
+        out.append({k: v.to(b['img'].device) for k, v in h.items()})
+    return out

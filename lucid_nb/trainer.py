@@ -27,8 +27,10 @@ from .ema import ModelEMA
 from .recorder import Recorder
 from .metrics import Validator, write_results, CocoStats, class_rows, class_table, speed_line, predict_conf
 from .draw import draw_results, save_jpeg, save_val_plots
-from .lines import note, say
-from .runs import AtomicCheckpoint, EpochSummary, RunArtifacts, gather_objects, run_folder, _now, _run_dir
+from .messages import note, say
+from .run_folder import ensure_run_folder, run_folder
+from .saving import AtomicCheckpoint
+from .run_artifacts import EpochSummary, RunArtifacts, gather_objects, synced_now
 
 # %% auto #0
 __all__ = ['SLOW_VALIDATION_SECONDS', 'LitYolo', 'StepLossBar', 'default_val_group_pixels', 'validation_dominates',
@@ -349,7 +351,7 @@ def _on_before_batch_transfer(self:LitYolo, batch, dataloader_idx:int=0):
     # second; overriding one in both makes Lightning warn and use the datamodule's): the module's one look at a batch
     # before it moves. Never in training: no synchronisation is added there
     t = self._trainer
-    if t is not None and (t.validating or t.testing) and not t.sanity_checking: self.val_batch_t0 = _now(t)
+    if t is not None and (t.validating or t.testing) and not t.sanity_checking: self.val_batch_t0 = synced_now(t)
     return super(LitYolo, self)._on_before_batch_transfer(batch, dataloader_idx)
 
 @patch
@@ -360,13 +362,13 @@ def validation_step(self:LitYolo, batch:dict, batch_idx:int):
 @patch
 def _validate_batch(self:LitYolo, batch:dict):
     "`validation_step`'s work; its tensors are freed when it returns, before `lending` checks what stayed allocated."
-    t0 = _now(self.trainer)
+    t0 = synced_now(self.trainer)
     if (start := getattr(self, 'val_batch_t0', None)) is not None:   # to the device, to float (`on_after_batch_transfer`)
         self.val_seconds['preprocess'] = (self.val_seconds['preprocess'] or 0.) + t0 - start; self.val_batch_t0 = None
     out = self.ema.module(batch['img'])
-    t1 = _now(self.trainer)
+    t1 = synced_now(self.trainer)
     self.validator.update(out, batch)
-    self.val_seconds['forward'] += t1 - t0; self.val_seconds['postprocess'] += _now(self.trainer) - t1
+    self.val_seconds['forward'] += t1 - t0; self.val_seconds['postprocess'] += synced_now(self.trainer) - t1
     self.val_images += len(batch['img'])
 
 @patch
@@ -401,7 +403,7 @@ def on_validation_epoch_end(self:LitYolo):
     if self.trainer.sanity_checking: return
     self.last_val_stats, self.last_val_speed = metrics, self.val_speed()   # the table and plots at the end of fit
     if not self.trainer.is_global_zero: return   # one process writes the run's files
-    run, line = _run_dir(self.trainer), dict(epoch=self.current_epoch, step=self.global_step)
+    run, line = ensure_run_folder(self.trainer), dict(epoch=self.current_epoch, step=self.global_step)
     if self.trainer.state.fn == 'fit': self.pending_predictions = self.validator.results   # `write_predictions`, once
     else: line['predictions_sha256'] = write_results(run/'predictions.json', self.validator.results)
     dm = self.trainer.datamodule
@@ -472,7 +474,7 @@ class PredictionWriter(BasePredictionWriter):
         files = {i: f for i, f in dm.predict_paths.items() if i in self.ran}
         problems = {r['image_id']: r['problem'] for batch in predictions for r in batch if 'problem' in r}
         results = [dict(r, file_name=str(files[r['image_id']])) for batch in predictions for r in batch if 'problem' not in r]
-        out = _run_dir(trainer)/'predict'; out.mkdir(exist_ok=True)
+        out = ensure_run_folder(trainer)/'predict'; out.mkdir(exist_ok=True)
         conf = predict_conf(pl_module.hparams.conf, getattr(pl_module, 'conf_given', False))   # the step's threshold: drawn as kept
         sha = write_results(out/'predictions.json', results)
         by_image, names = {}, {}

@@ -19,9 +19,10 @@ from .heads import yolo, yolo_seg
 from .checkpoints import StandIn, local_file, safe_load
 
 # %% auto #0
-__all__ = ['UL_LAYERS', 'UL_HEAD', 'UL_HEAD_NAMES', 'UL_TASKS', 'PARTS', 'BACKBONE_PARTS', 'PARITY_RTOL', 'lucid_key',
-           'ultralytics_key', 'Weights', 'module_tensors', 'infer_scale', 'weights_read', 'ultralytics_task',
-           'read_weights', 'TransferReport', 'load_weights', 'parity']
+__all__ = ['UL_LAYERS', 'UL_HEAD', 'UL_HEAD_NAMES', 'UL_TASKS', 'PARTS', 'BACKBONE_PARTS', 'PARITY_RTOL', 'UNTRAINED_WORDS',
+           'lucid_key', 'ultralytics_key', 'Weights', 'module_tensors', 'infer_scale', 'weights_read',
+           'ultralytics_task', 'read_weights', 'TransferReport', 'load_weights', 'parity', 'untrained_asked',
+           'no_weights_line']
 
 # %% ../nbs/03a_weights.ipynb #cc62107b
 UL_LAYERS = {**{i: f'backbone.layers.{i}' for i in range(11)}, 13: 'neck.td4', 16: 'neck.td3', 17: 'neck.down3',
@@ -274,3 +275,15 @@ def parity(net:nn.Module, reference:dict)->dict:
     coef = [out['coef'].transpose(1, 2)] if 'coef' in out else []               # a detector has none
     mine = {**raw, 'decoded': torch.cat([xywh, out['scores'].transpose(1, 2), *coef], 1)}
     return {k: float((mine[k] - reference[k]).abs().max() / reference[k].abs().max()) for k in mine}
+
+# %% ../nbs/03a_weights.ipynb #02c6d172
+UNTRAINED_WORDS = ('none', 'null')   # `--model.weights none`: the untrained network, as asked
+
+def untrained_asked(weights)->bool:
+    "Whether a given `--model.weights` value asks for the untrained network: `none` (any case) or a null."
+    return weights is None or str(weights).strip().lower() in UNTRAINED_WORDS
+
+def no_weights_line(sub:str)->str:
+    "The refusal of `validate`, `test`, `predict` or `export` without a network to run: the options that give one."
+    return (f"lucid {sub} needs trained weights: give --ckpt_path CKPT (a lucid checkpoint, best.ckpt or last.ckpt) or "
+            f"--model.weights FILE (yolo11n-seg.pt); --model.weights none runs an untrained network")

@@ -15,7 +15,6 @@ from PIL import Image
 from pycocotools import mask as mask_utils
 from .core import *
 from .coco import *
-from .coco import _IMAGE_ERRORS
 
 # %% auto #0
 __all__ = ['YAML_KEYS', 'DETECTION_LINE', 'NO_LABEL_FILE', 'NO_LABEL_FILE_SKIPPED', 'NEGATIVES', 'YoloSpec', 'yolo_classes',
@@ -219,7 +218,7 @@ def yolo_coco(
                            "whose polygons they are cannot be told; rename the images apart, each with its own label file"); continue
         if not txt.is_file() and spec.skip_missing: report.note(NO_LABEL_FILE_SKIPPED); continue
         try: hw = displayed_hw(f)
-        except _IMAGE_ERRORS as e: report.problem(str(f), 'unreadable image', f"{type(e).__name__}: {e}"); continue
+        except IMAGE_ERRORS as e: report.problem(str(f), 'unreadable image', f"{type(e).__name__}: {e}"); continue
         if (mine := yolo_annotations(txt, hw, spec.keys, report, masks)) is None: continue
         if not mine: report.note(NEGATIVES if txt.is_file() else NO_LABEL_FILE)
         i = first_id + len(images)

@@ -64,8 +64,8 @@ class FullDisk(Callback):
     fills up: torch reports it as '[enforce fail at inline_container.cc] unexpected pos', the OSError its context. The
     free space the writer measures is `$FREE_MB` MB."""
     def on_train_epoch_start(self, trainer, module):
-        import errno, lucid_nb.runs as runs
-        if trainer.current_epoch < int(os.environ.get('FULL_DISK_EPOCH', '0')) or getattr(runs, '_full', False): return
+        import errno, lucid_nb.saving as saving
+        if trainer.current_epoch < int(os.environ.get('FULL_DISK_EPOCH', '0')) or getattr(saving, '_full', False): return
         class Full:   # takes 4 KB, then the disk is full
             n = 0
             def write(self, b):
@@ -76,8 +76,8 @@ class FullDisk(Callback):
         def fail(state, path):
             Path(path).parent.mkdir(parents=True, exist_ok=True); open(path, 'wb').close()   # made; nothing fits in it
             torch.save(state, Full())
-        runs.write_checkpoint_file, runs._full = fail, True
-        if 'FREE_MB' in os.environ: runs.disk_free = lambda folder: int(os.environ['FREE_MB']) * 2**20
+        saving.write_checkpoint_file, saving._full = fail, True
+        if 'FREE_MB' in os.environ: saving.disk_free = lambda folder: int(os.environ['FREE_MB']) * 2**20
 
 
 class CheckpointTiming(Callback):
@@ -85,15 +85,15 @@ class CheckpointTiming(Callback):
     writer's thread), and touches `$MARKERS/copying`, `$MARKERS/writing` as they start and `$MARKERS/stopping` when
     the fit stops on an exception: a signal sent after a marker lands inside that stage."""
     def setup(self, trainer, module, stage):
-        import threading, lucid_nb.runs as runs
+        import threading, lucid_nb.saving as saving
         marks, copy, write = Path(os.environ['MARKERS']), float(os.environ.get('SLOW_COPY', 0)), float(os.environ.get('SLOW_WRITE', 0))
-        apply, save = runs.apply_to_collection, runs.write_checkpoint_file
+        apply, save = saving.apply_to_collection, saving.write_checkpoint_file
         def slow_apply(*a, **k):
             if copy and threading.current_thread() is threading.main_thread(): (marks / 'copying').touch(); time.sleep(copy)
             return apply(*a, **k)
         def slow_save(state, path):
             (marks / 'writing').touch(); time.sleep(write); return save(state, path)
-        runs.apply_to_collection, runs.write_checkpoint_file = slow_apply, slow_save
+        saving.apply_to_collection, saving.write_checkpoint_file = slow_apply, slow_save
         self.marks = marks
     def on_exception(self, trainer, module, exception): (self.marks / 'stopping').touch()
 

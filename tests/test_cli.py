@@ -11,11 +11,11 @@ PROBE = textwrap.dedent("""
     import atexit, sys, threading, time
     atexit.register(lambda: print('atexit ran', flush=True))
     import lucid_nb.command as T
-    done, command = threading.Event(), T.main
+    done, command = threading.Event(), T.command_main
     def traced(*args):
         try: command(*args)
         finally: done.set()
-    T.main = traced                                       # the command, then a signal to the thread below
+    T.command_main = traced                                     # the command, then a signal to the thread below
     def late(): done.wait(); time.sleep(.3); print('thread done', flush=True)
     threading.Thread(target=late).start()                 # not a daemon: a normal exit waits for it
     sys.argv = ['lucid', *sys.argv[1:]]
@@ -128,7 +128,8 @@ def hints(tmp_path, monkeypatch) -> dict:
     from pathlib import Path
     from lucid_nb import cache
     from lucid_nb.command import other_run_folder, refuse_earlier_run, refuse_resume_changes
-    from lucid_nb.runs import AtomicCheckpoint, acquire_run_lock
+    from lucid_nb.run_folder import acquire_run_lock
+    from lucid_nb.saving import AtomicCheckpoint
     from lucid_nb.trainer import ddp_blocker
     from lightning.pytorch.strategies import DDPStrategy
     from lucid_nb.weights import Weights

@@ -12,7 +12,8 @@ from lucid_nb.allocator import allocator_defaults
 from lucid_nb.core import EMBEDDED_ANNOTATIONS, EMBEDDED_IMAGES
 from lucid_nb.command import cli_main
 from lucid_nb.predict import load as load_predictor
-from lucid_nb.runs import LOCK_NAME, read_checkpoint
+from lucid_nb.checkpoints import read_checkpoint
+from lucid_nb.run_folder import LOCK_NAME
 from lucid_nb.checkpoints import HASH_KEY
 from lucid_nb.testing import DAMAGE, damaged_copy
 
@@ -74,7 +75,7 @@ class FullDisk(Callback):
     def setup(self, trainer, module, stage):
         def fail(*a, **k): raise OSError(28, 'No space left on device')
         trainer.strategy.checkpoint_io.save_checkpoint = fail   # a strategy's own writer
-        self.patch.setattr('lucid_nb.runs.write_checkpoint_file', fail)   # lucid's, beside the target
+        self.patch.setattr('lucid_nb.saving.write_checkpoint_file', fail)   # lucid's, beside the target
     def __init__(self, monkeypatch): self.patch = monkeypatch
 
 

@@ -73,7 +73,7 @@ def test_export_warns_about_a_checkpoint_that_scored_nothing(three, tmp_path):
     d, ckpt = three
     e = _lucid('export', '--ckpt_path', str(ckpt), '--format', 'torchscript', '--output', str(tmp_path / 'net.torchscript'), cwd=d)
     assert e.returncode == 0 and re.search(r"lucid: warning: the checkpoint's last validation \(epoch [1-9]\d*\) scored mAP50-95\((B|M)\) 0\.0", e.stderr), e.stderr[-3000:]
-    from lucid_nb.runs import weak_checkpoint
+    from lucid_nb.checkpoints import weak_checkpoint
     assert weak_checkpoint({'lucid': {'val': {'mAP50-95(B)': 0.2, 'mAP50-95(M)': 0.1}}}) is None
     assert weak_checkpoint({'callbacks': {'AtomicCheckpoint{...}': {'current_score': 0.0}}}) is not None   # written before 'val'
 

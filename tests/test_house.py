@@ -1,5 +1,5 @@
 """`.ci/house.py`: the house rules CI checks (sidebar, benchmarks' budget, export cells' length, the documents' budgets,
-long lines and `;` joins), on small folders made here and on this checkout."""
+long lines and `;` joins, machine paths), on small folders made here and on this checkout."""
 import importlib.util, json
 from pathlib import Path
 
@@ -106,3 +106,18 @@ def test_the_comparator_is_in_the_repository():
     scripts = [p for p in (ROOT / 'benchmarks').iterdir() if p.suffix in ('.py', '.sh')]
     assert [p.name for p in scripts if '.ulcmp' in p.read_text()] == []
     for name in ('reference_run.py', 'scale.py'): assert "'ultralytics_run.py'" in (ROOT / 'benchmarks' / name).read_text()
+
+
+def test_machine_paths_are_found_in_text_files_only(tmp_path):
+    bad, fine, blob = tmp_path / 'bad.json', tmp_path / 'fine.py', tmp_path / 'blob.bin'
+    bad.write_text('{"config": "/work/wt/configs/a.yaml"}\nx = "/home/me/data"\n')
+    fine.write_text("out = tmp/root/'lucid'   # a folder made under tmp\nrun = '/tmp/reference_run'\nsee = '~/data'\n")
+    blob.write_bytes(b'\0/root/x')
+    assert house.machine_paths(bad) == [(1, '/work/'), (2, '/home/m')]
+    assert house.machine_paths(fine) == [] and house.machine_paths(blob) == []
+    assert [line.split(': ')[0] for line in house.check_paths([bad, fine, blob])] == [f'{bad}:1', f'{bad}:2']
+
+
+def test_this_checkout_names_no_machine_path(monkeypatch):
+    monkeypatch.chdir(ROOT)
+    assert house.check_paths() == []

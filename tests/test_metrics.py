@@ -594,11 +594,8 @@ def _old_validator_results(outs, batches, cat_ids, **nms_kw):
 
 
 def _young_head(seed, B=3, S=320):
-    "Outputs shaped like a young model's head (`benchmarks/validation_speed.py`'s case): every pair above conf 0.001, near-copies of a few boxes on 4 classes."
-    import sys
-    from pathlib import Path
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / 'benchmarks'))
-    from validation_speed import young_head
+    "Outputs shaped like a young model's head (`lucid_nb.testing.young_head`, `benchmarks/validation_speed.py`'s case): every pair above conf 0.001, near-copies of a few boxes on 4 classes."
+    from lucid_nb.testing import young_head
     return young_head([dict(img=torch.zeros(B, 3, S, S))], seed)[0]
 
 

@@ -1,14 +1,17 @@
-"""`benchmarks/step_cost.py`: its counts of single ops checked by hand, and a `--smoke` step whose parts add up."""
-import json, sys
+"""`benchmarks/step_cost.py`: its op counter (`lucid_nb.testing.OpCost`) checked by hand on single ops, and a `--smoke`
+step whose parts add up."""
+import json, subprocess, sys
 from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / 'benchmarks'))
-import step_cost   # noqa: E402
-from lucid_nb.heads import yolo_seg   # noqa: E402
+from lucid_nb.heads import yolo_seg
+from lucid_nb.testing import OpCost, family
+
+ROOT = Path(__file__).resolve().parent.parent
+PARTS = ('forward', 'loss', 'backward', 'optimizer', 'ema')   # the step's parts, as the script counts them
 
 VIEWS = {'view', 'reshape', 'expand', 'permute', 'as_strided', 't', 'transpose', 'select', 'slice', 'unsqueeze', 'squeeze',
          'detach', 'alias', '_unsafe_view', 'split', 'unbind', 'chunk', 'narrow', 'split_with_sizes'}
@@ -24,7 +27,7 @@ def conv_flops(conv: nn.Conv2d | nn.ConvTranspose2d, x: torch.Tensor, out: torch
 
 def test_one_convolution_by_hand():
     conv, x = nn.Conv2d(3, 16, 3, stride=2, padding=1), torch.randn(2, 3, 64, 64)
-    with step_cost.OpCost() as c, torch.autocast('cpu', torch.bfloat16):
+    with OpCost() as c, torch.autocast('cpu', torch.bfloat16):
         c.part = 'forward'
         y = conv(x)
         y.view(-1); y.permute(0, 2, 3, 1); y.detach()   # views: no call, no bytes
@@ -40,7 +43,7 @@ def test_one_convolution_by_hand():
 
 def test_in_place_copy_and_broadcast_bytes():
     a, b, col = torch.ones(1000), torch.ones(1000), torch.ones(1)
-    with step_cost.OpCost() as c:
+    with OpCost() as c:
         a.add_(b)                   # reads a and b, writes a
         a.copy_(b)                  # reads b, writes a
         a.mul_(col.expand(1000))    # the broadcast operand touches 4 bytes
@@ -55,13 +58,16 @@ def test_families():
                       ('mul', 'elementwise'), ('silu_backward', 'elementwise'), ('_foreach_add_', 'elementwise'),
                       ('sum', 'reductions'), ('_softmax_backward_data', 'reductions'), ('max_pool2d_with_indices', 'reductions'),
                       ('gather', 'indexing/gather'), ('index_put_', 'indexing/gather'), ('upsample_nearest2d', 'other')):
-        assert step_cost.family(name) == fam, (name, step_cost.family(name), fam)
+        assert family(name) == fam, (name, family(name), fam)
 
 
 @pytest.mark.slow
 def test_smoke_step_adds_up(tmp_path):
-    r = json.loads(step_cost.main(['--smoke', '--out', str(tmp_path)]).read_text())
-    B, parts, ops = r['batch_size'], step_cost.PARTS, r['ops']
+    done = subprocess.run([sys.executable, 'benchmarks/step_cost.py', '--smoke', '--out', str(tmp_path)], cwd=ROOT,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    r = json.loads(next(tmp_path.glob('step_cost_*.json')).read_text())
+    B, parts, ops = r['batch_size'], PARTS, r['ops']
     assert (B, r['imgsz'], r['mosaic']['probability']) == (2, 64, 1.0) and r['mosaic']['until_epoch'] > r['mosaic']['epoch']
     for p in parts: assert r['by_part'][p]['calls'] > 0 and r['by_part'][p]['bytes_mb'] > 0, p
     step = [o for o in ops if o['part'] in parts]

@@ -192,7 +192,7 @@ def test_timing_has_every_phase(reference):
 def test_labels_grid_is_drawn_from_fit_start(reference, tmp_path):
     "val_batch_labels.jpg comes from the thread started with the fit, and is the grid drawn directly from the data."
     from lucid_nb.draw import save_jpeg, val_labels_grid
-    from lucid_nb.runs import RunArtifacts
+    from lucid_nb.run_artifacts import RunArtifacts
     cli, run, _ = reference
     artifacts = next(cb for cb in cli.trainer.callbacks if isinstance(cb, RunArtifacts))
     assert artifacts.labels is not None and artifacts.labels.done()

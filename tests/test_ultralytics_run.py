@@ -1,11 +1,21 @@
 """`benchmarks/ultralytics_run.py`, the comparator, in the parts that run without Ultralytics: its `polars` stand-in
 (the trainer reads its results.csv back through it) and its epoch clock (the figures callers turn into images/s)."""
-import sys
+import importlib.util, sys
 from pathlib import Path
 from types import SimpleNamespace
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / 'benchmarks'))
-import ultralytics_run   # noqa: E402
+BENCH = Path(__file__).resolve().parent.parent / 'benchmarks'
+
+
+def script(name: str):
+    "A benchmark script read from its file, `benchmarks/` kept off the import path."
+    spec = importlib.util.spec_from_file_location(name, BENCH / f'{name}.py')
+    module = importlib.util.module_from_spec(spec); spec.loader.exec_module(module)
+    return module
+
+
+# the comparator runs in Ultralytics' environment, without `lucid_nb`: its helpers stay in its own file
+ultralytics_run = script('ultralytics_run')
 
 
 def test_polars_stand_in_reads_and_writes_results_csv(tmp_path):
@@ -33,7 +43,10 @@ def test_epoch_clock_rows(monkeypatch):
 
 def test_scale_fit_parts_merge_with_ultralytics_compiled_as_an_anchor(tmp_path, monkeypatch):
     "`scale.py merge` joins fit results of several calls; each lucid arm is held against `ul` and `ul-compile` per round."
-    import json, scale
+    import json
+    for sibling in ('common', 'reference_run'):   # what `scale.py` imports beside it, as when it runs
+        monkeypatch.setitem(sys.modules, sibling, script(sibling))
+    scale = script('scale')
     monkeypatch.setattr(scale, 'RESULTS', tmp_path)
     run = lambda arm, b, ips, **kw: dict(arm=arm, batch=b, round=0, images_per_s=ips, process_seconds=10., peak_reserved_mib=1.,
                                          steady_data_wait_seconds=0., startup_seconds=1., **kw)

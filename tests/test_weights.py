@@ -11,7 +11,7 @@ from lightning.pytorch.callbacks import Callback
 import lucid_nb
 from lucid_nb.core import EMBEDDED_IMAGES
 from lucid_nb.heads import yolo_seg
-from lucid_nb.runs import SafeCheckpointIO
+from lucid_nb.checkpoints import SafeCheckpointIO
 from lucid_nb.trainer import LitYolo
 from lucid_nb.checkpoints import UnsafeCheckpoint, pickle_globals
 from lucid_nb.weights import PARITY_RTOL, load_weights, parity, read_weights
