@@ -10,6 +10,7 @@ and the wall time.
         # DIR holds another revision's exported lucid_nb/ (`git archive REV lucid_nb | tar -x -C DIR`): before and after
     OMP_NUM_THREADS=1 python benchmarks/it_learns.py --young --ultralytics-python /tmp/ulvenv/bin/python \
         --ultralytics-pythonpath /tmp/tvstub     # it_learns_cpu_<commit>_young.json: issue 57's CPU proxy, both libraries
+        # (--into benchmarks/results/it_learns_nvidia-h100-80gb-hbm3_fa65bad_seeds.json: as that file's key young_cpu)
 
 `--young` is issue 57's CPU proxy of the young model (the protocol of `tests/test_young_model.py`, 10 epochs): from
 scratch on the embedded set split as lucid splits it by default (96 train, the last 32 by file name validate), 160 px,
@@ -17,7 +18,9 @@ batch 8, 10 epochs, the library defaults otherwise (lucid's match Ultralytics' l
 init), validated at the last epoch only, at each of `--seeds` (0-4), one process a run, one run at a time; with
 `--ultralytics-python`, Ultralytics' own trainer (`ultralytics_run.py`, `val=False`) on the same split at the same seeds.
 It records each epoch's mean training loss terms (lucid's `train/<term>_epoch` of metrics.csv, Ultralytics'
-`train/<term>_loss` of results.csv) and writes one JSON for both libraries (`nbs/08c_trainer` plots it).
+`train/<term>_loss` of results.csv) and writes one JSON for both libraries (`nbs/08c_trainer` plots it); `--into F`
+puts it into the it_learns result F as its key `young_cpu` instead (the committed one:
+`it_learns_nvidia-h100-80gb-hbm3_fa65bad_seeds.json`, beside that file's other CPU checks).
 
 Writes `it_learns_<device>_<commit>.json` (every validation's 24 COCO numbers, wall times, the exact command,
 environment; `common.write_result`) and the same name `.png` (mAP per epoch). Nothing is tuned to a target: the settings are the defaults of
@@ -48,6 +51,7 @@ def main(argv=None):
     p.add_argument('--seeds', type=int, nargs='+', default=[0, 1, 2, 3, 4], help='--young: the seeds (default 0-4)')
     p.add_argument('--ultralytics-python', help="--young: an interpreter with Ultralytics 8.4.190, to run its trainer beside lucid")
     p.add_argument('--ultralytics-pythonpath', default='', help="--young: prepended to that interpreter's PYTHONPATH (e.g. a torchvision stub)")
+    p.add_argument('--into', help="--young: put the result, as its key `young_cpu`, into this existing it_learns JSON instead of a file of its own")
     p.add_argument('extra', nargs='*', help='further `lucid fit` arguments, after --')
     a = p.parse_args(argv)
     if a.young: return young(a, argv)
@@ -145,10 +149,32 @@ def young(a, argv) -> Path:
                   command='python benchmarks/it_learns.py ' + ' '.join(map(shlex.quote, argv or sys.argv[1:])),
                   epochs=a.epochs, batch_size=8, imgsz=160, seeds=a.seeds, stall=7.5 * LN2, terms=list(TERMS),
                   env=env(), runs=runs, summary=summary)
-    path = write_result('it_learns', result, out=a.out, tag='_'.join(t for t in ('young', a.tag) if t))
+    path = write_result('it_learns', nameless(result, a), out=a.out, tag='_'.join(t for t in ('young', a.tag) if t))
+    if a.into: path = combine(path, Path(a.into))
     for seed, s in summary.items(): print(seed, {k: round(v, 3) for k, v in s.items()})
     print(path)
     return path
+
+
+def nameless(x, a):
+    "`x` with the Ultralytics interpreter and its PYTHONPATH as names (`common.portable` knows only this checkout's paths)."
+    names = [(v, k) for v, k in ((a.ultralytics_python, 'ULTRALYTICS_PYTHON'), (a.ultralytics_pythonpath, 'ULTRALYTICS_PYTHONPATH')) if v]
+    if isinstance(x, str):
+        for v, k in names: x = x.replace(v, k)
+        return x
+    if isinstance(x, dict): return {k: nameless(v, a) for k, v in x.items()}
+    if isinstance(x, list): return [nameless(v, a) for v in x]
+    return x
+
+
+def combine(young_json: Path, into: Path, key: str = 'young_cpu') -> Path:
+    "`young_json` (its own env and command inside) as `into[key]`, atomically; `young_json` removed (the results' cap)."
+    from lucid_nb.core import atomic_write
+    d = json.loads(into.read_text())
+    d[key] = json.loads(young_json.read_text())
+    atomic_write(into, (json.dumps(d, indent=1, default=str) + '\n').encode())
+    young_json.unlink()
+    return into
 
 
 if __name__ == '__main__':
