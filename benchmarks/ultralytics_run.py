@@ -82,6 +82,12 @@ def coco_to_yolo(folder: Path, work: Path, val_count: int) -> Path:
     return yaml
 
 
+def results_csv(path: Path) -> list:
+    "Ultralytics' `results.csv`, one dict an epoch (its header padded with spaces; numbers as floats)."
+    rows = list(csv.reader(io.StringIO(path.read_text()))) if path.exists() else []
+    return [{h.strip(): float(v) for h, v in zip(rows[0], r)} for r in rows[1:]]
+
+
 class EpochClock:
     "Ultralytics callbacks that time each epoch's training, its data wait and its validation."
     def __init__(self, sync): self.sync, self.epochs, self.last = sync, [], 0.
@@ -115,6 +121,8 @@ def main(argv=None):
     p.add_argument('--compile', default='off', choices=('off', 'default', 'reduce-overhead', 'max-autotune-no-cudagraphs'),
                    help="Ultralytics' compile= (torch.compile of the model, inductor; default off)")
     p.add_argument('--device', help='default: GPU 0 where CUDA is, else cpu')
+    p.add_argument('--seed', type=int, default=0, help="Ultralytics' seed= (default 0)")
+    p.add_argument('--no-val', action='store_true', help="Ultralytics' val=False: it validates the last epoch only")
     p.add_argument('--project', help='folder of its run (default: a temporary one)')
     a = p.parse_args(argv)
     offline()
@@ -135,16 +143,17 @@ def main(argv=None):
     clock.attach(model)
     t_train = time.perf_counter()
     model.train(data=str(yaml), epochs=a.epochs, imgsz=a.imgsz, batch=a.batch, device=a.device or (0 if cuda else 'cpu'),
-                seed=0, workers=a.workers, pretrained=False, plots=False, close_mosaic=a.close_mosaic,
+                seed=a.seed, val=not a.no_val, workers=a.workers, pretrained=False, plots=False, close_mosaic=a.close_mosaic,
                 cache=False if a.cache == 'none' else a.cache, project=a.project or str(work / 'runs'), name='r', exist_ok=True,
                 **({} if a.compile == 'off' else {'compile': True if a.compile == 'default' else a.compile}))
     sync()
     rows = clock.rows()
+    losses = results_csv(Path(model.trainer.save_dir) / 'results.csv')
     res = dict(ultralytics=ultralytics.__version__, torch=torch.__version__, model=a.model, data=str(a.data),
                gpu=torch.cuda.get_device_name(0) if cuda else 'cpu', batch=a.batch, epochs_asked=a.epochs, imgsz=a.imgsz,
-               workers=a.workers, cache=a.cache, close_mosaic=a.close_mosaic, compile=a.compile, iterations=sum(e['batches'] for e in rows),
+               workers=a.workers, seed=a.seed, val=not a.no_val, cache=a.cache, close_mosaic=a.close_mosaic, compile=a.compile, iterations=sum(e['batches'] for e in rows),
                setup_seconds=t_train - T0, train_call_seconds=time.perf_counter() - t_train,
-               process_seconds=time.perf_counter() - T0, epochs=rows,
+               process_seconds=time.perf_counter() - T0, epochs=rows, results=losses,
                peak_reserved_mib=torch.cuda.max_memory_reserved() / 2**20 if cuda else None)
     Path(a.json).parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(f'{a.json}.tmp'); tmp.write_text(json.dumps(res, indent=1)); tmp.replace(a.json)
