@@ -321,6 +321,7 @@ def on_validation_epoch_start(self:LitYolo):
     if self.device.type == 'cuda': torch.cuda.empty_cache()
     self.validator, self.val_seconds = self.make_validator(), dict(preprocess=None, forward=0., postprocess=0., evaluate=0.)
     self.val_images, self.val_batch_t0, self.val_t0 = 0, None, time.perf_counter()
+    self.val_not_finite = torch.zeros((), dtype=torch.long, device=self.device)   # images with a nan or inf output, read once
 
 # %% ../nbs/08c_trainer.ipynb #c7a64c2a
 SLOW_VALIDATION_SECONDS = 60.   # a shorter validation never says it dominates: a small run's validation is short anyway
@@ -366,6 +367,7 @@ def _validate_batch(self:LitYolo, batch:dict):
     if (start := getattr(self, 'val_batch_t0', None)) is not None:   # to the device, to float (`on_after_batch_transfer`)
         self.val_seconds['preprocess'] = (self.val_seconds['preprocess'] or 0.) + t0 - start; self.val_batch_t0 = None
     out = self.ema.module(batch['img'])
+    self.val_not_finite += (~torch.stack([out[k].float().isfinite().flatten(1).all(1) for k in ('boxes', 'scores')]).all(0)).sum()
     t1 = synced_now(self.trainer)
     self.validator.update(out, batch)
     self.val_seconds['forward'] += t1 - t0; self.val_seconds['postprocess'] += synced_now(self.trainer) - t1
@@ -401,6 +403,10 @@ def on_validation_epoch_end(self:LitYolo):
     self.val_seconds['evaluate'] = time.perf_counter() - t0
     self.log_dict({k: v for k, v in metrics.summary().items()}, prog_bar=True, sync_dist=True, reduce_fx='max')  # equal on every process
     if self.trainer.sanity_checking: return
+    if (bad := int(self.val_not_finite)) and not getattr(self, 'said_not_finite', False):   # once a run: nan scores nothing
+        self.said_not_finite = True
+        note(f"the network's outputs were not finite (nan or inf) on {bad} of {self.val_images} validation images, so "
+             "nothing was detected there: the training diverged (keep --model.clip_grad_norm on, or lower --model.lr)")
     self.last_val_stats, self.last_val_speed = metrics, self.val_speed()   # the table and plots at the end of fit
     if not self.trainer.is_global_zero: return   # one process writes the run's files
     run, line = ensure_run_folder(self.trainer), dict(epoch=self.current_epoch, step=self.global_step)

@@ -3,7 +3,7 @@ the right behaviour where `lucid` can know better."""
 import json, re, os, subprocess, sys, textwrap
 from pathlib import Path
 
-import pytest
+import pytest, torch
 
 from lucid_nb.core import EMBEDDED_ANNOTATIONS, EMBEDDED_IMAGES
 from lightning.pytorch.loggers import Logger
@@ -344,3 +344,17 @@ def test_a_fit_whose_validation_dominates_says_so_once(tmp_path, monkeypatch, ca
     assert len(lines) == 1, lines                                # two validations, one line
     assert lines[0].startswith('lucid: validation took') and '--trainer.check_val_every_n_epoch' in lines[0] \
         and '--trainer.limit_val_batches' in lines[0], lines[0]
+
+
+def test_a_network_that_outputs_nan_says_so_once(tmp_path, monkeypatch, capsys):
+    "A diverged network (here: an eval-mode batch norm with a negative variance) scored nothing without a word."
+    import lucid_nb.trainer
+    monkeypatch.chdir(tmp_path)
+    start = lucid_nb.trainer.LitYolo.on_validation_epoch_start
+    def diverged(self):
+        start(self)
+        next(m for m in self.ema.module.modules() if isinstance(m, torch.nn.BatchNorm2d)).running_var.fill_(-1.)
+    monkeypatch.setattr(lucid_nb.trainer.LitYolo, 'on_validation_epoch_start', diverged)
+    assert lucid_main(monkeypatch, 'fit', *TINY, '--trainer.max_epochs', '2') == 0
+    lines = [l for l in capsys.readouterr().err.splitlines() if 'not finite' in l]
+    assert len(lines) == 1 and 'on 2 of 2 validation images' in lines[0] and '--model.clip_grad_norm' in lines[0], lines
