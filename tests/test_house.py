@@ -109,11 +109,12 @@ def test_the_comparator_is_in_the_repository():
 
 
 def test_machine_paths_are_found_in_text_files_only(tmp_path):
+    W, R, H = 'work', 'root', 'home'   # the examples' folders, written apart: this file names no machine path itself
     bad, fine, blob = tmp_path / 'bad.json', tmp_path / 'fine.py', tmp_path / 'blob.bin'
-    bad.write_text('{"config": "/work/wt/configs/a.yaml"}\nx = "/home/me/data"\n')
-    fine.write_text("out = tmp/root/'lucid'   # a folder made under tmp\nrun = '/tmp/reference_run'\nsee = '~/data'\n")
-    blob.write_bytes(b'\0/root/x')
-    assert house.machine_paths(bad) == [(1, '/work/'), (2, '/home/m')]
+    bad.write_text(f'{{"config": "/{W}/wt/configs/a.yaml"}}\nx = "/{H}/me/data"\n')
+    fine.write_text(f"out = tmp/{R}/'lucid'   # a folder made under tmp\nrun = '/tmp/reference_run'\nsee = '~/data'\n")
+    blob.write_bytes(f'\0/{R}/x'.encode())
+    assert house.machine_paths(bad) == [(1, f'/{W}/'), (2, f'/{H}/m')]
     assert house.machine_paths(fine) == [] and house.machine_paths(blob) == []
     assert [line.split(': ')[0] for line in house.check_paths([bad, fine, blob])] == [f'{bad}:1', f'{bad}:2']
 
