@@ -58,7 +58,8 @@ def resize_linear(img:np.ndarray, w:int, h:int)->np.ndarray:
     if (H, W) == (2 * h, 2 * w): return ((s[::2, ::2] + s[::2, 1::2] + s[1::2, ::2] + s[1::2, 1::2] + 2) >> 2).astype(np.uint8)
     x, a0, a1 = _linear_taps(w, W)
     edge = (x < 0) | (x >= W - 1)                        # OpenCV: one source pixel, the nearest edge
-    x = x.clip(0, W - 1); a0[edge], a1[edge] = 2048, 0
+    x = x.clip(0, W - 1)
+    a0[edge], a1[edge] = 2048, 0
     rows = s[:, x] * a0[:, None] + s[:, np.minimum(x + 1, W - 1)] * a1[:, None]   # (H,w,C), weights × 2048
     y, b0, b1 = _linear_taps(h, H)                       # rows past an edge repeat it, with their weights as they are
     top, bottom = rows[y.clip(0, H - 1)] >> 4, rows[(y + 1).clip(0, H - 1)] >> 4
@@ -174,7 +175,8 @@ def _clip_poly(xy:np.ndarray, crop:tuple)->np.ndarray:
         for a, b, ia, ib in zip(xy, nxt, inside, inside_n):
             if ia: out.append(a)
             if ia != ib:
-                t = (lim - a[axis]) / (b[axis] - a[axis]); out.append(a + t * (b - a))
+                t = (lim - a[axis]) / (b[axis] - a[axis])
+                out.append(a + t * (b - a))
         xy = np.array(out, np.float64).reshape(-1, 2)
     return xy
 
@@ -205,11 +207,15 @@ def instance_geometry(p:Prepared, M:np.ndarray, crop:tuple, size:int)->tuple[np.
     c = apply_affine(M, cb.reshape(-1, 2)).reshape(n, 4, 2)
     boxes = np.concatenate([c.min(1), c.max(1)], 1)
     per, start = {}, 0
-    for k, cnt in p.parts: per.setdefault(int(k), []).append(p.polys[start:start + cnt].astype(np.float64)); start += cnt
+    for k, cnt in p.parts:
+        per.setdefault(int(k), []).append(p.polys[start:start + cnt].astype(np.float64))
+        start += cnt
     if not (M[0, 1] == 0 and M[1, 0] == 0):   # rotated or sheared: the clipped polygons bound the box
         for k, polys in per.items():
             v = [apply_affine(M, c) for c in (_clip_poly(xy, crop) for xy in polys) if len(c)]
-            if v: v = np.concatenate(v); boxes[k] = (*v.min(0), *v.max(0))
+            if v:
+                v = np.concatenate(v)
+                boxes[k] = (*v.min(0), *v.max(0))
     return boxes.clip(0, size).astype(np.float32), area0, per
 
 # %% ../nbs/01b_augment.ipynb #6864445d

@@ -142,7 +142,8 @@ def device_recipe(ps:list[Prepared], ids:list[int], size:int, rng:np.random.Gene
     for j, ks in enumerate(kept_by_placed(plan)):
         p, per, rles = placed[j][0], plan['geo'][j][2], dict(placed[j][0].rles)
         for k in ks.tolist():
-            n = len(r['inst']); r['inst'].append(j)
+            n = len(r['inst'])
+            r['inst'].append(j)
             if k in per: r['parts'] += [(n, _upsampled(apply_affine(Qs[j], xy))) for xy in per[k]]
             elif k in rles: r['rles'].append((n, mask_utils.decode(dict(size=list(p.img.shape[:2]), counts=rles[k]))))
     return r
@@ -166,12 +167,17 @@ def collate_recipes(recipes:list[dict], max_instances:int=100, pad:bool=True)->d
     slots, imgs = {}, []
     for r in recipes:
         for i, im in zip(r['ids'], r['imgs']):
-            if i not in slots: slots[i] = len(imgs); imgs.append(im)
+            if i not in slots:
+                slots[i] = len(imgs)
+                imgs.append(im)
     sizes = np.array([im.size for im in imgs], np.int64)
-    place = np.zeros((B, P, 7), np.int64); place[..., 0] = -1
+    place = np.zeros((B, P, 7), np.int64)
+    place[..., 0] = -1
     qinv, crop = np.tile(np.eye(3), (B, P, 1, 1)), np.zeros((B, P, 4), np.int64)
     for b, r in enumerate(recipes):
-        n = len(r['place']); place[b, :n] = r['place']; qinv[b, :n], crop[b, :n] = r['qinv'], r['crop']
+        n = len(r['place'])
+        place[b, :n] = r['place']
+        qinv[b, :n], crop[b, :n] = r['qinv'], r['crop']
         place[b, :n, 0] = [slots[r['ids'][j]] for j in r['place'][:, 0]]
     K = max([1] + [t[1].shape[1] for r in recipes if r['tables'] for t in (r['tables'][:2], r['tables'][2:])])
     tab = {k: np.zeros((B, S, K) if k[1] == 'k' else (B, S), np.int32 if k[1] == 'k' else np.int64) for k in ('xmin', 'xk', 'ymin', 'yk')}
@@ -179,13 +185,15 @@ def collate_recipes(recipes:list[dict], max_instances:int=100, pad:bool=True)->d
         if r['tables'] is None: continue
         for (first, w), a in zip((r['tables'][:2], r['tables'][2:]), 'xy'):
             tab[a + 'min'][b, :len(first)], tab[a + 'k'][b, :len(first), :w.shape[1]] = first, w
-    n_inst = np.array([len(r['cls']) for r in recipes]); q = -(-n_inst // INSTANCE_GROUP)
+    n_inst = np.array([len(r['cls']) for r in recipes])
+    q = -(-n_inst // INSTANCE_GROUP)
     first_row = (np.cumsum(q) - q) * INSTANCE_GROUP
     inst = np.array([(b, j, first_row[b] + k) for b, r in enumerate(recipes) for k, j in enumerate(r['inst'])], np.int64).reshape(-1, 3)
     starts = np.cumsum([0] + n_inst.tolist())
     parts = [(starts[b] + n, v) for b, r in enumerate(recipes) for n, v in r['parts']]
     rles = [(starts[b] + n, m) for b, r in enumerate(recipes) for n, m in r['rles']]
-    rle_at = np.array([(0, *m.shape, n) for n, m in rles], np.int64).reshape(-1, 4); rle_at[1:, 0] = np.cumsum([m.size for _, m in rles])[:-1]
+    rle_at = np.array([(0, *m.shape, n) for n, m in rles], np.int64).reshape(-1, 4)
+    rle_at[1:, 0] = np.cumsum([m.size for _, m in rles])[:-1]
     src_at = np.stack([np.cumsum(sizes) - sizes, *np.array([im.shape[:2] for im in imgs], np.int64).T], 1)
     out.update(image_id=np.array([r['image_id'] for r in recipes], np.int64), orig_hw=np.stack([r['orig_hw'] for r in recipes]),
                letterbox=np.stack([r['letterbox'] for r in recipes]), hsv=np.stack([r['hsv'] for r in recipes]),

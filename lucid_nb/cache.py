@@ -104,12 +104,17 @@ def get(self:DiskCache, rec:ImageRecord, sha256:str)->Prepared|None:
     e = self.entries.get(str(rec.image_id))
     if e is None: self._count('built'); return None
     if not self.matches(e, rec, sha256): self._count('rebuilt (stale)'); return None
-    try: b = self.file(rec).read_bytes(); p = prepared_from_bytes(b)
+    try:
+        b = self.file(rec).read_bytes()
+        p = prepared_from_bytes(b)
     except (OSError, ValueError) as ex:
-        log.warning(f"cache file {self.file(rec)} is unusable ({ex}); rebuilding it"); self._count('rebuilt (corrupt)'); return None
+        log.warning(f"cache file {self.file(rec)} is unusable ({ex}); rebuilding it")
+        self._count('rebuilt (corrupt)')
+        return None
     if (new := dict(e, orientation=p.orientation, bytes=len(b))) != e:   # trusted next time
         with self._lock: self.entries[str(rec.image_id)], self.changed = new, True
-    self._count('reused'); return p
+    self._count('reused')
+    return p
 
 @patch
 def put(self:DiskCache, rec:ImageRecord, p:Prepared, sha256:str):
@@ -216,8 +221,12 @@ class LabelIndex:
 class _Recording:
     "A `DataReport` stand-in that records each call, then makes it."
     def __init__(self, report:DataReport): self.report, self.calls = report, []
-    def problem(self, *a, **k): self.calls.append(['problem', a, k]); self.report.problem(*a, **k)
-    def note(self, *a, **k): self.calls.append(['note', a, k]); self.report.note(*a, **k)
+    def problem(self, *a, **k):
+        self.calls.append(['problem', a, k])
+        self.report.problem(*a, **k)
+    def note(self, *a, **k):
+        self.calls.append(['note', a, k])
+        self.report.note(*a, **k)
 
 def label_index_path(images:str|Path, annotations:str|Path, cache_dir:str|Path|None=None, masks:bool=True)->Path:
     "The label index file of one images folder and JSON: `<images>-<json>-<hash>.labels.npz` beside the disk cache folders (`.boxes.npz`: detection's, without `masks`)."
@@ -232,7 +241,8 @@ def _index_key(images:Path, annotations:Path, data:bytes, cat_ids:list|None, sou
 # %% ../nbs/01c_cache.ipynb #b61dd685
 def save_label_index(path:Path, key:dict, idx:LabelIndex, files:list[str]):
     "Write `idx` (with `files`, the `file_name` of each record) as plain arrays, atomically; a failure is one warning."
-    R = idx.records; I = [i for r in R for i in r.instances]
+    R = idx.records
+    I = [i for r in R for i in r.instances]
     polys = [np.asarray(p, np.float64) for i in I if i.polys is not None for p in i.polys]
     rles = [i.rle['counts'] for i in I if i.rle is not None]
     try:
@@ -246,7 +256,8 @@ def save_label_index(path:Path, key:dict, idx:LabelIndex, files:list[str]):
                  parts=np.array([len(i.polys) if i.polys is not None else -1 if i.rle is not None else -2 for i in I], np.int64),   # -2: a box
                  part_len=np.array([len(p) for p in polys], np.int64), xy=np.concatenate([np.zeros(0), *polys]),
                  rle_len=np.array([len(c) for c in rles], np.int64), rle=np.frombuffer(b''.join(rles), np.uint8))
-        path.parent.mkdir(parents=True, exist_ok=True); atomic_write(path, buf.getvalue())
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, buf.getvalue())
     except (OSError, TypeError, ValueError) as e:
         if rank_zero_only.rank == 0: log.warning(f"label index {path}: not written ({type(e).__name__}: {e}); the next start reads the JSON again")
 
@@ -268,13 +279,15 @@ def load_label_index(path:Path, key:dict, images:Path)->LabelIndex|None:
     cls, box, parts, ann_ids, bad = a['cls'].tolist(), a['box'].tolist(), a['parts'].tolist(), meta['ann_ids'], a['bad'].tolist()
     recs, k, b = [], 0, 0
     for (i, H, W, entry, m), h, nb, f in zip(a['rec'].tolist(), a['ann_hash'].tolist(), a['bad_n'].tolist(), meta['files']):
-        rec = ImageRecord(i, images/f, (H, W), [], h.decode(), set(bad[b:b + nb]), entry); b += nb
+        rec = ImageRecord(i, images/f, (H, W), [], h.decode(), set(bad[b:b + nb]), entry)
+        b += nb
         for j in range(k, k + m):
             inst = Instance(ann_ids[j], cls[j], tuple(box[j]))
             if parts[j] == -1: inst.rle = dict(size=[H, W], counts=next(rles))
             elif parts[j] >= 0: inst.polys = [next(polys) for _ in range(parts[j])]
             rec.instances.append(inst)
-        k += m; recs.append(rec)
+        k += m
+        recs.append(rec)
     return LabelIndex(recs, tuple(meta['categories']), meta['names'], meta['calls'])
 
 # %% ../nbs/01c_cache.ipynb #7c6cb057
@@ -295,7 +308,8 @@ def label_index(annotations:str|Path, images:str|Path, report:DataReport, cat_id
             if check: check(idx.categories)
             for what, a, k in idx.calls: getattr(report, what)(*a, **k)
             return idx, None
-    d = parsed if parsed is not None else load_coco_json(annotations, data); cats = coco_categories(d)
+    d = parsed if parsed is not None else load_coco_json(annotations, data)
+    cats = coco_categories(d)
     if check: check(cats)
     rec = _Recording(report)
     recs = read_records(d, images, cats[0] if cat_ids is None else cat_ids, rec, source, masks=masks)

@@ -104,22 +104,28 @@ def local_file(path, option:str='--model.weights')->Path:
 
 # %% ../nbs/03a_checkpoints.ipynb #f84e735c
 def _torch_allows(name:str)->bool:
-    try: from torch._weights_only_unpickler import _get_allowed_globals; return name in _get_allowed_globals()
+    try:
+        from torch._weights_only_unpickler import _get_allowed_globals
+        return name in _get_allowed_globals()
     except Exception: return name.startswith(('torch.', 'collections.OrderedDict', 'builtins.'))   # torch without the table
 
 class _SafeGlobals:
     "`torch.serialization.safe_globals` for this load only (also on torch versions without the context manager)."
     def __init__(self, extra:list): self.extra = extra
     def __enter__(self):
-        self.before = torch.serialization.get_safe_globals(); torch.serialization.add_safe_globals(self.extra)
+        self.before = torch.serialization.get_safe_globals()
+        torch.serialization.add_safe_globals(self.extra)
     def __exit__(self, *exc):
-        torch.serialization.clear_safe_globals(); torch.serialization.add_safe_globals(self.before)
+        torch.serialization.clear_safe_globals()
+        torch.serialization.add_safe_globals(self.before)
 
 def _archive_kind(p:Path)->str:
     "'torch' (a PyTorch zip archive: a member `<name>/data.pkl`, first or not), 'zip' (another zip file), 'pickle' (a bare pickle, or a legacy torch file), or 'other', from the file's bytes."
     with open(p, 'rb') as f: head = f.read(30)
     if head[:4] == b'PK\x03\x04' and len(head) == 30:
-        with open(p, 'rb') as f: f.seek(30); first = f.read(struct.unpack('<H', head[26:28])[0])
+        with open(p, 'rb') as f:
+            f.seek(30)
+            first = f.read(struct.unpack('<H', head[26:28])[0])
         if first.endswith(b'data.pkl'): return 'torch'   # as torch writes it
         try:
             with zipfile.ZipFile(p) as z: names = z.namelist()   # members in another order (a tool rewrote the zip)

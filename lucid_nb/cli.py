@@ -64,7 +64,9 @@ def collector_paused():
     if os.environ.get('LUCID_NB_GC_PAUSE', '1') == '0' or not gc.isenabled(): yield False; return
     gc.disable()
     try: yield True
-    finally: gc.freeze(); gc.enable()
+    finally:
+        gc.freeze()
+        gc.enable()
 
 # %% ../nbs/10b_cli.ipynb #1ea71d62
 def exit_status(code)->int:
@@ -106,7 +108,9 @@ def sigint_deferred():
     "A Ctrl-C inside is remembered and raised as `KeyboardInterrupt` on leaving, not where it came; outside the main thread, nothing changes."
     got = []
     try: old = signal.signal(signal.SIGINT, lambda signum, frame: got.append(signum))
-    except ValueError: yield; return   # not the main thread: the signals are not ours to set
+    except ValueError:
+        yield
+        return   # not the main thread: the signals are not ours to set
     try: yield
     finally: signal.signal(signal.SIGINT, old)
     if got: raise KeyboardInterrupt
@@ -130,7 +134,9 @@ def _run()->int:
     if sys.argv[1:2] == ['export']:   # not a Lightning subcommand: `lucid export --ckpt_path CKPT --format onnx|torchscript`
         with sigint_deferred(): from lucid_nb.predict import export_main
         job = lambda: export_main(sys.argv[2:])
-    try: command_main(job); return 0
+    try:
+        command_main(job)
+        return 0
     except SystemExit as e: return exit_status(e.code)
 
 def main():
@@ -138,6 +144,7 @@ def main():
     try: status = run(keep_sigint=True)   # every import of `run` inside: a Ctrl-C while torch loads is caught too
     except KeyboardInterrupt:
         if os.environ.get('LUCID_DEBUG') == '1': raise
-        print(interrupted_line(sys.argv), file=sys.stderr, flush=True); status = 128 + signal.SIGINT
+        print(interrupted_line(sys.argv), file=sys.stderr, flush=True)
+        status = 128 + signal.SIGINT
     if os.environ.get('LUCID_NB_FAST_EXIT', '1') == '0': sys.exit(status)
     exit_now(status)

@@ -40,7 +40,10 @@ class DataReport:
         self._lock = threading.Lock()
 
     def __getstate__(self): return {k: v for k, v in self.__dict__.items() if k != '_lock'}
-    def __setstate__(self, d): self.__dict__.update(d); self._kinds = {r for _, r in self._seen}; self._lock = threading.Lock()
+    def __setstate__(self, d):
+        self.__dict__.update(d)
+        self._kinds = {r for _, r in self._seen}
+        self._lock = threading.Lock()
 
     def problem(self, where:str, reason:str, detail:str='', action:str='skipped', fatal:bool=True):
         "Report that `where` has `reason`; a `fatal` problem raises `BadInputError` under the `error` policy."
@@ -50,13 +53,16 @@ class DataReport:
         with self._lock:
             if (where, reason) in self._seen: return
             first = reason not in self._kinds   # one line per kind: the first
-            self._seen.add((where, reason)); self._kinds.add(reason); self.problems.append((where, reason, action))
+            self._seen.add((where, reason))
+            self._kinds.add(reason)
+            self.problems.append((where, reason, action))
         if first and rank_zero_only.rank == 0: log.warning(f"{msg} -> {action}")
 
     def write(self, path)->Path|None:
         "Every problem, one a line (`where: reason -> action`), into the file `path` (none when there is none); the file."
         if not self.problems: return None
-        atomic_write(path, ''.join(f"{w}: {r} -> {a}\n" for w, r, a in self.problems).encode()); return Path(path)
+        atomic_write(path, ''.join(f"{w}: {r} -> {a}\n" for w, r, a in self.problems).encode())
+        return Path(path)
 
     def note(self, what:str, n:int=1):
         "Count a plain fact."
@@ -108,7 +114,8 @@ def coco_categories(d:dict)->tuple[list[int], list[str]]:
 
 def to_coco(d:dict)->COCO:
     "A pycocotools `COCO` over an already loaded dict (quietly)."
-    c = COCO(); c.dataset = d
+    c = COCO()
+    c.dataset = d
     with redirect_stdout(io.StringIO()): c.createIndex()
     return c
 
@@ -202,16 +209,20 @@ def read_records(
     for k, e in enumerate(d['images']):
         i = coco_id(e.get('id')) if isinstance(e, dict) else None
         if i is None and isinstance(e, dict) and e.get('id') is not None:
-            report.problem(f"{source} image entry {k}", 'bad image entry', f"id {e['id']!r} is not an integer (COCO image ids are integers)"); continue
+            report.problem(f"{source} image entry {k}", 'bad image entry', f"id {e['id']!r} is not an integer (COCO image ids are integers)")
+            continue
         try:
             if i is None: raise KeyError('id')
             rec = ImageRecord(i, images/e['file_name'], (int(e['height']), int(e['width'])), entry=k)
         except (KeyError, TypeError, ValueError):
-            report.problem(f"{source} image entry {e.get('id', '?') if isinstance(e, dict) else '?'}", 'bad image entry', 'needs id, file_name, height, width'); continue
+            report.problem(f"{source} image entry {e.get('id', '?') if isinstance(e, dict) else '?'}", 'bad image entry', 'needs id, file_name, height, width')
+            continue
         if (kept := by_id.get(rec.image_id)) is not None:
             report.problem(f"{source} image id {rec.image_id}", 'duplicate image id', f"kept {kept.path.name} (entry {kept.entry}), "
-                           f"skipped {rec.path.name} (entry {k}); every annotation with this image_id goes to {kept.path.name}"); continue
-        by_id[rec.image_id] = rec; recs.append(rec)
+                           f"skipped {rec.path.name} (entry {k}); every annotation with this image_id goes to {kept.path.name}")
+            continue
+        by_id[rec.image_id] = rec
+        recs.append(rec)
     for j, a in enumerate(d['annotations']):
         if (i := coco_id(a.get('image_id'))) in by_id: anns.setdefault(i, []).append((j, a))
         else: report.problem(f"{source} annotation {a.get('id')}", 'unknown image id', f"image_id {a.get('image_id')!r}")
@@ -222,13 +233,15 @@ def read_records(
             inst = _instance(a, rec.hw, lut, masks)
             if inst is None: report.note('crowd regions (evaluation only)')
             elif isinstance(inst, tuple):
-                report.problem(f"{rec.path.name} annotation {a.get('id')}", *inst); rec.bad_anns.add(j)
+                report.problem(f"{rec.path.name} annotation {a.get('id')}", *inst)
+                rec.bad_anns.add(j)
             else: rec.instances.append(inst)
         if not mine and negatives: report.note(negatives)
         key = [[a for _, a in mine], list(cat_ids), rec.hw] + ([] if masks else ['boxes only'])   # what a cached image holds differs
         rec.ann_hash = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
     return recs
 
+# %% ../nbs/01a_coco.ipynb #9df412ea
 def _check_annotation_ids(anns:list, report:DataReport, source:str):
     "Report annotations without an id and ids used more than once: evaluation numbers its ground truth itself (`eval_annotations`)."
     ids = Counter(a.get('id') for a in anns)
@@ -310,7 +323,8 @@ class Prepared:
 
 def resized_hw(hw:tuple, imgsz:int)->tuple:
     "(h, w) of an (H, W) image resized so that its long side is `imgsz` (aspect kept, at least 1 pixel)."
-    r = imgsz / max(hw); return max(1, round(hw[0] * r)), max(1, round(hw[1] * r))
+    r = imgsz / max(hw)
+    return max(1, round(hw[0] * r)), max(1, round(hw[1] * r))
 
 # %% ../nbs/01a_coco.ipynb #c3f740d4
 def prepare(rec:ImageRecord, imgsz:int,
@@ -326,7 +340,8 @@ def prepare(rec:ImageRecord, imgsz:int,
     for k, inst in enumerate(rec.instances):
         if inst.polys is not None:
             for p in inst.polys:
-                xy.append((np.asarray(p, np.float64).reshape(-1, 2) * (sx, sy)).astype(np.float32)); parts.append((k, len(p) // 2))
+                xy.append((np.asarray(p, np.float64).reshape(-1, 2) * (sx, sy)).astype(np.float32))
+                parts.append((k, len(p) // 2))
         elif inst.rle is not None:   # neither: a box (detection)
             m = np.asarray(Image.fromarray(mask_utils.decode(inst.rle)).resize((w, h), Image.NEAREST))
             rles.append((k, mask_utils.encode(np.asfortranarray(m))['counts']))

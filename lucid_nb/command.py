@@ -143,7 +143,8 @@ def refuse_resume_changes(hparams, saved:dict, given:set):
                               "checkpoint with --model.weights CKPT")
 
 def _ids(ids:list)->str:
-    ids = list(ids); return f"{ids}" if len(ids) <= 12 else f"[{', '.join(map(str, ids[:10]))}, … {ids[-1]}] ({len(ids)} classes)"
+    ids = list(ids)
+    return f"{ids}" if len(ids) <= 12 else f"[{', '.join(map(str, ids[:10]))}, … {ids[-1]}] ({len(ids)} classes)"
 
 # %% ../nbs/10a_command.ipynb #d30db276
 def checkpoint_run_folder(ckpt)->Path|None:
@@ -298,7 +299,9 @@ class Interrupted(BaseException): "A Ctrl-C before the fit loop: nothing to save
 
 class StopSignals(Callback):
     "SIGINT (Ctrl-C) handled as SIGTERM while the fit loop runs: Lightning's SIGTERM flag set, the run stopped after the current step; one before the fit loop raises `Interrupted`, a second one `KeyboardInterrupt`, at once; once the run is stopping, further ones change nothing."
-    def __init__(self): super().__init__(); self.trainer, self.armed, self.ctrl_c, self.stopping = None, False, False, False
+    def __init__(self):
+        super().__init__()
+        self.trainer, self.armed, self.ctrl_c, self.stopping = None, False, False, False
     def on_train_start(self, trainer, module): self.trainer, self.armed = trainer, True   # Lightning's flag is reset before
     def __call__(self, signum, frame):
         if not self.armed: raise Interrupted
@@ -358,7 +361,8 @@ def _run_locked(self:LucidCLI, subcommand:str, run:Path|None, fresh:bool):
         except KeyboardInterrupt:   # a Ctrl-C outside the trainer's own handling
             stops.stopping = stops.armed   # the fit loop ran: further Ctrl-Cs change nothing (before it, `Interrupted`)
             if os.environ.get('LUCID_DEBUG') == '1': raise
-            note(_stop_line(subcommand, 'Ctrl-C', self.trainer)); raise SystemExit(128 + signal.SIGINT) from None
+            note(_stop_line(subcommand, 'Ctrl-C', self.trainer))
+            raise SystemExit(128 + signal.SIGINT) from None
         except SystemExit as e:  # SIGTERMException after SIGTERM or a first Ctrl-C; Lightning's sys.exit(1) after a second
             if not self.trainer.interrupted: raise
             stops.stopping = True
@@ -423,7 +427,9 @@ def parse_arguments(self:LucidCLI, parser, args):
 @patch
 def _parse_ckpt_path(self:LucidCLI):
     "Options from the `--ckpt_path` checkpoint (`_ckpt_options`), then from the `--model.weights` file (`_weights_options`); a network to run checked for (`_refuse_untrained`)."
-    self._ckpt_options(); self._weights_options(); self._refuse_untrained()
+    self._ckpt_options()
+    self._weights_options()
+    self._refuse_untrained()
 
 @patch
 def _ckpt_options(self:LucidCLI):
@@ -433,7 +439,8 @@ def _ckpt_options(self:LucidCLI):
     if not path or path in ('last', 'best', 'hpc'): return   # Lightning's names of this run's own checkpoints
     local = local_file(path, '--ckpt_path')   # the one rule (`03a_checkpoints`): a file:// URL is its path, other URLs are refused
     if str(local) != path or re.fullmatch(r'registry(:.*)?', path, re.I | re.S):   # Lightning gets the file (one named as its registry keyword: by its full path)
-        path = str(local.absolute()); self.config = self.parser.parse_object({sub: {'ckpt_path': path}}, self.config)
+        path = str(local.absolute())
+        self.config = self.parser.parse_object({sub: {'ckpt_path': path}}, self.config)
     ckpt = read_checkpoint(path)
     if sub in ('validate', 'test', 'predict'): self.inference_rules = check_rules((ckpt.get('lucid') or {}).get('rules', 'lucid'))
     self._take_checkpoint(sub, path, ckpt)
@@ -484,7 +491,8 @@ def _weights_options(self:LucidCLI):
     if not path or self.untrained: return
     if cfg.get('ckpt_path'):
         note(f"--model.weights {path} is not read: --ckpt_path {cfg.ckpt_path} restores the network")
-        self.config = self.parser.parse_object(wrap({'model': {'weights': None}}), self.config); return
+        self.config = self.parser.parse_object(wrap({'model': {'weights': None}}), self.config)
+        return
     w = self.model_weights = read_weights(path)   # handed to `LitYolo.start_from` (`instantiate_classes`): read once
     if sub in ('validate', 'test', 'predict'): cfg = self._weights_to_run(sub, path, w, cfg)
     self._weights_network(sub, path, w, cfg, wrap)
@@ -500,7 +508,8 @@ def _weights_to_run(self:LucidCLI, sub:str, path, w, cfg):
         cfg = self.config[sub]   # with what was taken (`parse_object` returns a new config): the size, when the checkpoint had one
     else:   # an Ultralytics file: the size it was trained at, and its rules
         if 'imgsz' not in self.given_data_options and cfg.data.imgsz != w.imgsz:
-            self.config = self.parser.parse_object({sub: {'data': {'imgsz': w.imgsz}}}, self.config); cfg = self.config[sub]
+            self.config = self.parser.parse_object({sub: {'data': {'imgsz': w.imgsz}}}, self.config)
+            cfg = self.config[sub]
         note(f"{sub} by Ultralytics' rules (OpenCV's resize, its letterbox{' and masks' if w.task == 'segment' else ''}) at imgsz={cfg.data.imgsz}"
              f"{'' if 'imgsz' in self.given_data_options else ', the size the file was trained at'}")
     return cfg

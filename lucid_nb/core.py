@@ -61,7 +61,8 @@ def group_instances(images:list[dict], # per image: boxes (n,4), cls (n,), and m
 
 def pad_groups(batch:dict)->dict:
     "`batch` with its groups padded to `group_bucket` of their number by empty groups of image 0."
-    Q = batch['owner'].shape[0]; extra = group_bucket(Q) - Q
+    Q = batch['owner'].shape[0]
+    extra = group_bucket(Q) - Q
     if extra == 0: return batch
     pad = lambda v: torch.cat([v, v.new_zeros((extra, *v.shape[1:]))])
     return {**batch, **{k: pad(batch[k]) for k in GROUP_KEYS if k in batch}}
@@ -146,11 +147,14 @@ def tensor_bytes(t:Tensor)->bytes:
 
 def _feed(h, obj):
     if isinstance(obj, Tensor):
-        h.update(f"T{obj.dtype}{tuple(obj.shape)}".encode()); h.update(tensor_bytes(obj))
+        h.update(f"T{obj.dtype}{tuple(obj.shape)}".encode())
+        h.update(tensor_bytes(obj))
     elif isinstance(obj, np.ndarray): _feed(h, torch.from_numpy(np.ascontiguousarray(obj)))
     elif isinstance(obj, dict):
         h.update(b'{')
-        for k in sorted(obj, key=str): h.update(repr(k).encode()); _feed(h, obj[k])
+        for k in sorted(obj, key=str):
+            h.update(repr(k).encode())
+            _feed(h, obj[k])
         h.update(b'}')
     elif isinstance(obj, (list, tuple)):
         h.update(b'[')
@@ -161,7 +165,9 @@ def _feed(h, obj):
 
 def digest(obj)->str:
     "sha256 over the exact bytes of a nested structure of tensors and plain values (dict keys sorted)."
-    h = hashlib.sha256(); _feed(h, obj); return h.hexdigest()
+    h = hashlib.sha256()
+    _feed(h, obj)
+    return h.hexdigest()
 
 # %% ../nbs/00b_core.ipynb #dda13076
 def _state(o): return o.state_dict() if hasattr(o, 'state_dict') else o
@@ -175,7 +181,9 @@ def state_hashes(**parts)->dict:
 # %% ../nbs/00b_core.ipynb #fa2428ce
 def current_umask()->int:
     "This process's umask (read by setting it and setting it back)."
-    m = os.umask(0o22); os.umask(m); return m
+    m = os.umask(0o22)
+    os.umask(m)
+    return m
 
 def fsync_folder(folder):
     "Flush a folder's entries (a rename into it) to the disk; a no-op where folders cannot be opened (Windows)."
@@ -187,14 +195,20 @@ def fsync_folder(folder):
 
 def atomic_write(path, data:bytes)->Path:
     "Write `data` to `path` through a temporary file in the same folder, fsync, then `os.replace` (the folder synced too)."
-    path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix='.tmp')
     try:
         os.fchmod(fd, 0o666 & ~current_umask())
-        with os.fdopen(fd, 'wb') as f: f.write(data); f.flush(); os.fsync(f.fileno())
-        os.replace(tmp, path); fsync_folder(path.parent)
+        with os.fdopen(fd, 'wb') as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        fsync_folder(path.parent)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True); raise
+        Path(tmp).unlink(missing_ok=True)
+        raise
     return path
 
 def one_line(e:BaseException)->str:

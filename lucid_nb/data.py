@@ -436,19 +436,22 @@ def _make_loader(self:YoloData, ds:YoloDataset, train:bool)->YoloLoader:
         raise ValueError(f"{len(ds)} {'training' if train else 'validation'} images make {len(ds) // bs if train else -(-len(ds) // bs)} batches of "
                          f"{name}={bs}, fewer than the {world} processes (--trainer.devices): every process needs one; "
                          f"{fix}{'' if train else ', or a larger --data.val_count'}")
-    self._loaders.append(ld); return ld
+    self._loaders.append(ld)
+    return ld
 
 @patch
 def train_dataloader(self:YoloData)->YoloLoader:
     "Shuffled, augmented, drop_last batches; mosaic stops `close_mosaic` epochs before the end."
-    self.setup('fit'); self._train.mosaic_until = self._mosaic_until()
+    self.setup('fit')
+    self._train.mosaic_until = self._mosaic_until()
     return self._make_loader(self._train, True)
 
 @patch
 def val_dataloader(self:YoloData)->YoloLoader|DataLoader:
     "Letterbox-only batches in file order, the last one partial; by Ultralytics' rules its rectangular batches (`_rect_loader`)."
     if self.rules == 'ultralytics': return self._rect_loader()
-    self.setup('validate'); return self._make_loader(self._val, False)
+    self.setup('validate')
+    return self._make_loader(self._val, False)
 
 @patch
 def test_dataloader(self:YoloData)->YoloLoader|DataLoader:
@@ -514,7 +517,8 @@ def set_rules(self:YoloData, rules:str):
 @patch
 def _rect_loader(self:YoloData)->DataLoader:
     "Validation batches by Ultralytics' rules: `RectImages` in order, `val_batch_size` (default `ULTRALYTICS_VAL_BATCH`) a batch."
-    self.setup('validate'); h = self.hparams
+    self.setup('validate')
+    h = self.hparams
     bs = h.val_batch_size or ULTRALYTICS_VAL_BATCH
     return DataLoader(RectImages(self.val_records, h.imgsz, bs), batch_size=bs, num_workers=h.workers, collate_fn=collate_images)
 

@@ -27,10 +27,13 @@ def data_main(argv:list[str]|None=None)->YoloData:
     ap = OneLineArgumentParser(prog='lucid-data', allow_abbrev=False,
                                description='Load a COCO instance-segmentation or detection dataset (or a YOLO data.yaml) the way training does and report on it.')
     for k in ('dataset', 'train_images', 'train_annotations', 'val_images', 'val_annotations', 'cache_dir'): _data_option(ap, k, default=None)
-    _data_option(ap, 'imgsz', type=int, default=640); _data_option(ap, 'batch_size', type=int, default=4)
+    _data_option(ap, 'imgsz', type=int, default=640)
+    _data_option(ap, 'batch_size', type=int, default=4)
     _data_option(ap, 'val_count', type=int, default=32, help='validation images split off when no validation set is given')
-    _data_option(ap, 'workers', type=int, default=0); _data_option(ap, 'cache', default='ram', choices=CACHE_MODES)
-    _data_option(ap, 'prefetch', type=bool_value, default=True, help='true or false'); _data_option(ap, 'seed', type=int, default=0)
+    _data_option(ap, 'workers', type=int, default=0)
+    _data_option(ap, 'cache', default='ram', choices=CACHE_MODES)
+    _data_option(ap, 'prefetch', type=bool_value, default=True, help='true or false')
+    _data_option(ap, 'seed', type=int, default=0)
     ap.add_argument('--no-prefetch', dest='prefetch', action='store_false', help='the same as --data.prefetch false')
     _data_option(ap, 'on_bad_input', default='skip', choices=BAD_INPUT_POLICIES)
     ap.add_argument('--model.task', '--task', dest='task', default='segment', choices=list(TASKS), help='segment: instances with masks; detect: boxes only')
@@ -49,7 +52,8 @@ def data_main(argv:list[str]|None=None)->YoloData:
         n += len(b['img'])
         if a.batches and k + 1 >= a.batches: break
     dt = time.perf_counter() - t0
-    ld.close(); dm.teardown()
+    ld.close()
+    dm.teardown()
     print(f"throughput: {n} training images (augmented, mosaic on) in {dt:.2f} s = {n / dt:.0f} images/s "
           f"[{a.workers} workers, prefetch {'on' if a.prefetch else 'off'}]")
     return dm

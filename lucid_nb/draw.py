@@ -42,19 +42,26 @@ def plot_curves(path)->plt.Figure:
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 3.8))
     fig.subplots_adjust(left=.085, right=.99, bottom=.13, top=.92, wspace=.22)   # fixed margins: no layout pass at fit end
     for k in sorted(c for c in cols if c.startswith('train/') and c.endswith('_epoch')):
-        e, v = zip(*cols[k]); a1.plot([x + 1 for x in e], v, marker='.', label=k[6:-6])
-    a1.set(xlabel='epoch', ylabel='loss term (gain-weighted)', title='training loss', yscale='log'); a1.legend()
+        e, v = zip(*cols[k])
+        a1.plot([x + 1 for x in e], v, marker='.', label=k[6:-6])
+    a1.set(xlabel='epoch', ylabel='loss term (gain-weighted)', title='training loss', yscale='log')
+    a1.legend()
     top = MAP_AXIS_TOP
     for k in SUMMARY_NAMES:
-        if k in cols: e, v = zip(*cols[k]); a2.plot([x + 1 for x in e], v, marker='.', label=k); top = max(top, 1.05 * max(v))
-    a2.set(xlabel='epoch', ylabel='COCO mAP', title='validation (EMA weights)', ylim=(0, top)); a2.legend()
+        if k in cols:
+            e, v = zip(*cols[k])
+            a2.plot([x + 1 for x in e], v, marker='.', label=k)
+            top = max(top, 1.05 * max(v))
+    a2.set(xlabel='epoch', ylabel='COCO mAP', title='validation (EMA weights)', ylim=(0, top))
+    a2.legend()
     for a in (a1, a2): a.xaxis.set_major_locator(MaxNLocator(integer=True))
     return fig
 
 # %% ../nbs/08a_draw.ipynb #779a416b
 def save_figure(fig, path, tight:bool=True)->plt.Figure:
     "Save `fig` through a temporary file and a rename, cropped to what is drawn if `tight` (one more drawing pass); returns it."
-    buf = io.BytesIO(); fig.savefig(buf, format=Path(path).suffix[1:], dpi=100, bbox_inches='tight' if tight else None)
+    buf = io.BytesIO()
+    fig.savefig(buf, format=Path(path).suffix[1:], dpi=100, bbox_inches='tight' if tight else None)
     atomic_write(path, buf.getvalue())
     return fig
 
@@ -66,12 +73,14 @@ def _class_lines(ax, x, curves, labels, ok, mean_label):
         if o: ax.plot(x, y, lw=1, label=l if few else None, **({} if few else dict(color='grey', alpha=.5)))
     mean = curves[ok].mean(0) if ok.any() else np.zeros_like(x)
     ax.plot(x, mean, lw=3, color='k', label=mean_label(mean))
-    ax.set(xlim=(0, 1), ylim=(0, 1.01)); ax.legend(fontsize=7, loc='upper left', bbox_to_anchor=(1.01, 1), frameon=False)
+    ax.set(xlim=(0, 1), ylim=(0, 1.01))
+    ax.legend(fontsize=7, loc='upper left', bbox_to_anchor=(1.01, 1), frameon=False)
     return mean
 
 def plot_pr_curve(ce:dict, class_names:dict, title:str='Box')->plt.Figure:
     "COCOeval's precision-recall curve at IoU 0.5 of each class (`class_eval`), mAP50 in the legend."
-    fig, ax = plt.subplots(figsize=(7, 4)); fig.subplots_adjust(left=.09, right=.68, bottom=.12, top=.92)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    fig.subplots_adjust(left=.09, right=.68, bottom=.12, top=.92)
     ok = np.array(ce['n_gt']) > 0
     labels = [f"{class_names.get(c, c)} {a or 0:.3f}" for c, a in zip(ce['cat_ids'], ce['mAP50'])]
     ap = np.mean([a for a, o in zip(ce['mAP50'], ok) if o]) if ok.any() else 0.
@@ -81,7 +90,8 @@ def plot_pr_curve(ce:dict, class_names:dict, title:str='Box')->plt.Figure:
 
 def plot_conf_curve(ce:dict, class_names:dict, which:str='F1', title:str='Box')->plt.Figure:
     "Precision, recall or F1 of each class (`class_eval`) against the score threshold; the best mean F1's threshold marked."
-    fig, ax = plt.subplots(figsize=(7, 4)); fig.subplots_adjust(left=.09, right=.68, bottom=.12, top=.92)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    fig.subplots_adjust(left=.09, right=.68, bottom=.12, top=.92)
     P, R = ce['P_curve'].astype(np.float64), ce['R_curve'].astype(np.float64)
     y = {'P': P, 'R': R, 'F1': f1_score(P, R)}[which]
     ok, x = np.array(ce['n_gt']) > 0, CONF_GRID
@@ -99,18 +109,22 @@ def plot_confusion(m:np.ndarray, class_names:list, conf:float=0.25, iou:float=0.
     K = len(m) - 1
     # the classes that occur (true or predicted), background always: an 80-class matrix of a small set stays readable
     keep = [k for k in range(K) if m[k].sum() or m[:, k].sum()] + [K]
-    a = m[np.ix_(keep, keep)].astype(np.float64); a /= np.maximum(a.sum(0, keepdims=True), 1)
+    a = m[np.ix_(keep, keep)].astype(np.float64)
+    a /= np.maximum(a.sum(0, keepdims=True), 1)
     names = [class_names[k] if k < K else 'background' for k in keep]
     side = min(12, 4 + .2 * len(keep))
-    fig, ax = plt.subplots(figsize=(side + 1, side)); fig.subplots_adjust(left=.2, right=.95, bottom=.2, top=.93)
+    fig, ax = plt.subplots(figsize=(side + 1, side))
+    fig.subplots_adjust(left=.2, right=.95, bottom=.2, top=.93)
     im = ax.imshow(np.where(a > 0, a, np.nan), cmap='Blues', vmin=0, vmax=1)
     fs = 8 if len(keep) <= 30 else 5
-    ax.set_xticks(range(len(keep)), names, rotation=90, fontsize=fs); ax.set_yticks(range(len(keep)), names, fontsize=fs)
+    ax.set_xticks(range(len(keep)), names, rotation=90, fontsize=fs)
+    ax.set_yticks(range(len(keep)), names, fontsize=fs)
     if len(keep) <= 30:
         for (r, c), v in np.ndenumerate(a):
             if v >= .005: ax.text(c, r, f"{v:.2f}", ha='center', va='center', fontsize=6, color='w' if v > .5 else 'k')
     ax.set(xlabel='true', ylabel='predicted', title=f'confusion matrix, normalised per true class\n(score > {conf}, box IoU ≥ {iou})')
-    ax.title.set_fontsize(9); fig.colorbar(im, ax=ax, fraction=.04)
+    ax.title.set_fontsize(9)
+    fig.colorbar(im, ax=ax, fraction=.04)
     return fig
 
 # %% ../nbs/08a_draw.ipynb #2b94b572
@@ -124,7 +138,9 @@ def save_val_plots(run, stats, class_names:list|None=None)->list[Path]:
     for t, title in (('bbox', 'Box'), ('segm', 'Mask')):
         if (ce := stats.classes.get(t)) is None: continue   # masks not scored (`detect`)
         figs = [('PR', plot_pr_curve(ce, by_id, title))] + [(w, plot_conf_curve(ce, by_id, w, title)) for w in ('F1', 'P', 'R')]
-        for w, fig in figs: out.append(run/f'{title}{w}_curve.png'); plt.close(save_figure(fig, out[-1], tight=False))
+        for w, fig in figs:
+            out.append(run/f'{title}{w}_curve.png')
+            plt.close(save_figure(fig, out[-1], tight=False))
     out.append(run/'confusion_matrix_normalized.png')
     plt.close(save_figure(plot_confusion(stats.confusion, names), out[-1]))   # long class names: cropped to what is drawn
     return out
@@ -145,7 +161,8 @@ def draw_instances(img:np.ndarray,          # (H,W,3) uint8 RGB
     for k, m in enumerate(masks if masks is not None else []):
         c, i = np.array(PALETTE[colours[k] % len(PALETTE)], np.float32), np.flatnonzero(m)   # one pass over the mask
         flat[i] = (flat[i] * (1 - alpha) + c * alpha).astype(np.uint8)
-    im = Image.fromarray(out); d = ImageDraw.Draw(im)
+    im = Image.fromarray(out)
+    d = ImageDraw.Draw(im)
     lw = max(1, round(sum(img.shape[:2]) / 600))
     for (x1, y1, x2, y2), label, k in zip(np.asarray(boxes, np.float32).reshape(-1, 4).tolist(), labels, colours):
         c = PALETTE[k % len(PALETTE)]
@@ -153,7 +170,8 @@ def draw_instances(img:np.ndarray,          # (H,W,3) uint8 RGB
         if label:
             l, t, r, b = d.textbbox((x1, y1), label)
             y = y1 - (b - t) - 2 if y1 - (b - t) - 2 >= 0 else y1
-            d.rectangle((x1, y, x1 + r - l + 3, y + b - t + 2), fill=c); d.text((x1 + 1, y - (t - y1)), label, fill=(255, 255, 255))
+            d.rectangle((x1, y, x1 + r - l + 3, y + b - t + 2), fill=c)
+            d.text((x1 + 1, y - (t - y1)), label, fill=(255, 255, 255))
     return np.asarray(im)
 
 # %% ../nbs/08a_draw.ipynb #1853f7e1
@@ -175,10 +193,12 @@ def draw_results(img:np.ndarray, results:list, class_names:list|None=None, cat_i
 
 def draw_note(img:np.ndarray, text:str)->np.ndarray:
     "`text` in white on black at the top left of a copy of `img`, in a font that grows with the image."
-    im = Image.fromarray(img.copy()); d = ImageDraw.Draw(im)
+    im = Image.fromarray(img.copy())
+    d = ImageDraw.Draw(im)
     font = ImageFont.load_default(size=max(12, round(sum(img.shape[:2]) / 50)))
     l, t, r, b = d.textbbox((4, 4), text, font=font)
-    d.rectangle((l - 3, t - 3, r + 3, b + 3), fill=(0, 0, 0)); d.text((4, 4), text, fill=(255, 255, 255), font=font)
+    d.rectangle((l - 3, t - 3, r + 3, b + 3), fill=(0, 0, 0))
+    d.text((4, 4), text, fill=(255, 255, 255), font=font)
     return np.asarray(im)
 
 # %% ../nbs/08a_draw.ipynb #0467296a
@@ -199,12 +219,14 @@ def image_grid(tiles:list[np.ndarray], size:int, ncols:int=4)->np.ndarray:
     nrows, ncols = -(-len(tiles) // ncols), min(ncols, len(tiles))
     out = np.full((nrows * size, ncols * size, 3), 114, np.uint8)
     for k, t in enumerate(tiles):
-        r, c = divmod(k, ncols); out[r * size:r * size + t.shape[0], c * size:c * size + t.shape[1]] = t
+        r, c = divmod(k, ncols)
+        out[r * size:r * size + t.shape[0], c * size:c * size + t.shape[1]] = t
     return out
 
 def save_jpeg(img:np.ndarray, path, quality:int=85):
     "Write an (H,W,3) uint8 image as JPEG through a temporary file and a rename."
-    buf = io.BytesIO(); Image.fromarray(img).save(buf, format='JPEG', quality=quality)
+    buf = io.BytesIO()
+    Image.fromarray(img).save(buf, format='JPEG', quality=quality)
     atomic_write(path, buf.getvalue())
 
 # %% ../nbs/08a_draw.ipynb #cc89579a
@@ -255,16 +277,19 @@ def plot_labels(records:list, class_names:list)->plt.Figure:
     boxes = np.array([[*i.box, *r.hw] for r in records for i in r.instances], np.float64).reshape(-1, 6)   # x1 y1 x2 y2 H W
     cls = np.array([i.cls for r in records for i in r.instances], np.int64)
     x1, y1, x2, y2, H, W = boxes.T
-    fig = Figure(figsize=(10, 8)); ax = fig.subplots(2, 2)   # no pyplot: a run draws it in a thread of its own
+    fig = Figure(figsize=(10, 8))
+    ax = fig.subplots(2, 2)   # no pyplot: a run draws it in a thread of its own
     counts = np.bincount(cls, minlength=len(class_names))
     ax[0, 0].bar(range(len(counts)), counts, color='C0')
     ax[0, 0].set(ylabel='instances', title=f'{len(cls):,} instances in {len(records):,} images, {int((counts > 0).sum())} of {len(class_names)} classes')
     if len(class_names) <= 40: ax[0, 0].set_xticks(range(len(class_names)), class_names, rotation=90, fontsize=7)
     else: ax[0, 0].set_xlabel('class')
     ax[0, 1].hist2d((x1 + x2) / 2 / W, (y1 + y2) / 2 / H, bins=50, range=[[0, 1], [0, 1]], cmap='Blues')
-    ax[0, 1].set(xlabel='box centre x / image width', ylabel='y / height', title='where the boxes are'); ax[0, 1].invert_yaxis()
+    ax[0, 1].set(xlabel='box centre x / image width', ylabel='y / height', title='where the boxes are')
+    ax[0, 1].invert_yaxis()
     ax[1, 0].hist2d((x2 - x1) / W, (y2 - y1) / H, bins=50, range=[[0, 1], [0, 1]], cmap='Blues')
     ax[1, 0].set(xlabel='box width / image width', ylabel='height / image height', title='how large they are')
     ax[1, 1].hist([len(r.instances) for r in records], bins=30, color='C0')
     ax[1, 1].set(xlabel='instances in an image', ylabel='images', title='how crowded the images are')
-    fig.tight_layout(); return fig
+    fig.tight_layout()
+    return fig

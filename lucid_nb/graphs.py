@@ -36,7 +36,8 @@ class CudaGraphs:
         with torch.cuda.stream(self.stream), torch.cuda.use_mem_pool(self.pool):   # freed, its blocks are the capture's
             for _ in range(self.warmup_iters): fn()
         torch.cuda.current_stream().wait_stream(self.stream)
-        torch.cuda.synchronize(); torch.cuda.empty_cache()   # what ran before, eagerly: not held beside the pool
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()   # what ran before, eagerly: not held beside the pool
         self.spent['warm_up'] += time.perf_counter() - t0
     def capture(self, fn)->tuple:
         "Record `fn`; return the graph and what `fn` returned (the graph's static outputs)."
@@ -76,7 +77,8 @@ def set_rng_state(self:CudaGraphs, state:Tensor): torch.cuda.set_rng_state(state
 @patch
 def memory_reserved(self:CudaGraphs)->int:
     "Reserved CUDA memory after returning the allocator's unused cache (so a difference is the recording's own)."
-    torch.cuda.synchronize(); torch.cuda.empty_cache()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
     return torch.cuda.memory_reserved()
 
 # %% ../nbs/06a_graphs.ipynb #58829052
@@ -368,7 +370,9 @@ class UpdateGraphs:
         self.settings, self.pointers = update.settings(), update.pointers()
         self.static_grads = [torch.empty_strided(g.shape, g.stride(), dtype=g.dtype, device=g.device) for g in grads]
         self.graph = None
-    def _run(self)->tuple: self.update.run(self.static_grads); return ()
+    def _run(self)->tuple:
+        self.update.run(self.static_grads)
+        return ()
     def load(self, grads:list[Tensor]):
         "Copy this step's gradients into the static buffers and write this step's scheduled values."
         if grads:
@@ -384,14 +388,17 @@ def record(self:UpdateGraphs, grads:list[Tensor], native):
     if grads:   # before `native`: SGD may edit .grad
         with torch.no_grad(): torch._foreach_copy_(self.static_grads, grads)
     kept = [t.detach().clone() for t in state + counters]
-    native(); self.applied = True
+    native()
+    self.applied = True
     want = [t.detach().clone() for t in state + counters]
     ok = False
     try:
         _copy_all(state + counters, kept)
         self.update.refresh()
-        self.backend.warm_up(self._run); _copy_all(state, kept)
-        self.graph, _ = self.backend.capture(self._run); _copy_all(state, kept)
+        self.backend.warm_up(self._run)
+        _copy_all(state, kept)
+        self.graph, _ = self.backend.capture(self._run)
+        _copy_all(state, kept)
         self.backend.replay(self.graph)
         bad = [i for i, (t, w) in enumerate(zip(state + counters, want)) if not _same_bytes(t, w)]
         reference = getattr(self.update, 'reference', f"{type(self.update.opt).__name__}.step")
@@ -421,7 +428,8 @@ def mismatch(self:UpdateGraphs, pattern:tuple)->str|None:
 
 @patch
 def replay(self:UpdateGraphs, grads:list[Tensor]):
-    self.load(grads); self.backend.replay(self.graph)
+    self.load(grads)
+    self.backend.replay(self.graph)
 
 @patch
 def release(self:UpdateGraphs): self.released, self.graph, self.static_grads = True, None, []
@@ -473,7 +481,9 @@ def _grad(self:StepGraphs, seed:Tensor)->tuple:
         return torch.autograd.grad(self._total, self.grad_inputs, seed, allow_unused=True)
 
 @patch
-def _warm_up_step(self:StepGraphs): self._forward(); self._grad(torch.ones_like(self._total))
+def _warm_up_step(self:StepGraphs):
+    self._forward()
+    self._grad(torch.ones_like(self._total))
 
 @patch
 def _backward(self:StepGraphs)->tuple: return self._grad(self.static_seed)

@@ -190,7 +190,8 @@ def yolo(
     "A YOLO11-style model of the given scale for `task`: the Segment head where its instances carry masks, else the Detect head."
     sc, t = get_scale(scale), get_task(task)
     if not isinstance(num_classes, int) or num_classes < 1: raise ValueError(f"num_classes={num_classes!r}: need an int >= 1")
-    bb = Backbone(sc); nk = Neck(sc, bb.channels)
+    bb = Backbone(sc)
+    nk = Neck(sc, bb.channels)
     if t.masks: head = SegHead(nk.channels, num_classes, num_protos=num_protos, proto_channels=sc.ch(256), reg_max=reg_max)
     else: head = DetectHead(nk.channels, num_classes, reg_max=reg_max)
     return YoloModel(bb, nk, head, dict(task=t.name, scale=scale, num_classes=num_classes, reg_max=reg_max,

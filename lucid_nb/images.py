@@ -38,7 +38,8 @@ def pil_rgb(im:Image.Image)->np.ndarray:
 
 def prepare_image(img:np.ndarray, imgsz:int, image_id:int=0)->Prepared:
     "An (H,W,3) uint8 RGB image resized as `prepare` resizes (long side = imgsz), with no instances."
-    H, W = img.shape[:2]; h, w = resized_hw((H, W), imgsz)
+    H, W = img.shape[:2]
+    h, w = resized_hw((H, W), imgsz)
     if (h, w) != (H, W): img = np.array(Image.fromarray(img).resize((w, h), Image.BILINEAR))
     return Prepared(img, image_id, (H, W), np.zeros((0, 4), np.float32), np.zeros(0, np.int64),
                     np.zeros((0, 2), np.float32), np.zeros((0, 2), np.int64), [])

@@ -41,9 +41,12 @@ def _check_image(rec:ImageRecord, imgsz:int, cache:str, disk:DiskCache|None, dec
     try:
         if cache == 'none':
             if decode: return None, None, decode_image(rec.path, rec.hw)[1]   # every pixel read once (truncated data raises)
-            with Image.open(rec.path) as im: check_size(im, rec.hw); return None, None, exif_orientation(im)
+            with Image.open(rec.path) as im:
+                check_size(im, rec.hw)
+                return None, None, exif_orientation(im)
         if disk is None: p = prepare(rec, imgsz); return p, None, p.orientation
-        data = rec.path.read_bytes(); sha = source_hash(data)   # read once: hashed here, decoded below if need be
+        data = rec.path.read_bytes()
+        sha = source_hash(data)   # read once: hashed here, decoded below if need be
         if (o := disk.trusted(rec, sha)) is not None: return None, None, o   # its manifest entry vouches for these bytes
         if (p := disk.get(rec, sha)) is None: disk.put(rec, p := prepare(rec, imgsz, data), sha)
         return None, None, p.orientation   # the disk holds it: setup keeps no image in memory
@@ -90,7 +93,8 @@ def _load(self:YoloDataset, i:int)->Prepared:
             try: return prepared_from_bytes(self.disk.file(rec).read_bytes())
             except (OSError, ValueError): pass              # gone or damaged since setup: rebuild from the source
         data = rec.path.read_bytes()
-        self.disk.put(rec, p := prepare(rec, self.imgsz, data), source_hash(data)); return p
+        self.disk.put(rec, p := prepare(rec, self.imgsz, data), source_hash(data))
+        return p
     return prepare(rec, self.imgsz)
 
 @patch
@@ -184,14 +188,17 @@ class EpochBatchSampler:
 
 def _worker_init(worker_id:int):
     "DataLoader workers: one torch thread each; global RNGs fixed so nothing can depend on them by accident."
-    torch.set_num_threads(1); np.random.seed(worker_id); torch.manual_seed(worker_id)
+    torch.set_num_threads(1)
+    np.random.seed(worker_id)
+    torch.manual_seed(worker_id)
 
 # %% ../nbs/01c_loader.ipynb #0d64d667
 class PieceSampler:
     "Each batch of `batches` as up to `pieces` consecutive pieces of nearly equal size, so that as many loader workers build it at once."
     def __init__(self, batches, pieces:int): self.batches, self.pieces, self.counts = batches, pieces, []
     def split(self, b:list)->list[list]:
-        k = min(self.pieces, len(b)); q, r = divmod(len(b), k)
+        k = min(self.pieces, len(b))
+        q, r = divmod(len(b), k)
         ends = np.cumsum([0] + [q + (j < r) for j in range(k)]).tolist()
         return [b[s:e] for s, e in zip(ends[:-1], ends[1:])]
     def __iter__(self):
@@ -236,7 +243,8 @@ class YoloLoader:
         "The current epoch's whole batches, its iteration started here on the calling thread: its order, seed and piece counts are read now."
         it = iter(self.loader)                        # reads the sampler's epoch and draws the iterator's seed
         batches = self._holding_threads(_joined(it, list(self.pieces.counts)))  # counts: read by the iterator just made
-        self._epochs.add(batches); return batches
+        self._epochs.add(batches)
+        return batches
     def _holding_threads(self, batches):
         "`batches`, holding the dataset's sample threads while they are made (`YoloDataset.threads_in_use`)."
         with getattr(self.dataset, 'threads_in_use', contextlib.nullcontext)(): yield from batches
@@ -262,7 +270,9 @@ def _produce(self:YoloLoader, epoch:int)->tuple:
     batches = self._open()   # here, not in the thread: what the epoch is made of is fixed before the thread runs
     def put(item):
         while not stop.is_set():
-            try: q.put(item, timeout=.05); return True
+            try:
+                q.put(item, timeout=.05)
+                return True
             except queue.Full: pass
         return False
     def work():
@@ -275,7 +285,8 @@ def _produce(self:YoloLoader, epoch:int)->tuple:
         except BaseException as e: put(('error', e))
         finally: batches.close()   # stopped early: the epoch's hold on the sample threads ends here, not at garbage collection
     t = threading.Thread(target=work, name='lucid_nb-prefetch', daemon=True)
-    self._live.append((t, stop)); t.start()
+    self._live.append((t, stop))
+    t.start()
     return epoch, q, t, stop
 
 # %% ../nbs/01c_loader.ipynb #3ba09845
@@ -299,7 +310,9 @@ def _prefetched(self:YoloLoader):
             if kind == 'error': raise v
             if kind == 'end': finished = True; finish(); return   # an epoch without batches, or shorter than its length
             left -= 1
-            if left == 0: finished = True; finish()   # the last batch: a consumer that knows the length stops here
+            if left == 0:
+                finished = True
+                finish()   # the last batch: a consumer that knows the length stops here
             yield v
             if finished: return
     finally:   # left early (an error, Ctrl-C, a batch limit): the thread ends by itself and is joined by the next
@@ -307,7 +320,8 @@ def _prefetched(self:YoloLoader):
 
 @patch
 def _stop(self:YoloLoader, t:threading.Thread, stop:threading.Event):
-    stop.set(); t.join(timeout=60)
+    stop.set()
+    t.join(timeout=60)
     if t.is_alive(): log.warning('the prefetch thread did not stop within 60 s')
     else: self._live[:] = [x for x in self._live if x[0] is not t]
 

@@ -68,7 +68,9 @@ def assign(
     min_side:float=0.,  # candidates: boxes' sides widened to at least this (px; `DetectLoss` gives its middle stride, as Ultralytics)
 )->Assignment:
     "Task-aligned assignment of anchors to ground-truth slots held in groups, with fixed shapes."
-    B, A, K = pd_scores.shape; Q, G = gt_cls.shape; R, dev = Q * G, pd_scores.device
+    B, A, K = pd_scores.shape
+    Q, G = gt_cls.shape
+    R, dev = Q * G, pd_scores.device
     if owner is None: owner = torch.arange(Q, device=dev)
     cand = in_boxes(anchors, gt_boxes, min_side) & valid[..., None]                               # (Q,G,A)
     ov = torch.where(cand, bbox_iou(gt_boxes[:, :, None], pd_boxes[owner][:, None], ciou=True).clamp(0), 0)
@@ -110,7 +112,8 @@ def chunk_grad(x, t, rows, cols):
 
 def _chunk_inputs(proto, owner, masks, tgt, ebox, s, e):
     "Groups s..e-1: their images' prototypes (n,P,h,w); each entry's target mask (n,G,k,h,w) and its box's rows and columns, 0/1 floats."
-    h, w = proto.shape[-2:]; b = ebox[s:e, ..., None].to(proto.dtype)   # (n,G,k,4,1)
+    h, w = proto.shape[-2:]
+    b = ebox[s:e, ..., None].to(proto.dtype)   # (n,G,k,4,1)
     c, r = torch.arange(w, device=b.device, dtype=b.dtype), torch.arange(h, device=b.device, dtype=b.dtype)
     rows, cols = ((r >= b[..., 1, :]) & (r < b[..., 3, :]))[..., None], ((c >= b[..., 0, :]) & (c < b[..., 2, :]))[..., None, :]
     return proto[owner[s:e]], masks[tgt[s:e]].to(proto.dtype), rows.to(proto.dtype), cols.to(proto.dtype)
@@ -120,7 +123,8 @@ class CroppedMaskBCE(torch.autograd.Function):
     "Per entry (q, g, k) the BCE of mask logits `c · proto` against the mask of row `tgt[q,g,k]`, summed inside box `ebox[q,g,k]`; `chunk` groups at a time."
     @staticmethod
     def forward(ctx, c, proto, owner, masks, tgt, ebox, chunk:int):   # c (Q,G,k,P), proto (B,P,h,w), owner (Q,), masks (R,h,w) 0/1, tgt (Q,G,k) rows of masks, ebox (Q,G,k,4) mask px
-        ctx.save_for_backward(c, proto, owner, masks, tgt, ebox); ctx.chunk = chunk
+        ctx.save_for_backward(c, proto, owner, masks, tgt, ebox)
+        ctx.chunk = chunk
         return torch.cat([_cropped_bce_sum(c[s:s + chunk], *_chunk_inputs(proto, owner, masks, tgt, ebox, s, s + chunk))
                           for s in range(0, len(c), chunk)])
 
@@ -128,11 +132,14 @@ class CroppedMaskBCE(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, g):                                 # g (Q,G,k)
         c, proto, owner, masks, tgt, ebox = ctx.saved_tensors
-        B, P, h, w = proto.shape; G, k = c.shape[1:3]
+        B, P, h, w = proto.shape
+        G, k = c.shape[1:3]
         gc, per_group = [], proto.new_empty(len(c), P, h * w)   # (Q,P,h·w): each group's share of ∂/∂proto
         with torch.autocast(g.device.type, enabled=False):      # in the forward's precision, wherever backward is called
             for s in range(0, len(c), ctx.chunk):
-                e = s + ctx.chunk; n = len(c[s:e]); cs, (ps, ts, rs, cl) = c[s:e], _chunk_inputs(proto, owner, masks, tgt, ebox, s, e)
+                e = s + ctx.chunk
+                n = len(c[s:e])
+                cs, (ps, ts, rs, cl) = c[s:e], _chunk_inputs(proto, owner, masks, tgt, ebox, s, e)
                 d = chunk_grad(torch.einsum('qgkp,qphw->qgkhw', cs, ps), ts, rs, cl).view(n, G * k, h * w)   # (σ(x) − t)·inside, in x's memory
                 del ts
                 gc.append(torch.bmm(d, ps.view(n, P, h * w).transpose(1, 2)).view(n, G, k, P) * g[s:e, ..., None])
@@ -149,7 +156,8 @@ def exclusive_masks(
     B:int,              # images
 )->Tensor:              # (Q,G,h,w) bool
     "Each slot's mask without the pixels a smaller instance of its image covers (Ultralytics' `overlap_mask`: smaller on top; equal areas: the later slot)."
-    Q, G, h, w = masks.shape; R = Q * G
+    Q, G, h, w = masks.shape
+    R = Q * G
     m = (masks != 0) & valid[..., None, None]
     area = m.sum((-2, -1), dtype=torch.int64)                                               # (Q,G) pixels
     key = area * (R + 1) + (R - torch.arange(R, device=m.device).view(Q, G))                # smaller area first, then the later row
@@ -171,7 +179,10 @@ def mask_loss(
     eps:float=1e-9,
 )->Tensor:              # 0-dim: mean over foreground anchors
     "Cropped, area-normalised mask BCE over the foreground anchors, each once, computed on the slots' top-k lists."
-    Q, G, k = a.topk_idx.shape; B, A, P = coef.shape; h, w = proto.shape[-2:]; dev = coef.device
+    Q, G, k = a.topk_idx.shape
+    B, A, P = coef.shape
+    h, w = proto.shape[-2:]
+    dev = coef.device
     if owner is None: owner = torch.arange(Q, device=dev)
     at = (owner[:, None, None] * A + a.topk_idx).view(-1)                                    # (Q·G·k,) each entry's anchor, as b·A + a
     entry = torch.arange(Q * G * k, device=dev)

@@ -73,7 +73,8 @@ def unletterbox_masks(
 
 def unletterbox_grid(hw, letterbox, orig_hw, stride:float=MASK_STRIDE, device=None)->Tensor: # (1,H,W,2)
     "`grid_sample`'s grid of `unletterbox_masks`: where each original pixel centre falls on the (h,w) letterboxed grid."
-    scale, px, py = as_floats(letterbox); H, W = map(int, as_floats(orig_hw))
+    scale, px, py = as_floats(letterbox)
+    H, W = map(int, as_floats(orig_hw))
     gx, gy = _grid_coords(W, hw[1], scale, px, stride, device), _grid_coords(H, hw[0], scale, py, stride, device)
     return torch.stack(torch.broadcast_tensors(gx[None, :], gy[:, None]), -1)[None]  # x, y of each pixel
 
@@ -85,7 +86,8 @@ def unletterbox_boxes(
     pad:Tensor|None=None, # (4,) float32 (pad_x, pad_y, pad_x, pad_y) on the boxes' device, if at hand (else a copy to it)
 )->Tensor:         # (n,4) xyxy in pixels of the original image
     "Undo the letterbox and clip to the original image."
-    scale, px, py = as_floats(letterbox); H, W = as_floats(orig_hw)
+    scale, px, py = as_floats(letterbox)
+    H, W = as_floats(orig_hw)
     if pad is None: pad = boxes.new_tensor([px, py, px, py], dtype=torch.float32)   # a GPU waits for this copy
     b = (boxes.float() - pad) / scale
     return torch.stack([b[:, 0].clamp(0, W), b[:, 1].clamp(0, H), b[:, 2].clamp(0, W), b[:, 3].clamp(0, H)], -1)
@@ -142,7 +144,9 @@ def slices_up_to(sizes:list[int], most:int)->list[tuple[int,int]]:
     "Consecutive slices `[a, b)` of the items, each adding up to at most `most` of `sizes` (or one item alone, larger)."
     out, a, total = [], 0, 0
     for j, r in enumerate(sizes):
-        if total and total + r > most: out.append((a, j)); a, total = j, 0
+        if total and total + r > most:
+            out.append((a, j))
+            a, total = j, 0
         total += r
     return out + [(a, len(sizes))] if sizes else out
 
@@ -150,7 +154,9 @@ def _mask_slices(runs:Tensor, most:int)->list[tuple[slice,slice]]:
     "Consecutive slices of masks and of their counts (one look at `runs`), each at most `most` counts (or one mask alone, more)."
     per_mask, out, first = runs.tolist(), [], 0
     for a, b in slices_up_to(per_mask, most):
-        k = sum(per_mask[a:b]); out.append((slice(a, b), slice(first, first + k))); first += k
+        k = sum(per_mask[a:b])
+        out.append((slice(a, b), slice(first, first + k)))
+        first += k
     return out
 
 def rle_strings(
@@ -220,7 +226,8 @@ def crop_chunks(
     for k in range(empty, len(by_area)):
         h, w = by_area[k]
         if k > first and (k - first + 1) * (max(rows, h) + 1) * max(cols, w) > max_pixels:
-            chunks.append((first, k, rows, cols)); first, rows, cols = k, 0, 0
+            chunks.append((first, k, rows, cols))
+            first, rows, cols = k, 0, 0
         rows, cols = max(rows, h), max(cols, w)
     return chunks + ([(first, len(by_area), rows, cols)] if len(by_area) > empty else [])
 
@@ -308,7 +315,9 @@ def _rle_extent(counts:Tensor, runs:Tensor, h:Tensor)->Tensor:
     one = (j % 2).bool() & inside                             # a run of 1s
     t = cs - (cs - c)[first][mask] - one.long()               # toBbox's pixel: a run of 1s' first (even j) or last (odd j)
     y, x = t % h[mask], t // h[mask]
-    def total(v): s = v.cumsum(0); return s[last] - s[first] + v[first]   # a sum over each mask's counts
+    def total(v):
+        s = v.cumsum(0)
+        return s[last] - s[first] + v[first]   # a sum over each mask's counts
     area = total(c * one)
     wraps = total(one & (x > x.roll(1))) > 0                  # a run of 1s from one column into the next: every row
     y = torch.where(inside, y, y.roll(1))                     # a trailing run of 0s: its mask's previous value
@@ -409,9 +418,13 @@ def masks_to_rle(coef, proto, boxes, letterbox, orig_hw, max_pixels:int=2**23)->
 # %% ../nbs/07a_masks.ipynb #345420c6
 def ratio_pad_boxes(boxes:Tensor, ratio_pad, orig_hw)->Tensor: # (n,4) xyxy on the letterboxed input -> on the image
     "Ultralytics' `scale_boxes`: (box − pad) / gain, each axis its own gain (`ratio_pad` = gain_y, gain_x, pad_x, pad_y), clipped."
-    gy, gx, px, py = as_floats(ratio_pad); H, W = as_floats(orig_hw)
+    gy, gx, px, py = as_floats(ratio_pad)
+    H, W = as_floats(orig_hw)
     b = boxes.float().clone()
-    b[:, [0, 2]] -= px; b[:, [1, 3]] -= py; b[:, [0, 2]] /= gx; b[:, [1, 3]] /= gy
+    b[:, [0, 2]] -= px
+    b[:, [1, 3]] -= py
+    b[:, [0, 2]] /= gx
+    b[:, [1, 3]] /= gy
     return torch.stack([b[:, 0].clamp(0, W), b[:, 1].clamp(0, H), b[:, 2].clamp(0, W), b[:, 3].clamp(0, H)], -1)
 
 def _crop_box(m:Tensor, boxes:Tensor)->Tensor:

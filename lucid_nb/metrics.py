@@ -105,7 +105,9 @@ def greedy_keep(
             changed, more, *totals = torch.cat([(keep != last).any()[None], open_[None], total]).tolist()
         pos = count[:, None] + keep.cumsum(1) - 1      # slot of each kept box; every other box to its own bin
         pos = torch.where(keep & (pos < max_det), pos, i[:m] + max_det)
-        kb.scatter_(1, pos[:, :, None].expand(-1, -1, 4), b); kc.scatter_(1, pos, c); ki.scatter_(1, pos, (i[:m] + s).expand(B, -1))
+        kb.scatter_(1, pos[:, :, None].expand(-1, -1, 4), b)
+        kc.scatter_(1, pos, c)
+        ki.scatter_(1, pos, (i[:m] + s).expand(B, -1))
         count, most = total.clamp(max=max_det), min(max(totals), max_det)
         if not more: break                              # every image full or out of candidates: the rest is padding
     return ki[:, :max_det], count
@@ -173,7 +175,8 @@ def nms_reference(boxes:Tensor, scores:Tensor, conf:float=0.001, iou:float=0.7, 
             if len(kept) == max_det: break
             if all((kk != k and not agnostic) or ious[aa][a] <= iou for aa, kk in kept): kept.append((a, k))
         if per_class is not None: kept = [(a, k) for j, (a, k) in enumerate(kept) if [kk for _, kk in kept[:j]].count(k) < per_class]
-        a = torch.tensor([a for a, _ in kept], dtype=torch.long); k = torch.tensor([k for _, k in kept], dtype=torch.long)
+        a = torch.tensor([a for a, _ in kept], dtype=torch.long)
+        k = torch.tensor([k for _, k in kept], dtype=torch.long)
         out.append(dict(boxes=bx[a], scores=sc[a, k], classes=k, anchors=a))
     return out
 
@@ -261,7 +264,8 @@ def operating_point(P:np.ndarray, R:np.ndarray, ok:np.ndarray)->int:
 def _ap(a:np.ndarray)->float|None: return float(a[a > -1].mean()) if (a > -1).any() else None   # as COCOeval's summary
 
 def _class_eval(cat_ids, ap50_95, ap50, pr, P, R, n_gt, recall)->dict:
-    n_gt = np.asarray(n_gt); i = operating_point(P, R, n_gt > 0)
+    n_gt = np.asarray(n_gt)
+    i = operating_point(P, R, n_gt > 0)
     return {'cat_ids': [int(c) for c in cat_ids], 'mAP50-95': ap50_95, 'mAP50': ap50, 'n_gt': n_gt.tolist(),
             'conf': float(CONF_GRID[i]), 'P': P[:, i].tolist(), 'R': R[:, i].tolist(),
             'recall': np.asarray(recall, np.float32), 'pr': pr, 'P_curve': P.astype(np.float32), 'R_curve': R.astype(np.float32)}
@@ -290,16 +294,22 @@ def gt_counts(coco_gt, image_ids)->dict:
     keep, imgs, n = set(image_ids), {}, {}
     for a in coco_gt.dataset['annotations']:
         if a['image_id'] in keep and not a.get('iscrowd', 0):
-            c = a['category_id']; imgs.setdefault(c, set()).add(a['image_id']); n[c] = n.get(c, 0) + 1
+            c = a['category_id']
+            imgs.setdefault(c, set()).add(a['image_id'])
+            n[c] = n.get(c, 0) + 1
     return {c: (len(imgs[c]), n[c]) for c in sorted(n)}
 
 # %% ../nbs/07b_metrics.ipynb #071b1a29
 def match_boxes(ious:np.ndarray, thr:float)->tuple[np.ndarray,np.ndarray]:
     "Pairs (detection, ground truth) of `ious` (D,G) at IoU >= `thr`, best IoU first, each detection and each ground truth in one pair at most."
     d, g = np.nonzero(ious >= thr)
-    o = np.argsort(-ious[d, g], kind='stable'); d, g = d[o], g[o]
-    _, first = np.unique(d, return_index=True); first.sort(); d, g = d[first], g[first]   # a detection's best pair
-    _, first = np.unique(g, return_index=True); first.sort()                              # then a ground truth's best
+    o = np.argsort(-ious[d, g], kind='stable')
+    d, g = d[o], g[o]
+    _, first = np.unique(d, return_index=True)
+    first.sort()
+    d, g = d[first], g[first]   # a detection's best pair
+    _, first = np.unique(g, return_index=True)
+    first.sort()                              # then a ground truth's best
     return d[first], g[first]
 
 def confusion_matrix(
@@ -351,7 +361,9 @@ def _cocoeval(coco_gt:COCO, dets:list[dict], iou_type:str, image_ids:list, cats:
         E = FastCOCOeval(gt, _mask_results(gt, dets) if 'area' in dets[0] else gt.loadRes(dets), iou_type)
         E.params.imgIds = image_ids
         if cats: E.params.catIds = cats
-        E.evaluate(); E.accumulate(); E.summarize()
+        E.evaluate()
+        E.accumulate()
+        E.summarize()
         ce = class_eval(E)
         per_class = {c: v for c, v in zip(ce['cat_ids'], ce['mAP50-95']) if v is not None}
         return E.stats.tolist(), per_class, ce
@@ -566,7 +578,9 @@ def _update_ultralytics(self:Validator, eval_out:dict, batch:dict):
         if self.masks:
             m = ultralytics_masks(eval_out['coef'][i][d['anchors']], eval_out['proto'][i],
                                   p['boxes'] if self.predict else d['boxes'], hws[i], rps[i], native=self.predict)
-            if self.predict: keep = m.flatten(1).any(1); p, m = {k: v[keep] for k, v in p.items()}, m[keep]
+            if self.predict:
+                keep = m.flatten(1).any(1)
+                p, m = {k: v[keep] for k, v in p.items()}, m[keep]
             p['masks'] = rle_encode(m) if m.is_cuda else [dict(r, counts=r['counts'].decode()) for r in   # pycocotools': faster on a CPU
                          (mask_utils.encode(np.asfortranarray(m.permute(1, 2, 0).numpy().astype(np.uint8))) if len(m) else [])]
         preds.append(p)

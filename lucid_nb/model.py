@@ -161,7 +161,8 @@ class Backbone(nn.Module):
     outputs = (4, 6, 10)  # layers whose outputs leave the backbone
     def __init__(self, scale:str|Scale='n'):
         super().__init__()
-        sc = get_scale(scale); c, n = sc.ch, sc.n
+        sc = get_scale(scale)
+        c, n = sc.ch, sc.n
         self.layers = nn.ModuleList([
             Conv(3, c(64), 3, 2),                        # 0  stride 2
             Conv(c(64), c(128), 3, 2),                   # 1  stride 4
@@ -188,7 +189,8 @@ class Neck(nn.Module):
     "PAN-FPN over the stride 8/16/32 backbone maps."
     def __init__(self, scale:str|Scale='n', ch:tuple=None):  # ch: backbone channels (default: `Backbone(scale)`'s)
         super().__init__()
-        sc = get_scale(scale); c, n = sc.ch, sc.n
+        sc = get_scale(scale)
+        c, n = sc.ch, sc.n
         c3, c4, c5 = ch or (c(512), c(512), c(1024))
         self.up4, self.up3 = nn.Upsample(scale_factor=2., mode='nearest'), nn.Upsample(scale_factor=2., mode='nearest')
         self.td4 = C3k2(c5 + c4, c(512), n(2), sc.c3k)       # top-down, stride 16
@@ -251,9 +253,12 @@ class ModelSummary:
         import matplotlib.pyplot as plt
         names = [r[0] for r in self.rows][::-1]
         fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 0.18 * len(names) + 1), sharey=True)
-        a1.barh(names, [r[2] / 1e6 for r in self.rows][::-1]); a1.set_xlabel('parameters (M)')
-        a2.barh(names, [r[3] / 1e9 for r in self.rows][::-1], color='C1'); a2.set_xlabel(f'GFLOPs at {self.size} px')
-        a1.tick_params(axis='y', labelsize=7); fig.tight_layout()
+        a1.barh(names, [r[2] / 1e6 for r in self.rows][::-1])
+        a1.set_xlabel('parameters (M)')
+        a2.barh(names, [r[3] / 1e9 for r in self.rows][::-1], color='C1')
+        a2.set_xlabel(f'GFLOPs at {self.size} px')
+        a1.tick_params(axis='y', labelsize=7)
+        fig.tight_layout()
         return fig
 
 # %% ../nbs/02_model.ipynb #eabff302

@@ -68,7 +68,9 @@ def _batches(updates:list[Tensor])->list[list[tuple[int,Tensor]]]:
         items.sort(key=lambda t: -t[1].size(0))                          # stable: equal rows keep their order
         start = 0
         for j in range(1, len(items) + 1):
-            if j == len(items) or items[start][1].size(0) > 16 * items[j][1].size(0): out.append(items[start:j]); start = j
+            if j == len(items) or items[start][1].size(0) > 16 * items[j][1].size(0):
+                out.append(items[start:j])
+                start = j
     return out
 
 def orthogonalise(
@@ -79,7 +81,8 @@ def orthogonalise(
     "Newton–Schulz of each update viewed as `(shape[0], -1)`, batched and scaled as Ultralytics' `muon_update`: rows zero-padded within a batch, × √max(1, shape[-2]/shape[-1])."
     out = [None] * len(updates)
     for items in _batches(updates):
-        m0 = items[0][1]; scale = max(1, updates[items[0][0]].size(-2) / updates[items[0][0]].size(-1)) ** 0.5
+        m0 = items[0][1]
+        scale = max(1, updates[items[0][0]].size(-2) / updates[items[0][0]].size(-1)) ** 0.5
         X = m0.new_zeros(len(items), m0.size(0), m0.size(1))            # zero rows stay zero through the iteration
         torch._foreach_add_([X[j, :m.size(0)] for j, (_, m) in enumerate(items)], [m for _, m in items])
         O = newton_schulz(X.to(dtype), steps).to(m0.dtype).mul_(scale)
@@ -149,15 +152,18 @@ def init_state(self:MuSGD):
 def _sgd_direction(ps, grads, bufs, mom:Tensor, wd:Tensor, nesterov:bool)->list[Tensor]:
     n = len(ps)
     d = torch._foreach_addcmul(grads, ps, [wd] * n)                      # d = g + λp
-    torch._foreach_mul_(bufs, mom); torch._foreach_add_(bufs, d)         # b = μb + d
+    torch._foreach_mul_(bufs, mom)
+    torch._foreach_add_(bufs, d)         # b = μb + d
     if not nesterov: return bufs
     return torch._foreach_addcmul(d, bufs, [mom] * n)                    # u = d + μb
 
 def _muon_direction(grads, bufs, mom:Tensor, nesterov:bool)->list[Tensor]:
     damp = [1 - mom] * len(grads)
-    torch._foreach_mul_(bufs, mom); torch._foreach_addcmul_(bufs, grads, damp)    # m = μm + (1-μ)g
+    torch._foreach_mul_(bufs, mom)
+    torch._foreach_addcmul_(bufs, grads, damp)    # m = μm + (1-μ)g
     if not nesterov: return bufs
-    v = torch._foreach_mul(bufs, mom); torch._foreach_addcmul_(v, grads, damp)    # v = μm + (1-μ)g
+    v = torch._foreach_mul(bufs, mom)
+    torch._foreach_addcmul_(v, grads, damp)    # v = μm + (1-μ)g
     return v
 
 # %% ../nbs/05_optim.ipynb #2d6466ff
@@ -397,7 +403,9 @@ class SGDUpdate(CapturedUpdate):
     def tensors(self)->list[Tensor]: return [t for t in self.neg_lr + self.mom if t is not None]
     def refresh(self):
         for g, lr, mom in zip(self.opt.param_groups, self.neg_lr, self.mom):
-            if lr is not None: lr.fill_(-g['lr']); mom.fill_(g['momentum'])
+            if lr is not None:
+                lr.fill_(-g['lr'])
+                mom.fill_(g['momentum'])
     @torch.no_grad()
     def run(self, grads:list[Tensor]):
         for g, ps, gs, neg_lr, mom in zip(self.opt.param_groups, self.params, self.per_group(grads), self.neg_lr, self.mom):
@@ -438,9 +446,12 @@ class AdamWUpdate(CapturedUpdate):
                 step_t = self.opt.state[p]['step']
                 step_t += 1
                 if i in done: continue
-                done.add(i); t, step = sets[i], step_t.item()      # a CPU tensor: no device sync
-                t['decay'].fill_(1 - lr * g['weight_decay']); t['w1'].fill_(1 - b1)
-                t['bc2'].fill_((1 - b2 ** step) ** 0.5); t['neg_step'].fill_(-(lr / (1 - b1 ** step)))
+                done.add(i)
+                t, step = sets[i], step_t.item()      # a CPU tensor: no device sync
+                t['decay'].fill_(1 - lr * g['weight_decay'])
+                t['w1'].fill_(1 - b1)
+                t['bc2'].fill_((1 - b2 ** step) ** 0.5)
+                t['neg_step'].fill_(-(lr / (1 - b1 ** step)))
     @torch.no_grad()
     def run(self, grads:list[Tensor]):
         for g, ps, gs, ts in zip(self.opt.param_groups, self.params, self.per_group(grads), self.t):

@@ -144,8 +144,13 @@ OUTPUT_NAMES = get_task('segment').outputs   # a segmentation network's; a detec
 
 class ExportNet(nn.Module):
     "The network with its eval outputs as a tuple (`outputs`: its task's, `Predictor.task.outputs`), for export; in eval mode, itself included (the exporter warns of a module in training mode)."
-    def __init__(self, net:nn.Module, outputs:tuple=OUTPUT_NAMES): super().__init__(); self.net, self.outputs = net, tuple(outputs); self.eval()
-    def forward(self, img:Tensor)->tuple: out = self.net(img); return tuple(out[k] for k in self.outputs)
+    def __init__(self, net:nn.Module, outputs:tuple=OUTPUT_NAMES):
+        super().__init__()
+        self.net, self.outputs = net, tuple(outputs)
+        self.eval()
+    def forward(self, img:Tensor)->tuple:
+        out = self.net(img)
+        return tuple(out[k] for k in self.outputs)
 
 def export_input(imgsz:int, image=TEST_IMG)->Tensor:
     "A real image letterboxed as the exported network expects it: (1,3,imgsz,imgsz) float32 in [0,1]."
@@ -165,7 +170,8 @@ def exporter_quiet(verbose:bool=False):
     try:
         for l in logs: l.setLevel(logging.ERROR)
         with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
-            warnings.simplefilter('ignore'); yield
+            warnings.simplefilter('ignore')
+            yield
     finally:
         for l, v in zip(logs, levels): l.setLevel(v)
 
@@ -192,6 +198,7 @@ def export_model(p:Predictor, fmt:str, path, verbose:bool=False)->Path:
         else: raise ValueError(f"--format {fmt!r}: use onnx or torchscript")
     return path
 
+# %% ../nbs/09_predict.ipynb #ed6f7188
 ONNX_FILE_LIMIT = 2**31 - 2**26   # protobuf's 2 GiB, less room for the graph: larger weights go into a `.data` file beside it
 
 def onnx_data(path)->Path:
@@ -236,7 +243,9 @@ def export_check(p:Predictor, path, fmt:str, image=TEST_IMG)->tuple[float,float]
 def untrained_predictor(imgsz:int|None=None, task:str='segment')->Predictor:
     "`--model.weights none`: a nano network of `task` initialised with seed 0, the embedded coco128's classes, `imgsz` (640 unless given)."
     cat_ids, names = coco_categories(load_coco_json(EMBEDDED_ANNOTATIONS))
-    with torch.random.fork_rng(devices=[]): torch.manual_seed(0); net = yolo('n', len(cat_ids), task)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        net = yolo('n', len(cat_ids), task)
     return Predictor(net.requires_grad_(False), names, cat_ids, imgsz or 640)
 
 def check_export_options(imgsz:int|None, out:Path, image=TEST_IMG, source:tuple|None=None):
@@ -279,7 +288,8 @@ def export_main(argv:list[str]|None=None)->Path:
         raise ValueError(f"--model.task {a.task}: {option} {path} holds a {p.task.name} network; leave --model.task out to export it")
     if untrained: note("export of an untrained network (--model.weights none): its outputs mean nothing")
     if p.weak: note(f"warning: {p.weak}")
-    t0 = time.perf_counter(); export_model(p, a.format, out, a.verbose)
+    t0 = time.perf_counter()
+    export_model(p, a.format, out, a.verbose)
     files = [f for f in (out, onnx_data(out)) if f.is_file()] if a.format == 'onnx' else [out]
     print(f"export: wrote {' and '.join(map(str, files))} ({sum(f.stat().st_size for f in files) / 2**20:.1f} MiB in "
           f"{time.perf_counter() - t0:.1f} s; {a.format}, input ({'batch' if a.format == 'onnx' else 1},3,{p.imgsz},{p.imgsz}) "

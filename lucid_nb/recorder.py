@@ -73,7 +73,8 @@ class Region:
         self.reasons[reason] = self.reasons.get(reason, 0) + 1
     def begin(self, blocked:str|None=None):
         "Forget any recording and statistics; record at the next call unless `blocked` says why not."
-        self.release(); self.reset_stats()
+        self.release()
+        self.reset_stats()
         self.blocked = blocked
         self.backend_ = self.backend or ((self.shared or CudaGraphs()) if blocked is None else None)
         if blocked and self.say_blocked: self.note(blocked)
@@ -132,7 +133,8 @@ class HeadRegion(Region):
         self.probes, self.native_backwards, self.layouts, self.probed, self.probe_signature = 0, 0, None, False, None
     def start(self, head:nn.Module, blocked:str|None=None):
         "Record `head` at its next call unless `blocked` says why not."
-        self.begin(blocked); self.head = head
+        self.begin(blocked)
+        self.head = head
     def fit_start(self, trainer, module):
         head = operator.attrgetter(self.head_path)(module)
         self.start(head, head_fit_blocker(trainer, module, head, self.backend))
@@ -162,7 +164,8 @@ def predict(self:HeadRegion, head:nn.Module, feats:list[Tensor])->dict[str,Tenso
         if not self.probed or self.probe_signature != input_signature(feats): return self.probe(head, feats)
         why = self.record(head, feats)
     if why is not None:
-        self.note(why); self.native += 1
+        self.note(why)
+        self.native += 1
         return head.predict(feats)
     self.replayed += 1
     return dict(zip(self.graphs.names, HeadReplay.apply(self.graphs, *feats, *self.graphs.params)))
@@ -199,14 +202,18 @@ def record_checked(region:Region, update:CapturedUpdate, grads:list[Tensor], pat
     if why is None and len(region.recordings) >= region.max_records:
         why = f"{moving} kept moving; stopped after {region.max_records} recordings"
     if why is not None:
-        region.blocked = why; region.note(why); region.native += 1
-        native(); return False
+        region.blocked = why
+        region.note(why)
+        region.native += 1
+        native()
+        return False
     graphs, before = UpdateGraphs(update, grads, region.backend_, pattern), spent(region.backend_)
     try: graphs.record(grads, native)
     except Exception as e:
         if not graphs.applied: raise
         region.blocked = f"recording failed ({region.failed(e)})"
-        region.note(region.blocked); region.native += 1
+        region.note(region.blocked)
+        region.native += 1
         return False
     region.graphs = graphs
     region.recordings.append(dict(seconds=graphs.seconds, reserved_mib=graphs.reserved_bytes / 2**20,
@@ -233,7 +240,9 @@ def _hook_blocker(opt)->str|None:
 class UpdateRegion(Region):
     "The optimiser's update: recorded at the first step that has optimiser state, replayed every step."
     option, what = 'capture_optimizer_step', 'the update'
-    def reset_stats(self): super().reset_stats(); self.state_steps, self.recorded = 0, 0
+    def reset_stats(self):
+        super().reset_stats()
+        self.state_steps, self.recorded = 0, 0
     def start(self, blocked:str|None=None): self.begin(blocked)
     def fit_start(self, trainer, module): self.start(update_fit_blocker(trainer, module, self.backend))
     def report(self)->dict:
@@ -251,7 +260,8 @@ def step(self:UpdateRegion, opt, closure=None, native=None):
     native = native or opt.step
     why = self.blocked or update_blocker(opt) or _hook_blocker(opt)
     if why is not None:
-        self.note(why); self.native += 1
+        self.note(why)
+        self.native += 1
         return native(closure)
     loss = None
     if closure is not None:
@@ -266,12 +276,16 @@ def step(self:UpdateRegion, opt, closure=None, native=None):
         if not state_ready(opt, [p for ps in params for p in ps]):
             self.state_steps += 1
             if self.state_steps > 1: self.note("the optimiser has no state after its first step")
-            native(); return loss
+            native()
+            return loss
         return self.record(opt, params, grads, pattern, native) or loss
     if why := self.graphs.mismatch(pattern):
-        self.note(why); self.native += 1
-        native(); return loss
-    self.graphs.replay(grads); self.replayed += 1
+        self.note(why)
+        self.native += 1
+        native()
+        return loss
+    self.graphs.replay(grads)
+    self.replayed += 1
     return loss
 
 # %% ../nbs/06b_recorder.ipynb #59cbf83d
@@ -294,10 +308,13 @@ class StepRegion(Region):
                  max_shapes:int=16):   # recordings of different batch shapes kept at once
         super().__init__(backend, max_records)
         self.model_path, self.model, self.max_shapes, self.shapes, self.moves = model, None, max_shapes, {}, 0
-    def reset_stats(self): super().reset_stats(); self.seen = set()   # the batch shapes recorded in this fit
+    def reset_stats(self):
+        super().reset_stats()
+        self.seen = set()   # the batch shapes recorded in this fit
     def start(self, model:nn.Module, blocked:str|None=None):
         "Record `model`'s step at its next call unless `blocked` says why not."
-        self.begin(blocked); self.model, self.moves = model, 0
+        self.begin(blocked)
+        self.model, self.moves = model, 0
     def fit_start(self, trainer, module):
         model = operator.attrgetter(self.model_path)(module)
         self.start(model, step_fit_blocker(trainer, module, model, self.backend))
@@ -319,12 +336,15 @@ def select(self:StepRegion, model:nn.Module, step_fn, batch:dict)->str|None:
     g = self.shapes.get(sig)
     if g is not None and g.current_pointers() != g.pointers:
         log.warning("capture_train_step: the model's parameters or buffers were replaced; recording again")
-        self.release(); self.moves += 1; g = None
+        self.release()
+        self.moves += 1
+        g = None
     if g is None:
         if len(self.shapes) >= self.max_shapes:
             return f"the batch's shapes took more than {self.max_shapes} values (now {describe_batch(sig, batch)}); such steps run natively"
         if why := self.record(model, step_fn, batch): return why
-        g = self.shapes[sig] = self.graphs; self.seen.add(sig)
+        g = self.shapes[sig] = self.graphs
+        self.seen.add(sig)
     self.graphs = g
     return None
 
@@ -333,7 +353,8 @@ def losses(self:StepRegion, model:nn.Module, step_fn, batch:dict, native_fn=None
     "The step's loss terms and total: replayed when possible, else `native_fn(batch)` (default `step_fn`)."
     why = self.blocked or step_call_blocker(model, self.model, self.graphs) or self.select(model, step_fn, batch)
     if why is not None:
-        self.note(why); self.native += 1
+        self.note(why)
+        self.native += 1
         return (native_fn or step_fn)(batch)
     self.replayed += 1
     *terms, total = StepReplay.apply(self.graphs, batch, *self.graphs.params)
@@ -366,14 +387,16 @@ def update(self:EmaRegion, ema, model:nn.Module):
     why = self.blocked or (None if callable(getattr(ema, 'recordable', None)) else
                            f"{type(ema).__name__} has no recordable(model) update")
     if why is not None:
-        self.note(why); self.native += 1
+        self.note(why)
+        self.native += 1
         return ema.update(model)
     if self.graphs is not None and (again := self.graphs.stale(ema)):
         log.warning(f"capture_train_step: the EMA update: {again}; recording again")
         self.release()
     if self.graphs is None: return self.record(ema, model)
     ema.updates += 1
-    self.graphs.replay([]); self.replayed += 1
+    self.graphs.replay([])
+    self.replayed += 1
 
 @patch
 def record(self:EmaRegion, ema, model:nn.Module):
@@ -435,7 +458,9 @@ def on_fit_start(self:Recorder, trainer, module):
         shared = CudaGraphs()
         for name in ('step', 'optimizer', 'ema'): self.regions[name].shared = shared
     verbose = getattr(trainer, 'lucid_verbose', False)   # `lucid --verbose true`: each region's own line
-    for r in self.regions.values(): r.say_blocked = verbose; r.fit_start(trainer, module)
+    for r in self.regions.values():
+        r.say_blocked = verbose
+        r.fit_start(trainer, module)
     if not verbose:
         for line in self.blocked_lines(): log.warning(line)
 

@@ -32,7 +32,8 @@ def write_predictions(trainer, module)->list|None:
     "The COCO results of the fit's last validation into the run folder's `predictions.json` (once); them, or None."
     results = getattr(module, 'pending_predictions', None)
     if results is None: return None
-    write_results(ensure_run_folder(trainer)/'predictions.json', results); module.pending_predictions = None
+    write_results(ensure_run_folder(trainer)/'predictions.json', results)
+    module.pending_predictions = None
     return results
 
 def gather_objects(obj)->list:
@@ -140,7 +141,8 @@ class RunArtifacts(Callback):
     def _close_epoch(self, trainer, t:float):
         "The last epoch's checkpoint writes (at its validation's end and its own end) and its end to `t` (the next start or fit end)."
         if self.ended is None: return
-        t_end, ckpt0 = self.ended; self.ended = None
+        t_end, ckpt0 = self.ended
+        self.ended = None
         self.epochs[-1].update(boundary_seconds=t - t_end, checkpoint_seconds=checkpoint_seconds(trainer) - ckpt0)
 
     def on_train_batch_start(self, trainer, module, batch, batch_idx):
@@ -168,7 +170,8 @@ class RunArtifacts(Callback):
         if self.validations and self.validations[-1].get('epoch') is None:
             self.validations[-1].update(epoch=trainer.current_epoch, data_wait=val_data_wait(trainer) - self.vwait0)
             e['validation'] = self.validations[-1]
-        self.epochs.append(e); self.ended = (t, self.ckpt0)   # `_close_epoch` adds `boundary_seconds`, `checkpoint_seconds`
+        self.epochs.append(e)
+        self.ended = (t, self.ckpt0)   # `_close_epoch` adds `boundary_seconds`, `checkpoint_seconds`
 
     def on_exception(self, trainer, module, exception):
         "A fit that fails or is stopped keeps its last validation's predictions, and the list of its input problems."
@@ -190,8 +193,10 @@ def on_fit_end(self:RunArtifacts, trainer, module):
     parts, t = {}, time.perf_counter()
     def part(name):   # the seconds since the last part ended
         nonlocal t
-        now = time.perf_counter(); parts[name], t = now - t, now
-    results = write_predictions(trainer, module); part('predictions')   # before the hashes, which include its bytes
+        now = time.perf_counter()
+        parts[name], t = now - t, now
+    results = write_predictions(trainer, module)
+    part('predictions')   # before the hashes, which include its bytes
     write_input_problems(trainer)   # with those met during training (an image unreadable since set-up)
     write_json_atomic(run/'state_hashes.json', dict(**fit_state_hashes(trainer, module), **ranks, env=env_info()))
     part('state_hashes')

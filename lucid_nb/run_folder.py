@@ -24,7 +24,9 @@ def run_folder(trainer)->Path:
     return Path(trainer.log_dir or trainer.default_root_dir)
 
 def ensure_run_folder(trainer)->Path:
-    d = run_folder(trainer); d.mkdir(parents=True, exist_ok=True); return d
+    d = run_folder(trainer)
+    d.mkdir(parents=True, exist_ok=True)
+    return d
 
 # %% ../nbs/08b_run_folder.ipynb #dfda702c
 LOCK_NAME = 'lucid.lock'
@@ -59,7 +61,9 @@ def acquire_run_lock(run:Path,
     tmp.write_text(json.dumps(me))
     try:
         for _ in range(3):
-            try: os.link(tmp, lock); return me
+            try:
+                os.link(tmp, lock)
+                return me
             except FileExistsError: owner = read_lock(lock)
             if lock_owner_alive(owner):
                 raise RunFolderInUse(f"{run} is in use by another run ({_holder(owner)}): wait for it to end, or give this run "
@@ -84,8 +88,11 @@ def remove_leftovers(folder:Path)->list[Path]:
     if folder.name != 'checkpoints' or lock_owner_alive(read_lock(folder.parent/LOCK_NAME)): return []
     gone, size = [], 0
     for p in sorted(folder.glob('*.ckpt.tmp')):
-        try: n = p.stat().st_size; p.unlink()
+        try:
+            n = p.stat().st_size
+            p.unlink()
         except OSError: continue   # gone meanwhile, or not ours to remove
-        gone.append(p); size += n
+        gone.append(p)
+        size += n
     if gone: note(f"removed {len(gone)} unfinished checkpoint file(s) ({size / 2**20:.0f} MB) that a stopped run left in {folder}")
     return gone

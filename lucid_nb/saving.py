@@ -64,7 +64,8 @@ class AtomicCheckpoint(ModelCheckpoint):
         self.save_seconds += time.perf_counter() - t0
 
     def _remove_checkpoint(self, trainer, filepath):
-        self.wait(); super()._remove_checkpoint(trainer, filepath)   # never under a write in flight
+        self.wait()
+        super()._remove_checkpoint(trainer, filepath)   # never under a write in flight
 
     def setup(self, trainer, module, stage):
         # Lightning puts checkpoints into the first logger's folder; under `fast_dev_run` (a DummyLogger, no folder) into
@@ -83,16 +84,21 @@ def _submit(self:AtomicCheckpoint, write, tmp:str, filepath:str, size=lambda: No
             for old in Path(filepath).parent.glob('*.ckpt.tmp'):   # a killed run's leftovers; no write of ours is open
                 if str(old) != tmp: old.unlink(missing_ok=True)
             free, need = disk_free(Path(filepath).parent), size()   # before the write: a failed one is deleted below
-            write(); os.replace(tmp, filepath); fsync_folder(Path(filepath).parent)   # the rename too, on the disk
+            write()
+            os.replace(tmp, filepath)
+            fsync_folder(Path(filepath).parent)   # the rename too, on the disk
         except BaseException as e:   # the first failure is the one to tell
-            self._error = self._error or (e, Path(filepath).name, need, free); Path(tmp).unlink(missing_ok=True)
+            self._error = self._error or (e, Path(filepath).name, need, free)
+            Path(tmp).unlink(missing_ok=True)
     if self._writer is None: self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix='lucid_nb-checkpoint')
     self._writer.submit(job)
 
 @patch
 def wait(self:AtomicCheckpoint):
     "Block until every queued checkpoint is on disk; raise the error of one that failed."
-    if self._writer is not None: self._writer.shutdown(wait=True); self._writer = None
+    if self._writer is not None:
+        self._writer.shutdown(wait=True)
+        self._writer = None
     self._raise_error()
 
 @patch
@@ -112,7 +118,9 @@ def on_validation_start(self:AtomicCheckpoint, trainer, module): self.wait()   #
 def on_fit_end(self:AtomicCheckpoint, trainer, module): self.wait()
 
 @patch
-def teardown(self:AtomicCheckpoint, trainer, module, stage): SIGINT_HOLD.release(); self.wait()
+def teardown(self:AtomicCheckpoint, trainer, module, stage):
+    SIGINT_HOLD.release()
+    self.wait()
 
 @patch
 def on_exception(self:AtomicCheckpoint, trainer, module, exception):
@@ -140,7 +148,8 @@ def _os_error(e:BaseException)->OSError|None:
     seen = set()
     while e is not None and id(e) not in seen:
         if isinstance(e, OSError) and e.errno: return e
-        seen.add(id(e)); e = e.__cause__ or e.__context__
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
     return None
 
 def write_failure(folder, name:str, e:BaseException, need:int|None, free:int|None)->str:
@@ -159,7 +168,9 @@ def write_checkpoint_file(state:dict, path):
     "`torch.save` of `state` into the file `path` (its folder made if need be), flushed to the disk."
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     with open(path, 'wb') as f:
-        torch.save(state, f); f.flush(); os.fsync(f.fileno())
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
 
 def wait_for_checkpoints(trainer):
     "Block until the run's checkpoints are on disk; raise `CheckpointWriteError` if one could not be written."
@@ -201,7 +212,9 @@ def say_line_when_saved(self:AtomicCheckpoint):
 def on_train_epoch_start(self:AtomicCheckpoint, trainer, module): self.say_line_when_saved()   # the last epoch's rows are logged by now
 
 @patch
-def on_train_end(self:AtomicCheckpoint, trainer, module): ModelCheckpoint.on_train_end(self, trainer, module); self.say_line_when_saved()
+def on_train_end(self:AtomicCheckpoint, trainer, module):
+    ModelCheckpoint.on_train_end(self, trainer, module)
+    self.say_line_when_saved()
 
 # %% ../nbs/08b_saving.ipynb #9a833f79
 class SigintHold:
@@ -211,7 +224,8 @@ class SigintHold:
     def begin(self)->bool:
         if threading.current_thread() is not threading.main_thread(): return False
         if self.depth == 0: self.before, self.held = signal.signal(signal.SIGINT, self._count), 0
-        self.depth += 1; return True
+        self.depth += 1
+        return True
     def end(self):
         "End one hold; the last one puts the handler back and passes it each Ctrl-C held (`StopSignals`: the first sets the stop flag, a second raises)."
         if self.depth == 0: return
@@ -232,7 +246,9 @@ class SigintHold:
         "Hold from a finished epoch's line until `end_epoch` (its checkpoints queued)."
         if not self.epoch: self.epoch = self.begin()
     def end_epoch(self):
-        if self.epoch: self.epoch = False; self.end()
+        if self.epoch:
+            self.epoch = False
+            self.end()
     def release(self):
         "End every hold at once, the Ctrl-Cs held dropped (an error is ending the run already)."
         if self.depth: signal.signal(signal.SIGINT, self.before)
@@ -282,13 +298,17 @@ def load_state_dict(self:AtomicCheckpoint, state_dict:dict):
 def metrics_csv_rows(path)->tuple[list,list]:
     "The columns and rows of a `metrics.csv` (none where there is no file)."
     if not Path(path).is_file(): return [], []
-    with open(path, newline='') as f: reader = csv.DictReader(f); return list(reader.fieldnames or []), list(reader)
+    with open(path, newline='') as f:
+        reader = csv.DictReader(f)
+        return list(reader.fieldnames or []), list(reader)
 
 def write_metrics_csv(logger, header:list, rows:list):
     "`rows` as the CSV logger's `metrics.csv`, and its writer told their columns: the rows it logs next are appended under them."
     writer = logger.experiment   # Lightning's writer: made now (if not before), it deletes an existing file (2.6)
     with open(writer.metrics_file_path, 'w', newline='') as f:
-        out = csv.DictWriter(f, fieldnames=sorted(header)); out.writeheader(); out.writerows(rows)
+        out = csv.DictWriter(f, fieldnames=sorted(header))
+        out.writeheader()
+        out.writerows(rows)
     writer.metrics_keys = sorted(header)
 
 def reopen_metrics_csv(logger):

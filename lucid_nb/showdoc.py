@@ -100,7 +100,9 @@ def signature_text(sym, name:str, maxline:int=70)->str:
     module, parts, star = getattr(sym, '__module__', None), [], False
     ps = [p for p in sig.parameters.values() if p.name != 'self']
     for i, p in enumerate(ps):
-        if p.kind == p.KEYWORD_ONLY and not star: parts.append('*'); star = True
+        if p.kind == p.KEYWORD_ONLY and not star:
+            parts.append('*')
+            star = True
         if p.kind == p.VAR_POSITIONAL: star = True
         pre = '*' if p.kind == p.VAR_POSITIONAL else '**' if p.kind == p.VAR_KEYWORD else ''
         anno = f':{type_text(p.annotation)}' if p.annotation is not p.empty else ''
@@ -111,7 +113,9 @@ def signature_text(sym, name:str, maxline:int=70)->str:
     if len(one) <= maxline: return one
     lines, cur = [], ''
     for part in parts:
-        if cur and len(cur) + len(part) + 2 > maxline - 4: lines.append(cur + ','); cur = part
+        if cur and len(cur) + len(part) + 2 > maxline - 4:
+            lines.append(cur + ',')
+            cur = part
         else: cur = f'{cur}, {part}' if cur else part
     if cur: lines.append(cur)
     if not lines: return f'def {name}(){ret}:'

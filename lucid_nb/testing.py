@@ -104,9 +104,13 @@ def flip_a_tensor_byte(src, dst)->Path:
     with zipfile.ZipFile(dst) as z:
         info = max((i for i in z.infolist() if '/data/' in i.filename), key=lambda i: i.file_size)
     with open(dst, 'r+b') as f:
-        f.seek(info.header_offset + 26); name_len, extra_len = struct.unpack('<HH', f.read(4))
+        f.seek(info.header_offset + 26)
+        name_len, extra_len = struct.unpack('<HH', f.read(4))
         at = info.header_offset + 30 + name_len + extra_len + info.file_size // 2   # the middle of the tensor's bytes
-        f.seek(at); b = f.read(1); f.seek(at); f.write(bytes([b[0] ^ 0x10]))
+        f.seek(at)
+        b = f.read(1)
+        f.seek(at)
+        f.write(bytes([b[0] ^ 0x10]))
     return Path(dst)
 
 DAMAGE = ('a tensor byte', 'a data.pkl byte', 'the zip directory', 'a zip directory name', 'cut short')   # what `damaged_copy` can do to an archive
@@ -122,7 +126,8 @@ def damaged_copy(src, dst, damage:str)->Path:
     elif damage == 'a zip directory name': b[cd + 46 + 2] ^= 0x01   # a letter of the first record's file name: the CRCs still match
     elif damage == 'cut short': b = b[:len(b) // 2]
     else: raise ValueError(f"damage {damage!r}: one of {DAMAGE}")
-    Path(dst).write_bytes(bytes(b)); return Path(dst)
+    Path(dst).write_bytes(bytes(b))
+    return Path(dst)
 
 def reordered_copy(src, dst)->Path:
     "A copy of the zip archive `src` with its members in reverse order, each byte for byte (a tool that rewrote the zip; for tests)."
@@ -178,7 +183,8 @@ def _ul_layers(net:nn.Module)->dict:
         if i in (11, 14): layers[str(i)] = _record(nn.Upsample(), 'torch.nn.modules.upsampling.Upsample', {})
         elif i in (12, 15, 18, 21): layers[str(i)] = _record(nn.Module(), 'ultralytics.nn.modules.conv.Concat', {})
         else:
-            mod = net.get_submodule(UL_LAYERS[i]); layers[str(i)] = _tree(mod)
+            mod = net.get_submodule(UL_LAYERS[i])
+            layers[str(i)] = _tree(mod)
     return layers
 
 def _fill(rec:StandIn, pre:str, sd:dict):
@@ -192,11 +198,14 @@ def _fill(rec:StandIn, pre:str, sd:dict):
 
 def _ul_head(layers:dict, task:str, sd:dict):
     "Layer 23 as Ultralytics names it: its branches' names, its class for `task`, and its fixed DFL convolution (in `sd` too)."
-    head = layers['23']; hm = vars(head)['_modules']
+    head = layers['23']
+    hm = vars(head)['_modules']
     drop = {'segment': (), 'detect': ('coef', 'proto'), 'pose': ('proto',)}[task]
     vars(head)['_modules'] = {UL_HEAD_NAMES.get(k, k): v for k, v in hm.items() if k not in drop}
     if task != 'segment':   # the head's own class: `Detect`, `Pose`
-        new = stand_in(f"ultralytics.nn.modules.head.{task.capitalize()}")(); vars(new).update(vars(head)); layers['23'] = head = new
+        new = stand_in(f"ultralytics.nn.modules.head.{task.capitalize()}")()
+        vars(new).update(vars(head))
+        layers['23'] = head = new
     dfl_conv = nn.Conv2d(16, 1, 1, bias=False)
     vars(head)['_modules']['dfl'] = _record(nn.Module(), 'ultralytics.nn.modules.block.DFL',
                                             {'conv': _record(dfl_conv, 'torch.nn.modules.conv.Conv2d', {})})
@@ -256,20 +265,28 @@ def write_ultralytics_layout(net:nn.Module, path,
 # %% ../nbs/11_testing.ipynb #659e6687
 class TensorBytes(TorchDispatchMode):
     "Bytes of the storages operations make under it, each counted until it is freed: alive now (`live`) and at most (`peak`, since the start or the last `reset`)."
-    def __init__(self): super().__init__(); self.live = self.peak = 0; self.counted = set()   # data pointers of the storages alive
+    def __init__(self):
+        super().__init__()
+        self.live = self.peak = 0
+        self.counted = set()   # data pointers of the storages alive
 
     def reset(self): self.peak = self.live
 
-    def _freed(self, ptr, n): self.counted.discard(ptr); self.live -= n
+    def _freed(self, ptr, n):
+        self.counted.discard(ptr)
+        self.live -= n
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         inputs = {t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)}
         for t in tree_flatten(out)[0]:
             if not isinstance(t, torch.Tensor): continue
-            s = t.untyped_storage(); ptr, n = s.data_ptr(), s.nbytes()
+            s = t.untyped_storage()
+            ptr, n = s.data_ptr(), s.nbytes()
             if not n or ptr in inputs or ptr in self.counted: continue   # a view, in place, or counted already: nothing new
-            self.counted.add(ptr); self.live += n; self.peak = max(self.peak, self.live)
+            self.counted.add(ptr)
+            self.live += n
+            self.peak = max(self.peak, self.live)
             weakref.finalize(s, self._freed, ptr, n)
         return out
 
@@ -341,8 +358,10 @@ def _storage_bytes(tensors) -> int:
     per = collections.defaultdict(int)
     sizes = {}
     for t in tensors:
-        s = t.untyped_storage(); key = (s.data_ptr(), t.device)
-        per[key] += _nbytes(t); sizes[key] = s.nbytes()
+        s = t.untyped_storage()
+        key = (s.data_ptr(), t.device)
+        per[key] += _nbytes(t)
+        sizes[key] = s.nbytes()
     return sum(min(b, sizes[k]) for k, b in per.items())
 
 # %% ../nbs/11_testing.ipynb #000a968d
@@ -394,7 +413,10 @@ class OpCost(TorchDispatchMode):
             self.syncs[self.part] += 1   # the host waits for the device here
         r, w = traffic(func, args, kwargs, out)
         rec = self.ops[(self.part, name)]
-        rec[0] += 1; rec[1] += r; rec[2] += w; rec[3] += flops(func, args, kwargs, out)
+        rec[0] += 1
+        rec[1] += r
+        rec[2] += w
+        rec[3] += flops(func, args, kwargs, out)
         return out
 
 # %% ../nbs/11_testing.ipynb #f6ea7f67

@@ -184,7 +184,8 @@ def on_load_checkpoint(self:LitYolo, checkpoint:dict):
 def start_from(self:LitYolo, path)->TransferReport:
     "Load `--model.weights` into the network (every tensor that fits; the backbone and neck only with `weights_backbone`) and say in one line what was taken."
     w, backbone = read_weights(path), self.hparams.weights_backbone   # `lucid` read it already: that reading (`weights_read`)
-    w.check_size(self.hparams.size); w.check_task(self.task.name, backbone)
+    w.check_size(self.hparams.size)
+    w.check_task(self.task.name, backbone)
     report = load_weights(self.model, w, backbone)
     note(report.line)
     return report
@@ -225,7 +226,9 @@ def log_train_terms(self:LitYolo, terms:dict, B:int, batch_idx:int):
         self.log_dict(named, on_step=True, on_epoch=False, batch_size=B)
     sums = torch.stack([v.float() for v in terms.values()]).mul_(B)   # on the device
     if batch_idx == 0 or self.term_sums is None: self.term_sums, self.term_count = sums, B
-    else: self.term_sums.add_(sums); self.term_count += B
+    else:
+        self.term_sums.add_(sums)
+        self.term_count += B
     if batch_idx == t.num_training_batches - 1:   # one logged value: the epoch's mean over its images
         means = self.term_sums / self.term_count
         self.log_dict({f'{k}_epoch': m for k, m in zip(named, means)}, on_step=False, on_epoch=True, batch_size=self.term_count, sync_dist=True)
@@ -279,7 +282,8 @@ def clip_order(self:LitYolo)->list[Tensor]:
 class StepLossBar(TQDMProgressBar):
     "Lightning's progress bar, counting epochs from 1 as the epoch lines do, and showing the last loss terms read back from the device once every `log_every_n_steps` steps."
     def __init__(self, refresh_rate:int=1):
-        super().__init__(refresh_rate); self.terms = {}
+        super().__init__(refresh_rate)
+        self.terms = {}
 
     def on_train_epoch_start(self, trainer, *args):
         super().on_train_epoch_start(trainer, *args)   # Lightning's 'Epoch 0' for the first
@@ -365,12 +369,14 @@ def _validate_batch(self:LitYolo, batch:dict):
     "`validation_step`'s work; its tensors are freed when it returns, before `lending` checks what stayed allocated."
     t0 = synced_now(self.trainer)
     if (start := getattr(self, 'val_batch_t0', None)) is not None:   # to the device, to float (`on_after_batch_transfer`)
-        self.val_seconds['preprocess'] = (self.val_seconds['preprocess'] or 0.) + t0 - start; self.val_batch_t0 = None
+        self.val_seconds['preprocess'] = (self.val_seconds['preprocess'] or 0.) + t0 - start
+        self.val_batch_t0 = None
     out = self.ema.module(batch['img'])
     self.val_not_finite += (~torch.stack([out[k].float().isfinite().flatten(1).all(1) for k in ('boxes', 'scores')]).all(0)).sum()
     t1 = synced_now(self.trainer)
     self.validator.update(out, batch)
-    self.val_seconds['forward'] += t1 - t0; self.val_seconds['postprocess'] += synced_now(self.trainer) - t1
+    self.val_seconds['forward'] += t1 - t0
+    self.val_seconds['postprocess'] += synced_now(self.trainer) - t1
     self.val_images += len(batch['img'])
 
 @patch
@@ -418,7 +424,8 @@ def on_validation_epoch_end(self:LitYolo):
     if self.trainer.state.fn == 'fit':   # a fit prints one line per epoch; its table and plots come at its end
         if (why := validation_dominates(self.trainer, self)): note(why)
         return
-    say(self.trainer, class_table(rows)); say(self.trainer, speed_line(self.last_val_speed))
+    say(self.trainer, class_table(rows))
+    say(self.trainer, speed_line(self.last_val_speed))
     save_val_plots(run, metrics, getattr(dm, 'class_names', None))
 
 # %% ../nbs/08c_trainer.ipynb #de7b9dbb
@@ -480,7 +487,8 @@ class PredictionWriter(BasePredictionWriter):
         files = {i: f for i, f in dm.predict_paths.items() if i in self.ran}
         problems = {r['image_id']: r['problem'] for batch in predictions for r in batch if 'problem' in r}
         results = [dict(r, file_name=str(files[r['image_id']])) for batch in predictions for r in batch if 'problem' not in r]
-        out = ensure_run_folder(trainer)/'predict'; out.mkdir(exist_ok=True)
+        out = ensure_run_folder(trainer)/'predict'
+        out.mkdir(exist_ok=True)
         conf = predict_conf(pl_module.hparams.conf, getattr(pl_module, 'conf_given', False))   # the step's threshold: drawn as kept
         sha = write_results(out/'predictions.json', results)
         by_image, names = {}, {}

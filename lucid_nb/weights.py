@@ -256,7 +256,9 @@ def load_weights(net:nn.Module, weights:Weights,
         if backbone and not k.startswith(BACKBONE_PARTS): left.append(k)
         elif src is None: missing.append(k)
         elif src.shape != t.shape: differ.append(k)
-        else: t.copy_(src); taken.append(k)
+        else:
+            t.copy_(src)
+            taken.append(k)
     K = getattr(getattr(net, 'head', None), 'num_classes', weights.num_classes)
     return TransferReport(weights, taken, differ, missing, len(own), K, left)
 

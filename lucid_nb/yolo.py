@@ -39,7 +39,8 @@ class YoloSpec:
 # %% ../nbs/01a_yolo.ipynb #2577626f
 def _short(v, n:int=40)->str:
     "`repr(v)` cut to `n` characters: a refusal stays one short line whatever the file holds."
-    r = repr(v); return r if len(r) <= n else r[:n - 3] + '...'
+    r = repr(v)
+    return r if len(r) <= n else r[:n - 3] + '...'
 
 def _class_key(k)->int|None:
     "A key of `names` as a whole number ≥ 0: an int, or a string of digits; None for anything else."
@@ -111,7 +112,8 @@ def yolo_label_path(img:str|Path)->Path:
     "The label file of image `img`: its last `images` folder replaced by `labels`, the suffix by `.txt`."
     parts = Path(img).parts
     if 'images' in parts[:-1]:
-        k = len(parts) - 2 - parts[-2::-1].index('images'); parts = (*parts[:k], 'labels', *parts[k + 1:])
+        k = len(parts) - 2 - parts[-2::-1].index('images')
+        parts = (*parts[:k], 'labels', *parts[k + 1:])
     return Path(*parts).with_suffix('.txt')
 
 def displayed_hw(path:str|Path)->tuple:
@@ -178,7 +180,9 @@ def yolo_annotations(
     "The annotations of one label file; a detection line for segmentation is a `BadInputError` whatever the policy."
     try: lines = txt.read_text().splitlines()
     except FileNotFoundError: return []
-    except (OSError, UnicodeDecodeError) as e: report.problem(str(txt), 'unreadable label file', str(e)); return None
+    except (OSError, UnicodeDecodeError) as e:
+        report.problem(str(txt), 'unreadable label file', str(e))
+        return None
     anns = []
     for n, line in enumerate(lines, 1):
         if not (v := line.split()): continue
@@ -215,10 +219,13 @@ def yolo_coco(
         txt, others = yolo_label_path(f), [g.name for g in readers[yolo_label_path(f)] if g != f]
         if others and txt.is_file():
             report.problem(str(f), 'label file shared by several images', f"{txt} is also the label file of {', '.join(others)}: "
-                           "whose polygons they are cannot be told; rename the images apart, each with its own label file"); continue
+                           "whose polygons they are cannot be told; rename the images apart, each with its own label file")
+            continue
         if not txt.is_file() and spec.skip_missing: report.note(NO_LABEL_FILE_SKIPPED); continue
         try: hw = displayed_hw(f)
-        except IMAGE_ERRORS as e: report.problem(str(f), 'unreadable image', f"{type(e).__name__}: {e}"); continue
+        except IMAGE_ERRORS as e:
+            report.problem(str(f), 'unreadable image', f"{type(e).__name__}: {e}")
+            continue
         if (mine := yolo_annotations(txt, hw, spec.keys, report, masks)) is None: continue
         if not mine: report.note(NEGATIVES if txt.is_file() else NO_LABEL_FILE)
         i = first_id + len(images)
