@@ -12,19 +12,23 @@ import os
 __all__ = ['ALLOCATOR_VARIABLES', 'EXPANDABLE_SEGMENTS', 'allocator_setting', 'expandable_segments', 'allocator_defaults']
 
 # %% ../nbs/00a_allocator.ipynb #a1c0de05
-ALLOCATOR_VARIABLES = ('PYTORCH_ALLOC_CONF', 'PYTORCH_CUDA_ALLOC_CONF')   # PyTorch's name for the setting, and its older CUDA name
+# PyTorch's name for the setting, and its older CUDA name
+ALLOCATOR_VARIABLES = ('PYTORCH_ALLOC_CONF', 'PYTORCH_CUDA_ALLOC_CONF')
 EXPANDABLE_SEGMENTS = 'expandable_segments:True'
 
 def allocator_setting(environ=os.environ)->str|None:
-    "The CUDA caching allocator's setting that `environ` gives, as PyTorch reads it (None: PyTorch's defaults)."
+    """The CUDA caching allocator's setting that `environ` gives, as PyTorch reads it (None:
+    PyTorch's defaults)."""
     return next((environ[name] for name in ALLOCATOR_VARIABLES if environ.get(name)), None)
 
 def expandable_segments(environ=os.environ)->bool:
     "Whether that setting turns the allocator's expandable segments on."
-    return 'expandable_segments:true' in (allocator_setting(environ) or '').replace(' ', '').lower().split(',')
+    return 'expandable_segments:true' in (allocator_setting(environ)
+                                          or '').replace(' ', '').lower().split(',')
 
 def allocator_defaults(environ=os.environ)->str|None:
-    "Expandable segments for the CUDA caching allocator unless the user configured it (kept) or set `LUCID_NB_EXPANDABLE_SEGMENTS=0`; returns the setting in effect (None: PyTorch's defaults)."
+    """Expandable segments for the CUDA caching allocator unless the user configured it (kept) or
+    set `LUCID_NB_EXPANDABLE_SEGMENTS=0`; returns the setting in effect (None: PyTorch's defaults)."""
     if (setting := allocator_setting(environ)) is not None: return setting
     if environ.get('LUCID_NB_EXPANDABLE_SEGMENTS', '1') == '0': return None
     environ['PYTORCH_CUDA_ALLOC_CONF'] = EXPANDABLE_SEGMENTS

@@ -13,16 +13,19 @@ __all__ = ['OneLineArgumentParser', 'bool_value']
 
 # %% ../nbs/00d_arguments.ipynb #5947ef9d
 class OneLineArgumentParser(argparse.ArgumentParser):
-    "argparse, whose usage errors are one line on stderr (`<prog>: error: …`, pointing at `--help`) and exit status 2; `LUCID_DEBUG=1`: argparse's own report."
+    """argparse, whose usage errors are one line on stderr (`<prog>: error: …`, pointing at
+    `--help`) and exit status 2; `LUCID_DEBUG=1`: argparse's own report."""
     def error(self, message:str):
         if os.environ.get('LUCID_DEBUG') == '1': super().error(message)
         prog = self.prog.split()[0]   # `lucid export`: its errors are `lucid`'s
-        print(f"{prog}: error: {' '.join(str(message).split())} (`{self.prog} --help` lists every option)", file=sys.stderr)
+        print(f"{prog}: error: {' '.join(str(message).split())} (`{self.prog} --help` lists every "
+              "option)", file=sys.stderr)
         sys.exit(2)
 
 # %% ../nbs/00d_arguments.ipynb #5a6fdeba
 def bool_value(v:str)->bool:
     "A boolean option's value as `lucid` reads it: true/false (also yes/no, 1/0)."
-    if (b := {'true': True, 'yes': True, '1': True, 'false': False, 'no': False, '0': False}.get(str(v).lower())) is None:
+    if (b := {'true': True, 'yes': True, '1': True, 'false': False, 'no': False,
+              '0': False}.get(str(v).lower())) is None:
         raise argparse.ArgumentTypeError(f"{v!r} is not true or false")
     return b

@@ -27,41 +27,53 @@ def translate(tx:float, ty:float)->np.ndarray:
     return np.array([[1., 0, tx], [0, 1, ty], [0, 0, 1]])
 
 def letterbox_params(hw:tuple, imgsz:int)->tuple[float, int, int]:
-    "`(scale, pad_x, pad_y)` that letterbox an (H, W) image into `imgsz`²: letterboxed = original × scale + pad."
+    """`(scale, pad_x, pad_y)` that letterbox an (H, W) image into `imgsz`²: letterboxed = original
+    × scale + pad."""
     h, w = resized_hw(hw, imgsz)
     return imgsz / max(hw), (imgsz - w) // 2, (imgsz - h) // 2
 
-def random_affine(rng:np.random.Generator, size:int, canvas:int, degrees:float=0., translate_frac:float=.1,
+def random_affine(rng:np.random.Generator, size:int, canvas:int, degrees:float=0.,
+                  translate_frac:float=.1,
                   scale:float=.5, shear:float=0., fliplr:float=.5)->np.ndarray:
-    "YOLO's random affine from a `canvas`² image to a `size`² output (7 draws from `rng`, whatever the settings)."
+    """YOLO's random affine from a `canvas`² image to a `size`² output (7 draws from `rng`, whatever
+    the settings)."""
     a, s = rng.uniform(-degrees, degrees), rng.uniform(1 - scale, 1 + scale)
     shx, shy = np.tan(np.radians(rng.uniform(-shear, shear, 2)))
     tx, ty = rng.uniform(.5 - translate_frac, .5 + translate_frac, 2) * size
     flip = rng.random() < fliplr
     c, si = math.cos(math.radians(a)) * s, math.sin(math.radians(a)) * s
-    A = translate(tx, ty) @ np.array([[1, shx, 0], [shy, 1, 0], [0, 0, 1]]) @ np.array([[c, si, 0], [-si, c, 0], [0, 0, 1]]) @ translate(-canvas / 2, -canvas / 2)
+    A = (translate(tx, ty) @ np.array([[1, shx, 0], [shy, 1, 0], [0, 0, 1]])
+         @ np.array([[c, si, 0], [-si, c, 0], [0, 0, 1]]) @ translate(-canvas / 2, -canvas / 2))
     return np.array([[-1., 0, size], [0, 1, 0], [0, 0, 1]]) @ A if flip else A
 
 # %% ../nbs/01b_augment.ipynb #de1d5307
 def _linear_taps(n_out:int, n_in:int)->tuple[np.ndarray, np.ndarray, np.ndarray]:
-    "OpenCV's `INTER_LINEAR` along one axis: the first source index of each output pixel, and its two 11-bit weights."
-    f = ((np.arange(n_out) + .5) * (1. / (n_out / n_in)) - .5).astype(np.float32)   # as OpenCV: 1 / (its inverse scale)
+    """OpenCV's `INTER_LINEAR` along one axis: the first source index of each output pixel, and its
+    two 11-bit weights."""
+    # as OpenCV: 1 / (its inverse scale)
+    f = ((np.arange(n_out) + .5) * (1. / (n_out / n_in)) - .5).astype(np.float32)
     i = np.floor(f).astype(np.int64)
     f = f - i.astype(np.float32)
-    return i, np.rint((np.float32(1) - f) * np.float32(2048)).astype(np.int64), np.rint(f * np.float32(2048)).astype(np.int64)
+    return i, np.rint((np.float32(1) - f)
+                      * np.float32(2048)).astype(np.int64), np.rint(f * np.float32(2048)).astype(
+                          np.int64)
 
 def resize_linear(img:np.ndarray, w:int, h:int)->np.ndarray:
-    "(H,W,C) uint8 resized to (h,w,C) with OpenCV's `cv2.resize(img, (w, h), interpolation=cv2.INTER_LINEAR)` bytes."
+    """(H,W,C) uint8 resized to (h,w,C) with OpenCV's `cv2.resize(img, (w, h), interpolation=cv2.INTER_LINEAR)`
+    bytes."""
     H, W = img.shape[:2]
     if (h, w) == (H, W): return img.copy()
     s = img.astype(np.int64)
-    if (H, W) == (2 * h, 2 * w): return ((s[::2, ::2] + s[::2, 1::2] + s[1::2, ::2] + s[1::2, 1::2] + 2) >> 2).astype(np.uint8)
+    if (H, W) == (2 * h, 2 * w):
+        return ((s[::2, ::2] + s[::2, 1::2] + s[1::2, ::2] + s[1::2, 1::2] + 2)
+                >> 2).astype(np.uint8)
     x, a0, a1 = _linear_taps(w, W)
-    edge = (x < 0) | (x >= W - 1)                        # OpenCV: one source pixel, the nearest edge
+    edge = (x < 0) | (x >= W - 1)   # OpenCV: one source pixel, the nearest edge
     x = x.clip(0, W - 1)
     a0[edge], a1[edge] = 2048, 0
-    rows = s[:, x] * a0[:, None] + s[:, np.minimum(x + 1, W - 1)] * a1[:, None]   # (H,w,C), weights × 2048
-    y, b0, b1 = _linear_taps(h, H)                       # rows past an edge repeat it, with their weights as they are
+    # (H,w,C), weights × 2048
+    rows = s[:, x] * a0[:, None] + s[:, np.minimum(x + 1, W - 1)] * a1[:, None]
+    y, b0, b1 = _linear_taps(h, H)   # rows past an edge repeat it, with their weights as they are
     top, bottom = rows[y.clip(0, H - 1)] >> 4, rows[(y + 1).clip(0, H - 1)] >> 4
     v = ((b0[:, None, None] * top) >> 16) + ((b1[:, None, None] * bottom) >> 16)
     return ((v + 2) >> 2).clip(0, 255).astype(np.uint8)
@@ -73,7 +85,8 @@ def letterbox_cv2(img:np.ndarray,            # (H,W,3) uint8
                   stride:int=32,
                   resized:tuple|None=None,   # (h, w) the image is resized to first (None: fit `shape`, sides rounded)
                  )->tuple[np.ndarray, np.ndarray]: # the padded image, ratio_pad (gain_y, gain_x, pad_x, pad_y) float64
-    "Ultralytics' `LetterBox` with OpenCV's resize (`resize_linear`): predict (`auto`) and validation (`resized`)."
+    """Ultralytics' `LetterBox` with OpenCV's resize (`resize_linear`): predict (`auto`) and
+    validation (`resized`)."""
     H, W = img.shape[:2]
     if resized is None:
         r = min(shape[0] / H, shape[1] / W)
@@ -81,7 +94,8 @@ def letterbox_cv2(img:np.ndarray,            # (H,W,3) uint8
     h, w = resized
     dh, dw = shape[0] - h, shape[1] - w
     if auto: dh, dw = dh % stride, dw % stride
-    top, bottom, left, right = round(dh / 2 - .1), round(dh / 2 + .1), round(dw / 2 - .1), round(dw / 2 + .1)
+    top, bottom, left, right = (round(dh / 2 - .1), round(dh / 2 + .1), round(dw / 2 - .1),
+                                round(dw / 2 + .1))
     out = np.full((h + top + bottom, w + left + right, img.shape[2]), 114, np.uint8)
     out[top:top + h, left:left + w] = resize_linear(img, w, h)
     return out, np.array([h / H, w / W, left, top], np.float64)
@@ -92,7 +106,8 @@ def val_resized_hw(hw:tuple, imgsz:int)->tuple[int, int]:
     return tuple(hw) if r == 1 else tuple(min(math.ceil(s * r), imgsz) for s in hw)
 
 def rect_batches(hws:list, batch_size:int, imgsz:int, stride:int=32)->tuple[np.ndarray, np.ndarray]:
-    "Ultralytics' rectangular validation batches: the images' order (by aspect ratio, numpy's default sort) and each place's (h, w)."
+    """Ultralytics' rectangular validation batches: the images' order (by aspect ratio, numpy's
+    default sort) and each place's (h, w)."""
     ar = np.array([h / w for h, w in hws])
     order = ar.argsort()
     ar, batch = ar[order], np.arange(len(hws)) // batch_size
@@ -109,25 +124,33 @@ def _is_shift(M:np.ndarray)->bool:
 def warp_image(img:np.ndarray, M:np.ndarray, size:int, fill:int=114)->np.ndarray:
     "(h,w,3) uint8 → (size,size,3) uint8 through the affine `M` (source px → output px)."
     if _is_shift(M):
-        out, (tx, ty), (h, w) = np.full((size, size, 3), fill, np.uint8), M[:2, 2].astype(int), img.shape[:2]
+        out, (tx, ty), (h, w) = (np.full((size, size, 3), fill, np.uint8), M[:2, 2].astype(int),
+                                 img.shape[:2])
         x0, y0, x1, y1 = max(tx, 0), max(ty, 0), min(tx + w, size), min(ty + h, size)
         if x1 > x0 and y1 > y0: out[y0:y1, x0:x1] = img[y0 - ty:y1 - ty, x0 - tx:x1 - tx]
         return out
-    if M[0, 1] == 0 and M[1, 0] == 0 and M[0, 0] != 0 and M[1, 1] > 0: return _warp_axis_aligned(img, M, size, fill)
+    if M[0, 1] == 0 and M[1, 0] == 0 and M[0, 0] != 0 and M[1, 1] > 0:
+        return _warp_axis_aligned(img, M, size, fill)
     Mi = np.linalg.inv(M)
-    return np.array(Image.fromarray(img).transform((size, size), Image.AFFINE, tuple(Mi[:2].ravel()),
-                                                     resample=Image.BILINEAR, fillcolor=(fill,) * 3))
+    return np.array(Image.fromarray(img).transform((size, size), Image.AFFINE,
+                                                   tuple(Mi[:2].ravel()),
+                                                     resample=Image.BILINEAR,
+                                                   fillcolor=(fill,) * 3))
 
 # %% ../nbs/01b_augment.ipynb #89862911
 def axis_plan(M:np.ndarray, hw:tuple, size:int)->tuple:
-    "`(flip, x0, x1, y0, y1, box)` of `M` (no rotation or shear) on an (h, w) image: the output columns x0..x1 and rows y0..y1 the unflipped patch covers, and the box of source px resized into it (None: nothing visible)."
+    """`(flip, x0, x1, y0, y1, box)` of `M` (no rotation or shear) on an (h, w) image: the output
+    columns x0..x1 and rows y0..y1 the unflipped patch covers, and the box of source px resized into
+    it (None: nothing visible)."""
     flip = M[0, 0] < 0
     if flip: M = np.array([[-1., 0, size], [0, 1, 0], [0, 0, 1]]) @ M
     (h, w), (sx, sy, tx, ty) = hw, (M[0, 0], M[1, 1], M[0, 2], M[1, 2])
-    x0, x1 = max(0, math.ceil(tx - .5)), min(size, math.ceil(sx * w + tx - .5))   # output pixels whose centres land on the source
+    # output pixels whose centres land on the source
+    x0, x1 = max(0, math.ceil(tx - .5)), min(size, math.ceil(sx * w + tx - .5))
     y0, y1 = max(0, math.ceil(ty - .5)), min(size, math.ceil(sy * h + ty - .5))
     if not (x1 > x0 and y1 > y0): return flip, x0, x1, y0, y1, None
-    return flip, x0, x1, y0, y1, (max((x0 - tx) / sx, 0), max((y0 - ty) / sy, 0), min((x1 - tx) / sx, w), min((y1 - ty) / sy, h))
+    return flip, x0, x1, y0, y1, (max((x0 - tx) / sx, 0), max((y0 - ty) / sy, 0),
+                                  min((x1 - tx) / sx, w), min((y1 - ty) / sy, h))
 
 def _warp_axis_aligned(img:np.ndarray, M:np.ndarray, size:int, fill:int=114)->np.ndarray:
     "`warp_image` for `M` without rotation or shear: resize the visible box, flip it, paste it."
@@ -135,13 +158,16 @@ def _warp_axis_aligned(img:np.ndarray, M:np.ndarray, size:int, fill:int=114)->np
     out = np.full((size, size, 3), fill, np.uint8)
     if box is not None:
         patch = Image.fromarray(img).resize((x1 - x0, y1 - y0), Image.BILINEAR, box=box)
-        if flip: patch, (x0, x1) = patch.transpose(Image.Transpose.FLIP_LEFT_RIGHT), (size - x1, size - x0)
+        if flip:
+            patch, (x0, x1) = (patch.transpose(Image.Transpose.FLIP_LEFT_RIGHT),
+                               (size - x1, size - x0))
         out[y0:y1, x0:x1] = np.asarray(patch)
     return out
 
 # %% ../nbs/01b_augment.ipynb #4220bdc3
 def mosaic_layout(ps:list[Prepared], xc:int, yc:int, size:int)->list[tuple]:
-    "Where four prepared images go around (xc, yc) on a (2·size)² canvas: `[(prepared, shift, crop, rect)]`, `rect` = (xa1, ya1, xa2, ya2) on the canvas."
+    """Where four prepared images go around (xc, yc) on a (2·size)² canvas: `[(prepared, shift, crop, rect)]`,
+    `rect` = (xa1, ya1, xa2, ya2) on the canvas."""
     S2, placed = 2 * size, []
     for k, p in enumerate(ps):
         h, w = p.img.shape[:2]
@@ -149,13 +175,16 @@ def mosaic_layout(ps:list[Prepared], xc:int, yc:int, size:int)->list[tuple]:
         ya1, ya2 = (max(yc - h, 0), yc) if k in (0, 1) else (yc, min(yc + h, S2))
         xb1 = w - (xa2 - xa1) if k in (0, 2) else 0
         yb1 = h - (ya2 - ya1) if k in (0, 1) else 0
-        placed.append((p, translate(xa1 - xb1, ya1 - yb1), (xb1, yb1, xb1 + xa2 - xa1, yb1 + ya2 - ya1), (xa1, ya1, xa2, ya2)))
+        placed.append((p, translate(xa1 - xb1, ya1 - yb1),
+                       (xb1, yb1, xb1 + xa2 - xa1, yb1 + ya2 - ya1), (xa1, ya1, xa2, ya2)))
     return placed
 
 def paste_canvas(placed:list, size:int)->np.ndarray:
-    "The (2·size)² mosaic canvas of a `mosaic_layout`: each crop pasted at its rect, grey 114 elsewhere."
+    """The (2·size)² mosaic canvas of a `mosaic_layout`: each crop pasted at its rect, grey 114
+    elsewhere."""
     canvas = np.full((2 * size, 2 * size, 3), 114, np.uint8)
-    for p, _, (xb1, yb1, xb2, yb2), (xa1, ya1, xa2, ya2) in placed: canvas[ya1:ya2, xa1:xa2] = p.img[yb1:yb2, xb1:xb2]
+    for p, _, (xb1, yb1, xb2, yb2), (xa1, ya1, xa2, ya2) in placed:
+        canvas[ya1:ya2, xa1:xa2] = p.img[yb1:yb2, xb1:xb2]
     return canvas
 
 def mosaic_canvas(ps:list[Prepared], xc:int, yc:int, size:int)->tuple[np.ndarray, list]:
@@ -166,7 +195,8 @@ def mosaic_canvas(ps:list[Prepared], xc:int, yc:int, size:int)->tuple[np.ndarray
 # %% ../nbs/01b_augment.ipynb #f2adbc2d
 def _clip_poly(xy:np.ndarray, crop:tuple)->np.ndarray:
     "Sutherland–Hodgman: the part of polygon (k,2) inside the axis-aligned rectangle `crop`."
-    for axis, lim, keep_le in ((0, crop[0], False), (0, crop[2], True), (1, crop[1], False), (1, crop[3], True)):
+    for axis, lim, keep_le in ((0, crop[0], False), (0, crop[2], True), (1, crop[1], False),
+                               (1, crop[3], True)):
         if len(xy) == 0: break
         nxt = np.roll(xy, -1, 0)
         inside = (xy[:, axis] <= lim) if keep_le else (xy[:, axis] >= lim)
@@ -190,27 +220,33 @@ def mask_grid(M:np.ndarray)->np.ndarray:
     return np.diag([1 / MASK_STRIDE, 1 / MASK_STRIDE, 1.]) @ M
 
 def _grid_source(Qi:np.ndarray, s:int)->tuple[np.ndarray, np.ndarray]:
-    "The source pixel (ix, iy), each (s, s), under each mask pixel's centre: floor of `Qi` (mask px → source px) there."
+    """The source pixel (ix, iy), each (s, s), under each mask pixel's centre: floor of `Qi` (mask
+    px → source px) there."""
     u = np.arange(s) + .5
     x = (u[None, :] * Qi[0, 0] + u[:, None] * Qi[0, 1]) + Qi[0, 2]
     y = (u[None, :] * Qi[1, 0] + u[:, None] * Qi[1, 1]) + Qi[1, 2]
     return np.floor(x).astype(np.int64), np.floor(y).astype(np.int64)
 
-def instance_geometry(p:Prepared, M:np.ndarray, crop:tuple, size:int)->tuple[np.ndarray, np.ndarray, dict]:
-    "Boxes (n,4) in output px, each box's area before cropping, and the polygon parts of each instance in source px `{k: [(m,2)]}`."
+def instance_geometry(p:Prepared, M:np.ndarray, crop:tuple,
+                      size:int)->tuple[np.ndarray, np.ndarray, dict]:
+    """Boxes (n,4) in output px, each box's area before cropping, and the polygon parts of each
+    instance in source px `{k: [(m,2)]}`."""
     n, (x1, y1, x2, y2) = len(p.cls), crop
     b = p.boxes.astype(np.float64)
-    def corners(b): return np.stack([b[:, [0, 1]], b[:, [2, 1]], b[:, [2, 3]], b[:, [0, 3]]], 1)   # (n,4,2)
+    def corners(b):
+        return np.stack([b[:, [0, 1]], b[:, [2, 1]], b[:, [2, 3]], b[:, [0, 3]]], 1)   # (n,4,2)
     full = apply_affine(M, corners(b).reshape(-1, 2)).reshape(n, 4, 2)
     area0 = np.ptp(full[..., 0], 1) * np.ptp(full[..., 1], 1)
-    cb = corners(np.stack([b[:, 0].clip(x1, x2), b[:, 1].clip(y1, y2), b[:, 2].clip(x1, x2), b[:, 3].clip(y1, y2)], 1))
+    cb = corners(np.stack([b[:, 0].clip(x1, x2), b[:, 1].clip(y1, y2), b[:, 2].clip(x1, x2),
+                           b[:, 3].clip(y1, y2)], 1))
     c = apply_affine(M, cb.reshape(-1, 2)).reshape(n, 4, 2)
     boxes = np.concatenate([c.min(1), c.max(1)], 1)
     per, start = {}, 0
     for k, cnt in p.parts:
         per.setdefault(int(k), []).append(p.polys[start:start + cnt].astype(np.float64))
         start += cnt
-    if not (M[0, 1] == 0 and M[1, 0] == 0):   # rotated or sheared: the clipped polygons bound the box
+    # rotated or sheared: the clipped polygons bound the box
+    if not (M[0, 1] == 0 and M[1, 0] == 0):
         for k, polys in per.items():
             v = [apply_affine(M, c) for c in (_clip_poly(xy, crop) for xy in polys) if len(c)]
             if v:
@@ -220,7 +256,8 @@ def instance_geometry(p:Prepared, M:np.ndarray, crop:tuple, size:int)->tuple[np.
 
 # %% ../nbs/01b_augment.ipynb #6864445d
 def rasterise_instances(p:Prepared, M:np.ndarray, crop:tuple, size:int, per:dict, ks)->np.ndarray:
-    "Masks (len(ks),s,s) uint8 at s = size/4 of instances `ks` of `p` (`per`: their polygons, from `instance_geometry`)."
+    """Masks (len(ks),s,s) uint8 at s = size/4 of instances `ks` of `p` (`per`: their polygons, from
+    `instance_geometry`)."""
     s, (x1, y1, x2, y2), rles = size // MASK_STRIDE, crop, dict(p.rles)
     Q = mask_grid(M)
     ix, iy = _grid_source(np.linalg.inv(Q), s)
@@ -228,34 +265,44 @@ def rasterise_instances(p:Prepared, M:np.ndarray, crop:tuple, size:int, per:dict
     (h, w), masks = p.img.shape[:2], np.zeros((len(ks), s, s), np.uint8)
     for j, k in enumerate(ks):
         if k in per:
-            rl = mask_utils.frPyObjects([apply_affine(Q, xy).ravel().tolist() for xy in per[k]], s, s)
+            rl = mask_utils.frPyObjects([apply_affine(Q, xy).ravel().tolist() for xy in per[k]], s,
+                                        s)
             masks[j] = mask_utils.decode(mask_utils.merge(rl))
-        elif k in rles: masks[j] = mask_utils.decode(dict(size=[h, w], counts=rles[k]))[iy.clip(0, h - 1), ix.clip(0, w - 1)]
+        elif k in rles:
+            masks[j] = mask_utils.decode(dict(size=[h, w],
+                                              counts=rles[k]))[iy.clip(0, h - 1), ix.clip(0, w - 1)]
     return masks & inside
 
-def place_instances(p:Prepared, M:np.ndarray, crop:tuple, size:int)->tuple[np.ndarray, np.ndarray, np.ndarray]:
-    "Boxes (n,4) in output px, masks (n,s,s) uint8 at s = size/4, and each box's area before cropping."
+def place_instances(p:Prepared, M:np.ndarray, crop:tuple,
+                    size:int)->tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Boxes (n,4) in output px, masks (n,s,s) uint8 at s = size/4, and each box's area before
+    cropping."""
     boxes, area0, per = instance_geometry(p, M, crop, size)
     return boxes, rasterise_instances(p, M, crop, size, per, range(len(p.cls))), area0
 
 # %% ../nbs/01b_augment.ipynb #1192168d
 def _bounded(default:float, lo:float=0., hi:float|None=None, below_hi:bool=False, why:str=''):
-    "A dataclass field holding a number in [lo, hi] ([lo, hi) with `below_hi`; no upper bound with `hi` None)."
+    """A dataclass field holding a number in [lo, hi] ([lo, hi) with `below_hi`; no upper bound with
+    `hi` None)."""
     return field(default=default, metadata=dict(lo=lo, hi=hi, below_hi=below_hi, why=why))
 
 def _check_bounds(obj):
-    "Raise one line naming the first `_bounded` field of the dataclass `obj` that is outside its range."
+    """Raise one line naming the first `_bounded` field of the dataclass `obj` that is outside its
+    range."""
     for f in fields(obj):
         if 'lo' not in f.metadata: continue
-        v, (lo, hi, below_hi, why) = getattr(obj, f.name), (f.metadata[k] for k in ('lo', 'hi', 'below_hi', 'why'))
-        if hi is None: ok, need = v >= lo, 'must not be negative' if lo == 0 else f'must be at least {lo}'
+        v, (lo, hi, below_hi, why) = (getattr(obj, f.name),
+                                      (f.metadata[k] for k in ('lo', 'hi', 'below_hi', 'why')))
+        if hi is None:
+            ok, need = v >= lo, 'must not be negative' if lo == 0 else f'must be at least {lo}'
         elif below_hi: ok, need = lo <= v < hi, f'must be in [{lo}, {hi})'
         else: ok, need = lo <= v <= hi, f'must be between {lo} and {hi}'
         if not ok: raise ValueError(f"{f.name}={v} {need}" + (f' ({why})' if why else ''))
 
 @dataclass(kw_only=True)
 class AugSettings:
-    "YOLO augmentation settings (defaults as YOLO's), by keyword, each checked against its bounds when made."
+    """YOLO augmentation settings (defaults as YOLO's), by keyword, each checked against its bounds
+    when made."""
     fliplr: float = _bounded(.5, 0, 1)        # probability of a horizontal flip
     degrees: float = _bounded(0.)             # rotation range, ± degrees
     translate: float = _bounded(.1, 0, .5)    # translation range, ± fraction of the side
@@ -270,32 +317,42 @@ class AugSettings:
 # %% ../nbs/01b_augment.ipynb #e7a890e4
 def _keep(boxes:np.ndarray, area0:np.ndarray)->np.ndarray:
     w, h = boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1]
-    return (w > 2) & (h > 2) & (w * h > .1 * area0) & (np.maximum(w / (h + 1e-9), h / (w + 1e-9)) < 100)
+    return ((w > 2) & (h > 2) & (w * h > .1 * area0)
+            & (np.maximum(w / (h + 1e-9), h / (w + 1e-9)) < 100))
 
 # %% ../nbs/01b_augment.ipynb #9584951d
-def sample_plan(ps:list[Prepared], size:int, rng:np.random.Generator|None=None, aug:AugSettings|None=None, mosaic:bool=False,
+def sample_plan(ps:list[Prepared], size:int, rng:np.random.Generator|None=None,
+                aug:AugSettings|None=None, mosaic:bool=False,
                 xy_centre:tuple=(0, 0), max_instances:int=100)->dict:   # the arguments of `build_sample`
-    "One sample's draws and geometry, no pixel touched: `placed` [(prepared, shift, crop, rect)], `A`, `hsv`, `letterbox`, `geo` (per placed), `keep`, `boxes`, `cls`, `dropped`."
+    """One sample's draws and geometry, no pixel touched: `placed` [(prepared, shift, crop, rect)],
+    `A`, `hsv`, `letterbox`, `geo` (per placed), `keep`, `boxes`, `cls`, `dropped`."""
     p0, hsv, mosaic = ps[0], np.ones(3, np.float32), mosaic and rng is not None
     scale, px, py = letterbox_params(p0.orig_hw, size)
-    placed = mosaic_layout(ps, *xy_centre, size) if mosaic else [(p0, translate(px, py), (0, 0, *p0.img.shape[1::-1]), None)]
+    placed = (mosaic_layout(ps, *xy_centre, size) if mosaic
+              else [(p0, translate(px, py), (0, 0, *p0.img.shape[1::-1]), None)])
     A = np.eye(3)
     if rng is not None:
-        A = random_affine(rng, size, 2 * size if mosaic else size, aug.degrees, aug.translate, aug.scale, aug.shear, aug.fliplr)
+        A = random_affine(rng, size, 2 * size if mosaic else size, aug.degrees, aug.translate,
+                          aug.scale, aug.shear, aug.fliplr)
         hsv = (rng.uniform(-1, 1, 3) * (aug.hsv_h, aug.hsv_s, aug.hsv_v) + 1).astype(np.float32)
     geo = [instance_geometry(p, A @ T, crop, size) for p, T, crop, _ in placed]
     boxes, area0 = np.concatenate([g[0] for g in geo]), np.concatenate([g[1] for g in geo])
     keep, dropped = np.flatnonzero(_keep(boxes, area0)), 0
     if len(keep) > max_instances:
         dropped, b = len(keep) - max_instances, boxes[keep]
-        keep = keep[np.sort(np.argsort(-((b[:, 2] - b[:, 0]) * (b[:, 3] - b[:, 1])), kind='stable')[:max_instances])]
-    return dict(placed=placed, A=A, mosaic=mosaic, hsv=hsv, letterbox=np.array([scale, px, py], np.float32), geo=geo, keep=keep,
-                boxes=boxes[keep], cls=np.concatenate([p.cls for p, *_ in placed])[keep], dropped=dropped)
+        keep = keep[np.sort(np.argsort(-((b[:, 2] - b[:, 0]) * (b[:, 3] - b[:, 1])),
+                                       kind='stable')[:max_instances])]
+    return dict(placed=placed, A=A, mosaic=mosaic, hsv=hsv,
+                letterbox=np.array([scale, px, py], np.float32), geo=geo, keep=keep,
+                boxes=boxes[keep], cls=np.concatenate([p.cls for p, *_ in placed])[keep],
+                dropped=dropped)
 
 def kept_by_placed(plan:dict)->list[np.ndarray]:
-    "The kept instances of each placed image, as its own instance indices (in the order of `plan['keep']`)."
+    """The kept instances of each placed image, as its own instance indices (in the order of
+    `plan['keep']`)."""
     ends = np.cumsum([len(p.cls) for p, *_ in plan['placed']])
-    return [plan['keep'][(plan['keep'] >= e - len(p.cls)) & (plan['keep'] < e)] - (e - len(p.cls)) for (p, *_), e in zip(plan['placed'], ends)]
+    return [plan['keep'][(plan['keep'] >= e - len(p.cls)) & (plan['keep'] < e)]
+            - (e - len(p.cls)) for (p, *_), e in zip(plan['placed'], ends)]
 
 # %% ../nbs/01b_augment.ipynb #03681621
 def build_sample(
@@ -311,39 +368,47 @@ def build_sample(
     "One sample: letterbox, or mosaic + random affine + flip, with instances filtered consistently."
     plan = sample_plan(ps, size, rng, aug, mosaic, xy_centre, max_instances)
     A, placed, p0 = plan['A'], plan['placed'], ps[0]
-    img = warp_image(paste_canvas(placed, size), A, size) if plan['mosaic'] else warp_image(p0.img, A @ placed[0][1], size)
+    img = (warp_image(paste_canvas(placed, size), A, size) if plan['mosaic']
+           else warp_image(p0.img, A @ placed[0][1], size))
     inst = dict(boxes=plan['boxes'], cls=plan['cls'])
     if masks: inst['masks'] = np.concatenate([rasterise_instances(p, A @ T, crop, size, g[2], ks)
-                                              for (p, T, crop, _), g, ks in zip(placed, plan['geo'], kept_by_placed(plan))])
+                                              for (p, T, crop, _), g, ks in zip(
+                                                      placed, plan['geo'], kept_by_placed(plan))])
     return dict(img=img, **inst, image_id=p0.image_id, orig_hw=np.array(p0.orig_hw, np.int64),
                 letterbox=plan['letterbox'], hsv=plan['hsv'], dropped=plan['dropped'])
 
 # %% ../nbs/01b_augment.ipynb #9af68a1d
-HSV_CHUNK_PIXELS = 2**20   # pixels of the images jittered at a time (their float temporaries: ~100 bytes a pixel)
+# pixels of the images jittered at a time (their float temporaries: ~100 bytes a pixel)
+HSV_CHUNK_PIXELS = 2**20
 
 def _hsv_into(x:Tensor, gains:Tensor, n:Tensor, out:Tensor)->Tensor:
-    "`hsv_jitter` of float images x (b,3,S,S) in [0,1] into `out`, like shaped; n: the channel offsets (5, 3, 1)."
+    """`hsv_jitter` of float images x (b,3,S,S) in [0,1] into `out`, like shaped; n: the channel
+    offsets (5, 3, 1)."""
     r, g, b = x.unbind(1)
     mx, mn = x.amax(1), x.amin(1)
     d = mx - mn
     dd = torch.where(d > 0, d, torch.ones_like(d))
-    h = torch.where(mx == r, ((g - b) / dd) % 6, torch.where(mx == g, (b - r) / dd + 2, (r - g) / dd + 4)) / 6
+    h = (torch.where(mx == r, ((g - b) / dd) % 6,
+                     torch.where(mx == g, (b - r) / dd + 2, (r - g) / dd + 4)) / 6)
     del r, g, b, dd, mn
     h = torch.where(d > 0, h, torch.zeros_like(h))
     s = torch.where(mx > 0, d / torch.where(mx > 0, mx, torch.ones_like(mx)), torch.zeros_like(mx))
     gh, gs, gv = (gains.to(x)[:, i, None, None] for i in range(3))
     h, s, v = (h * gh) % 1, (s * gs).clamp(0, 1), (mx * gv).clamp(0, 1)
-    k = torch.add(h[:, None] * 6, n[None, :, None, None], out=out).remainder_(6)   # (n + 6h) mod 6, in `out`
+    # (n + 6h) mod 6, in `out`
+    k = torch.add(h[:, None] * 6, n[None, :, None, None], out=out).remainder_(6)
     torch.minimum(k, 4 - k, out=k).clamp_(0, 1).mul_((v * s)[:, None])
-    return torch.sub(v[:, None], k, out=k)                                             # v − v·s·clamp(min(k, 4 − k))
+    return torch.sub(v[:, None], k, out=k)   # v − v·s·clamp(min(k, 4 − k))
 
 def hsv_jitter(
     img:Tensor,    # (B,3,S,S) uint8 0..255 or float 0..1, RGB
     gains:Tensor,  # (B,3) hue, saturation, value gains (1 = unchanged)
 )->Tensor:         # (B,3,S,S) float32 in [0,1]
-    "Multiply hue (mod 1), saturation and value by per-image gains, on `img`'s device, a few images at a time."
+    """Multiply hue (mod 1), saturation and value by per-image gains, on `img`'s device, a few
+    images at a time."""
     out = torch.empty(img.shape, dtype=torch.float32, device=img.device)
-    n = torch.arange(5., 0., -2., device=img.device)   # (5, 3, 1), made on the device: no host copy inside a step
+    # (5, 3, 1), made on the device: no host copy inside a step
+    n = torch.arange(5., 0., -2., device=img.device)
     per = max(1, HSV_CHUNK_PIXELS // (img.shape[2] * img.shape[3]))
     for i in range(0, len(img), per):
         x = img[i:i + per].float()

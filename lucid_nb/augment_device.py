@@ -20,28 +20,31 @@ __all__ = ['PRECISION_BITS', 'PIL_ORDERS', 'EDGE_COLUMNS', 'CANVAS_PIXELS', 'res
            'device_recipe', 'collate_recipes', 'join_recipes', 'build_on_device']
 
 # %% ../nbs/01b_augment_device.ipynb #8bc2d001
-PRECISION_BITS = 22   # Pillow's fixed-point weights: 32 bits less 8 for the pixel and 2 for overflow
+PRECISION_BITS = 22  # Pillow's fixed-point weights: 32 bits less 8 for the pixel and 2 for overflow
 
 def resize_tables(in_size:int,   # source pixels along the axis
                   in0:float, in1:float,  # the box's ends along the axis (source px)
                   out_size:int,  # output pixels along the axis
                  )->tuple[np.ndarray, np.ndarray]:  # first source px (out,) int64, weights (out,K) int32
-    "Pillow's bilinear `resize` along one axis, as tables: output px `i` is Σ_j source[first[i] + j] · w[i, j] / 2²²."
+    """Pillow's bilinear `resize` along one axis, as tables: output px `i` is Σ_j source[first[i] +
+    j] · w[i, j] / 2²²."""
     in0, in1 = np.float32(in0), np.float32(in1)   # Pillow reads the box as C floats
     scale = float(np.float32(in1 - in0)) / out_size
-    support = max(scale, 1.)                      # the triangle's half-width, widened when shrinking
-    j, centre = np.arange(math.ceil(support) * 2 + 1), float(in0) + (np.arange(out_size) + .5) * scale
+    support = max(scale, 1.)   # the triangle's half-width, widened when shrinking
+    j, centre = (np.arange(math.ceil(support) * 2 + 1),
+                 float(in0) + (np.arange(out_size) + .5) * scale)
     first = np.maximum(np.trunc(centre - support + .5), 0.)
     n = np.minimum(np.trunc(centre + support + .5), in_size) - first
     t = np.abs(((first[:, None] + j) - centre[:, None] + .5) * (1. / support))
     w = np.where((j < n[:, None]) & (t < 1.), 1. - t, 0.)
-    total = np.add.accumulate(w, 1)[:, -1:]      # Pillow adds the weights up one by one, in this order
+    total = np.add.accumulate(w, 1)[:, -1:]   # Pillow adds the weights up one by one, in this order
     w = np.where(total != 0, w / np.where(total != 0, total, 1.), w)
     return first.astype(np.int64), np.trunc(.5 + w * (1 << PRECISION_BITS)).astype(np.int32)
 
 # %% ../nbs/01b_augment_device.ipynb #ed95f93f
 def _resize_pass(src:Tensor, first:Tensor, w:Tensor, dim:int)->Tensor:
-    "One pass of Pillow's resize of (n,H,W,3) uint8 along `dim` (1: rows, 2: columns): output i = Σ_j src[first[i] + j] · w[i, j], fixed point."
+    """One pass of Pillow's resize of (n,H,W,3) uint8 along `dim` (1: rows, 2: columns): output i =
+    Σ_j src[first[i] + j] · w[i, j], fixed point."""
     n, L, O = src.shape[0], src.shape[dim], first.shape[1]
     view = (n, O, 1, 1) if dim == 1 else (n, 1, O, 1)
     shape = (n, O, src.shape[2], 3) if dim == 1 else (n, src.shape[1], O, 3)
@@ -53,47 +56,60 @@ def _resize_pass(src:Tensor, first:Tensor, w:Tensor, dim:int)->Tensor:
 
 # %% ../nbs/01b_augment_device.ipynb #708267bd
 def pil_resize(img:np.ndarray, size:tuple, box:tuple, vertical_first:bool|None=None)->np.ndarray:
-    "`Image.fromarray(img).resize(size, BILINEAR, box=box)` made from `resize_tables` by `_resize_pass` (None: in this Pillow's order of passes)."
+    """`Image.fromarray(img).resize(size, BILINEAR, box=box)` made from `resize_tables` by
+    `_resize_pass` (None: in this Pillow's order of passes)."""
     (H, W), (w, h), t = img.shape[:2], size, lambda a: torch.from_numpy(a)[None]
     if vertical_first is None: vertical_first = pil_vertical_first()(H, W, h, w)
-    (xf, xw), (yf, yw), x = resize_tables(W, box[0], box[2], w), resize_tables(H, box[1], box[3], h), t(img)
-    if vertical_first: return _resize_pass(_resize_pass(x, t(yf), t(yw), 1), t(xf), t(xw), 2)[0].numpy()
+    (xf, xw), (yf, yw), x = (resize_tables(W, box[0], box[2], w),
+                             resize_tables(H, box[1], box[3], h), t(img))
+    if vertical_first:
+        return _resize_pass(_resize_pass(x, t(yf), t(yw), 1), t(xf), t(xw), 2)[0].numpy()
     return _resize_pass(_resize_pass(x, t(xf), t(xw), 2), t(yf), t(yw), 1)[0].numpy()
 
 PIL_ORDERS = {   # when Pillow resizes rows before columns: (in h, in w, out h, out w) -> bool
-    'Pillow >= 13': lambda H, W, h, w: H - h > 0 and H - h > 2 * (W - w),   # a height shrunk more than twice the width
+    # a height shrunk more than twice the width
+    'Pillow >= 13': lambda H, W, h, w: H - h > 0 and H - h > 2 * (W - w),
     'Pillow < 13': lambda H, W, h, w: False}                                  # always columns first
 
 @functools.cache
 def pil_vertical_first():
-    "This Pillow's order of passes (a rule of `PIL_ORDERS`), found once by a resize whose bytes the two orders make differently."
-    img, box = np.random.default_rng(0).integers(0, 256, (40, 12, 3), dtype=np.uint8), (0.3, 1.7, 11.2, 38.9)
+    """This Pillow's order of passes (a rule of `PIL_ORDERS`), found once by a resize whose bytes
+    the two orders make differently."""
+    img, box = (np.random.default_rng(0).integers(0, 256, (40, 12, 3), dtype=np.uint8),
+                (0.3, 1.7, 11.2, 38.9))
     want = np.asarray(Image.fromarray(img).resize((12, 5), Image.BILINEAR, box=box))
     for name, rule in PIL_ORDERS.items():
         if np.array_equal(pil_resize(img, (12, 5), box, rule(40, 12, 5, 12)), want): return rule
-    log.warning(f"augment_on=device: Pillow {PIL.__version__} resizes in neither known order; the device's pixels may differ from the CPU path's by a level")
+    log.warning(f"augment_on=device: Pillow {PIL.__version__} resizes in neither known order; the "
+                "device's pixels may differ from the CPU path's by a level")
     return next(iter(PIL_ORDERS.values()))   # the newest
 
 # %% ../nbs/01b_augment_device.ipynb #7ccbe97e
 def _crossing_rows(a:Tensor, z:Tensor, s:int)->Tensor:
-    "For edges a→z (E,2) of upsampled vertices: the row (E,s) where each crosses the centre of each mask column, as pycocotools draws it; s + 1 where it does not."
+    """For edges a→z (E,2) of upsampled vertices: the row (E,s) where each crosses the centre of
+    each mask column, as pycocotools draws it; s + 1 where it does not."""
     dx, dy = (z[:, 0] - a[:, 0]).abs(), (z[:, 1] - a[:, 1]).abs()
-    flat = dx >= dy                                   # pycocotools steps along x here, along y otherwise
+    flat = dx >= dy   # pycocotools steps along x here, along y otherwise
     flip = (flat & (a[:, 0] > z[:, 0])) | (~flat & (a[:, 1] > z[:, 1]))
-    (xs, ys), (xe, ye) = torch.where(flip[:, None], z, a).unbind(1), torch.where(flip[:, None], a, z).unbind(1)
-    slope = torch.where(flat, ye - ys, xe - xs).double() / torch.where(flat, dx, dy).clamp(min=1).double()
-    col = 5 * torch.arange(s, device=a.device)[None] + 2            # the step from upsampled x = 5c + 2 to 5c + 3
+    (xs, ys), (xe, ye) = (torch.where(flip[:, None], z, a).unbind(1),
+                          torch.where(flip[:, None], a, z).unbind(1))
+    slope = (torch.where(flat, ye - ys, xe - xs).double()
+             / torch.where(flat, dx, dy).clamp(min=1).double())
+    # the step from upsampled x = 5c + 2 to 5c + 3
+    col = 5 * torch.arange(s, device=a.device)[None] + 2
     xs_, ys_, sl = xs[:, None].double(), ys[:, None].double(), slope[:, None]
-    t = (col - xs[:, None]).double()                                # along x: every step of x is a step
+    t = (col - xs[:, None]).double()   # along x: every step of x is a step
     v = torch.minimum(torch.trunc((ys_ + sl * t) + .5), torch.trunc((ys_ + sl * (t + 1)) + .5))
     hit_x = (flat & (dx > 0))[:, None] & (t >= 0) & (t + 1 <= dx[:, None])
-    steep = (~flat & (xs != xe))[:, None]                           # along y: x steps where xs + slope·t + 0.5 crosses 5c + 3
+    # along y: x steps where xs + slope·t + 0.5 crosses 5c + 3
+    steep = (~flat & (xs != xe))[:, None]
     sl_y = torch.where(steep, sl, torch.ones_like(sl))
     t0, vy = torch.floor((col + .5 - xs_) / sl_y), torch.full_like(v, float('nan'))
     ux = lambda tt: torch.trunc((xs_ + sl_y * tt) + .5)
     for tt in (t0 - 1, t0, t0 + 1):
         u0, u1 = ux(tt), ux(tt + 1)
-        hit = steep & (tt >= 0) & (tt + 1 <= dy[:, None]) & (torch.minimum(u0, u1) == col) & (torch.maximum(u0, u1) == col + 1)
+        hit = (steep & (tt >= 0) & (tt + 1 <= dy[:, None]) & (torch.minimum(u0, u1) == col)
+               & (torch.maximum(u0, u1) == col + 1))
         vy = torch.where(hit, ys_ + tt, vy)
     hit_y = ~torch.isnan(vy)
     v = torch.where(hit_x, v, torch.where(hit_y, vy, torch.zeros_like(v)))
@@ -101,43 +117,56 @@ def _crossing_rows(a:Tensor, z:Tensor, s:int)->Tensor:
     return torch.where(hit_x | hit_y, row, s + 1)
 
 # %% ../nbs/01b_augment_device.ipynb #dcf26433
-EDGE_COLUMNS = 2**21   # (edge, mask column) pairs whose crossings are computed at a time (~20 float64 temporaries each)
+# (edge, mask column) pairs whose crossings are computed at a time (~20 float64 temporaries each)
+EDGE_COLUMNS = 2**21
 
 def _polygon_masks(vert:Tensor, part:Tensor, s:int)->Tensor:
-    "(P,s,s) uint8: each polygon part (`part`: instance, vertex count; its vertices in `vert`) filled as pycocotools fills it."
+    """(P,s,s) uint8: each polygon part (`part`: instance, vertex count; its vertices in `vert`)
+    filled as pycocotools fills it."""
     vert, n = vert.long(), part[:, 1]
     start, P, dev = torch.cumsum(n, 0) - n, len(part), vert.device
     pid = torch.repeat_interleave(torch.arange(P, device=dev), n, output_size=len(vert))
     i = torch.arange(len(vert), device=dev)
-    nxt = torch.where(i == (start + n - 1)[pid], start[pid], i + 1)      # each vertex's edge ends at the next, the last at the first
+    # each vertex's edge ends at the next, the last at the first
+    nxt = torch.where(i == (start + n - 1)[pid], start[pid], i + 1)
     count = torch.zeros(P, s + 2, s, dtype=torch.uint8, device=dev)
     col, per = torch.arange(s, device=dev)[None], max(1, EDGE_COLUMNS // s)
     for e in range(0, len(vert), per):
         rows = _crossing_rows(vert[e:e + per], vert[nxt[e:e + per]], s)
-        count.index_put_((pid[e:e + per, None].expand_as(rows), rows, col.expand_as(rows)), torch.ones_like(rows, dtype=torch.uint8), accumulate=True)
-    return torch.cumsum(count[:, :s], 1, dtype=torch.uint8) & 1       # a pixel is in when an odd number of crossings lie above it
+        count.index_put_((pid[e:e + per, None].expand_as(rows), rows, col.expand_as(rows)),
+                         torch.ones_like(rows, dtype=torch.uint8), accumulate=True)
+    # a pixel is in when an odd number of crossings lie above it
+    return torch.cumsum(count[:, :s], 1, dtype=torch.uint8) & 1
 
 # %% ../nbs/01b_augment_device.ipynb #cb90e02b
 def _upsampled(xy:np.ndarray)->np.ndarray:
-    "pycocotools' integer vertices of a polygon in mask px: (int)(5·x + 0.5), truncated toward zero."
+    """pycocotools' integer vertices of a polygon in mask px: (int)(5·x + 0.5), truncated toward
+    zero."""
     return np.trunc(5. * xy + .5).astype(np.int32)
 
-def device_recipe(ps:list[Prepared], ids:list[int], size:int, rng:np.random.Generator, aug:AugSettings, mosaic:bool=False,
+def device_recipe(ps:list[Prepared], ids:list[int], size:int, rng:np.random.Generator,
+                  aug:AugSettings, mosaic:bool=False,
                   xy_centre:tuple=(0, 0), max_instances:int=100)->dict:   # `ids`: each prepared image's dataset index
-    "`sample_plan` of the arguments of `build_sample`, and what the device needs to make its pixels and masks."
+    """`sample_plan` of the arguments of `build_sample`, and what the device needs to make its
+    pixels and masks."""
     plan = sample_plan(ps, size, rng, aug, mosaic, xy_centre, max_instances)
     A, placed, h0, w0 = plan['A'], plan['placed'], *ps[0].img.shape[:2]
     M, canvas = (A, (2 * size, 2 * size)) if plan['mosaic'] else (A @ placed[0][1], (h0, w0))
     rects = [r for *_, r in placed] if plan['mosaic'] else [(0, 0, w0, h0)]
     shifts = [T[:2, 2].astype(np.int64) if plan['mosaic'] else (0, 0) for _, T, *_ in placed]
     Qs = [mask_grid(A @ T) for _, T, *_ in placed]
-    r = dict(ids=ids[:len(placed)], imgs=[p.img for p, *_ in placed], canvas=canvas, mosaic=plan['mosaic'],
-             place=np.array([(j, *rc, *sh) for j, (rc, sh) in enumerate(zip(rects, shifts))], np.int64).reshape(-1, 7),
-             qinv=np.stack([np.linalg.inv(Q) for Q in Qs]), crop=np.array([c for _, _, c, _ in placed], np.int64),
-             axis=bool(M[0, 1] == 0 and M[1, 0] == 0 and M[0, 0] != 0 and M[1, 1] > 0), minv=np.linalg.inv(M),
+    r = dict(ids=ids[:len(placed)], imgs=[p.img for p, *_ in placed], canvas=canvas,
+             mosaic=plan['mosaic'],
+             place=np.array([(j, *rc, *sh) for j, (rc, sh) in enumerate(zip(rects, shifts))],
+                            np.int64).reshape(-1, 7),
+             qinv=np.stack([np.linalg.inv(Q) for Q in Qs]),
+             crop=np.array([c for _, _, c, _ in placed], np.int64),
+             axis=bool(M[0, 1] == 0 and M[1, 0] == 0 and M[0, 0] != 0 and M[1, 1] > 0),
+             minv=np.linalg.inv(M),
              **{k: plan[k] for k in ('boxes', 'cls', 'hsv', 'letterbox', 'dropped')}, size=size,
              image_id=ps[0].image_id, orig_hw=np.array(ps[0].orig_hw, np.int64))
-    r.update(_axis_recipe(M, canvas, size) if r['axis'] else dict(patch=np.zeros(6, np.int64), tables=None))
+    r.update(_axis_recipe(M, canvas, size) if r['axis']
+             else dict(patch=np.zeros(6, np.int64), tables=None))
     r['inst'], r['parts'], r['rles'] = [], [], []
     for j, ks in enumerate(kept_by_placed(plan)):
         p, per, rles = placed[j][0], plan['geo'][j][2], dict(placed[j][0].rles)
@@ -145,23 +174,31 @@ def device_recipe(ps:list[Prepared], ids:list[int], size:int, rng:np.random.Gene
             n = len(r['inst'])
             r['inst'].append(j)
             if k in per: r['parts'] += [(n, _upsampled(apply_affine(Qs[j], xy))) for xy in per[k]]
-            elif k in rles: r['rles'].append((n, mask_utils.decode(dict(size=list(p.img.shape[:2]), counts=rles[k]))))
+            elif k in rles:
+                r['rles'].append((n,
+                                  mask_utils.decode(
+                                      dict(size=list(p.img.shape[:2]), counts=rles[k]))))
     return r
 
 # %% ../nbs/01b_augment_device.ipynb #f3a41095
 def _axis_recipe(M:np.ndarray, canvas:tuple, size:int)->dict:
-    "Where the resized patch of an axis-aligned warp goes, and its Pillow tables: `patch` (x0, y0, width, height, flip, vertical first)."
+    """Where the resized patch of an axis-aligned warp goes, and its Pillow tables: `patch` (x0, y0,
+    width, height, flip, vertical first)."""
     flip, x0, x1, y0, y1, box = axis_plan(M, canvas, size)
     if box is None: return dict(patch=np.zeros(6, np.int64), tables=None)
     (H, W), (pw, ph) = canvas, (x1 - x0, y1 - y0)
     tables = (*resize_tables(W, box[0], box[2], pw), *resize_tables(H, box[1], box[3], ph))
-    return dict(patch=np.array([size - x1 if flip else x0, y0, pw, ph, flip, pil_vertical_first()(H, W, ph, pw)], np.int64), tables=tables)
+    return dict(patch=np.array([size - x1 if flip else x0, y0, pw, ph, flip,
+                                pil_vertical_first()(H, W, ph, pw)], np.int64), tables=tables)
 
 # %% ../nbs/01b_augment_device.ipynb #afcbfe74
 def collate_recipes(recipes:list[dict], max_instances:int=100, pad:bool=True)->dict:
-    "The batch of `device_recipe`s: the batch format's keys but `img` and `masks`, and the recipe's `aug_*` tensors."
+    """The batch of `device_recipe`s: the batch format's keys but `img` and `masks`, and the
+    recipe's `aug_*` tensors."""
     for r in recipes:
-        if (n := len(r['cls'])) > max_instances: raise ValueError(f"a sample has {n} instances but max_instances={max_instances}; raise max_instances")
+        if (n := len(r['cls'])) > max_instances:
+            raise ValueError(f"a sample has {n} instances but max_instances={max_instances}; raise "
+                             "max_instances")
     S, B, P = recipes[0]['size'], len(recipes), max(len(r['place']) for r in recipes)
     out = group_instances(recipes, S // MASK_STRIDE, pad, masks=False)
     slots, imgs = {}, []
@@ -179,8 +216,11 @@ def collate_recipes(recipes:list[dict], max_instances:int=100, pad:bool=True)->d
         place[b, :n] = r['place']
         qinv[b, :n], crop[b, :n] = r['qinv'], r['crop']
         place[b, :n, 0] = [slots[r['ids'][j]] for j in r['place'][:, 0]]
-    K = max([1] + [t[1].shape[1] for r in recipes if r['tables'] for t in (r['tables'][:2], r['tables'][2:])])
-    tab = {k: np.zeros((B, S, K) if k[1] == 'k' else (B, S), np.int32 if k[1] == 'k' else np.int64) for k in ('xmin', 'xk', 'ymin', 'yk')}
+    K = max([1]
+            + [t[1].shape[1] for r in recipes
+               if r['tables'] for t in (r['tables'][:2], r['tables'][2:])])
+    tab = {k: np.zeros((B, S, K) if k[1] == 'k' else (B, S), np.int32 if k[1] == 'k' else np.int64)
+                       for k in ('xmin', 'xk', 'ymin', 'yk')}
     for b, r in enumerate(recipes):
         if r['tables'] is None: continue
         for (first, w), a in zip((r['tables'][:2], r['tables'][2:]), 'xy'):
@@ -188,17 +228,24 @@ def collate_recipes(recipes:list[dict], max_instances:int=100, pad:bool=True)->d
     n_inst = np.array([len(r['cls']) for r in recipes])
     q = -(-n_inst // INSTANCE_GROUP)
     first_row = (np.cumsum(q) - q) * INSTANCE_GROUP
-    inst = np.array([(b, j, first_row[b] + k) for b, r in enumerate(recipes) for k, j in enumerate(r['inst'])], np.int64).reshape(-1, 3)
+    inst = np.array([(b, j, first_row[b] + k)
+                      for b, r in enumerate(recipes) for k, j in enumerate(r['inst'])],
+                    np.int64).reshape(-1, 3)
     starts = np.cumsum([0] + n_inst.tolist())
     parts = [(starts[b] + n, v) for b, r in enumerate(recipes) for n, v in r['parts']]
     rles = [(starts[b] + n, m) for b, r in enumerate(recipes) for n, m in r['rles']]
     rle_at = np.array([(0, *m.shape, n) for n, m in rles], np.int64).reshape(-1, 4)
     rle_at[1:, 0] = np.cumsum([m.size for _, m in rles])[:-1]
-    src_at = np.stack([np.cumsum(sizes) - sizes, *np.array([im.shape[:2] for im in imgs], np.int64).T], 1)
-    out.update(image_id=np.array([r['image_id'] for r in recipes], np.int64), orig_hw=np.stack([r['orig_hw'] for r in recipes]),
-               letterbox=np.stack([r['letterbox'] for r in recipes]), hsv=np.stack([r['hsv'] for r in recipes]),
-               aug_src=np.concatenate([im.reshape(-1) for im in imgs]), aug_src_at=src_at, aug_place=place, aug_qinv=qinv,
-               aug_crop=crop, aug_canvas=np.array([r['canvas'] for r in recipes], np.int64), aug_minv=np.stack([r['minv'] for r in recipes]),
+    src_at = np.stack([np.cumsum(sizes) - sizes,
+                       *np.array([im.shape[:2] for im in imgs], np.int64).T], 1)
+    out.update(image_id=np.array([r['image_id'] for r in recipes], np.int64),
+               orig_hw=np.stack([r['orig_hw'] for r in recipes]),
+               letterbox=np.stack([r['letterbox'] for r in recipes]),
+               hsv=np.stack([r['hsv'] for r in recipes]),
+               aug_src=np.concatenate([im.reshape(-1) for im in imgs]), aug_src_at=src_at,
+               aug_place=place, aug_qinv=qinv,
+               aug_crop=crop, aug_canvas=np.array([r['canvas'] for r in recipes], np.int64),
+               aug_minv=np.stack([r['minv'] for r in recipes]),
                aug_patch=np.stack([r['patch'] for r in recipes]), **{f'aug_{k}': v for k, v in tab.items()},
                aug_axis=np.flatnonzero([r['axis'] for r in recipes]), aug_general=np.flatnonzero([not r['axis'] for r in recipes]),
                aug_inst=inst, aug_part=np.array([(n, len(v)) for n, v in parts], np.int64).reshape(-1, 2),
@@ -210,23 +257,36 @@ def collate_recipes(recipes:list[dict], max_instances:int=100, pad:bool=True)->d
 def _pad_dim(t:Tensor, dim:int, n:int, fill:Tensor)->Tensor:
     "`t` grown to `n` along `dim` with copies of `fill` (shaped like `t` after `dim`)."
     extra = n - t.shape[dim]
-    return t if extra == 0 else torch.cat([t, fill.to(t.dtype).expand(*t.shape[:dim], extra, *t.shape[dim + 1:])], dim)
+    return (t if extra == 0
+            else torch.cat([t, fill.to(t.dtype).expand(*t.shape[:dim], extra, *t.shape[dim + 1:])],
+                           dim))
 
 def join_recipes(parts:list[dict])->dict:
-    "Recipe batches of consecutive images (`collate_recipes(pad=False)`) as one: each piece's indices shifted past the pieces before it."
+    """Recipe batches of consecutive images (`collate_recipes(pad=False)`) as one: each piece's
+    indices shifted past the pieces before it."""
     before = lambda f: np.cumsum([0] + [f(p) for p in parts[:-1]]).tolist()
-    imgs, srcs, nbytes = before(lambda p: len(p['image_id'])), before(lambda p: len(p['aug_src_at'])), before(lambda p: len(p['aug_src']))
-    groups, insts, rbytes = before(lambda p: len(p['owner'])), before(lambda p: len(p['aug_inst'])), before(lambda p: len(p['aug_rle']))
-    P, K = max(p['aug_place'].shape[1] for p in parts), max(max(p['aug_xk'].shape[2], p['aug_yk'].shape[2]) for p in parts)
+    imgs, srcs, nbytes = (before(lambda p: len(p['image_id'])),
+                          before(lambda p: len(p['aug_src_at'])),
+                          before(lambda p: len(p['aug_src'])))
+    groups, insts, rbytes = (before(lambda p: len(p['owner'])),
+                             before(lambda p: len(p['aug_inst'])),
+                             before(lambda p: len(p['aug_rle'])))
+    P, K = (max(p['aug_place'].shape[1] for p in parts),
+            max(max(p['aug_xk'].shape[2], p['aug_yk'].shape[2]) for p in parts))
     out = []
     for i, p in enumerate(parts):
-        p = dict(p, owner=p['owner'] + imgs[i], aug_axis=p['aug_axis'] + imgs[i], aug_general=p['aug_general'] + imgs[i])
+        p = dict(p, owner=p['owner'] + imgs[i], aug_axis=p['aug_axis'] + imgs[i],
+                 aug_general=p['aug_general'] + imgs[i])
         p['aug_src_at'] = p['aug_src_at'] + torch.tensor([nbytes[i], 0, 0])
         slot = p['aug_place'][..., :1]
-        p['aug_place'] = _pad_dim(torch.cat([torch.where(slot >= 0, slot + srcs[i], slot), p['aug_place'][..., 1:]], -1), 1, P,
+        p['aug_place'] = _pad_dim(torch.cat([torch.where(slot >= 0, slot + srcs[i], slot),
+                                             p['aug_place'][..., 1:]], -1), 1, P,
                                   torch.tensor([-1, 0, 0, 0, 0, 0, 0]))
-        p['aug_qinv'], p['aug_crop'] = _pad_dim(p['aug_qinv'], 1, P, torch.eye(3, dtype=torch.float64)), _pad_dim(p['aug_crop'], 1, P, torch.zeros(4))
-        p['aug_xk'], p['aug_yk'] = (_pad_dim(p[k], 2, K, torch.zeros(())) for k in ('aug_xk', 'aug_yk'))
+        p['aug_qinv'], p['aug_crop'] = (_pad_dim(p['aug_qinv'], 1, P,
+                                                 torch.eye(3, dtype=torch.float64)),
+                                        _pad_dim(p['aug_crop'], 1, P, torch.zeros(4)))
+        p['aug_xk'], p['aug_yk'] = (_pad_dim(p[k], 2, K, torch.zeros(()))
+                                             for k in ('aug_xk', 'aug_yk'))
         p['aug_inst'] = p['aug_inst'] + torch.tensor([imgs[i], 0, INSTANCE_GROUP * groups[i]])
         p['aug_part'] = p['aug_part'] + torch.tensor([insts[i], 0])
         p['aug_rle_at'] = p['aug_rle_at'] + torch.tensor([rbytes[i], 0, 0, insts[i]])
@@ -235,47 +295,61 @@ def join_recipes(parts:list[dict])->dict:
 
 # %% ../nbs/01b_augment_device.ipynb #0476dbda
 def _canvases(b:dict, rows:Tensor, side:int)->Tensor:
-    "The canvases (n,side,side,3) uint8 of samples `rows`: each placed image's pixels in its rect, grey 114 elsewhere."
-    pl = b['aug_place'][rows]                                            # (n,P,7): slot, x1, y1, x2, y2, tx, ty
-    slot, at = pl[..., 0], b['aug_src_at'][pl[..., 0].clamp(min=0)]      # (n,P), (n,P,3): offset, h, w
+    """The canvases (n,side,side,3) uint8 of samples `rows`: each placed image's pixels in its rect,
+    grey 114 elsewhere."""
+    pl = b['aug_place'][rows]   # (n,P,7): slot, x1, y1, x2, y2, tx, ty
+    slot, at = pl[..., 0], b['aug_src_at'][pl[..., 0].clamp(min=0)]   # (n,P), (n,P,3): offset, h, w
     r = torch.arange(side, device=pl.device)
     row_in = (r >= pl[..., 2, None]) & (r < pl[..., 4, None]) & (slot[..., None] >= 0)
     col_in = (r >= pl[..., 1, None]) & (r < pl[..., 3, None])
-    row_px = at[..., 0, None] // 3 + (r - pl[..., 6, None]) * at[..., 2, None]   # pixel index into the sources
+    # pixel index into the sources
+    row_px = at[..., 0, None] // 3 + (r - pl[..., 6, None]) * at[..., 2, None]
     col_px = r - pl[..., 5, None]
     px = torch.full((len(pl), side, side), -1, dtype=torch.int64, device=pl.device)
     for k in range(pl.shape[1]):
-        px = torch.where(row_in[:, k, :, None] & col_in[:, k, None, :], row_px[:, k, :, None] + col_px[:, k, None, :], px)
+        px = torch.where(row_in[:, k, :, None] & col_in[:, k, None, :],
+                         row_px[:, k, :, None] + col_px[:, k, None, :], px)
     img = b['aug_src'].view(-1, 3)[px.clamp(min=0).view(-1)].view(*px.shape, 3)
     return torch.where(px[..., None] >= 0, img, 114)
 
 # %% ../nbs/01b_augment_device.ipynb #baf2830e
 def _axis_images(b:dict, rows:Tensor, canvas:Tensor, S:int)->Tensor:
-    "(n,S,S,3) uint8: each canvas resized as Pillow resizes its box (in its order of passes), flipped and pasted on grey."
-    patch = b['aug_patch'][rows]                                          # x0, y0, width, height, flip, vertical first
+    """(n,S,S,3) uint8: each canvas resized as Pillow resizes its box (in its order of passes),
+    flipped and pasted on grey."""
+    patch = b['aug_patch'][rows]   # x0, y0, width, height, flip, vertical first
     vf = patch[:, 5].bool()
     x, y = (b['aug_xmin'][rows], b['aug_xk'][rows]), (b['aug_ymin'][rows], b['aug_yk'][rows])
     pick = lambda a, c: torch.where(vf.view(-1, *[1] * (a.dim() - 1)), c, a)
-    # the vertical pass first is the horizontal pass first on the transposed canvas (it is square), transposed back
+    # the vertical pass first is the horizontal pass first on the transposed canvas (it is square),
+    # transposed back
     t = _resize_pass(pick(canvas, canvas.transpose(1, 2)), pick(x[0], y[0]), pick(x[1], y[1]), 2)
     t = _resize_pass(t, pick(y[0], x[0]), pick(y[1], x[1]), 1)
-    t = pick(t, t.transpose(1, 2))                                        # the patch at the top left
+    t = pick(t, t.transpose(1, 2))   # the patch at the top left
     r = torch.arange(S, device=t.device)
     py, px = r - patch[:, 1, None], r - patch[:, 0, None]
     px = torch.where(patch[:, 4, None].bool(), patch[:, 2, None] - 1 - px, px)
-    inside = ((py >= 0) & (py < patch[:, 3, None]))[:, :, None] & ((px >= 0) & (px < patch[:, 2, None]))[:, None, :]
-    out = t.gather(1, py.clamp(0, S - 1)[:, :, None, None].expand(-1, -1, S, 3)).gather(2, px.clamp(0, S - 1)[:, None, :, None].expand(-1, S, -1, 3))
+    inside = (((py >= 0) & (py < patch[:, 3, None]))[:, :, None]
+              & ((px >= 0) & (px < patch[:, 2, None]))[:, None, :])
+    out = t.gather(1,
+                   py.clamp(0, S - 1)[:, :, None,
+                                      None].expand(-1, -1, S,
+                                                   3)).gather(
+                                                       2,
+                                                       px.clamp(0, S - 1)[:, None, :, None].expand(
+                                                           -1, S, -1, 3))
     return torch.where(inside[..., None], out, 114)
 
 # %% ../nbs/01b_augment_device.ipynb #4361fc68
 def _general_images(b:dict, rows:Tensor, canvas:Tensor, S:int)->Tensor:
-    "(n,S,S,3) uint8: Pillow's bilinear affine transform of each canvas (its inverse matrix `aug_minv`), grey 114 outside."
+    """(n,S,S,3) uint8: Pillow's bilinear affine transform of each canvas (its inverse matrix
+    `aug_minv`), grey 114 outside."""
     n, side = canvas.shape[:2]
     a = b['aug_minv'][rows][:, :2].reshape(n, 6, 1, 1).unbind(1)
     H, W = (v.view(n, 1, 1) for v in b['aug_canvas'][rows].unbind(1))
     u = torch.arange(S, dtype=torch.float64, device=canvas.device) + .5
     ux, uy = u[None, None, :], u[None, :, None]
-    sx, sy = (a[0] * ux + a[1] * uy) + a[2], (a[3] * ux + a[4] * uy) + a[5]   # Pillow's order of operations
+    # Pillow's order of operations
+    sx, sy = (a[0] * ux + a[1] * uy) + a[2], (a[3] * ux + a[4] * uy) + a[5]
     inside = (sx >= 0) & (sx < W) & (sy >= 0) & (sy < H)
     fx, fy = torch.floor(sx - .5), torch.floor(sy - .5)
     dx, dy = ((sx - .5) - fx)[..., None], ((sy - .5) - fy)[..., None]
@@ -283,15 +357,20 @@ def _general_images(b:dict, rows:Tensor, canvas:Tensor, S:int)->Tensor:
     x0, x1 = torch.minimum(fx.clamp(min=0), W - 1), torch.minimum((fx + 1).clamp(min=0), W - 1)
     y0, y1 = torch.minimum(fy.clamp(min=0), H - 1), torch.minimum((fy + 1).clamp(min=0), H - 1)
     flat = canvas.reshape(n, side * side, 3)
-    at = lambda yy, xx: flat.gather(1, (yy * side + xx).view(n, -1, 1).expand(-1, -1, 3)).view(n, S, S, 3).double()
+    at = lambda yy, xx: flat.gather(1,
+                                    (yy * side
+                                     + xx).view(n, -1,
+                                                1).expand(-1, -1, 3)).view(n, S, S, 3).double()
     lerp = lambda p, q, d: p + (q - p) * d
     v1 = lerp(at(y0, x0), at(y0, x1), dx)
-    v2 = torch.where(((fy + 1 >= 0) & (fy + 1 < H))[..., None], lerp(at(y1, x0), at(y1, x1), dx), v1)
+    v2 = torch.where(((fy + 1 >= 0) & (fy + 1 < H))[..., None], lerp(at(y1, x0), at(y1, x1), dx),
+                     v1)
     return torch.where(inside[..., None], lerp(v1, v2, dy).trunc().to(torch.uint8), 114)
 
 # %% ../nbs/01b_augment_device.ipynb #2133573a
 def _grid_inside(qinv:Tensor, crop:Tensor, s:int)->tuple[Tensor, Tensor, Tensor]:
-    "`augment._grid_source` on the device for matrices (...,3,3): source px (ix, iy) under each mask pixel's centre, and whether they are in `crop`."
+    """`augment._grid_source` on the device for matrices (...,3,3): source px (ix, iy) under each
+    mask pixel's centre, and whether they are in `crop`."""
     u = torch.arange(s, dtype=torch.float64, device=qinv.device) + .5
     q = lambda r, c: qinv[..., r, c, None, None]
     ix = torch.floor((u[None, :] * q(0, 0) + u[:, None] * q(0, 1)) + q(0, 2)).long()
@@ -302,16 +381,20 @@ def _grid_inside(qinv:Tensor, crop:Tensor, s:int)->tuple[Tensor, Tensor, Tensor]
 # %% ../nbs/01b_augment_device.ipynb #6d274676
 def _masks(b:dict, s:int)->Tensor:
     "(Q,G,s,s) uint8: every kept instance's mask, in its slot."
-    inst, dev = b['aug_inst'], b['aug_inst'].device                       # (N,3): image, placed image, slot
+    inst, dev = b['aug_inst'], b['aug_inst'].device   # (N,3): image, placed image, slot
     part = _polygon_masks(b['aug_vert'], b['aug_part'], s)
     acc = torch.zeros(len(inst), s, s, dtype=torch.int16, device=dev)
-    acc.index_put_((b['aug_part'][:, 0],), part.to(torch.int16), accumulate=True)   # the union of an instance's parts
+    # the union of an instance's parts
+    acc.index_put_((b['aug_part'][:, 0],), part.to(torch.int16), accumulate=True)
     m = (acc > 0).to(torch.uint8)
-    at = b['aug_rle_at']                                                  # (R,4): offset, h, w, instance
+    at = b['aug_rle_at']   # (R,4): offset, h, w, instance
     ri = inst[at[:, 3]]
-    ix, iy, _ = _grid_inside(b['aug_qinv'][ri[:, 0], ri[:, 1]], b['aug_crop'][ri[:, 0], ri[:, 1]], s)
+    ix, iy, _ = _grid_inside(b['aug_qinv'][ri[:, 0], ri[:, 1]], b['aug_crop'][ri[:, 0], ri[:, 1]],
+                             s)
     h, w = at[:, 1, None, None], at[:, 2, None, None]
-    m.index_copy_(0, at[:, 3], b['aug_rle'][at[:, 0, None, None] + torch.minimum(iy.clamp(min=0), h - 1) * w + torch.minimum(ix.clamp(min=0), w - 1)])
+    m.index_copy_(0, at[:, 3],
+                  b['aug_rle'][at[:, 0, None, None] + torch.minimum(iy.clamp(min=0), h - 1) * w
+                               + torch.minimum(ix.clamp(min=0), w - 1)])
     m &= _grid_inside(b['aug_qinv'], b['aug_crop'], s)[2][inst[:, 0], inst[:, 1]].to(torch.uint8)
     out = torch.zeros(b['valid'].numel(), s, s, dtype=torch.uint8, device=dev)
     return out.index_copy_(0, inst[:, 2], m).view(*b['valid'].shape, s, s)
@@ -320,13 +403,17 @@ def _masks(b:dict, s:int)->Tensor:
 CANVAS_PIXELS = 2**22   # canvas pixels made at a time: a mosaic's canvas at 640 is 1280² = 1.6M
 
 def build_on_device(b:dict)->dict:
-    "A batch of `collate_recipes` made where its tensors are: `img` (B,3,S,S) uint8 and `masks` (Q,G,S/4,S/4) uint8, in the batch format."
+    """A batch of `collate_recipes` made where its tensors are: `img` (B,3,S,S) uint8 and `masks`
+    (Q,G,S/4,S/4) uint8, in the batch format."""
     S, B = b['aug_xmin'].shape[1], len(b['image_id'])
-    side = 2 * S if b['aug_place'].shape[1] > 1 else S                   # a batch with a mosaic has 4 placed images a sample
+    # a batch with a mosaic has 4 placed images a sample
+    side = 2 * S if b['aug_place'].shape[1] > 1 else S
     img = torch.empty(B, S, S, 3, dtype=torch.uint8, device=b['aug_src'].device)
     for key, make in (('aug_axis', _axis_images), ('aug_general', _general_images)):
         idx, per = b[key], max(1, CANVAS_PIXELS // side**2)
-        for i in range(0, len(idx), per): img.index_copy_(0, idx[i:i + per], make(b, idx[i:i + per], _canvases(b, idx[i:i + per], side), S))
+        for i in range(0, len(idx), per):
+            img.index_copy_(0, idx[i:i + per],
+                            make(b, idx[i:i + per], _canvases(b, idx[i:i + per], side), S))
     out = {k: v for k, v in b.items() if not k.startswith('aug_')}
     out.update(img=img.permute(0, 3, 1, 2).contiguous(), masks=_masks(b, S // MASK_STRIDE))
     return {k: out[k] for k in BATCH_KEYS}

@@ -24,19 +24,23 @@ __all__ = ['CACHE_MODES', 'CACHE_FORMAT', 'RAM_SHARE', 'DISK_SHARE', 'GB', 'INDE
            'load_label_index', 'label_index', 'cached_categories']
 
 # %% ../nbs/01c_cache.ipynb #f3c26868
-CACHE_MODES = ('none', 'ram', 'disk')   # where prepared images live: decoded at every use, in memory, in files
+# where prepared images live: decoded at every use, in memory, in files
+CACHE_MODES = ('none', 'ram', 'disk')
 CACHE_FORMAT = 2   # 2: EXIF orientation applied, the mode rule, the orientation stored
 _MAGIC = b'lucid_nb cache\n'
 
 def source_hash(data:bytes)->str:
-    "The sha256 of a source file's bytes (an image, a JSON): what a cache entry of it must have been built from."
+    """The sha256 of a source file's bytes (an image, a JSON): what a cache entry of it must have
+    been built from."""
     return hashlib.sha256(data).hexdigest()
 
 def prepared_bytes(p:Prepared)->bytes:
     "Serialise `p`: magic, sha256 of the body, body (.npz, no pickle)."
     buf = io.BytesIO()
-    np.savez(buf, img=p.img, meta=np.array([p.image_id, *p.orig_hw, p.orientation], np.int64), boxes=p.boxes, cls=p.cls, polys=p.polys,
-             parts=p.parts, rle_inst=np.array([k for k, _ in p.rles], np.int64), rle_len=np.array([len(c) for _, c in p.rles], np.int64),
+    np.savez(buf, img=p.img, meta=np.array([p.image_id, *p.orig_hw, p.orientation], np.int64),
+             boxes=p.boxes, cls=p.cls, polys=p.polys,
+             parts=p.parts, rle_inst=np.array([k for k, _ in p.rles], np.int64),
+             rle_len=np.array([len(c) for _, c in p.rles], np.int64),
              rle_data=np.frombuffer(b''.join(c for _, c in p.rles), np.uint8))
     body = buf.getvalue()
     return _MAGIC + hashlib.sha256(body).digest() + body
@@ -46,7 +50,8 @@ def prepared_from_bytes(b:bytes)->Prepared:
     n = len(_MAGIC)
     if b[:n] != _MAGIC: raise ValueError('not a lucid_nb cache file')
     body = b[n + 32:]
-    if len(b) < n + 32 or hashlib.sha256(body).digest() != b[n:n + 32]: raise ValueError('checksum mismatch (truncated or altered)')
+    if len(b) < n + 32 or hashlib.sha256(body).digest() != b[n:n + 32]:
+        raise ValueError('checksum mismatch (truncated or altered)')
     z = np.load(io.BytesIO(body), allow_pickle=False)
     data, ends = z['rle_data'].tobytes(), np.cumsum(z['rle_len'])
     rles = [(int(k), data[e - l:e]) for k, l, e in zip(z['rle_inst'], z['rle_len'], ends)]
@@ -57,40 +62,51 @@ def prepared_from_bytes(b:bytes)->Prepared:
 class DiskCache:
     "Prepared images as checksummed files in `folder`, with a manifest of what each was built from."
     def __init__(self, folder:str|Path, imgsz:int, annotations:str|Path=''):
-        self.folder, self.imgsz, self.annotations, self.error = Path(folder), imgsz, str(annotations), None
-        self.manifest_path, self.stats, self._lock = self.folder/'manifest.json', Counter(), threading.Lock()
+        self.folder, self.imgsz, self.annotations, self.error = (
+            Path(folder), imgsz, str(annotations), None)
+        self.manifest_path, self.stats, self._lock = (self.folder/'manifest.json', Counter(),
+                                                      threading.Lock())
         try: self.folder.mkdir(parents=True, exist_ok=True)
         except OSError as e: self.turn_off(e)
         try: m = json.loads(self.manifest_path.read_text())
         except (OSError, ValueError): m = {}
-        ok = isinstance(m, dict) and m.get('format') == CACHE_FORMAT and m.get('imgsz') == imgsz and isinstance(m.get('entries'), dict)
+        ok = (isinstance(m, dict) and m.get('format') == CACHE_FORMAT and m.get('imgsz') == imgsz
+              and isinstance(m.get('entries'), dict))
         self.entries = m['entries'] if ok else {}
-        self.changed = not ok or m.get('annotations') != self.annotations   # the manifest on disk differs from `entries`: `save` writes it
+        # the manifest on disk differs from `entries`: `save` writes it
+        self.changed = not ok or m.get('annotations') != self.annotations
 
     def file(self, rec:ImageRecord)->Path: return self.folder/f"{rec.image_id}.bin"
 
     def fingerprint(self, rec:ImageRecord, sha256:str)->dict:
-        "What a cache file must have been built from to be reused: `rec`'s source file, whose bytes hash to `sha256`, and its annotations."
-        return dict(source=str(rec.path.resolve()), sha256=sha256, ann=rec.ann_hash, imgsz=self.imgsz, format=CACHE_FORMAT)
+        """What a cache file must have been built from to be reused: `rec`'s source file, whose
+        bytes hash to `sha256`, and its annotations."""
+        return dict(source=str(rec.path.resolve()), sha256=sha256, ann=rec.ann_hash,
+                    imgsz=self.imgsz, format=CACHE_FORMAT)
 
     def matches(self, e:dict, rec:ImageRecord, sha256:str)->bool:
-        "Whether manifest entry `e` was built from `rec`'s source as it is now (an entry also records the file's orientation and length)."
+        """Whether manifest entry `e` was built from `rec`'s source as it is now (an entry also
+        records the file's orientation and length)."""
         return all(e.get(k) == v for k, v in self.fingerprint(rec, sha256).items())
 
     def _count(self, what:str):
         with self._lock: self.stats[what] += 1
 
     def turn_off(self, e:OSError):
-        "Stop writing after the first failure, saying so in one line: a cache problem never leaves an image out."
+        """Stop writing after the first failure, saying so in one line: a cache problem never leaves
+        an image out."""
         with self._lock: first, self.error = self.error is None, self.error or e
         if first and rank_zero_only.rank == 0:
-            log.warning(f"disk cache {self.folder}: cannot write ({type(e).__name__}: {e}); going on without it: "
-                        "images not cached yet are decoded from their files at every use (slower, nothing left out)")
+            log.warning(f"disk cache {self.folder}: cannot write ({type(e).__name__}: {e}); going "
+                        "on without it: images not cached yet are decoded from their files at "
+                        "every use (slower, nothing left out)")
 
 # %% ../nbs/01c_cache.ipynb #33cab325
 @patch
 def trusted(self:DiskCache, rec:ImageRecord, sha256:str)->int|None:
-    "The EXIF orientation its manifest entry records for `rec` when the entry matches the source (its bytes hash to `sha256`) and the cache file has the recorded length, else None: the cache file is not read (every load checks its hash)."
+    """The EXIF orientation its manifest entry records for `rec` when the entry matches the source
+    (its bytes hash to `sha256`) and the cache file has the recorded length, else None: the cache
+    file is not read (every load checks its hash)."""
     e = self.entries.get(str(rec.image_id))
     if e is None or 'orientation' not in e or not self.matches(e, rec, sha256): return None
     try: ok = self.file(rec).stat().st_size == e.get('bytes')
@@ -100,7 +116,8 @@ def trusted(self:DiskCache, rec:ImageRecord, sha256:str)->int|None:
 
 @patch
 def get(self:DiskCache, rec:ImageRecord, sha256:str)->Prepared|None:
-    "The cached `Prepared` of `rec` if its manifest entry matches the source (its bytes hash to `sha256`) and its file checks out, else None."
+    """The cached `Prepared` of `rec` if its manifest entry matches the source (its bytes hash to
+    `sha256`) and its file checks out, else None."""
     e = self.entries.get(str(rec.image_id))
     if e is None: self._count('built'); return None
     if not self.matches(e, rec, sha256): self._count('rebuilt (stale)'); return None
@@ -118,28 +135,36 @@ def get(self:DiskCache, rec:ImageRecord, sha256:str)->Prepared|None:
 
 @patch
 def put(self:DiskCache, rec:ImageRecord, p:Prepared, sha256:str):
-    "Write `p`, prepared from `rec`'s source bytes hashing to `sha256`, atomically and record its fingerprint; once a write fails, only forget `rec`'s old file."
+    """Write `p`, prepared from `rec`'s source bytes hashing to `sha256`, atomically and record its
+    fingerprint; once a write fails, only forget `rec`'s old file."""
     if self.error is None:
         b = prepared_bytes(p)
         try: atomic_write(self.file(rec), b)
         except OSError as e: self.turn_off(e)
         else:
-            with self._lock: self.entries[str(rec.image_id)], self.changed = dict(self.fingerprint(rec, sha256), orientation=p.orientation, bytes=len(b)), True
+            with self._lock:
+                self.entries[str(rec.image_id)], self.changed = (
+                    dict(self.fingerprint(rec, sha256), orientation=p.orientation, bytes=len(b)),
+                    True)
             return
-    with self._lock: self.changed |= self.entries.pop(str(rec.image_id), None) is not None   # without an entry its file is never read
+    # without an entry its file is never read
+    with self._lock: self.changed |= self.entries.pop(str(rec.image_id), None) is not None
     with suppress(OSError): self.file(rec).unlink(missing_ok=True)
     self._count('not written (cache off)')
 
 @patch
 def save(self:DiskCache):
     "Write the manifest atomically (a failure turns the cache off, as in `put`)."
-    with self._lock: m = dict(format=CACHE_FORMAT, imgsz=self.imgsz, annotations=self.annotations, entries=dict(self.entries))
+    with self._lock:
+        m = dict(format=CACHE_FORMAT, imgsz=self.imgsz, annotations=self.annotations,
+                 entries=dict(self.entries))
     try: atomic_write(self.manifest_path, json.dumps(m, indent=1, sort_keys=True).encode())
     except OSError as e: self.turn_off(e)
 
 # %% ../nbs/01c_cache.ipynb #84a6899c
 def cache_name(images:str|Path, annotations:str|Path, imgsz:int)->str:
-    "The cache folder's name of one images folder and JSON: their names, `imgsz` and a hash of both full paths (so no two datasets share it)."
+    """The cache folder's name of one images folder and JSON: their names, `imgsz` and a hash of
+    both full paths (so no two datasets share it)."""
     images, annotations = Path(images).resolve(), Path(annotations).resolve()
     key = hashlib.sha256(f"{images}|{annotations}".encode()).hexdigest()[:8]
     return f"{images.name}-{annotations.stem}-{imgsz}-{key}"
@@ -149,7 +174,8 @@ def default_cache_dir(images:str|Path, annotations:str|Path, imgsz:int)->Path:
     images, name = Path(images).resolve(), cache_name(images, annotations, imgsz)
     base = images.parent/'.cache'
     probe = base if base.exists() else images.parent
-    if not os.access(probe, os.W_OK): base = Path(os.environ.get('XDG_CACHE_HOME', Path.home()/'.cache'))/'lucid_nb'
+    if not os.access(probe, os.W_OK):
+        base = Path(os.environ.get('XDG_CACHE_HOME', Path.home()/'.cache'))/'lucid_nb'
     return base/name
 
 # %% ../nbs/01c_cache.ipynb #aa7f92e2
@@ -158,14 +184,16 @@ DISK_SHARE = 0.9   # the disk cache may take at most this share of its file syst
 GB = 1e9
 
 def _size(b:float)->str:
-    "Bytes in the unit that shows them: GB from a tenth of one, then MB, kB, bytes (a tiny disk's few kB are not '0 MB')."
+    """Bytes in the unit that shows them: GB from a tenth of one, then MB, kB, bytes (a tiny disk's
+    few kB are not '0 MB')."""
     if b >= GB / 10: return f"{b / GB:.1f} GB"
     for unit, size in (('MB', 1e6), ('kB', 1e3)):
         if b >= size: return f"{b / size:.0f} {unit}"
     return f"{b:.0f} bytes"
 
 def mem_available()->int|None:
-    "Bytes of memory available to new work (`MemAvailable` of /proc/meminfo); None where it cannot be read."
+    """Bytes of memory available to new work (`MemAvailable` of /proc/meminfo); None where it cannot
+    be read."""
     try:
         for line in Path('/proc/meminfo').read_text().splitlines():
             if line.startswith('MemAvailable:'): return int(line.split()[1]) * 1024
@@ -173,42 +201,52 @@ def mem_available()->int|None:
     return None
 
 def disk_free(folder:str|Path)->int|None:
-    "Free bytes of the file system that holds (or would hold) `folder`; None where it cannot be read."
+    """Free bytes of the file system that holds (or would hold) `folder`; None where it cannot be
+    read."""
     p = Path(folder).absolute()
     while not p.exists() and p != p.parent: p = p.parent
     try: return shutil.disk_usage(p).free
     except OSError: return None
 
 def prepared_size(recs:list[ImageRecord], imgsz:int)->int:
-    "Bytes the prepared images of `recs` will take: pixels at `imgsz` (long side), polygons as float32, ~1 KiB of objects each."
+    """Bytes the prepared images of `recs` will take: pixels at `imgsz` (long side), polygons as
+    float32, ~1 KiB of objects each."""
     px = sum(h * w * 3 for h, w in (resized_hw(r.hw, imgsz) for r in recs))
     coords = sum(len(p) for r in recs for i in r.instances if i.polys is not None for p in i.polys)
     return px + 4 * coords + 1024 * len(recs)
 
 # %% ../nbs/01c_cache.ipynb #5eee1190
 def fit_cache(cache:str, need:int, folder:Path|None, processes:int=1)->tuple[str, str|None]:
-    "The cache mode to use for `need` prepared bytes (in each of `processes`), and the line that says why when it is not `cache`."
+    """The cache mode to use for `need` prepared bytes (in each of `processes`), and the line that
+    says why when it is not `cache`."""
     if cache == 'none': return cache, None
     why = ''
     if cache == 'ram':
         avail = mem_available()
         if avail is None or need * processes <= RAM_SHARE * avail: return 'ram', None
-        why = (f"cache 'ram' would take {_size(need * processes)}" + (f" ({processes} processes)" if processes > 1 else '')
-               + f", more than {RAM_SHARE:.0%} of the {_size(avail)} of memory available (MemAvailable)")
+        why = (f"cache 'ram' would take {_size(need * processes)}"
+               + (f" ({processes} processes)" if processes > 1 else '')
+               + f", more than {RAM_SHARE:.0%} of the {_size(avail)} of memory available "
+                 "(MemAvailable)")
     free = disk_free(folder) if folder is not None else None
     new = need
-    if free is not None and need > DISK_SHARE * free and folder.is_dir():   # files there already take no more space
+    # files there already take no more space
+    if free is not None and need > DISK_SHARE * free and folder.is_dir():
         new = max(0, need - sum(f.stat().st_size for f in folder.glob('*.bin')))
     if free is None or new <= DISK_SHARE * free:
         where = f"{folder} ({_size(free)} free)" if free is not None else f"{folder}"
-        return 'disk', (f"lucid_nb data: {why}: using the disk cache in {where} instead" if why else None)
+        return 'disk', (f"lucid_nb data: {why}: using the disk cache in {where} instead" if why
+                        else None)
     why = (why + ', and the disk cache') if why else f"cache 'disk' would take {_size(need)}"
-    return 'none', (f"lucid_nb data: {why} more than {DISK_SHARE:.0%} of the {_size(free)} free in {folder}: no cache, "
-                    "images are decoded at every use (slower); free memory or disk space, or give --data.cache_dir DIR on a larger disk")
+    return 'none', (f"lucid_nb data: {why} more than {DISK_SHARE:.0%} of the {_size(free)} free in "
+                    f"{folder}: no cache, "
+                    "images are decoded at every use (slower); free memory or disk space, or give "
+                    "--data.cache_dir DIR on a larger disk")
 
 # %% ../nbs/01c_cache.ipynb #a5012dd0
 INDEX_FORMAT = 1
-INDEX_MIN_BYTES = 4 * 2**20   # a smaller JSON is read in well under a second: its index is not cached
+# a smaller JSON is read in well under a second: its index is not cached
+INDEX_MIN_BYTES = 4 * 2**20
 
 @dataclass
 class LabelIndex:
@@ -228,42 +266,61 @@ class _Recording:
         self.calls.append(['note', a, k])
         self.report.note(*a, **k)
 
-def label_index_path(images:str|Path, annotations:str|Path, cache_dir:str|Path|None=None, masks:bool=True)->Path:
-    "The label index file of one images folder and JSON: `<images>-<json>-<hash>.labels.npz` beside the disk cache folders (`.boxes.npz`: detection's, without `masks`)."
+def label_index_path(images:str|Path, annotations:str|Path, cache_dir:str|Path|None=None,
+                     masks:bool=True)->Path:
+    """The label index file of one images folder and JSON: `<images>-<json>-<hash>.labels.npz`
+    beside the disk cache folders (`.boxes.npz`: detection's, without `masks`)."""
     name, _, key = cache_name(images, annotations, 0).rsplit('-', 2)
-    return (Path(cache_dir) if cache_dir else default_cache_dir(images, annotations, 0).parent)/f"{name}-{key}.{'labels' if masks else 'boxes'}.npz"
+    return ((Path(cache_dir) if cache_dir else default_cache_dir(images, annotations, 0).parent)
+            /f"{name}-{key}.{'labels' if masks else 'boxes'}.npz")
 
-def _index_key(images:Path, annotations:Path, data:bytes, cat_ids:list|None, source:str, masks:bool=True)->dict:
-    "What an index must have been read from to be used: this JSON file, whose bytes are `data`, these images and classes, with or without masks."
-    return dict(format=INDEX_FORMAT, json=str(annotations.resolve()), sha256=source_hash(data), images=str(images.resolve()),
-                cat_ids=None if cat_ids is None else [int(c) for c in cat_ids], source=source, masks=masks)
+def _index_key(images:Path, annotations:Path, data:bytes, cat_ids:list|None, source:str,
+               masks:bool=True)->dict:
+    """What an index must have been read from to be used: this JSON file, whose bytes are `data`,
+    these images and classes, with or without masks."""
+    return dict(format=INDEX_FORMAT, json=str(annotations.resolve()), sha256=source_hash(data),
+                images=str(images.resolve()),
+                cat_ids=None if cat_ids is None else [int(c) for c in cat_ids], source=source,
+                masks=masks)
 
 # %% ../nbs/01c_cache.ipynb #b61dd685
 def save_label_index(path:Path, key:dict, idx:LabelIndex, files:list[str]):
-    "Write `idx` (with `files`, the `file_name` of each record) as plain arrays, atomically; a failure is one warning."
+    """Write `idx` (with `files`, the `file_name` of each record) as plain arrays, atomically; a
+    failure is one warning."""
     R = idx.records
     I = [i for r in R for i in r.instances]
     polys = [np.asarray(p, np.float64) for i in I if i.polys is not None for p in i.polys]
     rles = [i.rle['counts'] for i in I if i.rle is not None]
     try:
-        meta = dict(key=key, categories=idx.categories, names=idx.names, calls=idx.calls, files=files, ann_ids=[i.ann_id for i in I])
+        meta = dict(key=key, categories=idx.categories, names=idx.names, calls=idx.calls,
+                    files=files, ann_ids=[i.ann_id for i in I])
         buf = io.BytesIO()
         np.savez(buf, meta=np.frombuffer(json.dumps(meta).encode(), np.uint8),
-                 rec=np.array([(r.image_id, *r.hw, r.entry, len(r.instances)) for r in R], np.int64).reshape(-1, 5),
-                 ann_hash=np.array([r.ann_hash for r in R], 'S64'), bad_n=np.array([len(r.bad_anns) for r in R], np.int64),
+                 rec=np.array([(r.image_id, *r.hw, r.entry, len(r.instances)) for r in R],
+                              np.int64).reshape(-1, 5),
+                 ann_hash=np.array([r.ann_hash for r in R], 'S64'),
+                 bad_n=np.array([len(r.bad_anns) for r in R], np.int64),
                  bad=np.array([j for r in R for j in sorted(r.bad_anns)], np.int64),
-                 cls=np.array([i.cls for i in I], np.int64), box=np.array([i.box for i in I], np.float64).reshape(-1, 4),
-                 parts=np.array([len(i.polys) if i.polys is not None else -1 if i.rle is not None else -2 for i in I], np.int64),   # -2: a box
-                 part_len=np.array([len(p) for p in polys], np.int64), xy=np.concatenate([np.zeros(0), *polys]),
-                 rle_len=np.array([len(c) for c in rles], np.int64), rle=np.frombuffer(b''.join(rles), np.uint8))
+                 cls=np.array([i.cls for i in I], np.int64),
+                 box=np.array([i.box for i in I], np.float64).reshape(-1, 4),
+                 # -2: a box
+                 parts=np.array([len(i.polys) if i.polys is not None else -1 if i.rle is not None
+                                 else -2 for i in I], np.int64),
+                 part_len=np.array([len(p) for p in polys], np.int64),
+                 xy=np.concatenate([np.zeros(0), *polys]),
+                 rle_len=np.array([len(c) for c in rles], np.int64),
+                 rle=np.frombuffer(b''.join(rles), np.uint8))
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(path, buf.getvalue())
     except (OSError, TypeError, ValueError) as e:
-        if rank_zero_only.rank == 0: log.warning(f"label index {path}: not written ({type(e).__name__}: {e}); the next start reads the JSON again")
+        if rank_zero_only.rank == 0:
+            log.warning(f"label index {path}: not written ({type(e).__name__}: {e}); the next "
+                        "start reads the JSON again")
 
 # %% ../nbs/01c_cache.ipynb #f459e1c7
 def load_label_index(path:Path, key:dict, images:Path)->LabelIndex|None:
-    "The `LabelIndex` in `path` if it was written for `key`, else None (a damaged file is one warning)."
+    """The `LabelIndex` in `path` if it was written for `key`, else None (a damaged file is one
+    warning)."""
     try:
         with np.load(path, allow_pickle=False) as z:
             meta = json.loads(z['meta'].tobytes())
@@ -271,14 +328,18 @@ def load_label_index(path:Path, key:dict, images:Path)->LabelIndex|None:
             a = {k: z[k] for k in z.files if k != 'meta'}
     except FileNotFoundError: return None
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
-        if rank_zero_only.rank == 0: log.warning(f"label index {path} is unusable ({type(e).__name__}: {e}); reading the JSON")
+        if rank_zero_only.rank == 0:
+            log.warning(f"label index {path} is unusable ({type(e).__name__}: {e}); reading the "
+                        "JSON")
         return None
     polys = iter(np.split(a['xy'], np.cumsum(a['part_len'])[:-1]))   # views of one array
     ends, data = np.cumsum(a['rle_len']).tolist(), a['rle'].tobytes()
     rles = iter([data[s:e] for s, e in zip([0] + ends[:-1], ends)])
-    cls, box, parts, ann_ids, bad = a['cls'].tolist(), a['box'].tolist(), a['parts'].tolist(), meta['ann_ids'], a['bad'].tolist()
+    cls, box, parts, ann_ids, bad = (a['cls'].tolist(), a['box'].tolist(), a['parts'].tolist(),
+                                     meta['ann_ids'], a['bad'].tolist())
     recs, k, b = [], 0, 0
-    for (i, H, W, entry, m), h, nb, f in zip(a['rec'].tolist(), a['ann_hash'].tolist(), a['bad_n'].tolist(), meta['files']):
+    for (i, H, W, entry, m), h, nb, f in zip(a['rec'].tolist(), a['ann_hash'].tolist(),
+                                             a['bad_n'].tolist(), meta['files']):
         rec = ImageRecord(i, images/f, (H, W), [], h.decode(), set(bad[b:b + nb]), entry)
         b += nb
         for j in range(k, k + m):
@@ -291,19 +352,23 @@ def load_label_index(path:Path, key:dict, images:Path)->LabelIndex|None:
     return LabelIndex(recs, tuple(meta['categories']), meta['names'], meta['calls'])
 
 # %% ../nbs/01c_cache.ipynb #7c6cb057
-def label_index(annotations:str|Path, images:str|Path, report:DataReport, cat_ids:list|None=None, source:str|None=None,
+def label_index(annotations:str|Path, images:str|Path, report:DataReport, cat_ids:list|None=None,
+                source:str|None=None,
                 cache:bool=True,              # use (and write) the cached index of a JSON of at least INDEX_MIN_BYTES
                 cache_dir:str|Path|None=None, # folder of the index (None: beside the default disk cache folders)
-                check=None,                   # called with the JSON's (cat_ids, names) before its records are read
+                check=None,   # called with the JSON's (cat_ids, names) before its records are read
                 parsed:dict|None=None,        # the JSON, when it was already read
-                masks:bool=True,              # `read_records`' masks: False reads boxes only (detection)
+                masks:bool=True,   # `read_records`' masks: False reads boxes only (detection)
                )->tuple[LabelIndex, dict|None]:
-    "The records of `annotations` with `cat_ids` (None: its own), from the cached index when it is this JSON's; and the JSON dict when it was read."
+    """The records of `annotations` with `cat_ids` (None: its own), from the cached index when it is
+    this JSON's; and the JSON dict when it was read."""
     annotations, images = Path(annotations), Path(images)
     source, path, data = source or annotations.name, None, None
     if cache and annotations.is_file() and annotations.stat().st_size >= INDEX_MIN_BYTES:
-        data = annotations.read_bytes()   # hashed for the key, parsed below if the index is not this JSON's
-        path, key = label_index_path(images, annotations, cache_dir, masks), _index_key(images, annotations, data, cat_ids, source, masks)
+        # hashed for the key, parsed below if the index is not this JSON's
+        data = annotations.read_bytes()
+        path, key = (label_index_path(images, annotations, cache_dir, masks),
+                     _index_key(images, annotations, data, cat_ids, source, masks))
         if (idx := load_label_index(path, key, images)) is not None:
             if check: check(idx.categories)
             for what, a, k in idx.calls: getattr(report, what)(*a, **k)
@@ -312,17 +377,25 @@ def label_index(annotations:str|Path, images:str|Path, report:DataReport, cat_id
     cats = coco_categories(d)
     if check: check(cats)
     rec = _Recording(report)
-    recs = read_records(d, images, cats[0] if cat_ids is None else cat_ids, rec, source, masks=masks)
-    idx = LabelIndex(recs, cats, [str(e.get('file_name')) if isinstance(e, dict) else '' for e in d['images']], rec.calls)
-    if path is not None: save_label_index(path, key, idx, [d['images'][r.entry]['file_name'] for r in recs])
+    recs = read_records(d, images, cats[0] if cat_ids is None else cat_ids, rec, source,
+                        masks=masks)
+    idx = LabelIndex(recs, cats,
+                     [str(e.get('file_name')) if isinstance(e, dict) else '' for e in d['images']],
+                     rec.calls)
+    if path is not None:
+        save_label_index(path, key, idx, [d['images'][r.entry]['file_name'] for r in recs])
     return idx, d
 
-def cached_categories(annotations:str|Path, images:str|Path, cache_dir:str|Path|None=None, masks:bool=True)->tuple|None:
-    "`(cat_ids, names)` of `annotations` from its cached label index when it is this JSON's (nothing parsed but the index's header), else None."
+def cached_categories(annotations:str|Path, images:str|Path, cache_dir:str|Path|None=None,
+                      masks:bool=True)->tuple|None:
+    """`(cat_ids, names)` of `annotations` from its cached label index when it is this JSON's
+    (nothing parsed but the index's header), else None."""
     annotations, images = Path(annotations), Path(images)
     if not annotations.is_file() or annotations.stat().st_size < INDEX_MIN_BYTES: return None
     key = _index_key(images, annotations, annotations.read_bytes(), None, annotations.name, masks)
     try:
-        with np.load(label_index_path(images, annotations, cache_dir, masks), allow_pickle=False) as z: meta = json.loads(z['meta'].tobytes())
+        with np.load(label_index_path(images, annotations, cache_dir, masks),
+                     allow_pickle=False) as z:
+            meta = json.loads(z['meta'].tobytes())
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile): return None
     return tuple(meta['categories']) if meta.get('key') == key else None

@@ -19,16 +19,20 @@ __all__ = ['STAND_IN_MODULES', 'ULTRALYTICS_RELEASES', 'HIDDEN', 'CHECKED_PARTS'
            'weak_checkpoint']
 
 # %% ../nbs/03a_checkpoints.ipynb #a413c5da
-STAND_IN_MODULES = ('ultralytics.', 'torch.nn.modules.', 'numpy.', 'pathlib.')  # inert stand-ins in an Ultralytics file
+# inert stand-ins in an Ultralytics file
+STAND_IN_MODULES = ('ultralytics.', 'torch.nn.modules.', 'numpy.', 'pathlib.')
 
-class UnsafeCheckpoint(ValueError): "A checkpoint whose pickle would call code that no weights file needs."
+class UnsafeCheckpoint(ValueError):
+    "A checkpoint whose pickle would call code that no weights file needs."
 
 class StandIn:
-    "An inert record standing in for a class a pickle names: it keeps the state it is given and runs nothing."
+    """An inert record standing in for a class a pickle names: it keeps the state it is given and
+    runs nothing."""
     def __new__(cls, *args, **kwargs): return object.__new__(cls)
     def __init__(self, *args, **kwargs): pass
     def __setstate__(self, state):
-        if isinstance(state, tuple) and len(state) == 2 and isinstance(state[1], dict): state = {**(state[0] or {}), **state[1]}
+        if isinstance(state, tuple) and len(state) == 2 and isinstance(state[1], dict):
+            state = {**(state[0] or {}), **state[1]}
         if isinstance(state, dict): self.__dict__.update(state)
         else: self.__dict__['state'] = state
     def __repr__(self): return f"StandIn({type(self).__module__}.{type(self).__qualname__})"
@@ -42,20 +46,26 @@ def stand_in(name:str)->type:
     return _stand_ins[name]
 
 # %% ../nbs/03a_checkpoints.ipynb #ca28cb38
-ULTRALYTICS_RELEASES = 'https://github.com/ultralytics/assets/releases'   # where Ultralytics publishes its weights files
+# where Ultralytics publishes its weights files
+ULTRALYTICS_RELEASES = 'https://github.com/ultralytics/assets/releases'
 
 def where_from(p:Path)->str:
-    "For a missing Ultralytics weights file (`yolo11n-seg.pt`, `yolo11s.pt`...): where it comes from; else ''."
+    """For a missing Ultralytics weights file (`yolo11n-seg.pt`, `yolo11s.pt`...): where it comes
+    from; else ''."""
     if not re.fullmatch(r'yolo(v?\d+)[nsmlx](-seg|-pose|-obb|-cls)?\.pt', p.name): return ''
-    return (f"; Ultralytics publishes it at {ULTRALYTICS_RELEASES} (lucid downloads nothing: fetch it once, e.g. "
+    return (f"; Ultralytics publishes it at {ULTRALYTICS_RELEASES} (lucid downloads nothing: fetch "
+            "it once, e.g. "
             f"`curl -LO {ULTRALYTICS_RELEASES}/download/v8.3.0/{p.name}`, then give its path)")
 
 # %% ../nbs/03a_checkpoints.ipynb #5e211c87
-HIDDEN = 'a callable whose name the pickle computes'   # what `pickle_globals` lists for a global it cannot name
-_STRINGS = ('SHORT_BINUNICODE', 'BINUNICODE', 'BINUNICODE8', 'UNICODE', 'STRING', 'BINSTRING', 'SHORT_BINSTRING')
+# what `pickle_globals` lists for a global it cannot name
+HIDDEN = 'a callable whose name the pickle computes'
+_STRINGS = ('SHORT_BINUNICODE', 'BINUNICODE', 'BINUNICODE8', 'UNICODE', 'STRING', 'BINSTRING',
+            'SHORT_BINSTRING')
 
 def _pickle_calls(f, found:list):
-    "Append to `found` the callables that the one pickle at `f`'s position names, following its stack and memo as the unpickler would (nothing is run)."
+    """Append to `found` the callables that the one pickle at `f`'s position names, following its
+    stack and memo as the unpickler would (nothing is run)."""
     MARK, ANY, mark = object(), object(), pickletools.markobject
     stack, memo = [], {}
     for op, arg, _ in pickletools.genops(f):
@@ -63,22 +73,27 @@ def _pickle_calls(f, found:list):
         if name in ('GLOBAL', 'INST'): found.append(arg.replace(' ', '.'))
         elif name == 'STACK_GLOBAL':
             mod, qual = stack[-2:] if len(stack) >= 2 else (ANY, ANY)
-            found.append(f'{mod}.{qual}' if isinstance(mod, str) and isinstance(qual, str) else HIDDEN)
-        elif name.startswith('EXT'): found.append('.'.join(copyreg._inverted_registry.get(arg, ('copyreg extension', str(arg)))))
+            found.append(f'{mod}.{qual}' if isinstance(mod, str) and isinstance(qual, str)
+                         else HIDDEN)
+        elif name.startswith('EXT'):
+            found.append(
+                '.'.join(copyreg._inverted_registry.get(arg, ('copyreg extension', str(arg)))))
         if name == 'MEMOIZE': memo[len(memo)] = stack[-1] if stack else ANY; continue
         if name.endswith('PUT'): memo[arg] = stack[-1] if stack else ANY; continue
         if name.endswith('GET'): stack.append(memo.get(arg, ANY)); continue
         if name in _STRINGS: stack.append(arg); continue
         if name == 'DUP': stack.append(stack[-1] if stack else ANY); continue
         n = len(before)
-        if mark in before or (name == 'POP' and stack and stack[-1] is MARK):   # pops everything down to the last mark
+        # pops everything down to the last mark
+        if mark in before or (name == 'POP' and stack and stack[-1] is MARK):
             while stack and stack.pop() is not MARK: pass
             n = before.index(mark) if mark in before else 0
         if n: del stack[-n:]
         stack += [MARK if x is mark else ANY for x in after]
 
 def pickle_globals(path)->list[str]:
-    "The callables (`module.name`) a checkpoint's pickles name, in order (`HIDDEN` for one they compute), read with `pickletools` (nothing is run)."
+    """The callables (`module.name`) a checkpoint's pickles name, in order (`HIDDEN` for one they
+    compute), read with `pickletools` (nothing is run)."""
     p = Path(path)
     if zipfile.is_zipfile(p):
         with zipfile.ZipFile(p) as z:
@@ -95,22 +110,28 @@ def pickle_globals(path)->list[str]:
 _URL = re.compile(r'[A-Za-z][A-Za-z0-9+.-]*://')
 
 def local_file(path, option:str='--model.weights')->Path:
-    "The local file a checkpoint source names, one rule for every entry point: a path whatever its name, a `file://` URL's path; another URL or Lightning's registry keyword is refused in one sentence."
+    """The local file a checkpoint source names, one rule for every entry point: a path whatever its
+    name, a `file://` URL's path; another URL or Lightning's registry keyword is refused in one
+    sentence."""
     s = str(path)
     if s.startswith('file://'): return Path(urllib.parse.unquote(urllib.parse.urlparse(s).path))
-    if Path(s).exists() or not (_URL.match(s) or re.fullmatch(r'registry(:.*)?', s, re.I | re.S)): return Path(s)
-    raise ValueError(f"{option} {s}: lucid reads checkpoints from local files only (a path, or a file:// URL), each through its "
-                     "safe reader; download the file yourself and give its path")
+    if Path(s).exists() or not (_URL.match(s) or re.fullmatch(r'registry(:.*)?', s, re.I | re.S)):
+        return Path(s)
+    raise ValueError(f"{option} {s}: lucid reads checkpoints from local files only (a path, or a "
+                     "file:// URL), each through its safe reader; download the file yourself and "
+                     "give its path")
 
 # %% ../nbs/03a_checkpoints.ipynb #f84e735c
 def _torch_allows(name:str)->bool:
     try:
         from torch._weights_only_unpickler import _get_allowed_globals
         return name in _get_allowed_globals()
-    except Exception: return name.startswith(('torch.', 'collections.OrderedDict', 'builtins.'))   # torch without the table
+    # torch without the table
+    except Exception: return name.startswith(('torch.', 'collections.OrderedDict', 'builtins.'))
 
 class _SafeGlobals:
-    "`torch.serialization.safe_globals` for this load only (also on torch versions without the context manager)."
+    """`torch.serialization.safe_globals` for this load only (also on torch versions without the
+    context manager)."""
     def __init__(self, extra:list): self.extra = extra
     def __enter__(self):
         self.before = torch.serialization.get_safe_globals()
@@ -120,7 +141,8 @@ class _SafeGlobals:
         torch.serialization.add_safe_globals(self.before)
 
 def _archive_kind(p:Path)->str:
-    "'torch' (a PyTorch zip archive: a member `<name>/data.pkl`, first or not), 'zip' (another zip file), 'pickle' (a bare pickle, or a legacy torch file), or 'other', from the file's bytes."
+    """'torch' (a PyTorch zip archive: a member `<name>/data.pkl`, first or not), 'zip' (another zip
+    file), 'pickle' (a bare pickle, or a legacy torch file), or 'other', from the file's bytes."""
     with open(p, 'rb') as f: head = f.read(30)
     if head[:4] == b'PK\x03\x04' and len(head) == 30:
         with open(p, 'rb') as f:
@@ -128,98 +150,139 @@ def _archive_kind(p:Path)->str:
             first = f.read(struct.unpack('<H', head[26:28])[0])
         if first.endswith(b'data.pkl'): return 'torch'   # as torch writes it
         try:
-            with zipfile.ZipFile(p) as z: names = z.namelist()   # members in another order (a tool rewrote the zip)
-        except (zipfile.BadZipFile, OSError, EOFError, ValueError): return 'torch' if b'/data.pkl' in p.read_bytes()[-2**20:] else 'zip'
-        return 'torch' if any(n.count('/') == 1 and n.endswith('/data.pkl') for n in names) else 'zip'
+            # members in another order (a tool rewrote the zip)
+            with zipfile.ZipFile(p) as z: names = z.namelist()
+        except (zipfile.BadZipFile, OSError, EOFError, ValueError):
+            return 'torch' if b'/data.pkl' in p.read_bytes()[-2**20:] else 'zip'
+        return ('torch' if any(n.count('/') == 1 and n.endswith('/data.pkl') for n in names)
+                else 'zip')
     return 'pickle' if head[:1] == b'\x80' else 'other'
 
 def _intact(p:Path)->bool:
-    "Whether the zip archive `p` opens and every member's bytes match the CRC-32 written with it (torch does not check them)."
+    """Whether the zip archive `p` opens and every member's bytes match the CRC-32 written with it
+    (torch does not check them)."""
     try:
         with zipfile.ZipFile(p) as z: return z.testzip() is None
     except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError): return False
 
 # %% ../nbs/03a_checkpoints.ipynb #4df1cb87
 def safe_load(path, option:str='--model.weights'):
-    "A checkpoint read with `torch.load(weights_only=True)` on the CPU; Ultralytics' classes become `StandIn`s; a pickle that would call anything else is refused (`UnsafeCheckpoint`); a file that is no checkpoint is a one-line `ValueError`, a damaged one (any damage) one `CorruptCheckpoint` line."
+    """A checkpoint read with `torch.load(weights_only=True)` on the CPU; Ultralytics' classes
+    become `StandIn`s; a pickle that would call anything else is refused (`UnsafeCheckpoint`); a
+    file that is no checkpoint is a one-line `ValueError`, a damaged one (any damage) one
+    `CorruptCheckpoint` line."""
     p = local_file(path, option)
-    if not p.is_file(): raise FileNotFoundError(f"{option} {p}: {'a folder, not a file' if p.is_dir() else 'no such file'}{where_from(p)}")
+    if not p.is_file():
+        raise FileNotFoundError(f"{option} {p}: "
+                                f"{'a folder, not a file' if p.is_dir() else 'no such file'}{where_from(p)}")
     kind = _archive_kind(p)
-    if kind in ('zip', 'other'): raise ValueError(f"{option} {p} is not a checkpoint ({'a zip file, but not' if kind == 'zip' else 'not'} a PyTorch archive)")
-    if kind == 'torch' and not _intact(p): raise corrupt(p, option)   # a member changed, the directory damaged, the file cut short
+    if kind in ('zip', 'other'):
+        raise ValueError(f"{option} {p} is not a checkpoint "
+                         f"({'a zip file, but not' if kind == 'zip' else 'not'} a PyTorch archive)")
+    # a member changed, the directory damaged, the file cut short
+    if kind == 'torch' and not _intact(p): raise corrupt(p, option)
     names = pickle_globals(p)
     ultra = any(n.startswith('ultralytics.') for n in names)
     stand = [n for n in names if ultra and n.startswith(STAND_IN_MODULES)]
     def refuse(bad): return UnsafeCheckpoint(
-        f"{option} {p}: refused: its pickle would call {', '.join(bad[:3])}{' ...' if len(bad) > 3 else ''}, which no "
-        "weights file needs (loading it could run code); nothing was run. lucid reads tensors, plain containers and "
-        "Ultralytics' module records only")
+        f"{option} {p}: refused: its pickle would call "
+        f"{', '.join(bad[:3])}{' ...' if len(bad) > 3 else ''}, which no "
+        "weights file needs (loading it could run code); nothing was run. lucid reads tensors, "
+        "plain containers and Ultralytics' module records only")
     if bad := [n for n in names if n not in stand and not _torch_allows(n)]: raise refuse(bad)
     try:
-        with _SafeGlobals([stand_in(n) for n in stand]): ckpt = torch.load(p, map_location='cpu', weights_only=True)
-    except pickle.UnpicklingError as e:   # torch's allow-list caught a name the scan did not see: named, torch's advice left out
-        if 'global' not in str(e).lower(): raise ValueError(f"{option} {p} is not a checkpoint torch can read ({type(e).__name__})") from None
+        with _SafeGlobals([stand_in(n) for n in stand]):
+            ckpt = torch.load(p, map_location='cpu', weights_only=True)
+    # torch's allow-list caught a name the scan did not see: named, torch's advice left out
+    except pickle.UnpicklingError as e:
+        if 'global' not in str(e).lower():
+            raise ValueError(
+                f"{option} {p} is not a checkpoint torch can read ({type(e).__name__})") from None
         raise refuse([m[1] if (m := re.search(r'GLOBAL ([\w.]+)', str(e))) else HIDDEN]) from None
     except Exception as e:
-        if kind == 'torch': raise corrupt(p, option) from None   # CRCs whole, yet torch cannot read it: its zip directory changed
-        raise ValueError(f"{option} {p} is not a checkpoint torch can read ({type(e).__name__})") from None
+        # CRCs whole, yet torch cannot read it: its zip directory changed
+        if kind == 'torch': raise corrupt(p, option) from None
+        raise ValueError(
+            f"{option} {p} is not a checkpoint torch can read ({type(e).__name__})") from None
     return check_hashes(ckpt, p, option)   # `lucid`'s own checkpoints carry their hashes
 
 # %% ../nbs/03a_checkpoints.ipynb #8adbcf55
-CHECKED_PARTS = ('state_dict', 'optimizer_states', 'lr_schedulers')   # a checkpoint's training state: what older checkpoints' hashes cover
+# a checkpoint's training state: what older checkpoints' hashes cover
+CHECKED_PARTS = ('state_dict', 'optimizer_states', 'lr_schedulers')
 HASH_KEY = 'lucid_sha256'   # where a checkpoint `lucid` wrote keeps them: {field: sha256}
-EVERY_FIELD = '*'           # in HASH_KEY: the names of all the fields, each of them hashed (metadata too)
+EVERY_FIELD = '*'   # in HASH_KEY: the names of all the fields, each of them hashed (metadata too)
 
-class CorruptCheckpoint(ValueError): "A checkpoint whose bytes changed after it was written: its archive's CRCs, or the hashes stored in it, no longer match."
+class CorruptCheckpoint(ValueError):
+    """A checkpoint whose bytes changed after it was written: its archive's CRCs, or the hashes
+    stored in it, no longer match."""
 
 def corrupt(path, option:str='--ckpt_path')->CorruptCheckpoint:
-    "The one line of every damaged checkpoint, whatever the damage: a tensor, `data.pkl`, the zip directory, a copy cut short."
-    return CorruptCheckpoint(f"{option} {path} is corrupt: its bytes changed after it was written (a disk error, or a copy that "
-                             "failed or was cut short); use another checkpoint of the run, or copy it again from where it was written")
+    """The one line of every damaged checkpoint, whatever the damage: a tensor, `data.pkl`, the zip
+    directory, a copy cut short."""
+    return CorruptCheckpoint(f"{option} {path} is corrupt: its bytes changed after it was written "
+                             "(a disk error, or a copy that failed or was cut short); use another "
+                             "checkpoint of the run, or copy it again from where it was written")
 
 def _digest(x)->str|None:
     try: return digest(x)
-    except TypeError: return None   # an object `digest` does not know (another program's state): left unchecked
+    # an object `digest` does not know (another program's state): left unchecked
+    except TypeError: return None
 
 def with_hashes(ckpt:dict)->dict:
-    "`ckpt` with the `digest` of every one of its fields, and their names (`EVERY_FIELD`), under `HASH_KEY` (what `lucid` writes)."
+    """`ckpt` with the `digest` of every one of its fields, and their names (`EVERY_FIELD`), under
+    `HASH_KEY` (what `lucid` writes)."""
     fields = sorted(str(k) for k in ckpt if k != HASH_KEY)
     return {**ckpt, HASH_KEY: {EVERY_FIELD: fields, **{k: _digest(ckpt[k]) for k in fields}}}
 
 def check_hashes(ckpt, path, option:str='--ckpt_path'):
-    "`ckpt` when the hashes stored in it match its contents (every field, where they cover all), or when it stores none; else `CorruptCheckpoint`."
+    """`ckpt` when the hashes stored in it match its contents (every field, where they cover all),
+    or when it stores none; else `CorruptCheckpoint`."""
     stored = ckpt.get(HASH_KEY) if isinstance(ckpt, dict) else None
     if not isinstance(stored, dict): return ckpt   # written before, or by another program
     fields = stored.get(EVERY_FIELD)
-    if fields is not None and fields != sorted(str(k) for k in ckpt if k != HASH_KEY): raise corrupt(path, option)   # a field added or gone
-    if any(k != EVERY_FIELD and (k not in ckpt or _digest(ckpt[k]) != h) for k, h in stored.items()): raise corrupt(path, option)
+    if fields is not None and fields != sorted(str(k) for k in ckpt if k != HASH_KEY):
+        raise corrupt(path, option)   # a field added or gone
+    if any(k != EVERY_FIELD
+           and (k not in ckpt or _digest(ckpt[k]) != h) for k, h in stored.items()):
+        raise corrupt(path, option)
     return ckpt
 
 # %% ../nbs/03a_checkpoints.ipynb #eecc4ead
 def read_checkpoint(path, option:str='--ckpt_path')->dict:
-    "Load a Lightning checkpoint on the CPU with `safe_load` (weights only, the file named by `local_file`); a file that is none, or would run code, raises an error naming it and what is wrong."
+    """Load a Lightning checkpoint on the CPU with `safe_load` (weights only, the file named by
+    `local_file`); a file that is none, or would run code, raises an error naming it and what is
+    wrong."""
     ckpt = safe_load(path, option)
     if not isinstance(ckpt, dict) or 'state_dict' not in ckpt:
-        raise ValueError(f"{option} {local_file(path, option)} is not a Lightning checkpoint: it holds no 'state_dict'")
+        raise ValueError(f"{option} {local_file(path, option)} is not a Lightning checkpoint: it "
+                         "holds no 'state_dict'")
     return ckpt
 
 class SafeCheckpointIO(TorchCheckpointIO):
-    "Lightning's checkpoint I/O whose reading is `read_checkpoint` of a local file (weights only, one-line errors), whatever form the path has."
-    def load_checkpoint(self, path, map_location=None, weights_only=None)->dict: return read_checkpoint(path)
+    """Lightning's checkpoint I/O whose reading is `read_checkpoint` of a local file (weights only,
+    one-line errors), whatever form the path has."""
+    def load_checkpoint(self, path, map_location=None, weights_only=None)->dict:
+        return read_checkpoint(path)
 
 # %% ../nbs/03a_checkpoints.ipynb #weakckpt0cd
-WEAK_MAP = 1e-3   # a last validation's mAP50-95 (box and mask) below this: the network has learnt nothing yet
+# a last validation's mAP50-95 (box and mask) below this: the network has learnt nothing yet
+WEAK_MAP = 1e-3
 
 def weak_checkpoint(ckpt:dict)->str|None:
-    "Why a checkpoint's detections will mean little: its own last validation scored mAP50-95 below `WEAK_MAP`; None when it scored more or there is no score."
+    """Why a checkpoint's detections will mean little: its own last validation scored mAP50-95 below
+    `WEAK_MAP`; None when it scored more or there is no score."""
     val = (ckpt.get('lucid') or {}).get('val')   # box and mask (`on_save_checkpoint`)
-    if val is None:   # a checkpoint written before: the score its checkpoint callback saw last (mask mAP50-95)
+    # a checkpoint written before: the score its checkpoint callback saw last (mask mAP50-95)
+    if val is None:
         val = {k: st['current_score'] for k, st in (ckpt.get('callbacks') or {}).items()
-               if 'Checkpoint' in k and isinstance(st, dict) and st.get('current_score') is not None}
-    scores = {k: float(v) for k, v in val.items() if 'mAP50-95' in k or 'Checkpoint' in k}   # mAP50 is a looser score: not this one
+               if 'Checkpoint' in k and isinstance(st, dict)
+               and st.get('current_score') is not None}
+    # mAP50 is a looser score: not this one
+    scores = {k: float(v) for k, v in val.items() if 'mAP50-95' in k or 'Checkpoint' in k}
     if not scores or max(scores.values()) >= WEAK_MAP: return None
     name, best = max(scores.items(), key=lambda kv: kv[1])
     metric = name if name.startswith('mAP') else 'mAP50-95'
-    epoch = f"epoch {ckpt['epoch'] + 1}" if isinstance(ckpt.get('epoch'), int) else 'its last epoch'   # counted from 1, as `fit` prints it
-    return (f"the checkpoint's last validation ({epoch}) scored {metric} {best:.4f}: its detections are unlikely to mean "
-            "anything; train it longer")
+    # counted from 1, as `fit` prints it
+    epoch = f"epoch {ckpt['epoch'] + 1}" if isinstance(ckpt.get('epoch'), int) else 'its last epoch'
+    return (f"the checkpoint's last validation ({epoch}) scored {metric} {best:.4f}: its "
+            "detections are unlikely to mean anything; train it longer")

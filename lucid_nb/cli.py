@@ -17,26 +17,32 @@ __all__ = ['LEAN_IMPORTS_HIDE', 'EXIT_WAIT', 'bytecode_cache', 'enable_bytecode_
 
 # %% ../nbs/10b_cli.ipynb #47b87641
 def bytecode_cache()->str|None:
-    "Where this process caches compiled bytecode after `enable_bytecode_cache` (None: next to the sources)."
+    """Where this process caches compiled bytecode after `enable_bytecode_cache` (None: next to the
+    sources)."""
     return sys.pycache_prefix if not sys.dont_write_bytecode else None
 
 def enable_bytecode_cache()->str|None:
-    "If this environment turns bytecode caching off, keep it in a user cache folder instead; returns that folder."
+    """If this environment turns bytecode caching off, keep it in a user cache folder instead;
+    returns that folder."""
     if os.environ.get('LUCID_NB_PYCACHE', '1') == '0' or not sys.dont_write_bytecode: return None
     if sys.pycache_prefix is None:
-        sys.pycache_prefix = str(Path(os.environ.get('XDG_CACHE_HOME') or Path.home()/'.cache')/'lucid_nb'/'pycache')
+        sys.pycache_prefix = str(Path(os.environ.get('XDG_CACHE_HOME') or Path.home()/'.cache')
+                                 /'lucid_nb'/'pycache')
     sys.dont_write_bytecode = False
     return sys.pycache_prefix
 
 # %% ../nbs/10b_cli.ipynb #ab16cc07
-LEAN_IMPORTS_HIDE = ('transformers', 'torchvision', 'scipy')   # what torchmetrics imports only because it is installed
+# what torchmetrics imports only because it is installed
+LEAN_IMPORTS_HIDE = ('transformers', 'torchvision', 'scipy')
 
 def _dist_key(name:str)->str: return name.lower().replace('-', '_').replace('.', '_')
 
 class HiddenDistributions:
-    "A `sys.meta_path` finder that finds no module and answers `importlib.metadata` that the distributions `names` are not installed."
+    """A `sys.meta_path` finder that finds no module and answers `importlib.metadata` that the
+    distributions `names` are not installed."""
     def __init__(self, names): self.names = frozenset(_dist_key(n) for n in names)
-    def find_spec(self, fullname, path=None, target=None): return None   # modules: the next finder looks
+    def find_spec(self, fullname, path=None, target=None):
+        return None   # modules: the next finder looks
     def find_distributions(self, context=None):
         from importlib.metadata import PackageNotFoundError
         name = getattr(context, 'name', None)
@@ -45,12 +51,14 @@ class HiddenDistributions:
 
 @contextlib.contextmanager
 def lean_imports(names=LEAN_IMPORTS_HIDE):
-    "While inside, the packages `names` not imported yet look not installed (no module, no distribution); `LUCID_NB_LEAN_IMPORTS=0`: no change."
+    """While inside, the packages `names` not imported yet look not installed (no module, no
+    distribution); `LUCID_NB_LEAN_IMPORTS=0`: no change."""
     hide = [n for n in names if n not in sys.modules]
     if os.environ.get('LUCID_NB_LEAN_IMPORTS', '1') == '0' or not hide: yield None; return
     finder = HiddenDistributions(hide)
     sys.meta_path.insert(0, finder)
-    sys.modules.update(dict.fromkeys(hide))   # None: `import` raises ModuleNotFoundError, `find_spec` answers None
+    # None: `import` raises ModuleNotFoundError, `find_spec` answers None
+    sys.modules.update(dict.fromkeys(hide))
     try: yield finder
     finally:
         sys.meta_path.remove(finder)
@@ -60,7 +68,8 @@ def lean_imports(names=LEAN_IMPORTS_HIDE):
 # %% ../nbs/10b_cli.ipynb #cbf2eb0a
 @contextlib.contextmanager
 def collector_paused():
-    "Python's cyclic garbage collector off while inside; at the end, what is alive is frozen (`gc.freeze`) and the collector back on. `LUCID_NB_GC_PAUSE=0`: no change."
+    """Python's cyclic garbage collector off while inside; at the end, what is alive is frozen
+    (`gc.freeze`) and the collector back on. `LUCID_NB_GC_PAUSE=0`: no change."""
     if os.environ.get('LUCID_NB_GC_PAUSE', '1') == '0' or not gc.isenabled(): yield False; return
     gc.disable()
     try: yield True
@@ -70,25 +79,32 @@ def collector_paused():
 
 # %% ../nbs/10b_cli.ipynb #1ea71d62
 def exit_status(code)->int:
-    "The status Python gives `SystemExit(code)`: 0 for None, the int itself, else 1 (after printing the message to stderr)."
+    """The status Python gives `SystemExit(code)`: 0 for None, the int itself, else 1 (after
+    printing the message to stderr)."""
     if code is None: return 0
     if isinstance(code, int): return code
     print(code, file=sys.stderr)
     return 1
 
-EXIT_WAIT = 10.   # seconds `exit_now` waits, in all, for threads still running (`LUCID_NB_EXIT_WAIT`)
+# seconds `exit_now` waits, in all, for threads still running (`LUCID_NB_EXIT_WAIT`)
+EXIT_WAIT = 10.
 
 def unfinished_threads(wait:float)->list[str]:
-    "Join the threads that are not daemons, `wait` seconds at most in all; the names of those still running."
-    deadline, others = time.monotonic() + wait, [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon]
+    """Join the threads that are not daemons, `wait` seconds at most in all; the names of those
+    still running."""
+    deadline, others = (time.monotonic() + wait,
+                        [t for t in threading.enumerate() if t is not threading.main_thread()
+                         and not t.daemon])
     for t in others: t.join(max(0., deadline - time.monotonic()))
     return [t.name for t in others if t.is_alive()]
 
 def exit_now(status:int):
-    "End the process now: non-daemon threads joined (`EXIT_WAIT` seconds at most, and one line names any still running), `atexit` handlers run, stdio flushed; no interpreter teardown."
+    """End the process now: non-daemon threads joined (`EXIT_WAIT` seconds at most, and one line
+    names any still running), `atexit` handlers run, stdio flushed; no interpreter teardown."""
     wait = float(os.environ.get('LUCID_NB_EXIT_WAIT', EXIT_WAIT))
     if left := unfinished_threads(wait):
-        print(f"lucid: the process ends with {len(left)} thread(s) still running {wait:g} s after the command's end: {', '.join(left)}",
+        print(f"lucid: the process ends with {len(left)} thread(s) still running {wait:g} s after "
+              f"the command's end: {', '.join(left)}",
               file=sys.stderr, flush=True)
     atexit._run_exitfuncs()   # what `sys.exit` would run next; `os._exit` runs none
     for f in (sys.stdout, sys.stderr):
@@ -98,14 +114,18 @@ def exit_now(status:int):
 
 # %% ../nbs/10b_cli.ipynb #4f4e3427
 def interrupted_line(argv:list)->str:
-    "What `lucid` says after a Ctrl-C that came before its work was saved: start-up, a fit before its loop, the other subcommands."
+    """What `lucid` says after a Ctrl-C that came before its work was saved: start-up, a fit before
+    its loop, the other subcommands."""
     sub = argv[1] if len(argv) > 1 and not argv[1].startswith('-') else None
-    if sub == 'fit': return "lucid: interrupted by Ctrl-C before training started; nothing was saved"
-    return f"lucid: {sub + ' ' if sub else ''}interrupted by Ctrl-C before it finished: run it again"
+    if sub == 'fit':
+        return "lucid: interrupted by Ctrl-C before training started; nothing was saved"
+    return (f"lucid: {sub + ' ' if sub else ''}interrupted by Ctrl-C before it finished: run it "
+            "again")
 
 @contextlib.contextmanager
 def sigint_deferred():
-    "A Ctrl-C inside is remembered and raised as `KeyboardInterrupt` on leaving, not where it came; outside the main thread, nothing changes."
+    """A Ctrl-C inside is remembered and raised as `KeyboardInterrupt` on leaving, not where it
+    came; outside the main thread, nothing changes."""
     got = []
     try: old = signal.signal(signal.SIGINT, lambda signum, frame: got.append(signum))
     except ValueError:
@@ -120,18 +140,24 @@ def sigint_deferred():
 # %% ../nbs/10b_cli.ipynb #a7a29ed0
 def run(keep_sigint:bool=False, # leave SIGINT as the command left it (the console script, which ends next); else the caller's handler is put back
        )->int:
-    "Run the `lucid` command of `sys.argv` in this process and return its exit status: `lucid export` goes to `lucid_nb.predict`, every other subcommand to Lightning's CLI."
+    """Run the `lucid` command of `sys.argv` in this process and return its exit status: `lucid export`
+    goes to `lucid_nb.predict`, every other subcommand to Lightning's CLI."""
     before = signal.getsignal(signal.SIGINT)
     try: return _run()
-    finally:   # a run stopped by a signal leaves SIGINT ignored (`StopSignals`): its line is said, the process ends
-        if not keep_sigint and threading.current_thread() is threading.main_thread(): signal.signal(signal.SIGINT, before)
+    # a run stopped by a signal leaves SIGINT ignored (`StopSignals`): its line is said, the process
+    # ends
+    finally:
+        if not keep_sigint and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, before)
 
 def _run()->int:
     enable_bytecode_cache()
     allocator_defaults()   # before anything can touch the GPU
-    with sigint_deferred(), lean_imports(), collector_paused(): from lucid_nb.command import command_main
+    with sigint_deferred(), lean_imports(), collector_paused():
+        from lucid_nb.command import command_main
     job = None
-    if sys.argv[1:2] == ['export']:   # not a Lightning subcommand: `lucid export --ckpt_path CKPT --format onnx|torchscript`
+    # not a Lightning subcommand: `lucid export --ckpt_path CKPT --format onnx|torchscript`
+    if sys.argv[1:2] == ['export']:
         with sigint_deferred(): from lucid_nb.predict import export_main
         job = lambda: export_main(sys.argv[2:])
     try:
@@ -140,8 +166,10 @@ def _run()->int:
     except SystemExit as e: return exit_status(e.code)
 
 def main():
-    "The `lucid` console script: `run`, then the process ends at once (`exit_now`); `LUCID_NB_FAST_EXIT=0` exits the ordinary way; a Ctrl-C that reaches it is one line and status 130."
-    try: status = run(keep_sigint=True)   # every import of `run` inside: a Ctrl-C while torch loads is caught too
+    """The `lucid` console script: `run`, then the process ends at once (`exit_now`);
+    `LUCID_NB_FAST_EXIT=0` exits the ordinary way; a Ctrl-C that reaches it is one line and status 130."""
+    # every import of `run` inside: a Ctrl-C while torch loads is caught too
+    try: status = run(keep_sigint=True)
     except KeyboardInterrupt:
         if os.environ.get('LUCID_DEBUG') == '1': raise
         print(interrupted_line(sys.argv), file=sys.stderr, flush=True)

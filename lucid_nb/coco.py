@@ -25,18 +25,23 @@ __all__ = ['log', 'BAD_INPUT_POLICIES', 'PROBLEMS_FILE', 'ORIENTATION_TAG', 'ORI
            'decode_image', 'load_rgb', 'Prepared', 'resized_hw', 'prepare']
 
 # %% ../nbs/01a_coco.ipynb #f1c891ef
-log = logging.getLogger('lucid_nb.data')   # one logger for the whole data pipeline (coco, augment, loader, data)
+# one logger for the whole data pipeline (coco, augment, loader, data)
+log = logging.getLogger('lucid_nb.data')
 BAD_INPUT_POLICIES = ('skip', 'error')
-PROBLEMS_FILE = 'input_problems.txt'   # where a run writes every input problem (`DataReport.write`; the data line names it)
+# where a run writes every input problem (`DataReport.write`; the data line names it)
+PROBLEMS_FILE = 'input_problems.txt'
 
 class BadInputError(ValueError):
-    "A problem in the input data: raised under `on_bad_input='error'`, and by `load_rgb` for a file it cannot read."
+    """A problem in the input data: raised under `on_bad_input='error'`, and by `load_rgb` for a
+    file it cannot read."""
 
 # %% ../nbs/01a_coco.ipynb #cfcec650
 class DataReport:
-    "Input problems, each reported once and counted by reason, plus plain notes (negatives, crowd regions, cache use)."
+    """Input problems, each reported once and counted by reason, plus plain notes (negatives, crowd
+    regions, cache use)."""
     def __init__(self, policy:str='skip'):
-        self.policy, self.problems, self.notes, self._seen, self._kinds = policy, [], Counter(), set(), set()
+        self.policy, self.problems, self.notes, self._seen, self._kinds = (
+            policy, [], Counter(), set(), set())
         self._lock = threading.Lock()
 
     def __getstate__(self): return {k: v for k, v in self.__dict__.items() if k != '_lock'}
@@ -46,10 +51,12 @@ class DataReport:
         self._lock = threading.Lock()
 
     def problem(self, where:str, reason:str, detail:str='', action:str='skipped', fatal:bool=True):
-        "Report that `where` has `reason`; a `fatal` problem raises `BadInputError` under the `error` policy."
+        """Report that `where` has `reason`; a `fatal` problem raises `BadInputError` under the
+        `error` policy."""
         msg = f"{where}: {reason}" + (f" ({detail})" if detail else '')
         if fatal and self.policy == 'error':
-            raise BadInputError(f"{msg}. on_bad_input='error' stops here; pass on_bad_input='skip' to skip such input")
+            raise BadInputError(f"{msg}. on_bad_input='error' stops here; pass on_bad_input='skip' "
+                                "to skip such input")
         with self._lock:
             if (where, reason) in self._seen: return
             first = reason not in self._kinds   # one line per kind: the first
@@ -59,7 +66,8 @@ class DataReport:
         if first and rank_zero_only.rank == 0: log.warning(f"{msg} -> {action}")
 
     def write(self, path)->Path|None:
-        "Every problem, one a line (`where: reason -> action`), into the file `path` (none when there is none); the file."
+        """Every problem, one a line (`where: reason -> action`), into the file `path` (none when
+        there is none); the file."""
         if not self.problems: return None
         atomic_write(path, ''.join(f"{w}: {r} -> {a}\n" for w, r, a in self.problems).encode())
         return Path(path)
@@ -75,12 +83,18 @@ class DataReport:
 
 # %% ../nbs/01a_coco.ipynb #27ddd54a
 def report_lines(self:DataReport, listing:str|None=None)->list:
-    "The problems counted by reason and the notes, in one line; where a kind came more than once, a line naming `listing`, where every one is."
+    """The problems counted by reason and the notes, in one line; where a kind came more than once,
+    a line naming `listing`, where every one is."""
     c = self.counts
-    head = (f"input problems (on_bad_input={self.policy!r}): " + ', '.join(f"{n} × {r}" for r, n in sorted(c.items()))) if c else 'input problems: none'
-    if self.notes: head += '; notes: ' + ', '.join(f"{n} × {w}" for w, n in sorted(self.notes.items()))
-    if not c or max(c.values()) == 1: return [head]   # each one was its own line already (`problem`)
-    return [head, f"  every one, the first of each kind said above: {listing or 'the list `DataReport.problems`'}"]
+    head = ((f"input problems (on_bad_input={self.policy!r}): "
+             + ', '.join(f"{n} × {r}" for r, n in sorted(c.items()))) if c
+            else 'input problems: none')
+    if self.notes:
+        head += '; notes: ' + ', '.join(f"{n} × {w}" for w, n in sorted(self.notes.items()))
+    if not c or max(c.values()) == 1: return [head]  # each one was its own line already (`problem`)
+    return [head,
+            "  every one, the first of each kind said above: "
+            f"{listing or 'the list `DataReport.problems`'}"]
 
 DataReport.lines = report_lines
 DataReport.__str__ = lambda self: '\n'.join(report_lines(self))
@@ -93,12 +107,15 @@ DataReport._repr_markdown_ = lambda self: ('| reason | count |\n|---|---|\n' +
 def load_coco_json(path:str|Path,
                    data:bytes|None=None, # the file's bytes, when they were already read (and hashed: `loader.label_index`)
                   )->dict:
-    "Read a COCO instances JSON; a missing or broken file is an error naming the file (and line/column)."
+    """Read a COCO instances JSON; a missing or broken file is an error naming the file (and
+    line/column)."""
     path = Path(path)
-    if data is None and not path.is_file(): raise FileNotFoundError(f"annotations file not found: {path}")
+    if data is None and not path.is_file():
+        raise FileNotFoundError(f"annotations file not found: {path}")
     try: d = json.loads(path.read_bytes() if data is None else data)
     except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: malformed JSON at line {e.lineno}, column {e.colno}: {e.msg}") from None
+        raise ValueError(
+            f"{path}: malformed JSON at line {e.lineno}, column {e.colno}: {e.msg}") from None
     except UnicodeDecodeError as e: raise ValueError(f"{path}: not UTF-8 text ({e})") from None
     for k in ('images', 'annotations', 'categories'):
         if not isinstance(d, dict) or not isinstance(d.get(k), list):
@@ -142,59 +159,77 @@ class ImageRecord:
 
 # %% ../nbs/01a_coco.ipynb #483cdeab
 def _non_finite(a:dict, masks:bool=True)->str|None:
-    "The first field of annotation `a` (bbox, area, a polygon where `masks` are read) holding NaN or an infinity, as `name value`; None if there is none."
+    """The first field of annotation `a` (bbox, area, a polygon where `masks` are read) holding NaN
+    or an infinity, as `name value`; None if there is none."""
     def bad(v)->bool:   # a float, or a string that `float` reads (as `_instance` does): 'nan', 'inf', 'Infinity'
         try: return isinstance(v, (float, str)) and not math.isfinite(float(v))
-        except ValueError: return False   # a string that is no number: the checks in `_instance` name it
+        # a string that is no number: the checks in `_instance` name it
+        except ValueError: return False
     seg = a.get('segmentation') if masks else None
     fields = [('bbox', a.get('bbox')), ('area', a.get('area'))] + [
-        (f'segmentation polygon {k}', p) for k, p in enumerate(seg if isinstance(seg, list) else [])]
+        (f'segmentation polygon {k}', p)
+         for k, p in enumerate(seg if isinstance(seg, list) else [])]
     for name, v in fields:
         if bad(v) or (isinstance(v, list) and any(map(bad, v))): return f"{name} {v}"
     return None
 
 def _instance(a:dict, hw:tuple, lut:dict, masks:bool=True)->Instance|tuple|None:
-    "An `Instance`, None for a crowd region, or `(reason, detail)` for a bad annotation; without `masks`, its class and box only."
+    """An `Instance`, None for a crowd region, or `(reason, detail)` for a bad annotation; without
+    `masks`, its class and box only."""
     H, W = hw
-    if (where := _non_finite(a, masks)): return 'NaN or infinite number', where   # NaN passes every comparison below
+    # NaN passes every comparison below
+    if (where := _non_finite(a, masks)): return 'NaN or infinite number', where
     if a.get('iscrowd', 0): return None
-    if a.get('category_id') not in lut: return 'unknown category id', f"category_id {a.get('category_id')!r}"
+    if a.get('category_id') not in lut:
+        return 'unknown category id', f"category_id {a.get('category_id')!r}"
     try: x, y, w, h = (float(v) for v in a['bbox'])
     except (KeyError, TypeError, ValueError): return 'bad bbox', 'needs [x, y, width, height]'
     if not (w > 0 and h > 0): return 'zero-area box', f"bbox {a['bbox']}"
     box = (max(x, 0.), max(y, 0.), min(x + w, W), min(y + h, H))
-    if box[2] - box[0] <= 0 or box[3] - box[1] <= 0: return 'box outside the image', f"bbox {a['bbox']} in {W}x{H}"
+    if box[2] - box[0] <= 0 or box[3] - box[1] <= 0:
+        return 'box outside the image', f"bbox {a['bbox']} in {W}x{H}"
     seg, inst = a.get('segmentation'), Instance(a.get('id'), lut[a['category_id']], box)
     if not masks: return inst
     if isinstance(seg, list) and seg:
-        if any(not isinstance(p, list) or len(p) < 6 for p in seg): return 'polygon with fewer than 3 points', ''
-        if any(len(p) % 2 for p in seg): return 'bad segmentation', 'odd number of polygon coordinates'
-        inst.polys = [np.array([float(v) for v in p]) for p in seg]   # float64: 8 bytes a coordinate
+        if any(not isinstance(p, list) or len(p) < 6 for p in seg):
+            return 'polygon with fewer than 3 points', ''
+        if any(len(p) % 2 for p in seg):
+            return 'bad segmentation', 'odd number of polygon coordinates'
+        inst.polys = [np.array([float(v) for v in p]) for p in seg]  # float64: 8 bytes a coordinate
         if (bad := _polygon_outside(inst.polys, H, W)): return bad
     elif isinstance(seg, dict) and 'counts' in seg and 'size' in seg:
-        if list(seg['size']) != [H, W]: return 'bad segmentation', f"RLE size {seg['size']} is not the image's {[H, W]}"
+        if list(seg['size']) != [H, W]:
+            return 'bad segmentation', f"RLE size {seg['size']} is not the image's {[H, W]}"
         c = seg['counts']
-        inst.rle = mask_utils.frPyObjects(seg, H, W) if isinstance(c, list) else dict(size=[H, W], counts=c.encode() if isinstance(c, str) else c)
+        inst.rle = (mask_utils.frPyObjects(seg, H, W) if isinstance(c, list)
+                    else dict(size=[H, W], counts=c.encode() if isinstance(c, str) else c))
     else: return 'bad segmentation', 'neither polygons nor RLE'
     return inst
 
 # %% ../nbs/01a_coco.ipynb #b51d7539
 def _polygon_outside(polys:list, H:int, W:int)->tuple|None:
-    "`(reason, detail)` for polygons outside the image, or with a vertex more than the image's own size beyond it; None if they are in it."
+    """`(reason, detail)` for polygons outside the image, or with a vertex more than the image's own
+    size beyond it; None if they are in it."""
     xy = np.concatenate([p.reshape(-1, 2) for p in polys])
     (x0, y0), (x1, y1) = xy.min(0), xy.max(0)
-    if x1 <= 0 or y1 <= 0 or x0 >= W or y0 >= H: return 'polygon outside the image', f"its points span x {x0:g}..{x1:g}, y {y0:g}..{y1:g} in {W}x{H}"
+    if x1 <= 0 or y1 <= 0 or x0 >= W or y0 >= H:
+        return 'polygon outside the image', (f"its points span x {x0:g}..{x1:g}, y {y0:g}..{y1:g} "
+                                             f"in {W}x{H}")
     far = (xy[:, 0] < -W) | (xy[:, 0] > 2 * W) | (xy[:, 1] < -H) | (xy[:, 1] > 2 * H)
-    if far.any(): x, y = xy[far.argmax()]; return 'polygon far outside the image', f"point ({x:g}, {y:g}) of a {W}x{H} image"
+    if far.any():
+        x, y = xy[far.argmax()]
+        return 'polygon far outside the image', f"point ({x:g}, {y:g}) of a {W}x{H} image"
     return None
 
 # %% ../nbs/01a_coco.ipynb #2a688af6
 def coco_id(v)->int|None:
-    "A COCO id as an int: an int, or a float with an integral value; None for anything else (a string, a bool, None)."
+    """A COCO id as an int: an int, or a float with an integral value; None for anything else (a
+    string, a bool, None)."""
     if isinstance(v, bool): return None
     if isinstance(v, int): return v
     return int(v) if isinstance(v, float) and v.is_integer() else None
 
+# %% ../nbs/01a_coco.ipynb #8cceef24
 def read_records(
     d:dict,                   # a loaded COCO instances dict
     images:str|Path,          # folder the `file_name`s are relative to
@@ -209,23 +244,31 @@ def read_records(
     for k, e in enumerate(d['images']):
         i = coco_id(e.get('id')) if isinstance(e, dict) else None
         if i is None and isinstance(e, dict) and e.get('id') is not None:
-            report.problem(f"{source} image entry {k}", 'bad image entry', f"id {e['id']!r} is not an integer (COCO image ids are integers)")
+            report.problem(f"{source} image entry {k}", 'bad image entry',
+                           f"id {e['id']!r} is not an integer (COCO image ids are integers)")
             continue
         try:
             if i is None: raise KeyError('id')
-            rec = ImageRecord(i, images/e['file_name'], (int(e['height']), int(e['width'])), entry=k)
+            rec = ImageRecord(i, images/e['file_name'], (int(e['height']), int(e['width'])),
+                              entry=k)
         except (KeyError, TypeError, ValueError):
-            report.problem(f"{source} image entry {e.get('id', '?') if isinstance(e, dict) else '?'}", 'bad image entry', 'needs id, file_name, height, width')
+            report.problem(f"{source} image entry "
+                           f"{e.get('id', '?') if isinstance(e, dict) else '?'}", 'bad image entry',
+                           'needs id, file_name, height, width')
             continue
         if (kept := by_id.get(rec.image_id)) is not None:
-            report.problem(f"{source} image id {rec.image_id}", 'duplicate image id', f"kept {kept.path.name} (entry {kept.entry}), "
-                           f"skipped {rec.path.name} (entry {k}); every annotation with this image_id goes to {kept.path.name}")
+            report.problem(f"{source} image id {rec.image_id}", 'duplicate image id',
+                           f"kept {kept.path.name} (entry {kept.entry}), "
+                           f"skipped {rec.path.name} (entry {k}); every annotation with this "
+                           f"image_id goes to {kept.path.name}")
             continue
         by_id[rec.image_id] = rec
         recs.append(rec)
     for j, a in enumerate(d['annotations']):
         if (i := coco_id(a.get('image_id'))) in by_id: anns.setdefault(i, []).append((j, a))
-        else: report.problem(f"{source} annotation {a.get('id')}", 'unknown image id', f"image_id {a.get('image_id')!r}")
+        else:
+            report.problem(f"{source} annotation {a.get('id')}", 'unknown image id',
+                           f"image_id {a.get('image_id')!r}")
     _check_annotation_ids(d['annotations'], report, source)
     for rec in recs:
         mine = anns.get(rec.image_id, [])
@@ -237,19 +280,25 @@ def read_records(
                 rec.bad_anns.add(j)
             else: rec.instances.append(inst)
         if not mine and negatives: report.note(negatives)
-        key = [[a for _, a in mine], list(cat_ids), rec.hw] + ([] if masks else ['boxes only'])   # what a cached image holds differs
-        rec.ann_hash = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
+        # what a cached image holds differs
+        key = [[a for _, a in mine], list(cat_ids), rec.hw] + ([] if masks else ['boxes only'])
+        rec.ann_hash = hashlib.sha256(json.dumps(key, sort_keys=True,
+                                                 default=str).encode()).hexdigest()
     return recs
 
-# %% ../nbs/01a_coco.ipynb #9df412ea
+# %% ../nbs/01a_coco.ipynb #a722384e
 def _check_annotation_ids(anns:list, report:DataReport, source:str):
-    "Report annotations without an id and ids used more than once: evaluation numbers its ground truth itself (`eval_annotations`)."
+    """Report annotations without an id and ids used more than once: evaluation numbers its ground
+    truth itself (`eval_annotations`)."""
     ids = Counter(a.get('id') for a in anns)
     if (missing := ids.pop(None, 0)):
-        report.problem(source, 'annotations without an id', f"{missing} of them", 'kept; evaluation numbers them', fatal=False)
+        report.problem(source, 'annotations without an id', f"{missing} of them",
+                       'kept; evaluation numbers them', fatal=False)
     for i, n in ids.items():
-        if n > 1: report.problem(f"{source} annotation id {i!r}", 'duplicate annotation id', f"{n} annotations have it",
-                                 'kept all; evaluation numbers them apart', fatal=False)
+        if n > 1:
+            report.problem(f"{source} annotation id {i!r}", 'duplicate annotation id',
+                           f"{n} annotations have it",
+                           'kept all; evaluation numbers them apart', fatal=False)
 
 def eval_annotations(anns:list)->list[dict]:
     """Annotations for pycocotools' ground truth, numbered 1, 2, … in order, image ids as ints: its index keys them by `id`
@@ -262,40 +311,51 @@ def _scale16(a:np.ndarray)->np.ndarray:
     return ((a.clip(0, 65535).astype(np.uint32) * 255 + 32767) // 65535).astype(np.uint8)
 
 def to_rgb(im:Image.Image)->Image.Image:
-    "`im` in 8-bit RGB by the mode rule above (alpha dropped; 16-bit, 32-bit and float scaled by their range)."
+    """`im` in 8-bit RGB by the mode rule above (alpha dropped; 16-bit, 32-bit and float scaled by
+    their range)."""
     if im.mode == 'RGB': return im
     if im.mode.startswith('I;16') or im.mode == 'I': grey = _scale16(np.asarray(im))
-    elif im.mode == 'F': grey = np.round(np.nan_to_num(np.asarray(im, np.float64), nan=0.).clip(0, 1) * 255).astype(np.uint8)
+    elif im.mode == 'F':
+        grey = np.round(np.nan_to_num(np.asarray(im, np.float64), nan=0.).clip(0, 1)
+                        * 255).astype(np.uint8)
     else: return im.convert('RGB')
     return Image.fromarray(grey).convert('RGB')
 
 # %% ../nbs/01a_coco.ipynb #e6c928f5
 ORIENTATION_TAG = 0x0112
-ORIENTATIONS = {2: (Image.Transpose.FLIP_LEFT_RIGHT, 'mirror left-right'), 3: (Image.Transpose.ROTATE_180, 'turn 180°'),
-                4: (Image.Transpose.FLIP_TOP_BOTTOM, 'mirror top-bottom'), 5: (Image.Transpose.TRANSPOSE, 'transpose'),
-                6: (Image.Transpose.ROTATE_270, 'turn 90° clockwise'), 7: (Image.Transpose.TRANSVERSE, 'transverse'),
-                8: (Image.Transpose.ROTATE_90, 'turn 90° counter-clockwise')}   # EXIF value: (PIL transpose, what it does)
+ORIENTATIONS = {2: (Image.Transpose.FLIP_LEFT_RIGHT, 'mirror left-right'),
+                3: (Image.Transpose.ROTATE_180, 'turn 180°'),
+                4: (Image.Transpose.FLIP_TOP_BOTTOM, 'mirror top-bottom'),
+                5: (Image.Transpose.TRANSPOSE, 'transpose'),
+                6: (Image.Transpose.ROTATE_270, 'turn 90° clockwise'),
+                7: (Image.Transpose.TRANSVERSE, 'transverse'),
+                # EXIF value: (PIL transpose, what it does)
+                8: (Image.Transpose.ROTATE_90, 'turn 90° counter-clockwise')}
 
 def exif_orientation(im:Image.Image)->int:
     "The EXIF orientation of an opened image, 1..8 (1: none, or not a valid tag)."
     try: o = im.getexif().get(ORIENTATION_TAG, 1)
-    except Exception: return 1                             # a malformed EXIF block: as if there were none
+    except Exception: return 1   # a malformed EXIF block: as if there were none
     return o if isinstance(o, int) and o in ORIENTATIONS else 1
 
 # %% ../nbs/01a_coco.ipynb #7cc73c08
 def check_size(im:Image.Image, hw:tuple):
-    "Raise `ValueError` unless opened image `im`, oriented, is the JSON's `hw` (H, W); hint if the JSON has the stored size."
+    """Raise `ValueError` unless opened image `im`, oriented, is the JSON's `hw` (H, W); hint if the
+    JSON has the stored size."""
     o, (w, h), (H, W) = exif_orientation(im), im.size, hw
     if o in (5, 6, 7, 8): w, h = h, w
     if (h, w) == (H, W): return
-    hint = (f"; that is its stored size, but its EXIF orientation {o} ({ORIENTATIONS[o][1]}) is applied, as browsers and OpenCV do: "
-            "give the JSON the displayed size and annotate the displayed image" if im.size == (W, H) else '')
+    hint = (f"; that is its stored size, but its EXIF orientation {o} ({ORIENTATIONS[o][1]}) is "
+            "applied, as browsers and OpenCV do: give the JSON the displayed size and annotate the "
+            "displayed image" if im.size == (W, H) else '')
     raise ValueError(f"image is {w}x{h}, the JSON says {W}x{H}{hint}")
 
-IMAGE_ERRORS = (OSError, ValueError, SyntaxError, Image.DecompressionBombError)   # what reading an image file can raise
+# what reading an image file can raise
+IMAGE_ERRORS = (OSError, ValueError, SyntaxError, Image.DecompressionBombError)
 
 def decode_image(path:str|Path, hw:tuple|None=None)->tuple[Image.Image, int]:
-    "The image at `path` loaded, oriented and in RGB, and its EXIF orientation; checked against `hw` (H, W) if given."
+    """The image at `path` loaded, oriented and in RGB, and its EXIF orientation; checked against
+    `hw` (H, W) if given."""
     with Image.open(path) as im:
         if hw is not None: check_size(im, hw)
         im.load()                                          # raises on truncated data
@@ -303,14 +363,17 @@ def decode_image(path:str|Path, hw:tuple|None=None)->tuple[Image.Image, int]:
         return to_rgb(im if o == 1 else im.transpose(ORIENTATIONS[o][0])), o
 
 def load_rgb(path:str|Path)->np.ndarray:
-    "(H,W,3) uint8 RGB of an image file as displayed: EXIF orientation applied, then the mode rule (`prepare` reads the same way); an unreadable file is a `BadInputError` naming it."
+    """(H,W,3) uint8 RGB of an image file as displayed: EXIF orientation applied, then the mode rule
+    (`prepare` reads the same way); an unreadable file is a `BadInputError` naming it."""
     try: return np.array(decode_image(path)[0])
-    except IMAGE_ERRORS as e: raise BadInputError(f"{path}: unreadable image ({type(e).__name__}: {e})") from None
+    except IMAGE_ERRORS as e:
+        raise BadInputError(f"{path}: unreadable image ({type(e).__name__}: {e})") from None
 
 # %% ../nbs/01a_coco.ipynb #7d9b5678
 @dataclass
 class Prepared:
-    "One image decoded and resized (long side = imgsz) with its instances in the resized pixels: what the cache holds."
+    """One image decoded and resized (long side = imgsz) with its instances in the resized pixels:
+    what the cache holds."""
     img: np.ndarray          # (h,w,3) uint8 RGB
     image_id: int
     orig_hw: tuple           # (H, W) of the source
@@ -322,7 +385,8 @@ class Prepared:
     orientation: int = 1     # EXIF orientation of the source (already applied to `img`)
 
 def resized_hw(hw:tuple, imgsz:int)->tuple:
-    "(h, w) of an (H, W) image resized so that its long side is `imgsz` (aspect kept, at least 1 pixel)."
+    """(h, w) of an (H, W) image resized so that its long side is `imgsz` (aspect kept, at least 1
+    pixel)."""
     r = imgsz / max(hw)
     return max(1, round(hw[0] * r)), max(1, round(hw[1] * r))
 
@@ -330,12 +394,14 @@ def resized_hw(hw:tuple, imgsz:int)->tuple:
 def prepare(rec:ImageRecord, imgsz:int,
             data:bytes|None=None, # the image file's bytes, when they were already read (and hashed: the disk cache)
            )->Prepared:
-    "Decode `rec`'s image as displayed (raising on unreadable, truncated or wrongly sized files) and resize it with its instances."
+    """Decode `rec`'s image as displayed (raising on unreadable, truncated or wrongly sized files)
+    and resize it with its instances."""
     (H, W), (h, w) = rec.hw, resized_hw(rec.hw, imgsz)
     im, orientation = decode_image(rec.path if data is None else io.BytesIO(data), rec.hw)
     img = np.array(im if (w, h) == (W, H) else im.resize((w, h), Image.BILINEAR))
     sx, sy = w / W, h / H
-    boxes = (np.array([i.box for i in rec.instances], np.float64).reshape(-1, 4) * (sx, sy, sx, sy)).astype(np.float32)
+    boxes = (np.array([i.box for i in rec.instances], np.float64).reshape(-1, 4)
+             * (sx, sy, sx, sy)).astype(np.float32)
     xy, parts, rles = [np.zeros((0, 2), np.float32)], [], []
     for k, inst in enumerate(rec.instances):
         if inst.polys is not None:
@@ -343,10 +409,13 @@ def prepare(rec:ImageRecord, imgsz:int,
                 xy.append((np.asarray(p, np.float64).reshape(-1, 2) * (sx, sy)).astype(np.float32))
                 parts.append((k, len(p) // 2))
         elif inst.rle is not None:   # neither: a box (detection)
-            m = np.asarray(Image.fromarray(mask_utils.decode(inst.rle)).resize((w, h), Image.NEAREST))
+            m = np.asarray(
+                Image.fromarray(mask_utils.decode(inst.rle)).resize((w, h), Image.NEAREST))
             rles.append((k, mask_utils.encode(np.asfortranarray(m))['counts']))
-    return Prepared(img, rec.image_id, (H, W), boxes, np.array([i.cls for i in rec.instances], np.int64),
+    return Prepared(img, rec.image_id, (H, W), boxes,
+                    np.array([i.cls for i in rec.instances], np.int64),
                     np.concatenate(xy), np.array(parts, np.int64).reshape(-1, 2), rles, orientation)
 
 # %% ../nbs/01a_coco.ipynb #24e775b6
-IMAGE_SUFFIXES = ('.jpg', '.jpeg', '.png', '.bmp', '.gif', '.tif', '.tiff', '.webp')   # the files read as images in a folder
+# the files read as images in a folder
+IMAGE_SUFFIXES = ('.jpg', '.jpeg', '.png', '.bmp', '.gif', '.tif', '.tiff', '.webp')

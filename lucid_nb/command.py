@@ -15,7 +15,8 @@ from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 from torch import nn
 from jsonargparse import Namespace
-try: from jsonargparse._link_arguments import skip_apply_links   # a parse without defaults has no source for `model.task`'s link
+# a parse without defaults has no source for `model.task`'s link
+try: from jsonargparse._link_arguments import skip_apply_links
 except ImportError: skip_apply_links = contextlib.nullcontext
 from fastcore.basics import patch
 from .core import *
@@ -24,8 +25,10 @@ from .model import model_summary
 from .checkpoints import SafeCheckpointIO, local_file, read_checkpoint, weak_checkpoint
 from .weights import no_weights_line, read_weights, untrained_asked, weights_read
 from .messages import note
-from .run_folder import LOCK_NAME, RunFolderInUse, lock_owner_alive, read_lock, run_folder, run_lock
-from .saving import CheckpointWriteError, checkpoint_epoch, reopen_metrics_csv, wait_for_checkpoints
+from .run_folder import (LOCK_NAME, RunFolderInUse, lock_owner_alive, read_lock, run_folder,
+                                 run_lock)
+from .saving import (CheckpointWriteError, checkpoint_epoch, reopen_metrics_csv,
+                             wait_for_checkpoints)
 from .trainer import LitYolo
 from .tasks import TASKS
 from .metrics import conf_line, predict_conf
@@ -40,12 +43,15 @@ __all__ = ['BATCH_LIMITS', 'RESUME_FIXED', 'HELP', 'LIGHTNING_LOGS', 'QUIET_WARN
 
 # %% ../nbs/10a_command.ipynb #d9baf6c2
 def finite_number_line(msg:str)->str:
-    "jsonargparse's refusal of a float option given NaN or an infinity, as what is wrong with it; any other message as it is."
-    m = re.match(r'Parser key "([\w.]+)": Expected a <class .float.>\. Got value: ([+-]?(?:nan|inf|infinity))\b', msg, re.I)
+    """jsonargparse's refusal of a float option given NaN or an infinity, as what is wrong with it;
+    any other message as it is."""
+    m = re.match(r'Parser key "([\w.]+)": Expected a <class .float.>\. Got value: '
+                 r'([+-]?(?:nan|inf|infinity))\b', msg, re.I)
     return f"--{m[1]} {m[2]}: must be a finite number" if m else msg
 
 class OneLineParser(LightningArgumentParser):
-    "LightningCLI's parser, whose usage errors are one line on stderr and exit status 2, and which expands no abbreviated option."
+    """LightningCLI's parser, whose usage errors are one line on stderr and exit status 2, and which
+    expands no abbreviated option."""
     def __init__(self, *args, **kwargs):
         # argparse (and jsonargparse 4, whose 5.0 changes the default) takes an unambiguous prefix for the option:
         # `--trainer.max_epoch 1` set `max_epochs` without a word. LightningCLI builds the main parser and each
@@ -55,163 +61,229 @@ class OneLineParser(LightningArgumentParser):
     config_files = ()   # the `--config` files of the command being parsed (`LucidCLI.parse_arguments`), to name in errors
 
     def error(self, message:str, ex:Exception|None=None):
-        if not self.exit_on_error or os.environ.get('LUCID_DEBUG'): return super().error(message, ex)
+        if not self.exit_on_error or os.environ.get('LUCID_DEBUG'):
+            return super().error(message, ex)
         prog = (getattr(ex, 'subcommand_parser', None) or self).prog.replace(' [options]', '')
         msg = finite_number_line(' '.join(str(message).split()))
-        if OneLineParser.config_files:   # the YAML parser names the text it read `<unicode string>`, not its file
-            msg = msg.replace('"<unicode string>"', ' or '.join(map(str, OneLineParser.config_files)))
+        # the YAML parser names the text it read `<unicode string>`, not its file
+        if OneLineParser.config_files:
+            msg = msg.replace('"<unicode string>"',
+                              ' or '.join(map(str, OneLineParser.config_files)))
         sys.stderr.write(f"lucid: error: {msg} (`{prog} --help` lists every option)\n")
         sys.exit(2)
 
 # %% ../nbs/10a_command.ipynb #ec8e719d
-# `--trainer.limit_train_batches 1` means one batch. Lightning types these `float | int | None`, float first, so
-# jsonargparse reads `1` (and `limit_train_batches: 1` in a config) as 1.0, which Lightning takes as 100 % of the
-# batches: a whole epoch where one batch was asked for. `LucidCLI` parses them int first; `1.0` still means all.
-BATCH_LIMITS = ('limit_train_batches', 'limit_val_batches', 'limit_test_batches', 'limit_predict_batches')
+# `--trainer.limit_train_batches 1` means one batch. Lightning types these `float | int | None`,
+# float first, so jsonargparse reads `1` (and `limit_train_batches: 1` in a config) as 1.0, which
+# Lightning takes as 100 % of the batches: a whole epoch where one batch was asked for. `LucidCLI`
+# parses them int first; `1.0` still means all.
+BATCH_LIMITS = ('limit_train_batches', 'limit_val_batches', 'limit_test_batches',
+                'limit_predict_batches')
 
 class LucidCLI(LightningCLI):
     "`lucid`: LightningCLI for `LitYolo` + `YoloData`."
     def add_arguments_to_parser(self, parser):
-        parser.link_arguments('data', 'model.num_classes', compute_fn=self.data_classes, apply_on='instantiate')
-        parser.link_arguments('model.task', 'data.task')   # one choice: the data are read for the model's task
+        parser.link_arguments('data', 'model.num_classes', compute_fn=self.data_classes,
+                              apply_on='instantiate')
+        # one choice: the data are read for the model's task
+        parser.link_arguments('model.task', 'data.task')
         parser.add_argument('--tensorboard', type=bool, default=False,
-                            help='Also write TensorBoard logs into the run folder (needs the tensorboard package).')
+                            help='Also write TensorBoard logs into the run folder (needs the '
+                                 'tensorboard package).')
         parser.add_argument('--verbose', type=bool, default=False,
-                            help="Also print Lightning's start-up lines, its module table and each region's capture line.")
-        for a in parser._actions:   # jsonargparse's ActionTypeHint keeps the type it parses with in `_typehint`
+                            help="Also print Lightning's start-up lines, its module table and each "
+                                 "region's capture line.")
+        # jsonargparse's ActionTypeHint keeps the type it parses with in `_typehint`
+        for a in parser._actions:
             if a.dest in {f'trainer.{n}' for n in BATCH_LIMITS}: a._typehint = int | float | None
 
     @staticmethod
     def subcommands()->dict:
-        "Lightning's subcommands; `lucid validate` and `test` print their results table always: their `--verbose` is `lucid`'s own."
-        return {k: v | {'verbose'} if k in ('validate', 'test') else v for k, v in LightningCLI.subcommands().items()}
+        """Lightning's subcommands; `lucid validate` and `test` print their results table always:
+        their `--verbose` is `lucid`'s own."""
+        return {k: v | {'verbose'} if k in ('validate', 'test') else v
+                for k, v in LightningCLI.subcommands().items()}
 
     def data_classes(self, data:YoloData)->int:
-        "The number of classes: the checkpoint's (or the `--model.weights` file's) classes when predicting on plain images, else the training JSON's (which must be the checkpoint's)."
+        """The number of classes: the checkpoint's (or the `--model.weights` file's) classes when
+        predicting on plain images, else the training JSON's (which must be the checkpoint's)."""
         saved = getattr(self, 'ckpt_extra', None) or {}
-        if data.hparams.predict_images and 'class_names' in saved: data.set_classes(saved['cat_ids'], saved['class_names'])
-        elif data.hparams.predict_images and (w := getattr(self, 'model_weights', None)) and self.subcommand == 'predict':
-            data.set_classes(*w.classes)   # `--model.weights` alone: its network whole, with its classes (as `lucid_nb.load`)
+        if data.hparams.predict_images and 'class_names' in saved:
+            data.set_classes(saved['cat_ids'], saved['class_names'])
+        elif (data.hparams.predict_images and (w := getattr(self, 'model_weights', None))
+              and self.subcommand == 'predict'):
+            # `--model.weights` alone: its network whole, with its classes (as `lucid_nb.load`)
+            data.set_classes(*w.classes)
         elif 'cat_ids' in saved and list(saved['cat_ids']) != list(data.cat_ids):
-            raise ValueError(f"the checkpoint was trained on category ids {_ids(saved['cat_ids'])}, the data has {_ids(data.cat_ids)}: "
-                             "its classes would be read as others by position. Give data with the checkpoint's categories, or fit a new model")
+            raise ValueError("the checkpoint was trained on category ids "
+                             f"{_ids(saved['cat_ids'])}, the data has {_ids(data.cat_ids)}: "
+                             "its classes would be read as others by position. Give data with the "
+                             "checkpoint's categories, or fit a new model")
         return data.num_classes
 
 # %% ../nbs/10a_command.ipynb #6df34eff
 @patch
 def before_instantiate_classes(self:LucidCLI):
-    "Without `--trainer.logger`, a given `--trainer.default_root_dir` is where runs go (Lightning's convention); without `--trainer.enable_progress_bar`, no bar when stdout is not a terminal (a log file)."
+    """Without `--trainer.logger`, a given `--trainer.default_root_dir` is where runs go
+    (Lightning's convention); without `--trainer.enable_progress_bar`, no bar when stdout is not a
+    terminal (a log file)."""
     cfg = self.config.get(self.subcommand, self.config) if self.subcommand else self.config
     root, given = cfg.trainer.get('default_root_dir'), getattr(self, 'given_trainer_options', set())
     if root and 'logger' not in given and isinstance(cfg.trainer.get('logger'), Namespace):
         cfg.trainer.logger.init_args.save_dir = str(root)
-    if self.subcommand == 'fit' and cfg.get('ckpt_path'): continue_in_run_folder(cfg.trainer.get('logger'), cfg.ckpt_path)
-    if 'enable_progress_bar' not in given and not sys.stdout.isatty(): cfg.trainer.enable_progress_bar = False
+    if self.subcommand == 'fit' and cfg.get('ckpt_path'):
+        continue_in_run_folder(cfg.trainer.get('logger'), cfg.ckpt_path)
+    if 'enable_progress_bar' not in given and not sys.stdout.isatty():
+        cfg.trainer.enable_progress_bar = False
 
 @patch
 def after_instantiate_classes(self:LucidCLI):
-    "CSV logs always, first among the loggers; TensorBoard logs beside them in the run folder with `--tensorboard true`."
+    """CSV logs always, first among the loggers; TensorBoard logs beside them in the run folder with
+    `--tensorboard true`."""
     cfg = self.config.get(self.subcommand, self.config) if self.subcommand else self.config
-    init = self.config_init.get(self.subcommand, self.config_init) if self.subcommand else self.config_init
-    csv_logger = run_logger(self.trainer, init.trainer.get('logger'), cfg.trainer.get('default_root_dir'))
-    if (self.subcommand == 'fit' and csv_logger is not None and cfg.get('ckpt_path') and rank_zero_only.rank == 0
-            and checkpoint_run_folder(cfg.ckpt_path) == Path(csv_logger.log_dir).resolve()): reopen_metrics_csv(csv_logger)   # it continues its run
+    init = (self.config_init.get(self.subcommand, self.config_init) if self.subcommand
+            else self.config_init)
+    csv_logger = run_logger(self.trainer, init.trainer.get('logger'),
+                            cfg.trainer.get('default_root_dir'))
+    if (self.subcommand == 'fit' and csv_logger is not None and cfg.get('ckpt_path')
+            and rank_zero_only.rank == 0
+            and checkpoint_run_folder(cfg.ckpt_path) == Path(csv_logger.log_dir).resolve()):
+        reopen_metrics_csv(csv_logger)   # it continues its run
     if cfg.get('tensorboard'): add_tensorboard(self.trainer)
     quiet_trainer(self.trainer, bool(cfg.get('verbose')))
     # `--ckpt_path` of another architecture: the check that loading makes, made before anything runs
     if self.ckpt_hparams: self.model.on_load_checkpoint({'hyper_parameters': self.ckpt_hparams})
-    if self.subcommand == 'fit' and self.ckpt_hparams: refuse_resume_changes(self.model.hparams, self.ckpt_hparams, self.given_model_options)
+    if self.subcommand == 'fit' and self.ckpt_hparams:
+        refuse_resume_changes(self.model.hparams, self.ckpt_hparams, self.given_model_options)
     # Lightning's own reading of `--ckpt_path` through the one safe reader (`03a_checkpoints`)
     s = self.trainer.strategy
     if type(s.checkpoint_io) is TorchCheckpointIO: s.checkpoint_io = SafeCheckpointIO()
-    if getattr(self, 'datamodule', None) is not None: self.datamodule.set_rules(getattr(self, 'inference_rules', 'lucid'))   # a `.pt`'s: Ultralytics' (`_weights_options`)
-    if self.subcommand == 'predict':   # `--model.conf` as given (`predict_conf`); below the default, one line says what it allows
+    if getattr(self, 'datamodule', None) is not None:
+        # a `.pt`'s: Ultralytics' (`_weights_options`)
+        self.datamodule.set_rules(getattr(self, 'inference_rules', 'lucid'))
+    # `--model.conf` as given (`predict_conf`); below the default, one line says what it allows
+    if self.subcommand == 'predict':
         self.model.conf_given = 'conf' in getattr(self, 'given_model_options', set())
         h = self.model.hparams
         if line := conf_line(predict_conf(h.conf, self.model.conf_given), h.max_det): note(line)
 
 # %% ../nbs/10a_command.ipynb #9642a43b
-RESUME_FIXED = ('optimizer', 'lr', 'momentum', 'weight_decay', 'warmup_epochs', 'warmup_bias_lr', 'warmup_momentum', 'lrf', 'cosine',
+RESUME_FIXED = ('optimizer', 'lr', 'momentum', 'weight_decay', 'warmup_epochs', 'warmup_bias_lr',
+                'warmup_momentum', 'lrf', 'cosine',
                 'clip_grad_norm')
 
 def refuse_resume_changes(hparams, saved:dict, given:set):
-    "A resumed fit continues the checkpoint's optimiser and schedule: a different value given for one of them is an error, not ignored."
+    """A resumed fit continues the checkpoint's optimiser and schedule: a different value given for
+    one of them is an error, not ignored."""
     diff = [f"--model.{k} {hparams[k]!r} (the checkpoint's: {saved[k]!r})" for k in RESUME_FIXED
             if k in given and k in saved and hparams[k] != saved[k]]
-    if diff: raise ValueError(f"{', '.join(diff)}: a resumed fit (--ckpt_path) continues the checkpoint's optimiser and "
-                              "learning-rate schedule and cannot change them; leave them out, or start a new run from the "
-                              "checkpoint with --model.weights CKPT")
+    if diff:
+        raise ValueError(f"{', '.join(diff)}: a resumed fit (--ckpt_path) continues the "
+                         "checkpoint's optimiser and learning-rate schedule and cannot change "
+                         "them; leave them out, or start a new run from the checkpoint with "
+                         "--model.weights CKPT")
 
 def _ids(ids:list)->str:
     ids = list(ids)
-    return f"{ids}" if len(ids) <= 12 else f"[{', '.join(map(str, ids[:10]))}, … {ids[-1]}] ({len(ids)} classes)"
+    return (f"{ids}" if len(ids) <= 12
+            else f"[{', '.join(map(str, ids[:10]))}, … {ids[-1]}] ({len(ids)} classes)")
 
 # %% ../nbs/10a_command.ipynb #d30db276
 def checkpoint_run_folder(ckpt)->Path|None:
-    "The run folder a checkpoint lies in (`<run>/checkpoints/<name>.ckpt`, `<run>` holding the run's `hparams.yaml` or `config.yaml`), or None."
+    """The run folder a checkpoint lies in (`<run>/checkpoints/<name>.ckpt`, `<run>` holding the
+    run's `hparams.yaml` or `config.yaml`), or None."""
     p = Path(ckpt).resolve()
     run = p.parent.parent
-    if p.parent.name != 'checkpoints' or not any((run/f).is_file() for f in ('hparams.yaml', 'config.yaml')): return None
+    if (p.parent.name != 'checkpoints'
+            or not any((run/f).is_file() for f in ('hparams.yaml', 'config.yaml'))):
+        return None
     return run
 
 def continue_in_run_folder(logger, ckpt)->Path|None:
-    "A resumed fit continues in its checkpoint's run folder: the CSV logger's folder set to it, unless `--trainer.logger.version` names another; the folder, or None."
+    """A resumed fit continues in its checkpoint's run folder: the CSV logger's folder set to it,
+    unless `--trainer.logger.version` names another; the folder, or None."""
     run = checkpoint_run_folder(ckpt)
-    if run is None or not isinstance(logger, Namespace) or not str(logger.get('class_path', '')).endswith('CSVLogger'): return None
+    if (run is None or not isinstance(logger, Namespace)
+            or not str(logger.get('class_path', '')).endswith('CSVLogger')):
+        return None
     a = logger.init_args
     if a.get('version') is not None: return None   # the user named the version folder
     a.save_dir, a.name, a.version = str(run.parent.parent), run.parent.name, run.name
     return run
 
 def run_logger(trainer, given, root=None):
-    "Put a CSV logger (the given one, or one writing under `root` or `runs/lucid`) first among the trainer's loggers, so the run folder is its version folder whatever other loggers there are; returns it, None when logging is off."
+    """Put a CSV logger (the given one, or one writing under `root` or `runs/lucid`) first among the
+    trainer's loggers, so the run folder is its version folder whatever other loggers there are;
+    returns it, None when logging is off."""
     from lightning.pytorch.loggers import CSVLogger, Logger
-    given = [l for l in (given if isinstance(given, (list, tuple)) else [given]) if isinstance(l, Logger)]
-    if not given: return None   # --trainer.logger false: Lightning's `default_root_dir` is the run folder
-    csv = next((l for l in given if isinstance(l, CSVLogger)), None) or CSVLogger(root or 'runs', name='lucid')
-    trainer.lucid_csv = csv     # `run_folder` (08b_run_folder): also under `fast_dev_run`, which swaps the loggers for a DummyLogger
-    # Lightning's `trainer.log_dir` is the first logger's: a W&B logger's is None, so its `save_dir` became the run folder,
-    # one folder for every run, and without the CSV `curves.png` was never drawn
-    if not trainer.fast_dev_run: trainer.loggers = [csv, *(l for l in trainer.loggers if l is not csv)]
+    given = [l for l in (given if isinstance(given, (list, tuple)) else [given])
+             if isinstance(l, Logger)]
+    # --trainer.logger false: Lightning's `default_root_dir` is the run folder
+    if not given: return None
+    csv = (next((l for l in given if isinstance(l, CSVLogger)), None)
+           or CSVLogger(root or 'runs', name='lucid'))
+    # `run_folder` (08b_run_folder): also under `fast_dev_run`, which swaps the loggers for a
+    # DummyLogger
+    trainer.lucid_csv = csv
+    # Lightning's `trainer.log_dir` is the first logger's: a W&B logger's is None, so its `save_dir`
+    # became the run folder, one folder for every run, and without the CSV `curves.png` was never
+    # drawn
+    if not trainer.fast_dev_run:
+        trainer.loggers = [csv, *(l for l in trainer.loggers if l is not csv)]
     return csv
 
 def add_tensorboard(trainer)->bool:
-    "Add a TensorBoard logger writing into the run folder's `tensorboard/`, unless there is one or no logger at all."
+    """Add a TensorBoard logger writing into the run folder's `tensorboard/`, unless there is one or
+    no logger at all."""
     from lightning.pytorch.loggers import TensorBoardLogger
     if importlib.util.find_spec('tensorboard') is None:
-        raise ValueError("--tensorboard true: the tensorboard package is not installed (pip install tensorboard)")
-    if not trainer.loggers or any(isinstance(l, TensorBoardLogger) for l in trainer.loggers): return False
-    trainer.loggers = [*trainer.loggers, TensorBoardLogger(trainer.loggers[0].log_dir, name='tensorboard', version='')]
+        raise ValueError("--tensorboard true: the tensorboard package is not installed (pip "
+                         "install tensorboard)")
+    if not trainer.loggers or any(isinstance(l, TensorBoardLogger) for l in trainer.loggers):
+        return False
+    trainer.loggers = [*trainer.loggers,
+                       TensorBoardLogger(trainer.loggers[0].log_dir, name='tensorboard',
+                                         version='')]
     return True
 
 # %% ../nbs/10a_command.ipynb #e8a77483
-HELP = {'description': "lucid: YOLO-style instance segmentation and object detection (lucid_nb; --model.task segment|detect). Subcommands: fit, validate, test, predict "
+HELP = {'description': "lucid: YOLO-style instance segmentation and object detection (lucid_nb; "
+                        "--model.task segment|detect). Subcommands: fit, validate, test, predict "
                         "(Lightning's), and export (`lucid export --help`).",
-        'fit': {'description': "Train. With no --config: the nano model (--model.size n) on the embedded coco128 data, "
-                               "640 px, batch 4, for 10 epochs (--trainer.max_epochs); the run folder is runs/lucid/version_N, "
-                               "or under --trainer.default_root_dir. No sanity validation before the first epoch unless "
-                               "--trainer.num_sanity_val_steps N asks for one."},
-        'predict': {'description': "Predict with --ckpt_path CKPT on --data.predict_images PATH (a folder, a glob or one "
-                                   "image file; no annotations needed) or, without it, on the validation images; writes "
-                                   "predict/<image>.jpg for every image and predict/predictions.json into the run folder."}}
+        'fit': {'description': "Train. With no --config: the nano model (--model.size n) on the "
+                               "embedded coco128 data, 640 px, batch 4, for 10 epochs "
+                               "(--trainer.max_epochs); the run folder is runs/lucid/version_N, or "
+                               "under --trainer.default_root_dir. No sanity validation before the "
+                               "first epoch unless --trainer.num_sanity_val_steps N asks for one."},
+        'predict': {'description': "Predict with --ckpt_path CKPT on --data.predict_images PATH (a "
+                                   "folder, a glob or one image file; no annotations needed) or, "
+                                   "without it, on the validation images; writes "
+                                   "predict/<image>.jpg for every image and "
+                                   "predict/predictions.json into the run folder."}}
 
 def cli_main(args:list|None=None, run:bool=True)->LucidCLI:
     "Entry point of the `lucid` command."
-    warnings.filterwarnings('ignore', message='.*module\\(s\\) in eval mode.*')  # the EMA copy is in eval mode on purpose
+    # the EMA copy is in eval mode on purpose
+    warnings.filterwarnings('ignore', message='.*module\\(s\\) in eval mode.*')
     warnings.filterwarnings('ignore', message='.*LeafSpec.*')
-    warnings.filterwarnings('ignore', message=".*args parameter is intended to run from within Python.*")  # notebooks, tests
+    # notebooks, tests
+    warnings.filterwarnings('ignore',
+                            message=".*args parameter is intended to run from within Python.*")
     quiet_lightning()
-    return LucidCLI(LitYolo, YoloData, args=args, run=run, save_config_kwargs={'overwrite': True}, auto_configure_optimizers=False,
+    return LucidCLI(LitYolo, YoloData, args=args, run=run, save_config_kwargs={'overwrite': True},
+                    auto_configure_optimizers=False,
                     parser_class=OneLineParser,
                     parser_kwargs=HELP,
-                    trainer_defaults={'max_epochs': 10, 'num_sanity_val_steps': 0, 'logger': {'class_path': 'lightning.pytorch.loggers.CSVLogger',
-                                                                  'init_args': {'save_dir': 'runs', 'name': 'lucid'}}})
+                    trainer_defaults={'max_epochs': 10, 'num_sanity_val_steps': 0,
+                                      'logger': {'class_path': 'lightning.pytorch.loggers.CSVLogger',
+                                                 'init_args': {'save_dir': 'runs', 'name': 'lucid'}}})
 
 # %% ../nbs/10a_command.ipynb #0b95467e
 class QuietLightning(logging.Filter):
     "Drops the log lines of Lightning that tell a `lucid` user nothing, unless `verbose`."
     DROP = ('💡 Tip',                                 # adverts for Lightning's cloud services
-            'The following callbacks returned in `LightningModule.configure_callbacks` will override',
+            'The following callbacks returned in `LightningModule.configure_callbacks` will '
+            'override',
             'Seed set to',                            # `seed_everything`
             'GPU available:', 'TPU available:', 'HPU available:',   # `_log_device_info` (HPU: older Lightning)
             'LOCAL_RANK: ',                           # `CUDAAccelerator.setup_device`: the CUDA_VISIBLE_DEVICES of each process
@@ -219,62 +291,86 @@ class QuietLightning(logging.Filter):
             'Using bfloat16 Automatic Mixed Precision', 'Using 16bit Automatic Mixed Precision',   # --trainer.precision, said back
             '`Trainer.fit` stopped: `max_epochs=',   # `_FitLoop.done`: the run did as asked, and the per-class table follows
             'You are using a CUDA device (')   # `_check_cuda_matmul_precision`: TF32 advice, which would change every float32 number
-    RESTORE = ('Restoring states from the checkpoint path at', 'Restored all states from the checkpoint at',
+    RESTORE = ('Restoring states from the checkpoint path at',
+               'Restored all states from the checkpoint at',
                'Loaded model weights from the checkpoint at')   # `_CheckpointConnector`: dropped after fit; a resumed fit says it
     verbose, after_fit = False, False
     def filter(self, record)->bool:
         msg = str(record.getMessage())
-        return self.verbose or not (msg.startswith(self.DROP) or (self.after_fit and msg.startswith(self.RESTORE)))
+        return (self.verbose
+                or not (msg.startswith(self.DROP)
+                        or (self.after_fit and msg.startswith(self.RESTORE))))
 
-LIGHTNING_LOGS = ('lightning.pytorch.utilities.rank_zero', 'lightning.fabric.utilities.rank_zero',   # `rank_zero_info`
+# `rank_zero_info`
+LIGHTNING_LOGS = ('lightning.pytorch.utilities.rank_zero', 'lightning.fabric.utilities.rank_zero',
                   'lightning.fabric.utilities.seed', 'lightning.pytorch.accelerators.cuda')
-QUIET_WARNINGS = ('No seed found, seed set to',                                   # `seed_everything()` without a seed
-                  'The number of training batches .* is smaller than the logging interval')   # `_FitLoop.setup_data`
+QUIET_WARNINGS = ('No seed found, seed set to',   # `seed_everything()` without a seed
+                  # `_FitLoop.setup_data`
+                  'The number of training batches .* is smaller than the logging interval')
 
 AFTER_FIT = ('validate', 'test', 'predict')   # the subcommands that print `lucid`'s lines only
-NOT_LUCID = r'(?!lucid_nb(\.|$))'   # a warning's module (`warnings.filterwarnings`' `module`, matched at its start): any but lucid's
+# a warning's module (`warnings.filterwarnings`' `module`, matched at its start): any but lucid's
+NOT_LUCID = r'(?!lucid_nb(\.|$))'
 
 def quiet_lightning(verbose:bool=False, sub:str|None=None):
-    "Install `QuietLightning` on the loggers of Lightning's start-up lines (once) and ignore `QUIET_WARNINGS`; after fit (`sub` in `AFTER_FIT`) also the restore lines and every other library's warnings; `verbose`: let all through."
+    """Install `QuietLightning` on the loggers of Lightning's start-up lines (once) and ignore
+    `QUIET_WARNINGS`; after fit (`sub` in `AFTER_FIT`) also the restore lines and every other
+    library's warnings; `verbose`: let all through."""
     QuietLightning.verbose, QuietLightning.after_fit = verbose, sub in AFTER_FIT
     if sub in AFTER_FIT and not verbose: warnings.filterwarnings('ignore', module=NOT_LUCID)
     for name in LIGHTNING_LOGS:
         log = logging.getLogger(name)
-        if not any(isinstance(f, QuietLightning) for f in log.filters): log.addFilter(QuietLightning())
-    # the newest filter wins: 'default' (Python's own action for these warnings) undoes an earlier 'ignore'
-    for msg in QUIET_WARNINGS: warnings.filterwarnings('default' if verbose else 'ignore', message=msg)
+        if not any(isinstance(f, QuietLightning) for f in log.filters):
+            log.addFilter(QuietLightning())
+    # the newest filter wins: 'default' (Python's own action for these warnings) undoes an earlier
+    # 'ignore'
+    for msg in QUIET_WARNINGS:
+        warnings.filterwarnings('default' if verbose else 'ignore', message=msg)
 
 # %% ../nbs/10a_command.ipynb #51c4de9c
-EXPORT_HELP = "Write a checkpoint's network as ONNX or TorchScript and check it (`lucid export --help` lists its options)."
+EXPORT_HELP = ("Write a checkpoint's network as ONNX or TorchScript and check it (`lucid export "
+               "--help` lists its options).")
 
 @patch
 def _add_subcommands(self:LucidCLI, parser, **kwargs):
-    "Lightning's subcommands, then `export` in the list that `lucid --help` and a wrong subcommand's error give (`lucid_nb.cli` sends `lucid export` to `export_main` before this parser)."
+    """Lightning's subcommands, then `export` in the list that `lucid --help` and a wrong
+    subcommand's error give (`lucid_nb.cli` sends `lucid export` to `export_main` before this
+    parser)."""
     LightningCLI._add_subcommands(self, parser, **kwargs)
-    parser._subcommands_action.add_subcommand('export', self.init_parser(description=EXPORT_HELP), help=EXPORT_HELP)
+    parser._subcommands_action.add_subcommand('export', self.init_parser(description=EXPORT_HELP),
+                                              help=EXPORT_HELP)
 
 @patch
 def _prepare_subcommand_kwargs(self:LucidCLI, subcommand:str)->dict:
-    "Lightning's arguments of the subcommand; `validate` and `test` pass `lucid`'s `--verbose` on: Lightning's metric box after `lucid`'s table only when asked."
+    """Lightning's arguments of the subcommand; `validate` and `test` pass `lucid`'s `--verbose` on:
+    Lightning's metric box after `lucid`'s table only when asked."""
     kw = LightningCLI._prepare_subcommand_kwargs(self, subcommand)
-    if subcommand in ('validate', 'test'): kw['verbose'] = bool(self.config[subcommand].get('verbose'))
+    if subcommand in ('validate', 'test'):
+        kw['verbose'] = bool(self.config[subcommand].get('verbose'))
     return kw
 
 # %% ../nbs/10a_command.ipynb #7c2e4a02
 def model_line(net:nn.Module, size:int)->str:
-    "The network in one line: parameters, GFLOPs of one (1,3,size,size) forward, megabytes of its parameters."
-    s, mb = model_summary(net, size), sum(p.numel() * p.element_size() for p in net.parameters()) / 1e6
+    """The network in one line: parameters, GFLOPs of one (1,3,size,size) forward, megabytes of its
+    parameters."""
+    s, mb = (model_summary(net, size),
+             sum(p.numel() * p.element_size() for p in net.parameters()) / 1e6)
     return f"model: {s.params:,} parameters, {s.gflops:.3g} GFLOPs at {size} px, {mb:.1f} MB"
 
 class ModelLine(Callback):
-    "At fit start, `model_line` of the module's network at the data's image size, and the run folder."
+    """At fit start, `model_line` of the module's network at the data's image size, and the run
+    folder."""
     def on_fit_start(self, trainer, module):
-        run, dm = run_folder(trainer), trainer.datamodule   # on every process: the run folder may be a collective
+        # on every process: the run folder may be a collective
+        run, dm = run_folder(trainer), trainer.datamodule
         size = dm.hparams.imgsz if dm is not None and 'imgsz' in dm.hparams else 640
-        if trainer.is_global_zero: print(f"{model_line(getattr(module, 'model', module), size)}; run folder {run}", flush=True)
+        if trainer.is_global_zero:
+            print(f"{model_line(getattr(module, 'model', module), size)}; run folder {run}",
+                  flush=True)
 
 def quiet_trainer(trainer, verbose:bool=False):
-    "`ModelLine` where the trainer has Lightning's module table, which it replaces unless `verbose`; `trainer.lucid_verbose` for the recorder."
+    """`ModelLine` where the trainer has Lightning's module table, which it replaces unless
+    `verbose`; `trainer.lucid_verbose` for the recorder."""
     trainer.lucid_verbose = verbose
     tables = [c for c in trainer.callbacks if type(c) in (ModelSummary, RichModelSummary)]
     if tables and not verbose: trainer.callbacks = [c for c in trainer.callbacks if c not in tables]
@@ -282,109 +378,156 @@ def quiet_trainer(trainer, verbose:bool=False):
 
 # %% ../nbs/10a_command.ipynb #30d045dc
 def resume_hint(trainer)->str:
-    "How to go on after a stopped run: the checkpoint of its last finished epoch, if there is one, and that epoch."
+    """How to go on after a stopped run: the checkpoint of its last finished epoch, if there is one,
+    and that epoch."""
     if trainer.state.fn != 'fit': return 'run it again'
     ck = trainer.checkpoint_callback
-    here = Path(ck.dirpath)/f"{ck.CHECKPOINT_NAME_LAST}{ck.FILE_EXTENSION}" if ck is not None and ck.dirpath else None
+    here = (Path(ck.dirpath)/f"{ck.CHECKPOINT_NAME_LAST}{ck.FILE_EXTENSION}" if ck is not None
+            and ck.dirpath else None)
     for last in (here, trainer.ckpt_path):   # this run's last.ckpt; else the one it resumed from
         if last and Path(last).is_file() and (epoch := checkpoint_epoch(last)) is not None:
             if 0 < trainer.max_epochs <= epoch + 1:   # max_epochs -1: no last epoch
-                return f"{last} holds epoch {epoch + 1}/{trainer.max_epochs}, the last: the training finished, the run's end (state_hashes.json, curves) was not written"
+                return (f"{last} holds epoch {epoch + 1}/{trainer.max_epochs}, the last: the "
+                        "training finished, the run's end (state_hashes.json, curves) was not "
+                        "written")
             return (f"{last} holds epoch {epoch + 1}/{trainer.max_epochs}, the last finished: "
                     f"resume with the same options and --ckpt_path {last}")
     return 'no epoch had finished, so there is no checkpoint to resume from: run it again'
 
 # %% ../nbs/10a_command.ipynb #34915ace
-class Interrupted(BaseException): "A Ctrl-C before the fit loop: nothing to save. Not a `KeyboardInterrupt`, so Lightning adds no line of its own."
+class Interrupted(BaseException):
+    """A Ctrl-C before the fit loop: nothing to save. Not a `KeyboardInterrupt`, so Lightning adds
+    no line of its own."""
 
 class StopSignals(Callback):
-    "SIGINT (Ctrl-C) handled as SIGTERM while the fit loop runs: Lightning's SIGTERM flag set, the run stopped after the current step; one before the fit loop raises `Interrupted`, a second one `KeyboardInterrupt`, at once; once the run is stopping, further ones change nothing."
+    """SIGINT (Ctrl-C) handled as SIGTERM while the fit loop runs: Lightning's SIGTERM flag set, the
+    run stopped after the current step; one before the fit loop raises `Interrupted`, a second one
+    `KeyboardInterrupt`, at once; once the run is stopping, further ones change nothing."""
     def __init__(self):
         super().__init__()
         self.trainer, self.armed, self.ctrl_c, self.stopping = None, False, False, False
-    def on_train_start(self, trainer, module): self.trainer, self.armed = trainer, True   # Lightning's flag is reset before
+    def on_train_start(self, trainer, module):
+        self.trainer, self.armed = trainer, True   # Lightning's flag is reset before
     def __call__(self, signum, frame):
         if not self.armed: raise Interrupted
-        if self.stopping or self.trainer.interrupted: return   # its finished epochs' writes are awaited: a Ctrl-C now could only lose them
+        # its finished epochs' writes are awaited: a Ctrl-C now could only lose them
+        if self.stopping or self.trainer.interrupted: return
         if self.ctrl_c: raise KeyboardInterrupt
         self.ctrl_c = True
-        self.trainer._signal_connector.received_sigterm = True   # what Lightning's SIGTERM handler sets
+        # what Lightning's SIGTERM handler sets
+        self.trainer._signal_connector.received_sigterm = True
 
     @contextlib.contextmanager
     def installed(self, trainer):
-        "This handler for SIGINT and this callback in `trainer` inside the `with` block (in the main thread only); after a stop, SIGINT stays ignored: the process is ending, and its line is said."
+        """This handler for SIGINT and this callback in `trainer` inside the `with` block (in the
+        main thread only); after a stop, SIGINT stays ignored: the process is ending, and its line
+        is said."""
         if threading.current_thread() is not threading.main_thread(): yield self; return
         trainer.callbacks.append(self)
         old = signal.signal(signal.SIGINT, self)
         try: yield self
         finally:
-            signal.signal(signal.SIGINT, signal.SIG_IGN if self.stopping else old)   # `lucid_nb.cli.run` gives an in-process caller its own back
+            # `lucid_nb.cli.run` gives an in-process caller its own back
+            signal.signal(signal.SIGINT, signal.SIG_IGN if self.stopping else old)
             if self in trainer.callbacks: trainer.callbacks.remove(self)
 
 def _stop_line(subcommand:str, sig:str, trainer)->str:
-    "The stop line, once every queued checkpoint is on disk: it names the epoch `last.ckpt` holds when the process has ended."
+    """The stop line, once every queued checkpoint is on disk: it names the epoch `last.ckpt` holds
+    when the process has ended."""
     try: wait_for_checkpoints(trainer)
     except CheckpointWriteError as e: note(str(e))
     return f"{subcommand} stopped by {sig} before it finished; {resume_hint(trainer)}"
 
 # %% ../nbs/10a_command.ipynb #ba83a4cd
-RUN_RECORDS = ('metrics.csv', 'val_metrics.jsonl', 'timing.json', 'state_hashes.json', 'predictions.json')   # a run's own files
+# a run's own files
+RUN_RECORDS = ('metrics.csv', 'val_metrics.jsonl', 'timing.json', 'state_hashes.json',
+               'predictions.json')
 
 def other_run_folder(run:Path, logged:bool=True)->str:
-    "The options, spelled as the parser takes them, that give a run the next free folder beside `run`: the run logger's save_dir, name and the first free version (`logged`), else another `--trainer.default_root_dir`."
+    """The options, spelled as the parser takes them, that give a run the next free folder beside
+    `run`: the run logger's save_dir, name and the first free version (`logged`), else another
+    `--trainer.default_root_dir`."""
     if not logged: return f"--trainer.default_root_dir {run}-2"
     taken = {p.name for p in run.parent.iterdir()} if run.parent.is_dir() else set()
-    k = next(k for k in itertools.count() if f'version_{k}' not in taken)   # CSVLogger writes version k into version_k
-    return f"--trainer.logger.save_dir {run.parent.parent} --trainer.logger.name {run.parent.name} --trainer.logger.version {k}"
+    # CSVLogger writes version k into version_k
+    k = next(k for k in itertools.count() if f'version_{k}' not in taken)
+    return (f"--trainer.logger.save_dir {run.parent.parent} --trainer.logger.name "
+            f"{run.parent.name} --trainer.logger.version {k}")
 
 def refuse_earlier_run(run:Path, elsewhere:str=''):
-    "A new fit (no `--ckpt_path`) into a run folder that holds an earlier run (its checkpoints or records) is an error: the two runs would mix. `elsewhere`: `other_run_folder`'s options."
-    found = sorted(str(p.relative_to(run)) for p in [*run.glob('checkpoints/*.ckpt'), *(run/n for n in RUN_RECORDS)] if p.is_file())
+    """A new fit (no `--ckpt_path`) into a run folder that holds an earlier run (its checkpoints or
+    records) is an error: the two runs would mix. `elsewhere`: `other_run_folder`'s options."""
+    found = sorted(str(p.relative_to(run)) for p in [*run.glob('checkpoints/*.ckpt'),
+                                                     *(run/n for n in RUN_RECORDS)] if p.is_file())
     if not found: return
-    last = run/'checkpoints'/'last.ckpt'   # named only where it is: a run killed in its first write has none
-    again = f"resume it with --ckpt_path {last}, or" if last.is_file() else "it left no last.ckpt to resume from:"
-    raise ValueError(f"{run} holds an earlier run ({', '.join(found[:3])}{', ...' if len(found) > 3 else ''}): a new fit would mix "
-                     f"the two; {again} give this run another folder{f' ({elsewhere})' if elsewhere else ''}")
+    # named only where it is: a run killed in its first write has none
+    last = run/'checkpoints'/'last.ckpt'
+    again = (f"resume it with --ckpt_path {last}, or" if last.is_file()
+             else "it left no last.ckpt to resume from:")
+    raise ValueError(f"{run} holds an earlier run "
+                     f"({', '.join(found[:3])}{', ...' if len(found) > 3 else ''}): a new fit "
+                     f"would mix the two; {again} give this run another "
+                     f"folder{f' ({elsewhere})' if elsewhere else ''}")
 
 # %% ../nbs/10a_command.ipynb #510d0931
 @patch
 def _run_locked(self:LucidCLI, subcommand:str, run:Path|None, fresh:bool):
-    "Run `subcommand` holding the run folder `run`'s lock (`fresh`: it was empty); a run stopped by SIGTERM or Ctrl-C says so and how to resume."
-    elsewhere = other_run_folder(run, getattr(self.trainer, 'lucid_csv', None) is not None) if run is not None else ''
-    if subcommand == 'fit' and run is not None and not self.config[subcommand].get('ckpt_path'): refuse_earlier_run(run, elsewhere)
+    """Run `subcommand` holding the run folder `run`'s lock (`fresh`: it was empty); a run stopped
+    by SIGTERM or Ctrl-C says so and how to resume."""
+    elsewhere = (other_run_folder(run, getattr(self.trainer, 'lucid_csv', None) is not None)
+                 if run is not None else '')
+    if subcommand == 'fit' and run is not None and not self.config[subcommand].get('ckpt_path'):
+        refuse_earlier_run(run, elsewhere)
     stops = StopSignals()
-    with run_lock(run, elsewhere) if run is not None else contextlib.nullcontext(), warnings.catch_warnings(), stops.installed(self.trainer):
-        if fresh or self.config[subcommand].get('ckpt_path'):   # our lock; a resumed run's records (`continue_run_records`)
-            warnings.filterwarnings('ignore', message='Experiment logs directory .* exists and is not empty')
+    with run_lock(run,
+                  elsewhere) if run is not None else contextlib.nullcontext(), warnings.catch_warnings(), stops.installed(self.trainer):
+        # our lock; a resumed run's records (`continue_run_records`)
+        if fresh or self.config[subcommand].get('ckpt_path'):
+            warnings.filterwarnings('ignore',
+                                    message='Experiment logs directory .* exists and is not empty')
         try: LightningCLI._run_subcommand(self, subcommand)
-        except Interrupted: raise KeyboardInterrupt from None   # one line from `lucid_nb.cli.main`, status 130
+        # one line from `lucid_nb.cli.main`, status 130
+        except Interrupted: raise KeyboardInterrupt from None
         except KeyboardInterrupt:   # a Ctrl-C outside the trainer's own handling
-            stops.stopping = stops.armed   # the fit loop ran: further Ctrl-Cs change nothing (before it, `Interrupted`)
+            # the fit loop ran: further Ctrl-Cs change nothing (before it, `Interrupted`)
+            stops.stopping = stops.armed
             if os.environ.get('LUCID_DEBUG') == '1': raise
             note(_stop_line(subcommand, 'Ctrl-C', self.trainer))
             raise SystemExit(128 + signal.SIGINT) from None
-        except SystemExit as e:  # SIGTERMException after SIGTERM or a first Ctrl-C; Lightning's sys.exit(1) after a second
+        # SIGTERMException after SIGTERM or a first Ctrl-C; Lightning's sys.exit(1) after a second
+        except SystemExit as e:
             if not self.trainer.interrupted: raise
             stops.stopping = True
             sigterm = isinstance(e, SIGTERMException) and not stops.ctrl_c
-            sig, status = ('SIGTERM', 128 + signal.SIGTERM) if sigterm else ('Ctrl-C', 128 + signal.SIGINT)
+            sig, status = (('SIGTERM', 128 + signal.SIGTERM) if sigterm
+                           else ('Ctrl-C', 128 + signal.SIGINT))
             note(_stop_line(subcommand, sig, self.trainer))
             raise SystemExit(status) from None
-        finally:   # on an error or a Ctrl-C too, where Lightning calls no `teardown` hook: no data thread outlives the command
+        # on an error or a Ctrl-C too, where Lightning calls no `teardown` hook: no data thread
+        # outlives the command
+        finally:
             if isinstance(self.datamodule, YoloData): self.datamodule.teardown()
-        if stops.ctrl_c or self.trainer.received_sigterm:   # it came after the last check: the fit ended as it would have
-            sig, status = ('Ctrl-C', 128 + signal.SIGINT) if stops.ctrl_c else ('SIGTERM', 128 + signal.SIGTERM)
+        # it came after the last check: the fit ended as it would have
+        if stops.ctrl_c or self.trainer.received_sigterm:
+            sig, status = (('Ctrl-C', 128 + signal.SIGINT) if stops.ctrl_c
+                           else ('SIGTERM', 128 + signal.SIGTERM))
             done = f"all {self.trainer.max_epochs} epochs" if subcommand == 'fit' else 'its work'
-            note(f"{subcommand} received {sig} as it ended, after {done}: it finished, and its results are in {run}")
+            note(f"{subcommand} received {sig} as it ended, after {done}: it finished, and its "
+                 f"results are in {run}")
             raise SystemExit(status)
 
 # %% ../nbs/10a_command.ipynb #af32153d
-UNUSED_RUN_FILES = ('config.yaml', 'hparams.yaml', LOCK_NAME)   # what a command writes before it has done anything
+# what a command writes before it has done anything
+UNUSED_RUN_FILES = ('config.yaml', 'hparams.yaml', LOCK_NAME)
 
 def remove_unused_run_folder(run:Path, made:list[Path])->bool:
-    "Remove the run folder `run` if it holds no file but `UNUSED_RUN_FILES`, and the folders of `made` above it left empty; whether it did."
-    if not run.is_dir() or any(p.is_file() and p.name not in UNUSED_RUN_FILES for p in run.rglob('*')): return False
-    if lock_owner_alive(read_lock(run/LOCK_NAME)): return False   # another run took the folder (two fits picked one version_N)
+    """Remove the run folder `run` if it holds no file but `UNUSED_RUN_FILES`, and the folders of
+    `made` above it left empty; whether it did."""
+    if (not run.is_dir()
+            or any(p.is_file() and p.name not in UNUSED_RUN_FILES for p in run.rglob('*'))):
+        return False
+    # another run took the folder (two fits picked one version_N)
+    if lock_owner_alive(read_lock(run/LOCK_NAME)): return False
     shutil.rmtree(run, ignore_errors=True)
     for p in made:
         if p != run:
@@ -393,9 +536,12 @@ def remove_unused_run_folder(run:Path, made:list[Path])->bool:
 
 @patch
 def _run_subcommand(self:LucidCLI, subcommand:str):
-    "Run `subcommand` in its run folder (`_run_locked`); a command that fails before it wrote anything leaves no run folder behind."
-    run = run_folder(self.trainer) if rank_zero_only.rank == 0 else None   # DDP: the others learn rank 0's folder at setup
-    made = [p for p in (run, *run.parents) if not p.exists()] if run is not None else []   # what this command creates
+    """Run `subcommand` in its run folder (`_run_locked`); a command that fails before it wrote
+    anything leaves no run folder behind."""
+    # DDP: the others learn rank 0's folder at setup
+    run = run_folder(self.trainer) if rank_zero_only.rank == 0 else None
+    # what this command creates
+    made = [p for p in (run, *run.parents) if not p.exists()] if run is not None else []
     if run is not None: run.mkdir(parents=True, exist_ok=True)
     fresh = run is not None and not any(run.iterdir())
     try: self._run_locked(subcommand, run, fresh)
@@ -406,50 +552,63 @@ def _run_subcommand(self:LucidCLI, subcommand:str):
 # %% ../nbs/10a_command.ipynb #3d1a2fc7
 @patch
 def parse_arguments(self:LucidCLI, parser, args):
-    "Parse as LightningCLI does, remember which model options the command line and `--config` gave, and quiet Lightning unless `--verbose true`."
+    """Parse as LightningCLI does, remember which model options the command line and `--config`
+    gave, and quiet Lightning unless `--verbose true`."""
     argv = sys.argv[1:] if args is None else args
     if isinstance(argv, (list, tuple)):
         OneLineParser.config_files = tuple([b for a, b in zip(argv, argv[1:]) if a == '--config'] +
-                                           [a.split('=', 1)[1] for a in argv if str(a).startswith('--config=')])
+                                           [a.split('=', 1)[1] for a in argv
+                                            if str(a).startswith('--config=')])
     LightningCLI.parse_arguments(self, parser, args)
     sub = self.config.get('subcommand')   # None: `run=False` (notebooks, tests)
-    quiet_lightning(bool((self.config[sub] if sub else self.config).get('verbose')), sub)   # before the seed's line
+    # before the seed's line
+    quiet_lightning(bool((self.config[sub] if sub else self.config).get('verbose')), sub)
     with skip_apply_links():   # what was given, as given: no link fills in a value nobody gave
-        given = parser.parse_object(args, defaults=False) if isinstance(args, (dict, Namespace)) else parser.parse_args(args, defaults=False)
+        given = (parser.parse_object(args, defaults=False) if isinstance(args, (dict, Namespace))
+                 else parser.parse_args(args, defaults=False))
     pre = f"{given.subcommand}." if given.get('subcommand') else ''
     model, data = given.get(f"{pre}model"), given.get(f"{pre}data")
     self.given_model_options = set(model.keys()) if model else set()
     self.given_data_options = set(data.keys()) if isinstance(data, Namespace) else set()
     trainer = given.get(f"{pre}trainer")
-    self.given_trainer_options = {k.split('.')[0] for k in trainer.keys()} if isinstance(trainer, Namespace) else set()
+    self.given_trainer_options = ({k.split('.')[0] for k in trainer.keys()}
+                                  if isinstance(trainer, Namespace) else set())
 
 # %% ../nbs/10a_command.ipynb #4248039a
 @patch
 def _parse_ckpt_path(self:LucidCLI):
-    "Options from the `--ckpt_path` checkpoint (`_ckpt_options`), then from the `--model.weights` file (`_weights_options`); a network to run checked for (`_refuse_untrained`)."
+    """Options from the `--ckpt_path` checkpoint (`_ckpt_options`), then from the `--model.weights`
+    file (`_weights_options`); a network to run checked for (`_refuse_untrained`)."""
     self._ckpt_options()
     self._weights_options()
     self._refuse_untrained()
 
 @patch
 def _ckpt_options(self:LucidCLI):
-    "Model options (and, for `predict`, the image size) from the `--ckpt_path` checkpoint where the command line and `--config` gave none."
+    """Model options (and, for `predict`, the image size) from the `--ckpt_path` checkpoint where
+    the command line and `--config` gave none."""
     self.ckpt_hparams, self.ckpt_extra, sub = {}, {}, self.config.get('subcommand')
     path = self.config[sub].get('ckpt_path') if sub else None
-    if not path or path in ('last', 'best', 'hpc'): return   # Lightning's names of this run's own checkpoints
-    local = local_file(path, '--ckpt_path')   # the one rule (`03a_checkpoints`): a file:// URL is its path, other URLs are refused
-    if str(local) != path or re.fullmatch(r'registry(:.*)?', path, re.I | re.S):   # Lightning gets the file (one named as its registry keyword: by its full path)
+    # Lightning's names of this run's own checkpoints
+    if not path or path in ('last', 'best', 'hpc'): return
+    # the one rule (`03a_checkpoints`): a file:// URL is its path, other URLs are refused
+    local = local_file(path, '--ckpt_path')
+    # Lightning gets the file (one named as its registry keyword: by its full path)
+    if str(local) != path or re.fullmatch(r'registry(:.*)?', path, re.I | re.S):
         path = str(local.absolute())
         self.config = self.parser.parse_object({sub: {'ckpt_path': path}}, self.config)
     ckpt = read_checkpoint(path)
-    if sub in ('validate', 'test', 'predict'): self.inference_rules = check_rules((ckpt.get('lucid') or {}).get('rules', 'lucid'))
+    if sub in ('validate', 'test', 'predict'):
+        self.inference_rules = check_rules((ckpt.get('lucid') or {}).get('rules', 'lucid'))
     self._take_checkpoint(sub, path, ckpt)
     self.ckpt_hparams = ckpt.get('hyper_parameters') or {}
 
 # %% ../nbs/10a_command.ipynb #4a1b0b56
 @patch
 def _take_checkpoint(self:LucidCLI, sub:str, path, ckpt:dict):
-    "What a command takes from a `lucid` checkpoint it runs (`--ckpt_path`, or `--model.weights` for validate/test/predict): for those three its data and image size, for predict a warning where it scored about nothing, and its model options."
+    """What a command takes from a `lucid` checkpoint it runs (`--ckpt_path`, or `--model.weights`
+    for validate/test/predict): for those three its data and image size, for predict a warning where
+    it scored about nothing, and its model options."""
     self.ckpt_extra = ckpt.get('lucid') or {}
     if sub in ('validate', 'test', 'predict'): self._take_checkpoint_data(sub, path, ckpt)
     if sub == 'predict' and (why := weak_checkpoint(ckpt)): note(f"warning: {why}")
@@ -457,74 +616,101 @@ def _take_checkpoint(self:LucidCLI, sub:str, path, ckpt:dict):
 
 @patch
 def _take_checkpoint_model(self:LucidCLI, sub:str, path, saved:dict):
-    "The checkpoint's model options (`saved`, its hyper-parameters) where the command line and `--config` gave none; one line says which."
-    model = self.config[sub].model   # num_classes: linked from the data, checked against the checkpoint later
-    taken = {k: v for k, v in saved.items() if k in model and k not in ('num_classes', 'weights', 'weights_backbone')
+    """The checkpoint's model options (`saved`, its hyper-parameters) where the command line and
+    `--config` gave none; one line says which."""
+    # num_classes: linked from the data, checked against the checkpoint later
+    model = self.config[sub].model
+    taken = {k: v for k, v in saved.items() if k in model
+             and k not in ('num_classes', 'weights', 'weights_backbone')
              and k not in self.given_model_options}
-    changed = ', '.join(f"{k}={v!r}" for k, v in taken.items() if v != model[k]) or 'none that differ from the defaults'
+    changed = (', '.join(f"{k}={v!r}" for k, v in taken.items() if v != model[k])
+               or 'none that differ from the defaults')
     self.config = self.parser.parse_object({sub: {'model': taken}}, self.config)
-    note(f"model options taken from {path}: {changed} (options given on the command line or in --config win)")
+    note(f"model options taken from {path}: {changed} (options given on the command line or in "
+         "--config win)")
 
 # %% ../nbs/10a_command.ipynb #26e04186
 @patch
 def _take_checkpoint_data(self:LucidCLI, sub:str, path, ckpt:dict):
-    "`validate`, `test`, `predict`: the checkpoint's image size unless `--data.imgsz` is given, and its data where no data option names any; one line says what was taken."
+    """`validate`, `test`, `predict`: the checkpoint's image size unless `--data.imgsz` is given,
+    and its data where no data option names any; one line says what was taken."""
     extra, given, data = self.ckpt_extra, self.given_data_options, self.config[sub].data
     taken = {'imgsz': extra['imgsz']} if 'imgsz' in extra and 'imgsz' not in given else {}
-    src = extra.get('data') or {k: v for k, v in (ckpt.get('datamodule_hyper_parameters') or {}).items() if k in DATA_SOURCE}
-    if src and not given & set(DATA_SOURCE) and not data.get('predict_images'): taken |= {k: src[k] for k in DATA_SOURCE if k in src}
+    src = (extra.get('data')
+           or {k: v for k, v in (ckpt.get('datamodule_hyper_parameters') or {}).items()
+               if k in DATA_SOURCE})
+    if src and not given & set(DATA_SOURCE) and not data.get('predict_images'):
+        taken |= {k: src[k] for k in DATA_SOURCE if k in src}
     changed = {k: v for k, v in taken.items() if v != data.get(k)}
     if not changed: return
     self.config = self.parser.parse_object({sub: {'data': changed}}, self.config)
     what = 'image size and data' if changed.keys() - {'imgsz'} else 'image size'
-    note(f"{sub} with the checkpoint's {what}: {', '.join(f'{k}={v}' for k, v in changed.items())} (--data.* options given win)")
+    note(f"{sub} with the checkpoint's {what}: {', '.join(f'{k}={v}' for k, v in changed.items())} "
+         "(--data.* options given win)")
 
 # %% ../nbs/10a_command.ipynb #400378b9
 @patch
 def _weights_options(self:LucidCLI):
-    "`--model.weights`: read (safely) up front; its size and task where `--model.size` and `--model.task` were not given, an error where others were; not read with `--ckpt_path`."
-    sub = self.config.get('subcommand')   # None: `run=False` (notebooks, tests), whose config has no subcommand level
+    """`--model.weights`: read (safely) up front; its size and task where `--model.size` and
+    `--model.task` were not given, an error where others were; not read with `--ckpt_path`."""
+    # None: `run=False` (notebooks, tests), whose config has no subcommand level
+    sub = self.config.get('subcommand')
     cfg, wrap = (self.config[sub], lambda d: {sub: d}) if sub else (self.config, lambda d: d)
     path, self.model_weights = cfg.model.get('weights'), None
-    self.untrained = 'weights' in self.given_model_options and untrained_asked(path)   # `--model.weights none`, as asked
-    if self.untrained and path is not None: self.config = self.parser.parse_object(wrap({'model': {'weights': None}}), self.config)
+    # `--model.weights none`, as asked
+    self.untrained = 'weights' in self.given_model_options and untrained_asked(path)
+    if self.untrained and path is not None:
+        self.config = self.parser.parse_object(wrap({'model': {'weights': None}}), self.config)
     if not path or self.untrained: return
     if cfg.get('ckpt_path'):
-        note(f"--model.weights {path} is not read: --ckpt_path {cfg.ckpt_path} restores the network")
+        note(
+            f"--model.weights {path} is not read: --ckpt_path {cfg.ckpt_path} restores the network")
         self.config = self.parser.parse_object(wrap({'model': {'weights': None}}), self.config)
         return
-    w = self.model_weights = read_weights(path)   # handed to `LitYolo.start_from` (`instantiate_classes`): read once
+    # handed to `LitYolo.start_from` (`instantiate_classes`): read once
+    w = self.model_weights = read_weights(path)
     if sub in ('validate', 'test', 'predict'): cfg = self._weights_to_run(sub, path, w, cfg)
     self._weights_network(sub, path, w, cfg, wrap)
 
 # %% ../nbs/10a_command.ipynb #56be5ac6
 @patch
 def _weights_to_run(self:LucidCLI, sub:str, path, w, cfg):
-    "`validate`, `test`, `predict` with `--model.weights`: the file's rules; a lucid checkpoint's size and options as `--ckpt_path` takes them, an Ultralytics file's image size. The config as it is now."
-    w.check_lucid_task()   # a pose or OBB file has no branch of ours for its third: fit alone may start from it
+    """`validate`, `test`, `predict` with `--model.weights`: the file's rules; a lucid checkpoint's
+    size and options as `--ckpt_path` takes them, an Ultralytics file's image size. The config as it
+    is now."""
+    # a pose or OBB file has no branch of ours for its third: fit alone may start from it
+    w.check_lucid_task()
     self.inference_rules = w.rules   # training is by lucid's rules whatever the start
     if w.kind == 'lucid':   # its network as `--ckpt_path` has it: its size and options too
         self._take_checkpoint(sub, path, w.ckpt)
-        cfg = self.config[sub]   # with what was taken (`parse_object` returns a new config): the size, when the checkpoint had one
+        # with what was taken (`parse_object` returns a new config): the size, when the checkpoint
+        # had one
+        cfg = self.config[sub]
     else:   # an Ultralytics file: the size it was trained at, and its rules
         if 'imgsz' not in self.given_data_options and cfg.data.imgsz != w.imgsz:
             self.config = self.parser.parse_object({sub: {'data': {'imgsz': w.imgsz}}}, self.config)
             cfg = self.config[sub]
-        note(f"{sub} by Ultralytics' rules (OpenCV's resize, its letterbox{' and masks' if w.task == 'segment' else ''}) at imgsz={cfg.data.imgsz}"
-             f"{'' if 'imgsz' in self.given_data_options else ', the size the file was trained at'}")
+        note(f"{sub} by Ultralytics' rules (OpenCV's resize, its "
+             f"letterbox{' and masks' if w.task == 'segment' else ''}) at "
+             f"imgsz={cfg.data.imgsz}{'' if 'imgsz' in self.given_data_options else ', the size the file was trained at'}")
     return cfg
 
 # %% ../nbs/10a_command.ipynb #4761f1ee
 @patch
 def _weights_network(self:LucidCLI, sub:str|None, path, w, cfg, wrap):
-    "The network of `--model.weights`: its task and size where `--model.task` and `--model.size` were not given (one line each), an error where others were."
+    """The network of `--model.weights`: its task and size where `--model.task` and `--model.size`
+    were not given (one line each), an error where others were."""
     backbone = cfg.model.get('weights_backbone')
     if backbone and sub not in ('fit', None):
-        raise ValueError(f"--model.weights_backbone true is for fit (a start from a file's backbone and neck); lucid {sub} "
-                         f"runs the network of --model.weights {path} whole: leave it out")
-    for k, mine, check in (('task', w.task, lambda t: w.check_task(t, backbone)), ('size', w.scale, w.check_size)):
-        if mine == cfg.model[k] or (k == 'task' and mine not in TASKS): continue   # a pose or OBB file: fit keeps the task asked for
-        if k in self.given_model_options: check(cfg.model[k]); continue   # refused, or a backbone start of another task
+        raise ValueError("--model.weights_backbone true is for fit (a start from a file's "
+                         f"backbone and neck); lucid {sub} runs the network of --model.weights "
+                         f"{path} whole: leave it out")
+    for k, mine, check in (('task', w.task, lambda t: w.check_task(t, backbone)),
+                           ('size', w.scale, w.check_size)):
+        # a pose or OBB file: fit keeps the task asked for
+        if mine == cfg.model[k] or (k == 'task' and mine not in TASKS): continue
+        # refused, or a backbone start of another task
+        if k in self.given_model_options: check(cfg.model[k]); continue
         self.config = self.parser.parse_object(wrap({'model': {k: mine}}), self.config)
         cfg = self.config[sub] if sub else self.config
         note(f"--model.{k} {mine}: taken from --model.weights {path} ({w.title})")
@@ -532,28 +718,35 @@ def _weights_network(self:LucidCLI, sub:str|None, path, w, cfg, wrap):
 # %% ../nbs/10a_command.ipynb #e20a7316
 @patch
 def _refuse_untrained(self:LucidCLI):
-    "`validate`, `test` and `predict` without `--ckpt_path` or `--model.weights` are refused (`no_weights_line`); with `--model.weights none` one line says the network is untrained."
+    """`validate`, `test` and `predict` without `--ckpt_path` or `--model.weights` are refused
+    (`no_weights_line`); with `--model.weights none` one line says the network is untrained."""
     sub = self.config.get('subcommand')
     if sub not in ('validate', 'test', 'predict'): return
     cfg = self.config[sub]
-    if getattr(self, 'untrained', False): note(f"{sub} with an untrained network (--model.weights none): its detections mean nothing")
-    elif not cfg.get('ckpt_path') and not cfg.model.get('weights'): raise ValueError(no_weights_line(sub))
+    if getattr(self, 'untrained', False):
+        note(f"{sub} with an untrained network (--model.weights none): its detections mean nothing")
+    elif not cfg.get('ckpt_path') and not cfg.model.get('weights'):
+        raise ValueError(no_weights_line(sub))
 
 # %% ../nbs/10a_command.ipynb #f4cc842c
 @patch
 def instantiate_classes(self:LucidCLI):
-    "Instantiate as LightningCLI does, the model from the `--model.weights` already read; an error of the data inside the `num_classes` link is raised as itself."
+    """Instantiate as LightningCLI does, the model from the `--model.weights` already read; an error
+    of the data inside the `num_classes` link is raised as itself."""
     try:
-        with weights_read(getattr(self, 'model_weights', None)): LightningCLI.instantiate_classes(self)
+        with weights_read(getattr(self, 'model_weights', None)):
+            LightningCLI.instantiate_classes(self)
     except ValueError as e:
         if e.__cause__ is None or 'compute_fn of link' not in str(e): raise
         raise e.__cause__ from None
-    finally: self.model_weights = None   # the file's tensors (a lucid checkpoint's optimiser too) are in the model now
+    # the file's tensors (a lucid checkpoint's optimiser too) are in the model now
+    finally: self.model_weights = None
 
 USER_ERRORS = (ValueError, OSError, RunFolderInUse, MisconfigurationException)
 
 def command_main(run=None):  # what to run (default: `cli_main`, the Lightning subcommands)
-    "The `lucid` command: exit status 0 on success, 2 after a user error (one line), 143 after SIGTERM, 130 after Ctrl-C."
+    """The `lucid` command: exit status 0 on success, 2 after a user error (one line), 143 after
+    SIGTERM, 130 after Ctrl-C."""
     try: (run or cli_main)()
     except USER_ERRORS as e:
         if os.environ.get('LUCID_DEBUG') == '1': raise

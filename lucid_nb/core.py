@@ -23,18 +23,21 @@ __all__ = ['BATCH_KEYS', 'MASK_STRIDE', 'INSTANCE_GROUP', 'GROUP_KEYS', 'RULES',
            'HostSyncError', 'assert_no_host_sync', 'bbox_iou', 'box_area', 'box_iou', 'crop_mask', 'synth_batch']
 
 # %% ../nbs/00b_core.ipynb #00d8c748
-BATCH_KEYS = ('img', 'boxes', 'cls', 'valid', 'masks', 'owner', 'image_id', 'orig_hw', 'letterbox', 'hsv')
+BATCH_KEYS = ('img', 'boxes', 'cls', 'valid', 'masks', 'owner', 'image_id', 'orig_hw', 'letterbox',
+              'hsv')
 MASK_STRIDE = 4     # masks and prototypes live at 1/4 of the input side
 INSTANCE_GROUP = 8  # G: instance slots per group; a group holds instances of one image
 
 def group_bucket(q:int)->int:
-    "The padded number of groups for `q`: at least 1, exact up to 8, then rounded up to 3 significant bits (8, 10, 12, 14, 16, 20, …)."
+    """The padded number of groups for `q`: at least 1, exact up to 8, then rounded up to 3
+    significant bits (8, 10, 12, 14, 16, 20, …)."""
     if q <= 8: return max(q, 1)
     e = q.bit_length() - 3
     return -(-q >> e) << e
 
 # %% ../nbs/00b_core.ipynb #30e19520
-GROUP_KEYS = ('boxes', 'cls', 'valid', 'masks', 'owner')   # the keys that hold groups (`masks` where there are masks)
+# the keys that hold groups (`masks` where there are masks)
+GROUP_KEYS = ('boxes', 'cls', 'valid', 'masks', 'owner')
 
 def group_instances(images:list[dict], # per image: boxes (n,4), cls (n,), and masks (n,s,s) where the task has them
                     s:int|tuple,        # mask side S/4, or (height, width) for non-square images
@@ -42,18 +45,21 @@ def group_instances(images:list[dict], # per image: boxes (n,4), cls (n,), and m
                     G:int=INSTANCE_GROUP,
                     masks:bool|None=None, # None: masks when the images have them; False: none (made later on the device: `01b_augment_device`)
                    )->dict[str,np.ndarray]:
-    "`boxes` (Q,G,4), `cls` (Q,G), `valid` (Q,G), `masks` (Q,G,s,s) if there are masks, `owner` (Q,) of the images' instances, in image order."
+    """`boxes` (Q,G,4), `cls` (Q,G), `valid` (Q,G), `masks` (Q,G,s,s) if there are masks, `owner`
+    (Q,) of the images' instances, in image order."""
     if masks is None: masks = all('masks' in x for x in images)
     n = [len(x['cls']) for x in images]
     q = [-(-k // G) for k in n]
     Q = group_bucket(sum(q)) if pad else sum(q)
-    out = dict(boxes=np.zeros((Q * G, 4), np.float32), cls=np.zeros(Q * G, np.int64), valid=np.zeros(Q * G, bool), owner=np.zeros(Q, np.int64))
+    out = dict(boxes=np.zeros((Q * G, 4), np.float32), cls=np.zeros(Q * G, np.int64),
+               valid=np.zeros(Q * G, bool), owner=np.zeros(Q, np.int64))
     if masks: out['masks'] = np.zeros((Q * G, *((s, s) if isinstance(s, int) else s)), np.uint8)
     g = 0
     for b, (x, k, qb) in enumerate(zip(images, n, q)):
         out['owner'][g:g + qb] = b
         rows = slice(g * G, g * G + k)
-        if not k: continue   # an image without instances copies nothing (its empty arrays may have another shape)
+        # an image without instances copies nothing (its empty arrays may have another shape)
+        if not k: continue
         out['boxes'][rows], out['cls'][rows], out['valid'][rows] = x['boxes'], x['cls'], True
         if masks: out['masks'][rows] = x['masks']
         g += qb
@@ -68,10 +74,12 @@ def pad_groups(batch:dict)->dict:
     return {**batch, **{k: pad(batch[k]) for k in GROUP_KEYS if k in batch}}
 
 def image_instances(batch:dict, b:int)->tuple[Tensor,Tensor,Tensor|None]:
-    "Boxes (n,4), classes (n,) and masks (n,s,s) of image `b` of a batch (either layout); masks None in a batch without them."
+    """Boxes (n,4), classes (n,) and masks (n,s,s) of image `b` of a batch (either layout); masks
+    None in a batch without them."""
     owner = batch.get('owner')
     rows = batch['valid'][b] if owner is None else (owner == b)[:, None] & batch['valid']
-    sel = lambda k: None if k not in batch else batch[k][b][rows] if owner is None else batch[k][rows]
+    sel = lambda k: None if k not in batch else batch[k][b][rows] if owner is None else batch[k][
+        rows]
     return sel('boxes'), sel('cls'), sel('masks')
 
 # %% ../nbs/00b_core.ipynb #6b5d9ef7
@@ -79,13 +87,15 @@ RULES = ('lucid', 'ultralytics')   # the inference rules a checkpoint can carry 
 
 def check_rules(rules:str)->str:
     "`rules` if it names a set of `RULES`, else a one-line error."
-    if rules not in RULES: raise ValueError(f"inference rules {rules!r}: use one of {', '.join(RULES)}")
+    if rules not in RULES:
+        raise ValueError(f"inference rules {rules!r}: use one of {', '.join(RULES)}")
     return rules
 
 # %% ../nbs/00b_core.ipynb #db8c02f2
 def package_dir()->Path:
     "The folder of the `lucid_nb` package: it holds the embedded data and the configs."
-    here = globals().get('__file__')   # unset where this cell runs in a notebook, whose folder is nbs/
+    # unset where this cell runs in a notebook, whose folder is nbs/
+    here = globals().get('__file__')
     return Path(here).resolve().parent if here else (Path.cwd().parent/'lucid_nb').resolve()
 
 def repo_root()->Path:
@@ -100,32 +110,42 @@ TEST_IMG = EMBEDDED_IMAGES/'000000000009.jpg'
 
 # %% ../nbs/00b_core.ipynb #94ea045d
 def _git_commit()->str:
-    "`$LUCID_NB_COMMIT` if set (a copied tree on a GPU machine, whose `.git` may be stale), else the checkout's commit."
+    """`$LUCID_NB_COMMIT` if set (a copied tree on a GPU machine, whose `.git` may be stale), else
+    the checkout's commit."""
     if os.environ.get('LUCID_NB_COMMIT'): return os.environ['LUCID_NB_COMMIT']
-    try: found = subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], cwd=repo_root(), capture_output=True,
-                                text=True, timeout=5).stdout.strip()
+    try:
+        found = subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], cwd=repo_root(),
+                               capture_output=True,
+                               text=True, timeout=5).stdout.strip()
     except (OSError, subprocess.SubprocessError): found = ''
     return found or 'unknown'
 
 def env_info()->dict:
     "Hardware and software facts that a measurement depends on."
     cuda = torch.cuda.is_available()
-    return dict(device=torch.cuda.get_device_name(0) if cuda else platform.processor() or platform.machine(),
+    return dict(device=torch.cuda.get_device_name(0) if cuda else platform.processor()
+                or platform.machine(),
                 torch=torch.__version__, cuda=torch.version.cuda if cuda else None,
-                cudnn=torch.backends.cudnn.version() if cuda else None, python=platform.python_version(),
+                cudnn=torch.backends.cudnn.version() if cuda else None,
+                python=platform.python_version(),
                 allocator=allocator_setting(),   # the CUDA allocator's setting (`00a_allocator`)
-                cpu_capability=torch.backends.cpu.get_cpu_capability(),   # the vector unit torch's CPU kernels use: CPU bytes depend on it
-                cpu_threads=torch.get_num_threads(),   # so do the CPU's parallel sums: they split the work by threads
-                commit=_git_commit(), date=datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC'))
+                # the vector unit torch's CPU kernels use: CPU bytes depend on it
+                cpu_capability=torch.backends.cpu.get_cpu_capability(),
+                # so do the CPU's parallel sums: they split the work by threads
+                cpu_threads=torch.get_num_threads(),
+                commit=_git_commit(),
+                date=datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC'))
 
 def env_card()->str:
     "One line: device, torch/CUDA, commit, date."
     i = env_info()
     cuda = f" CUDA {i['cuda']} cuDNN {i['cudnn']}" if i['cuda'] else ''
-    return f"{i['device']} | torch {i['torch']}{cuda} | python {i['python']} | commit {i['commit']} | {i['date']}"
+    return (f"{i['device']} | torch {i['torch']}{cuda} | python {i['python']} | commit "
+            f"{i['commit']} | {i['date']}")
 
 def device_tag()->str:
-    "The CUDA device's name as a file-name part (`nvidia-h200`), or `cpu`: benchmark result files are named with it."
+    """The CUDA device's name as a file-name part (`nvidia-h200`), or `cpu`: benchmark result files
+    are named with it."""
     if not torch.cuda.is_available(): return 'cpu'
     return re.sub(r'[^a-z0-9]+', '-', torch.cuda.get_device_name(0).lower()).strip('-')
 
@@ -134,9 +154,11 @@ def module_pointers(
     modules:list,          # `list(model.modules())`, built once
     with_grad:bool=False,  # also each parameter's `requires_grad`
 )->tuple:
-    "Storage addresses of the modules' own parameters and buffers: a cheap key that changes when any tensor moves."
+    """Storage addresses of the modules' own parameters and buffers: a cheap key that changes when
+    any tensor moves."""
     return tuple((t.data_ptr(), t.requires_grad) if with_grad else t.data_ptr()
-                 for m in modules for d in (m._parameters, m._buffers) for t in d.values() if t is not None)
+                 for m in modules for d in (m._parameters, m._buffers) for t in d.values()
+                 if t is not None)
 
 # %% ../nbs/00b_core.ipynb #94e1856b
 def tensor_bytes(t:Tensor)->bytes:
@@ -160,11 +182,15 @@ def _feed(h, obj):
         h.update(b'[')
         for o in obj: _feed(h, o)
         h.update(b']')
-    elif obj is None or isinstance(obj, (bool, int, float, str, bytes)): h.update(repr(obj).encode())
-    else: raise TypeError(f"digest: cannot hash a {type(obj).__name__}; give tensors, numbers, strings, lists or dicts")
+    elif obj is None or isinstance(obj, (bool, int, float, str, bytes)):
+        h.update(repr(obj).encode())
+    else:
+        raise TypeError(f"digest: cannot hash a {type(obj).__name__}; give tensors, numbers, "
+                        "strings, lists or dicts")
 
 def digest(obj)->str:
-    "sha256 over the exact bytes of a nested structure of tensors and plain values (dict keys sorted)."
+    """sha256 over the exact bytes of a nested structure of tensors and plain values (dict keys
+    sorted)."""
     h = hashlib.sha256()
     _feed(h, obj)
     return h.hexdigest()
@@ -173,7 +199,8 @@ def digest(obj)->str:
 def _state(o): return o.state_dict() if hasattr(o, 'state_dict') else o
 
 def state_hashes(**parts)->dict:
-    "sha256 of each named part's state (`model=`, `optimizer=`, `scheduler=`, `ema=`, `loss=`...), plus `all`."
+    """sha256 of each named part's state (`model=`, `optimizer=`, `scheduler=`, `ema=`, `loss=`...),
+    plus `all`."""
     h = {k: digest(_state(v)) for k, v in sorted(parts.items()) if v is not None}
     h['all'] = digest(h)
     return h
@@ -186,7 +213,8 @@ def current_umask()->int:
     return m
 
 def fsync_folder(folder):
-    "Flush a folder's entries (a rename into it) to the disk; a no-op where folders cannot be opened (Windows)."
+    """Flush a folder's entries (a rename into it) to the disk; a no-op where folders cannot be
+    opened (Windows)."""
     try: fd = os.open(folder, os.O_RDONLY)
     except OSError: return
     try: os.fsync(fd)
@@ -194,7 +222,8 @@ def fsync_folder(folder):
     finally: os.close(fd)
 
 def atomic_write(path, data:bytes)->Path:
-    "Write `data` to `path` through a temporary file in the same folder, fsync, then `os.replace` (the folder synced too)."
+    """Write `data` to `path` through a temporary file in the same folder, fsync, then `os.replace`
+    (the folder synced too)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix='.tmp')
@@ -212,7 +241,8 @@ def atomic_write(path, data:bytes)->Path:
     return path
 
 def one_line(e:BaseException)->str:
-    "An error's message on one line (its lines joined by '; '), for `lucid: error: …`; its type's name when it has none."
+    """An error's message on one line (its lines joined by '; '), for `lucid: error: …`; its type's
+    name when it has none."""
     return '; '.join(l.strip() for l in str(e).splitlines() if l.strip()) or type(e).__name__
 
 
@@ -220,7 +250,8 @@ def one_line(e:BaseException)->str:
 # %% ../nbs/00b_core.ipynb #a2d58bbe
 def test_bytes_equal(a:Tensor, b:Tensor, what:str='tensor'):
     "Fail unless `a` and `b` have the same dtype, shape and bytes."
-    assert a.dtype == b.dtype and a.shape == b.shape, f"{what}: {a.dtype}{tuple(a.shape)} vs {b.dtype}{tuple(b.shape)}"
+    assert a.dtype == b.dtype and a.shape == b.shape, (f"{what}: {a.dtype}{tuple(a.shape)} vs "
+                                                       f"{b.dtype}{tuple(b.shape)}")
     assert tensor_bytes(a) == tensor_bytes(b), f"{what}: bytes differ"
 
 def test_grads_equal(m1:torch.nn.Module, m2:torch.nn.Module):
@@ -229,19 +260,24 @@ def test_grads_equal(m1:torch.nn.Module, m2:torch.nn.Module):
     assert p1.keys() == p2.keys(), "the modules have different parameters"
     for n in p1:
         g1, g2 = p1[n].grad, p2[n].grad
-        assert (g1 is None) == (g2 is None), f"{n}: grad is {'None' if g1 is None else 'set'} vs {'None' if g2 is None else 'set'}"
+        assert (g1 is None) == (g2 is None), (f"{n}: grad is {'None' if g1 is None else 'set'} vs "
+                                              f"{'None' if g2 is None else 'set'}")
         if g1 is not None: test_bytes_equal(g1, g2, f"{n}.grad")
 
 # %% ../nbs/00b_core.ipynb #0b48b1b0
 def autocast_state(device_type:str)->dict:
-    "The surrounding autocast dtype and on/off state of `device_type`, weight-cast cache off, as `torch.autocast` keywords."
-    return dict(enabled=torch.is_autocast_enabled(device_type), dtype=torch.get_autocast_dtype(device_type),
+    """The surrounding autocast dtype and on/off state of `device_type`, weight-cast cache off, as
+    `torch.autocast` keywords."""
+    return dict(enabled=torch.is_autocast_enabled(device_type),
+                dtype=torch.get_autocast_dtype(device_type),
                 cache_enabled=False)
 
 # %% ../nbs/00b_core.ipynb #ecca7d7d
 def cuda_cell_skipped(lines:list[str])->list[str]:
-    "An IPython input transformer: a cell flagged `#| cuda` becomes a line saying it needs a CUDA GPU."
-    if any(l.replace(' ', '').rstrip() == '#|cuda' for l in lines): return ["print('needs a CUDA GPU — skipped')\n"]
+    """An IPython input transformer: a cell flagged `#| cuda` becomes a line saying it needs a CUDA
+    GPU."""
+    if any(l.replace(' ', '').rstrip() == '#|cuda' for l in lines):
+        return ["print('needs a CUDA GPU — skipped')\n"]
     return lines
 
 def skip_cuda_cells()->bool:
@@ -250,7 +286,8 @@ def skip_cuda_cells()->bool:
     except ImportError: return False
     shell = get_ipython()
     if shell is None or torch.cuda.is_available(): return False
-    if cuda_cell_skipped not in shell.input_transformers_cleanup: shell.input_transformers_cleanup.append(cuda_cell_skipped)
+    if cuda_cell_skipped not in shell.input_transformers_cleanup:
+        shell.input_transformers_cleanup.append(cuda_cell_skipped)
     return True
 
 # %% ../nbs/00b_core.ipynb #454b2039
@@ -258,8 +295,10 @@ class HostSyncError(RuntimeError):
     "An operation that makes the host wait for the device (or gives a data-dependent shape)."
 
 _aten = torch.ops.aten
-_SYNC_OPS = {_aten._local_scalar_dense, _aten.is_nonzero, _aten.equal, _aten.nonzero, _aten.argwhere,
-             _aten.masked_select, _aten.unique_consecutive, _aten._unique, _aten._unique2, _aten.unique_dim,
+_SYNC_OPS = {_aten._local_scalar_dense, _aten.is_nonzero, _aten.equal, _aten.nonzero,
+             _aten.argwhere,
+             _aten.masked_select, _aten.unique_consecutive, _aten._unique, _aten._unique2,
+             _aten.unique_dim,
              _aten.unique_dim_consecutive, _aten.bincount, _aten.histc}
 _INDEX_OPS = {_aten.index, _aten.index_put, _aten.index_put_, _aten._index_put_impl_}
 
@@ -271,13 +310,16 @@ def _sync_reason(func, args, kwargs)->str|None:
     pkt = func.overloadpacket
     if pkt in _SYNC_OPS: return 'it reads a value back or makes a data-dependent shape'
     if pkt in _INDEX_OPS and _bool_index(args): return 'boolean-mask indexing calls nonzero'
-    if pkt is _aten.repeat_interleave and kwargs.get('output_size') is None and isinstance(args[0], Tensor) \
+    if pkt is _aten.repeat_interleave and kwargs.get('output_size') is None and isinstance(
+            args[0], Tensor) \
        and len(args) < 2: return 'repeat_interleave without output_size'
-    if pkt is _aten.lift_fresh: return 'a tensor built from Python data is a host-to-device copy on the GPU'
+    if pkt is _aten.lift_fresh:
+        return 'a tensor built from Python data is a host-to-device copy on the GPU'
     if pkt in (_aten._to_copy, _aten.copy_):
         src = args[0] if pkt is _aten._to_copy else args[1]
         dst = kwargs.get('device') if pkt is _aten._to_copy else args[0].device
-        if isinstance(src, Tensor) and dst is not None and src.device.type != torch.device(dst).type:
+        if (isinstance(src, Tensor) and dst is not None
+                and src.device.type != torch.device(dst).type):
             return f'it copies between {src.device.type} and {torch.device(dst).type}'
     return None
 
@@ -285,7 +327,8 @@ def _sync_reason(func, args, kwargs)->str|None:
 class _NoSyncDispatch(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if (why := _sync_reason(func, args, kwargs)): raise HostSyncError(f"host sync: {func} ({why})")
+        if (why := _sync_reason(func, args, kwargs)):
+            raise HostSyncError(f"host sync: {func} ({why})")
         return func(*args, **kwargs)
 
 class _NoSyncFunction(TorchFunctionMode):
@@ -296,7 +339,8 @@ class _NoSyncFunction(TorchFunctionMode):
 
 @contextlib.contextmanager
 def assert_no_host_sync():
-    "Raise `HostSyncError` on any operator inside the block that would make the host wait for the device (CPU or GPU)."
+    """Raise `HostSyncError` on any operator inside the block that would make the host wait for the
+    device (CPU or GPU)."""
     with _NoSyncFunction(), _NoSyncDispatch(): yield
 
 # %% ../nbs/00b_core.ipynb #2a330cd9
@@ -310,11 +354,13 @@ def bbox_iou(
     (x1, y1, x2, y2), (u1, v1, u2, v2) = b1.unbind(-1), b2.unbind(-1)
     w1, h1 = (x2 - x1).clamp(min=0), (y2 - y1).clamp(min=0) + eps
     w2, h2 = (u2 - u1).clamp(min=0), (v2 - v1).clamp(min=0) + eps
-    inter = (torch.minimum(x2, u2) - torch.maximum(x1, u1)).clamp(0) * (torch.minimum(y2, v2) - torch.maximum(y1, v1)).clamp(0)
+    inter = ((torch.minimum(x2, u2) - torch.maximum(x1, u1)).clamp(0)
+             * (torch.minimum(y2, v2) - torch.maximum(y1, v1)).clamp(0))
     union = w1 * h1 + w2 * h2 - inter + eps
     iou = inter / union.clamp(min=torch.finfo(union.dtype).tiny)
     if not ciou: return iou
-    cw, ch = torch.maximum(x2, u2) - torch.minimum(x1, u1), torch.maximum(y2, v2) - torch.minimum(y1, v1)
+    cw, ch = (torch.maximum(x2, u2) - torch.minimum(x1, u1),
+              torch.maximum(y2, v2) - torch.minimum(y1, v1))
     c2 = cw**2 + ch**2 + eps
     rho2 = ((u1 + u2 - x1 - x2)**2 + (v1 + v2 - y1 - y2)**2) / 4
     v = (4 / math.pi**2) * (torch.atan(w2 / h2) - torch.atan(w1 / h1))**2
@@ -329,7 +375,8 @@ def box_iou(
     a:Tensor, # (...,N,4) xyxy
     b:Tensor, # (...,M,4) xyxy
 )->Tensor:    # (...,N,M)
-    "Pairwise intersection over union: `bbox_iou` of every pair (of each pair of leading indices, e.g. image by image)."
+    """Pairwise intersection over union: `bbox_iou` of every pair (of each pair of leading indices,
+    e.g. image by image)."""
     return bbox_iou(a[..., :, None, :], b[..., None, :, :], eps=0.)
 
 # %% ../nbs/00b_core.ipynb #b185fd29
@@ -366,7 +413,9 @@ def synth_batch(
     s = S // MASK_STRIDE
     yy, xx = torch.meshgrid(torch.arange(s) + .5, torch.arange(s) + .5, indexing='ij')
     c, r = (boxes[..., :2] + boxes[..., 2:]) / (2 * MASK_STRIDE), wh / (2 * MASK_STRIDE)
-    inside = ((xx - c[..., 0, None, None]) / r[..., 0, None, None])**2 + ((yy - c[..., 1, None, None]) / r[..., 1, None, None])**2 <= 1
+    inside = ((xx - c[..., 0, None, None])
+              / r[..., 0, None, None])**2 + ((yy - c[..., 1, None, None])
+                                             / r[..., 1, None, None])**2 <= 1
     m = (inside & valid[..., None, None]).to(torch.uint8)                 # (B,M,S/4,S/4)
     img = torch.randint(0, 256, (B, 3, S, S), generator=g, dtype=torch.uint8)
     inst = dict(boxes=boxes, cls=cls, valid=valid, **({'masks': m} if masks else {}))

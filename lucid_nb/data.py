@@ -30,30 +30,47 @@ __all__ = ['AUGMENT_ON', 'DATA_SOURCE', 'DATA_FORMATS', 'SCORING_STAGES', 'ULTRA
            'data_format', 'show_batch']
 
 # %% ../nbs/01d_data.ipynb #ac8594aa
-_COCO_OPTIONS = ('train_images', 'train_annotations', 'val_images', 'val_annotations')   # the options that name COCO data
-AUGMENT_ON = ('cpu', 'device')   # where the training samples' pixels and masks are made: loader, or the batch's device
+# the options that name COCO data
+_COCO_OPTIONS = ('train_images', 'train_annotations', 'val_images', 'val_annotations')
+# where the training samples' pixels and masks are made: loader, or the batch's device
+AUGMENT_ON = ('cpu', 'device')
 
 def _check_options(o:dict):
     "Clear errors for bad settings, naming the option."
-    if o['augment_on'] not in AUGMENT_ON: raise ValueError(f"augment_on={o['augment_on']!r} is not allowed: use one of {', '.join(map(repr, AUGMENT_ON))}")
-    if o['cache'] not in CACHE_MODES: raise ValueError(f"cache={o['cache']!r} is not allowed: use one of {', '.join(map(repr, CACHE_MODES))}")
-    if o['on_bad_input'] not in BAD_INPUT_POLICIES: raise ValueError(f"on_bad_input={o['on_bad_input']!r} is not allowed: use 'skip' or 'error'")
+    if o['augment_on'] not in AUGMENT_ON:
+        raise ValueError(f"augment_on={o['augment_on']!r} is not allowed: use one of "
+                         f"{', '.join(map(repr, AUGMENT_ON))}")
+    if o['cache'] not in CACHE_MODES:
+        raise ValueError(f"cache={o['cache']!r} is not allowed: use one of "
+                         f"{', '.join(map(repr, CACHE_MODES))}")
+    if o['on_bad_input'] not in BAD_INPUT_POLICIES:
+        raise ValueError(
+            f"on_bad_input={o['on_bad_input']!r} is not allowed: use 'skip' or 'error'")
     get_task(o['task'])   # one of `TASKS`, or a one-line error
     if o['augment_on'] == 'device' and not get_task(o['task']).masks:
-        raise ValueError(f"augment_on='device' is for segmentation (it makes the masks on the device); task={o['task']!r} augments on the CPU: "
+        raise ValueError("augment_on='device' is for segmentation (it makes the masks on the "
+                         f"device); task={o['task']!r} augments on the CPU: "
                          "leave --data.augment_on out, or give cpu")
-    if o['imgsz'] < 32 or o['imgsz'] % 32: raise ValueError(f"imgsz={o['imgsz']} must be a positive multiple of 32 (the model's largest stride)")
+    if o['imgsz'] < 32 or o['imgsz'] % 32:
+        raise ValueError(f"imgsz={o['imgsz']} must be a positive multiple of 32 (the model's "
+                         "largest stride)")
     for k in ('batch_size', 'max_instances', 'val_count'):
         if o[k] < 1: raise ValueError(f"{k}={o[k]} must be at least 1")
-    if o['threads'] is not None and o['threads'] < 1: raise ValueError(f"threads={o['threads']} must be at least 1 (or None: up to 8, the CPU count)")
+    if o['threads'] is not None and o['threads'] < 1:
+        raise ValueError(f"threads={o['threads']} must be at least 1 (or None: up to 8, the CPU "
+                         "count)")
     if o['val_batch_size'] is not None and o['val_batch_size'] < 1:
-        raise ValueError(f"val_batch_size={o['val_batch_size']} must be at least 1 (or None: twice batch_size)")
-    for k in ('workers', 'close_mosaic'):   # the augmentation options are checked by `AugSettings` (its bounds)
+        raise ValueError(f"val_batch_size={o['val_batch_size']} must be at least 1 (or None: twice "
+                         "batch_size)")
+    # the augmentation options are checked by `AugSettings` (its bounds)
+    for k in ('workers', 'close_mosaic'):
         if o[k] < 0: raise ValueError(f"{k}={o[k]} must not be negative")
     if o['dataset'] is not None and (coco := [k for k in _COCO_OPTIONS if o[k] is not None]):
-        raise ValueError(f"dataset (an Ultralytics data.yaml) and {', '.join(coco)} (COCO files) both name the data: give one or the other")
+        raise ValueError(f"dataset (an Ultralytics data.yaml) and {', '.join(coco)} (COCO files) "
+                         "both name the data: give one or the other")
     for a, b in (('train_images', 'train_annotations'), ('val_images', 'val_annotations')):
-        if (o[a] is None) != (o[b] is None): raise ValueError(f"give both --data.{a} and --data.{b}, or neither")
+        if (o[a] is None) != (o[b] is None):
+            raise ValueError(f"give both --data.{a} and --data.{b}, or neither")
 
 # %% ../nbs/01d_data.ipynb #35b43b01
 class YoloData(L.LightningDataModule):
@@ -82,26 +99,38 @@ class YoloData(L.LightningDataModule):
         'segment' (instances with masks) or 'detect' (boxes only: no segmentation read, no masks in a batch). `lucid`
         sets it from `--model.task`.
     """
-    def __init__(self, dataset:str|None=None, train_images:str|None=None, train_annotations:str|None=None, val_images:str|None=None,
-                 val_annotations:str|None=None, val_count:int=32, imgsz:int=640, batch_size:int=4, val_batch_size:int|None=None,
+    def __init__(self, dataset:str|None=None, train_images:str|None=None,
+                 train_annotations:str|None=None, val_images:str|None=None,
+                 val_annotations:str|None=None, val_count:int=32, imgsz:int=640, batch_size:int=4,
+                 val_batch_size:int|None=None,
                  workers:int=0, threads:int|None=None,
-                 cache:Literal['none', 'ram', 'disk']='ram', cache_dir:str|None=None, prefetch:bool=True, pin_memory:bool=True, max_instances:int=100,
-                 on_bad_input:Literal['skip', 'error']='skip', fliplr:float=.5, degrees:float=0., translate:float=.1, scale:float=.5,
-                 shear:float=0., mosaic:float=1., close_mosaic:int=10, hsv_h:float=.015, hsv_s:float=.7, hsv_v:float=.4,
-                 augment_on:Literal['cpu', 'device']='cpu', seed:int=0, max_epochs:int|None=None, predict_images:str|None=None,
+                 cache:Literal['none', 'ram', 'disk']='ram', cache_dir:str|None=None,
+                 prefetch:bool=True, pin_memory:bool=True, max_instances:int=100,
+                 on_bad_input:Literal['skip', 'error']='skip', fliplr:float=.5, degrees:float=0.,
+                 translate:float=.1, scale:float=.5,
+                 shear:float=0., mosaic:float=1., close_mosaic:int=10, hsv_h:float=.015,
+                 hsv_s:float=.7, hsv_v:float=.4,
+                 augment_on:Literal['cpu', 'device']='cpu', seed:int=0, max_epochs:int|None=None,
+                 predict_images:str|None=None,
                  task:Literal['segment', 'detect']='segment'):
         super().__init__()
         _check_options(dict(locals()))
-        self.aug = AugSettings(fliplr=fliplr, degrees=degrees, translate=translate, scale=scale, shear=shear, mosaic=mosaic,
+        self.aug = AugSettings(fliplr=fliplr, degrees=degrees, translate=translate, scale=scale,
+                               shear=shear, mosaic=mosaic,
                                hsv_h=hsv_h, hsv_s=hsv_s, hsv_v=hsv_v)
         self.save_hyperparameters()
         self.task = get_task(task)
-        self.report, self._train, self._val, self._json, self._val_coco, self._loaders = DataReport(on_bad_input), None, None, None, None, []
-        self._disks = {}   # folder: DiskCache, shared by train and validation when they come from one JSON
-        self._classes, self._predict, self._spec = None, None, None   # classes from `set_classes`; the `predict_images` dataset; the data.yaml read
-        self._json_categories, self.cache_mode = None, cache   # the training JSON's classes; the cache used (`setup`: what fits)
+        self.report, self._train, self._val, self._json, self._val_coco, self._loaders = DataReport(
+            on_bad_input), None, None, None, None, []
+        # folder: DiskCache, shared by train and validation when they come from one JSON
+        self._disks = {}
+        # classes from `set_classes`; the `predict_images` dataset; the data.yaml read
+        self._classes, self._predict, self._spec = None, None, None
+        # the training JSON's classes; the cache used (`setup`: what fits)
+        self._json_categories, self.cache_mode = None, cache
         self.rules = 'lucid'   # the inference rules of validation and prediction (`set_rules`)
-        self.scored = 'val'    # the split `val_records` holds: 'val', or a data.yaml's 'test' for `lucid test`
+        # the split `val_records` holds: 'val', or a data.yaml's 'test' for `lucid test`
+        self.scored = 'val'
 
 # %% ../nbs/01d_data.ipynb #30f8d1c0
 YoloData.__init__.__doc__ = """How the batches are made, then how they are augmented (below).
@@ -171,14 +200,17 @@ YoloData.__init__.__doc__ += """\
 """
 
 # %% ../nbs/01d_data.ipynb #964a35f6
-DATA_SOURCE = ('dataset', 'train_images', 'train_annotations', 'val_images', 'val_annotations', 'val_count')   # what data a checkpoint was trained and validated on
+# what data a checkpoint was trained and validated on
+DATA_SOURCE = ('dataset', 'train_images', 'train_annotations', 'val_images', 'val_annotations',
+               'val_count')
 
 # %% ../nbs/01d_data.ipynb #6c41de4f
 @patch
 def _paths(self:YoloData)->tuple:
     "The training images folder and annotations file (the embedded coco128 when not given)."
     h = self.hparams
-    return Path(h.train_images or EMBEDDED_IMAGES), Path(h.train_annotations or EMBEDDED_ANNOTATIONS)
+    return Path(h.train_images
+                or EMBEDDED_IMAGES), Path(h.train_annotations or EMBEDDED_ANNOTATIONS)
 
 @patch
 def _train_json(self:YoloData)->dict:
@@ -193,7 +225,8 @@ def _yolo_spec(self:YoloData)->YoloSpec:
 
 @patch
 def _categories(self:YoloData)->tuple:
-    "`(cat_ids, class_names)`: those given to `set_classes`, else the data format's (`data_format`)."
+    """`(cat_ids, class_names)`: those given to `set_classes`, else the data format's
+    (`data_format`)."""
     return self._classes or data_format(self.hparams.dataset).categories(self)
 
 @patch
@@ -201,7 +234,8 @@ def _coco_categories(self:YoloData)->tuple:
     "The training JSON's categories (from its cached label index when there is one)."
     if self._json_categories is None:
         h, (images, annotations) = self.hparams, self._paths()
-        c = cached_categories(annotations, images, h.cache_dir, self.task.masks) if h.cache != 'none' and self._json is None else None
+        c = (cached_categories(annotations, images, h.cache_dir, self.task.masks)
+             if h.cache != 'none' and self._json is None else None)
         self._json_categories = c or coco_categories(self._train_json())
     return self._json_categories
 
@@ -228,25 +262,34 @@ def num_classes(self:YoloData)->int:
 # %% ../nbs/01d_data.ipynb #e70d3c6c
 @patch
 def _split(self:YoloData, names:list[str], recs:list)->tuple[list, list]:
-    "Train and validation records: a record validates when its own JSON entry is among the last `val_count` by file name (`names`: each entry's)."
+    """Train and validation records: a record validates when its own JSON entry is among the last
+    `val_count` by file name (`names`: each entry's)."""
     n, v = len(names), self.hparams.val_count
-    if v >= n: raise ValueError(f"val_count={v} leaves no training images out of {n}; give --data.val_count {max(n - 1, 1)} or lower, or --data.val_images and --data.val_annotations")
+    if v >= n:
+        raise ValueError(f"val_count={v} leaves no training images out of {n}; give "
+                         f"--data.val_count {max(n - 1, 1)} or lower, or --data.val_images and "
+                         "--data.val_annotations")
     last = set(sorted(range(n), key=lambda k: names[k])[n - v:])
     return [r for r in recs if r.entry not in last], [r for r in recs if r.entry in last]
 
 # %% ../nbs/01d_data.ipynb #7e75148e
 @patch
 def _yolo_records(self:YoloData, stage:str|None=None)->tuple:
-    "Train and scored records of the `dataset` data.yaml (`01a_yolo`; `lucid test` scores its `test` split when it names one), their disk-cache keys, and the scored source's name."
+    """Train and scored records of the `dataset` data.yaml (`01a_yolo`; `lucid test` scores its
+    `test` split when it names one), their disk-cache keys, and the scored source's name."""
     spec = self._yolo_spec()
     self.scored = 'test' if stage == 'test' and 'test' in spec.splits else 'val'
-    tr, va, self._val_json = yolo_records(spec, self.report, self.scored, self.cat_ids, self.task.masks)
-    return tr, va, (spec.splits['train'][0], spec.path), (spec.splits[self.scored][0], spec.path), f"the {self.scored} images of {spec.path}"
+    tr, va, self._val_json = yolo_records(spec, self.report, self.scored, self.cat_ids,
+                                          self.task.masks)
+    return tr, va, (spec.splits['train'][0],
+                    spec.path), (spec.splits[self.scored][0],
+                                 spec.path), f"the {self.scored} images of {spec.path}"
 
 # %% ../nbs/01d_data.ipynb #955f4c69
 @dataclass(frozen=True)
 class DataFormat:
-    "One data format as `YoloData` reads it: its classes, its records, and what to change when a split holds nothing to score."
+    """One data format as `YoloData` reads it: its classes, its records, and what to change when a
+    split holds nothing to score."""
     name: str                # in messages
     categories: Callable     # (datamodule) -> (cat_ids, class_names)
     records: Callable        # (datamodule, stage) -> (train records, validation records, their disk-cache keys, the validation source's name)
@@ -255,52 +298,69 @@ class DataFormat:
     fix_no_train: str        # said where no training image has an instance
 
 DATA_FORMATS = {
-    'coco': DataFormat('COCO instances JSON', lambda dm: dm._coco_categories(), lambda dm, stage: dm._coco_records(stage),
-                       lambda dm: "give --data.val_images and --data.val_annotations, or a larger --data.val_count",
-                       lambda dm: ('give a larger --data.val_count, or --data.val_images and --data.val_annotations with annotations'
-                                   if dm.hparams.val_images is None else 'give --data.val_annotations with annotations'), ''),
-    'yolo': DataFormat('YOLO-seg data.yaml', lambda dm: (dm._yolo_spec().keys, dm._yolo_spec().names), lambda dm, stage: dm._yolo_records(stage),
+    'coco': DataFormat(
+        'COCO instances JSON', lambda dm: dm._coco_categories(), lambda dm, stage: dm._coco_records(
+            stage),
+                       lambda dm: "give --data.val_images and --data.val_annotations, or a larger "
+                                  "--data.val_count",
+                       lambda dm: ('give a larger --data.val_count, or --data.val_images and '
+                                   '--data.val_annotations with annotations'
+                                   if dm.hparams.val_images is None
+                                   else 'give --data.val_annotations with annotations'), ''),
+    'yolo': DataFormat(
+        'YOLO-seg data.yaml', lambda dm: (dm._yolo_spec().keys,
+                                          dm._yolo_spec().names), lambda dm, stage: dm._yolo_records(stage),
                        lambda dm: f"fix them, or name other {dm.scored} images in the data.yaml",
                        lambda dm: f"give {dm.scored} images with label files in the data.yaml",
                        '; YOLO labels are read from the labels/ folder beside images/'),
 }
 
 def data_format(dataset:str|None)->DataFormat:
-    "The format of the data: a `dataset` (a data.yaml) is a YOLO-seg folder; otherwise COCO files (none given: the embedded coco128)."
+    """The format of the data: a `dataset` (a data.yaml) is a YOLO-seg folder; otherwise COCO files
+    (none given: the embedded coco128)."""
     return DATA_FORMATS['yolo' if dataset else 'coco']
 
 # %% ../nbs/01d_data.ipynb #628d5418
 @patch
 def _disk_folder(self:YoloData, images:Path, annotations:Path)->Path:
     h = self.hparams
-    folder = Path(h.cache_dir)/cache_name(images, annotations, h.imgsz) if h.cache_dir else default_cache_dir(images, annotations, h.imgsz)
-    return folder if self.task.masks else folder.with_name(f"{folder.name}-boxes")   # a detection run's prepared images hold no polygons
+    folder = (Path(h.cache_dir)/cache_name(images, annotations, h.imgsz) if h.cache_dir
+              else default_cache_dir(images, annotations, h.imgsz))
+    # a detection run's prepared images hold no polygons
+    return folder if self.task.masks else folder.with_name(f"{folder.name}-boxes")
 
 @patch
 def _dataset(self:YoloData, recs:list, images:Path, annotations:Path, augment:bool)->YoloDataset:
     h, disk = self.hparams, None
-    if self.cache_mode == 'disk':                          # one DiskCache per folder: a split JSON's train and validation share it
+    # one DiskCache per folder: a split JSON's train and validation share it
+    if self.cache_mode == 'disk':
         folder = self._disk_folder(images, annotations)
         if folder not in self._disks: self._disks[folder] = DiskCache(folder, h.imgsz, annotations)
         disk = self._disks[folder]
-    return YoloDataset(recs, h.imgsz, self.cache_mode, disk, self.report, augment, self.aug, h.seed, h.max_instances, h.threads, h.augment_on,
+    return YoloDataset(recs, h.imgsz, self.cache_mode, disk, self.report, augment, self.aug, h.seed,
+                       h.max_instances, h.threads, h.augment_on,
                        self.task.masks)
 
 @patch
 def _plan_cache(self:YoloData, recs:list, images:Path, annotations:Path)->str:
-    "The cache for `recs` (`fit_cache`): the one asked for, unless it would not fit, which one line says with the numbers."
+    """The cache for `recs` (`fit_cache`): the one asked for, unless it would not fit, which one
+    line says with the numbers."""
     h, t = self.hparams, self.trainer
-    processes = t.num_devices if t is not None else 1   # DDP: each process of this machine holds its own RAM cache
-    mode, line = fit_cache(h.cache, prepared_size(recs, h.imgsz), self._disk_folder(images, annotations), processes)
+    # DDP: each process of this machine holds its own RAM cache
+    processes = t.num_devices if t is not None else 1
+    mode, line = fit_cache(h.cache, prepared_size(recs, h.imgsz),
+                           self._disk_folder(images, annotations), processes)
     if line and rank_zero_only.rank == 0: log.warning(line)
     return mode
 
 # %% ../nbs/01d_data.ipynb #040a5d8d
-SCORING_STAGES = ('validate', 'test', 'predict')   # stages that only score: the training split is not set up
+# stages that only score: the training split is not set up
+SCORING_STAGES = ('validate', 'test', 'predict')
 
 @patch
 def setup(self:YoloData, stage:str|None=None):
-    "Read, check, split and cache the data (once), then print the report; `predict` on `predict_images` reads nothing here, and `validate`, `test` and `predict` only the scored split."
+    """Read, check, split and cache the data (once), then print the report; `predict` on
+    `predict_images` reads nothing here, and `validate`, `test` and `predict` only the scored split."""
     if self._train is not None or (self._val is not None and stage in SCORING_STAGES): return
     if stage == 'predict' and self.hparams.predict_images: return
     t0 = time.perf_counter()
@@ -308,77 +368,105 @@ def setup(self:YoloData, stage:str|None=None):
 
 @patch
 def _coco_records(self:YoloData, stage:str|None=None)->tuple:
-    "Train and validation records of the COCO files (or the embedded coco128: the last `val_count` by file name validate), their disk-cache keys, and the validation source's name."
+    """Train and validation records of the COCO files (or the embedded coco128: the last `val_count`
+    by file name validate), their disk-cache keys, and the validation source's name."""
     h, (images, annotations) = self.hparams, self._paths()
-    for k, folder in (('train_images', images), ('val_images', h.val_images)):   # named once, not once per image in it
+    # named once, not once per image in it
+    for k, folder in (('train_images', images), ('val_images', h.val_images)):
         if folder is not None and not Path(folder).is_dir():
-            raise FileNotFoundError(f"{k} {folder}: {'not a folder' if Path(folder).exists() else 'no such folder'} "
-                                    f"(the folder the file_names of {k.replace('images', 'annotations')} are read from)")
+            raise FileNotFoundError(f"{k} {folder}: "
+                                    f"{'not a folder' if Path(folder).exists() else 'no such folder'} (the folder the file_names of {k.replace('images', 'annotations')} are read from)")
     on = h.cache != 'none'   # the label index is cached when images are
-    idx, d = label_index(annotations, images, self.report, cache=on, cache_dir=h.cache_dir, parsed=self._json, masks=self.task.masks)
+    idx, d = label_index(annotations, images, self.report, cache=on, cache_dir=h.cache_dir,
+                         parsed=self._json, masks=self.task.masks)
     self._json, self._json_categories = self._json or d, idx.categories
-    if h.val_images is not None: self._json = None   # the parsed training JSON (GBs at COCO's size) is not needed again
+    # the parsed training JSON (GBs at COCO's size) is not needed again
+    if h.val_images is not None: self._json = None
     cat_ids, recs = list(idx.categories[0]), idx.records
-    if h.val_images is None: (tr, va), self._val_json = self._split(idx.names, recs), None   # read when `val_coco` needs it
+    # read when `val_coco` needs it
+    if h.val_images is None: (tr, va), self._val_json = self._split(idx.names, recs), None
     else:
         vimages, vann = Path(h.val_images), Path(h.val_annotations)
         def same(cats):
-            if list(cats[0]) != cat_ids: raise ValueError(f"{vann}: its categories differ from {annotations}'s")
-        vidx, self._val_json = label_index(vann, vimages, self.report, cat_ids, vann.name, on, h.cache_dir, check=same, masks=self.task.masks)
+            if list(cats[0]) != cat_ids:
+                raise ValueError(f"{vann}: its categories differ from {annotations}'s")
+        vidx, self._val_json = label_index(vann, vimages, self.report, cat_ids, vann.name, on,
+                                           h.cache_dir, check=same, masks=self.task.masks)
         tr, va = recs, vidx.records
-    vsrc = f"{h.val_annotations}" if h.val_images else f"the last {h.val_count} images of {annotations.name} (by file name)"
-    return tr, va, (images, annotations), (Path(h.val_images) if h.val_images else images, Path(h.val_annotations) if h.val_annotations else annotations), vsrc
+    vsrc = (f"{h.val_annotations}" if h.val_images
+            else f"the last {h.val_count} images of {annotations.name} (by file name)")
+    return tr, va, (images, annotations), (Path(h.val_images) if h.val_images else images,
+                                           Path(h.val_annotations) if h.val_annotations
+                                           else annotations), vsrc
 
 # %% ../nbs/01d_data.ipynb #b399d4c5
 @patch
-def _setup_datasets(self:YoloData, tr:list, va:list, tkey:tuple, vkey:tuple, vsrc:str, t0:float, stage:str|None=None):
-    "Check and cache the train and validation records (`tkey`, `vkey`: their disk cache's images folder and annotations file), then print the report; validation must hold an instance unless `stage` is 'predict'."
-    h, fmt, scoring = self.hparams, data_format(self.hparams.dataset), stage in SCORING_STAGES   # scoring: nothing trains
+def _setup_datasets(self:YoloData, tr:list, va:list, tkey:tuple, vkey:tuple, vsrc:str, t0:float,
+                    stage:str|None=None):
+    """Check and cache the train and validation records (`tkey`, `vkey`: their disk cache's images
+    folder and annotations file), then print the report; validation must hold an instance unless
+    `stage` is 'predict'."""
+    # scoring: nothing trains
+    h, fmt, scoring = self.hparams, data_format(self.hparams.dataset), stage in SCORING_STAGES
     self.cache_mode = self._plan_cache(va if scoring else tr + va, *tkey)
     self._val, self.scored_source = self._dataset(va, *vkey, False), vsrc
-    self._train = None if scoring else self._dataset(tr, *tkey, True)   # its images neither checked nor prepared
+    # its images neither checked nor prepared
+    self._train = None if scoring else self._dataset(tr, *tkey, True)
     for disk in self._disks.values():
         disk.save()
         for k, n in disk.stats.items(): self.report.note(f"disk cache {k}", n)
     if len(self._val) == 0 and not va:   # nothing was left out: there was nothing
-        raise ValueError(f"no validation image: {vsrc} lists none that can be read; " + fmt.fix_bad_val(self))
+        raise ValueError(f"no validation image: {vsrc} lists none that can be read; "
+                         + fmt.fix_bad_val(self))
     if len(self._val) == 0:
-        raise ValueError(f"no usable validation image: every one of the {len(va)} of {vsrc} was left out as bad input "
+        raise ValueError(f"no usable validation image: every one of the {len(va)} of {vsrc} was "
+                         "left out as bad input "
                          f"({str(self.report).splitlines()[0]}); " + fmt.fix_bad_val(self))
     if not scoring and not any(r.instances for r in self._train.records):
-        raise ValueError(f"no training instance: none of the {len(self._train)} training images has a usable annotation, so there "
-                         f"is nothing to learn ({'a segmentation model needs masks: polygons or RLE' if self.task.masks else 'a detector needs boxes'}"
-                         f"{fmt.fix_no_train})\n{self.report}")
-    if stage != 'predict' and not any(r.instances for r in self._val.records):   # predicting needs no annotation
+        raise ValueError(f"no training instance: none of the {len(self._train)} training images "
+                         "has a usable annotation, so there "
+                         "is nothing to learn "
+                         f"({'a segmentation model needs masks: polygons or RLE' if self.task.masks else 'a detector needs boxes'}{fmt.fix_no_train})\n{self.report}")
+    # predicting needs no annotation
+    if stage != 'predict' and not any(r.instances for r in self._val.records):
         fix = fmt.fix_no_val(self)
-        raise ValueError(f"no validation instance: none of the {len(self._val)} validation images ({vsrc}) has a usable annotation, so "
-                         f"mAP is undefined there (COCOeval gives -1) and best.ckpt would be chosen on nothing; {fix}")
+        raise ValueError(f"no validation instance: none of the {len(self._val)} validation images "
+                         f"({vsrc}) has a usable annotation, so mAP is undefined there (COCOeval "
+                         f"gives -1) and best.ckpt would be chosen on nothing; {fix}")
     if not scoring and len(self._train) < h.batch_size:
-        raise ValueError(f"batch_size={h.batch_size} exceeds the {len(self._train)} usable training images (training drops the last partial batch)")
+        raise ValueError(f"batch_size={h.batch_size} exceeds the {len(self._train)} usable "
+                         "training images (training drops the last partial batch)")
     self.setup_seconds = time.perf_counter() - t0
     if rank_zero_only.rank == 0: print(self.summary())
 
 # %% ../nbs/01d_data.ipynb #db8df77d
 @patch
 def summary(self:YoloData)->str:
-    "What was loaded, in one line: images, instances, classes, cache, problems and notes (a line more for each problem listed)."
+    """What was loaded, in one line: images, instances, classes, cache, problems and notes (a line
+    more for each problem listed)."""
     h, tr, va = self.hparams, self._train, self._val
     inst = lambda ds: sum(len(r.instances) for r in ds.records)
-    split = (f"train {len(tr)} images ({inst(tr)} instances), {self.scored} {len(va)} images ({inst(va)} instances)" if tr is not None
-             else f"scoring {len(va)} images ({inst(va)} instances): {self.scored_source}")   # `validate`, `test`, `predict`
-    listing = f"{PROBLEMS_FILE} in the run folder" if self.trainer is not None else None   # a run writes it (`08c_run_artifacts`)
-    return (f"lucid_nb data: {split}, {self.num_classes} classes; imgsz {h.imgsz}, cache {self.cache_mode!r}, "
-            f"prepared in {self.setup_seconds:.1f} s; " + '\n'.join(self.report.lines(listing)))
+    split = (f"train {len(tr)} images ({inst(tr)} instances), {self.scored} {len(va)} images "
+             f"({inst(va)} instances)" if tr is not None
+             # `validate`, `test`, `predict`
+             else f"scoring {len(va)} images ({inst(va)} instances): {self.scored_source}")
+    # a run writes it (`08c_run_artifacts`)
+    listing = f"{PROBLEMS_FILE} in the run folder" if self.trainer is not None else None
+    return (f"lucid_nb data: {split}, {self.num_classes} classes; imgsz {h.imgsz}, cache "
+            f"{self.cache_mode!r}, prepared in {self.setup_seconds:.1f} s; "
+            + '\n'.join(self.report.lines(listing)))
 
 @patch
 def __str__(self:YoloData)->str:
     "The data in one line, reading nothing."
-    # Lightning's `LightningDataModule.__str__` calls every `*_dataloader` method to print their sizes: it reads the
-    # data, starts prefetch threads nobody stops (at exit: `terminate called without an active exception`) and fails
-    # on a `YoloLoader` (`'dict' object has no attribute 'available'`). jsonargparse calls it to word the error of a
-    # link's `compute_fn` (`lucid`'s `num_classes` link), so the message of that error would be lost in a traceback.
+    # Lightning's `LightningDataModule.__str__` calls every `*_dataloader` method to print their
+    # sizes: it reads the data, starts prefetch threads nobody stops (at exit: `terminate called
+    # without an active exception`) and fails on a `YoloLoader` (`'dict' object has no attribute
+    # 'available'`). jsonargparse calls it to word the error of a link's `compute_fn` (`lucid`'s
+    # `num_classes` link), so the message of that error would be lost in a traceback.
     h = self.hparams
-    return f"YoloData({h.dataset or h.train_images or 'embedded coco128'}, imgsz={h.imgsz}, batch_size={h.batch_size})"
+    return (f"YoloData({h.dataset or h.train_images or 'embedded coco128'}, imgsz={h.imgsz}, "
+            f"batch_size={h.batch_size})")
 
 @patch(as_prop=True)
 def train_records(self:YoloData)->list[ImageRecord]:
@@ -386,6 +474,7 @@ def train_records(self:YoloData)->list[ImageRecord]:
     if self._train is None: raise RuntimeError("call setup('fit') first")
     return self._train.records
 
+# %% ../nbs/01d_data.ipynb #d415a251
 @patch(as_prop=True)
 def val_records(self:YoloData)->list[ImageRecord]:
     "The checked records of the validation images, in loader order."
@@ -399,16 +488,20 @@ def val_image_ids(self:YoloData)->list[int]:
 
 @patch
 def val_coco(self:YoloData)->COCO:
-    "pycocotools ground truth of the loaded validation images: the entry each was read from, the annotations of its id (crowd kept, bad left out)."
+    """pycocotools ground truth of the loaded validation images: the entry each was read from, the
+    annotations of its id (crowd kept, bad left out)."""
     ids, h = set(self.val_image_ids), self.hparams
-    if self._val_json is None: self._val_json = self._train_json() if h.val_images is None else load_coco_json(h.val_annotations)
+    if self._val_json is None:
+        self._val_json = (self._train_json() if h.val_images is None
+                          else load_coco_json(h.val_annotations))
     d = self._val_json
     if self._val_coco is None:
         recs = self.val_records
         bad = {j for r in recs for j in r.bad_anns}
-        self._val_coco = to_coco({**d, 'images': [dict(d['images'][r.entry], id=r.image_id) for r in recs],
-                                  'annotations': eval_annotations([a for j, a in enumerate(d['annotations'])
-                                                                   if coco_id(a.get('image_id')) in ids and j not in bad])})
+        self._val_coco = to_coco({
+            **d, 'images': [dict(d['images'][r.entry], id=r.image_id) for r in recs],
+            'annotations': eval_annotations([a for j, a in enumerate(d['annotations'])
+                                             if coco_id(a.get('image_id')) in ids and j not in bad])})
     return self._val_coco
 
 # %% ../nbs/01d_data.ipynb #02c18048
@@ -420,25 +513,35 @@ def _mosaic_until(self:YoloData)->int|None:
 
 @patch
 def _make_loader(self:YoloData, ds:YoloDataset, train:bool)->YoloLoader:
-    "A loader of `ds`; in a fit each next epoch's batches (training and validation) start as soon as an epoch's end."
+    """A loader of `ds`; in a fit each next epoch's batches (training and validation) start as soon
+    as an epoch's end."""
     h, t, n = self.hparams, self.trainer, self.hparams.max_epochs
     if t is None: rank, world, device, fitting = 0, 1, None, train
-    else: rank, world, device, fitting = t.global_rank, t.world_size, t.strategy.root_device, train or t.state.fn == 'fit'
+    else:
+        rank, world, device, fitting = (t.global_rank, t.world_size, t.strategy.root_device, train
+                                        or t.state.fn == 'fit')
     if n is None and t is not None: n = t.max_epochs
-    ahead = n - 1 if fitting and n is not None and n > 0 else None   # `fitting`: training, or validation inside a fit
-    pin = device if train and h.pin_memory and device is not None and device.type == 'cuda' else None
+    # `fitting`: training, or validation inside a fit
+    ahead = n - 1 if fitting and n is not None and n > 0 else None
+    pin = (device if train and h.pin_memory and device is not None and device.type == 'cuda'
+           else None)
     bs, name = (h.batch_size, 'batch_size') if train else (self.val_batch_size, 'val_batch_size')
-    ld = YoloLoader(ds, bs, shuffle=train, drop_last=train, seed=h.seed, workers=h.workers, prefetch=h.prefetch,
+    ld = YoloLoader(ds, bs, shuffle=train, drop_last=train, seed=h.seed, workers=h.workers,
+                    prefetch=h.prefetch,
                     ahead_until=ahead, rank=rank, world=world, pin_device=pin)
-    if len(ld) == 0:   # a process without a batch would leave the others waiting for it at the epoch's end
+    # a process without a batch would leave the others waiting for it at the epoch's end
+    if len(ld) == 0:
         fit = len(ds) // world   # the largest batch that leaves every process one
-        fix = f"give --data.{name} {fit} or less" if fit else f"give --trainer.devices {len(ds)} or fewer and --data.{name} 1"
-        raise ValueError(f"{len(ds)} {'training' if train else 'validation'} images make {len(ds) // bs if train else -(-len(ds) // bs)} batches of "
-                         f"{name}={bs}, fewer than the {world} processes (--trainer.devices): every process needs one; "
-                         f"{fix}{'' if train else ', or a larger --data.val_count'}")
+        fix = (f"give --data.{name} {fit} or less" if fit
+               else f"give --trainer.devices {len(ds)} or fewer and --data.{name} 1")
+        raise ValueError(f"{len(ds)} {'training' if train else 'validation'} images make "
+                         f"{len(ds) // bs if train else -(-len(ds) // bs)} batches of {name}={bs}, "
+                         f"fewer than the {world} processes (--trainer.devices): every process "
+                         f"needs one; {fix}{'' if train else ', or a larger --data.val_count'}")
     self._loaders.append(ld)
     return ld
 
+# %% ../nbs/01d_data.ipynb #e35d7abb
 @patch
 def train_dataloader(self:YoloData)->YoloLoader:
     "Shuffled, augmented, drop_last batches; mosaic stops `close_mosaic` epochs before the end."
@@ -448,24 +551,30 @@ def train_dataloader(self:YoloData)->YoloLoader:
 
 @patch
 def val_dataloader(self:YoloData)->YoloLoader|DataLoader:
-    "Letterbox-only batches in file order, the last one partial; by Ultralytics' rules its rectangular batches (`_rect_loader`)."
+    """Letterbox-only batches in file order, the last one partial; by Ultralytics' rules its
+    rectangular batches (`_rect_loader`)."""
     if self.rules == 'ultralytics': return self._rect_loader()
     self.setup('validate')
     return self._make_loader(self._val, False)
 
 @patch
 def test_dataloader(self:YoloData)->YoloLoader|DataLoader:
-    "The scored split: a data.yaml's `test` split when it names one and the data was first set up for `test` (`lucid test`), else the validation images (COCO: give the test set as `val_images`/`val_annotations`)."
+    """The scored split: a data.yaml's `test` split when it names one and the data was first set up
+    for `test` (`lucid test`), else the validation images (COCO: give the test set as
+    `val_images`/`val_annotations`)."""
     if self.rules == 'ultralytics': return self._rect_loader()
     self.setup('test')
-    if self.hparams.dataset and self.scored != 'test' and rank_zero_only.rank == 0:   # said once: the scores are of another split
-        log.warning(f"lucid test: {self.hparams.dataset} names no test split, so its val split is scored")
+    # said once: the scores are of another split
+    if self.hparams.dataset and self.scored != 'test' and rank_zero_only.rank == 0:
+        log.warning(f"lucid test: {self.hparams.dataset} names no test split, so its val split is "
+                    "scored")
     return self._make_loader(self._val, False)
 
 # %% ../nbs/01d_data.ipynb #284252de
 @patch
 def teardown(self:YoloData, stage:str|None=None):
-    "Stop every thread and worker process the data path started: prefetch threads, loader workers, sample threads (safe to call twice)."
+    """Stop every thread and worker process the data path started: prefetch threads, loader workers,
+    sample threads (safe to call twice)."""
     for ld in self._loaders: ld.close()
     self._loaders.clear()
     for ds in (self._train, self._val):
@@ -473,9 +582,12 @@ def teardown(self:YoloData, stage:str|None=None):
 
 @patch
 def on_after_batch_transfer(self:YoloData, batch:dict, dataloader_idx:int=0)->dict:
-    "On the device: a device recipe's samples made (`build_on_device`), then `img` to float32 in [0,1], with HSV jitter when training."
-    if 'aug_src' in batch: batch = build_on_device(batch)   # `augment_on='device'`: outside the step, no host sync, no global RNG
-    if 'img' not in batch: return batch   # a batch of `predict_images` files none of which could be read
+    """On the device: a device recipe's samples made (`build_on_device`), then `img` to float32 in
+    [0,1], with HSV jitter when training."""
+    # `augment_on='device'`: outside the step, no host sync, no global RNG
+    if 'aug_src' in batch: batch = build_on_device(batch)
+    # a batch of `predict_images` files none of which could be read
+    if 'img' not in batch: return batch
     a, training = self.aug, self.trainer is not None and self.trainer.training
     jitter = training and (a.hsv_h or a.hsv_s or a.hsv_v)
     batch['img'] = hsv_jitter(batch['img'], batch['hsv']) if jitter else batch['img'].float() / 255
@@ -484,20 +596,25 @@ def on_after_batch_transfer(self:YoloData, batch:dict, dataloader_idx:int=0)->di
 # %% ../nbs/01d_data.ipynb #fcce96c1
 @patch
 def predict_dataloader(self:YoloData)->DataLoader|YoloLoader:
-    "The `predict_images` files batched like validation; without them, `lucid predict` runs on the validation images. By Ultralytics' rules one image a batch, each of its own shape."
+    """The `predict_images` files batched like validation; without them, `lucid predict` runs on the
+    validation images. By Ultralytics' rules one image a batch, each of its own shape."""
     h = self.hparams
     if self.rules == 'ultralytics':
         if not h.predict_images: self.setup('predict')
-        files, ids = (image_files(h.predict_images), None) if h.predict_images else ([r.path for r in self.val_records], self.val_image_ids)
+        files, ids = ((image_files(h.predict_images), None) if h.predict_images
+                      else ([r.path for r in self.val_records], self.val_image_ids))
         self._predict = ImageFiles(files, h.imgsz, 'ultralytics', ids)
-        return DataLoader(self._predict, batch_size=1, num_workers=h.workers, collate_fn=collate_images)
+        return DataLoader(self._predict, batch_size=1, num_workers=h.workers,
+                          collate_fn=collate_images)
     if not h.predict_images: self.setup('predict'); return self._make_loader(self._val, False)
     self._predict = ImageFiles(image_files(h.predict_images), h.imgsz)
-    return DataLoader(self._predict, batch_size=h.batch_size, num_workers=h.workers, collate_fn=collate_images)
+    return DataLoader(self._predict, batch_size=h.batch_size, num_workers=h.workers,
+                      collate_fn=collate_images)
 
 @patch(as_prop=True)
 def predict_paths(self:YoloData)->dict:
-    "Image id → file of each image `predict` runs on: a `predict_images` file by its index, a validation image by its COCO id."
+    """Image id → file of each image `predict` runs on: a `predict_images` file by its index, a
+    validation image by its COCO id."""
     if not self.hparams.predict_images: return {r.image_id: r.path for r in self.val_records}
     if self._predict is None: raise RuntimeError('call predict_dataloader() first')
     return dict(enumerate(self._predict.files))
@@ -507,27 +624,32 @@ def set_classes(self:YoloData, cat_ids:list, class_names:list):
     "Use these classes (e.g. a checkpoint's) instead of the training JSON's."
     self._classes = (list(cat_ids), list(class_names))
 
-ULTRALYTICS_VAL_BATCH = 16   # Ultralytics' validation batch: its rectangular batches' shapes depend on it
+# Ultralytics' validation batch: its rectangular batches' shapes depend on it
+ULTRALYTICS_VAL_BATCH = 16
 
 @patch
 def set_rules(self:YoloData, rules:str):
-    "Read images for validation and prediction by these inference rules (`00b_core`; the CLI sets a YOLO11-seg `.pt`'s)."
+    """Read images for validation and prediction by these inference rules (`00b_core`; the CLI sets
+    a YOLO11-seg `.pt`'s)."""
     self.rules = check_rules(rules)
 
 @patch
 def _rect_loader(self:YoloData)->DataLoader:
-    "Validation batches by Ultralytics' rules: `RectImages` in order, `val_batch_size` (default `ULTRALYTICS_VAL_BATCH`) a batch."
+    """Validation batches by Ultralytics' rules: `RectImages` in order, `val_batch_size` (default
+    `ULTRALYTICS_VAL_BATCH`) a batch."""
     self.setup('validate')
     h = self.hparams
     bs = h.val_batch_size or ULTRALYTICS_VAL_BATCH
-    return DataLoader(RectImages(self.val_records, h.imgsz, bs), batch_size=bs, num_workers=h.workers, collate_fn=collate_images)
+    return DataLoader(RectImages(self.val_records, h.imgsz, bs), batch_size=bs,
+                      num_workers=h.workers, collate_fn=collate_images)
 
 # %% ../nbs/01d_data.ipynb #8337cfae
 def show_batch(batch:dict, class_names:list|None=None, n:int=8, ncols:int=4, size:float=3.):
     "Draw the first `n` images of a batch with boxes, class names and masks; returns the figure."
     import matplotlib.pyplot as plt
     img = batch['img'][:n]
-    img = (img * 255 if img.is_floating_point() else img).to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
+    img = (img * 255 if img.is_floating_point()
+           else img).to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
     n, S = len(img), img.shape[1]
     nrows = -(-n // ncols)
     fig, axs = plt.subplots(nrows, ncols, figsize=(size * ncols, size * nrows), squeeze=False)
@@ -543,7 +665,8 @@ def show_batch(batch:dict, class_names:list|None=None, n:int=8, ncols:int=4, siz
             if masks is not None: overlay[masks[k].numpy() > 0] = (*c, .45)
             ax.add_patch(plt.Rectangle((x1, y1), x2 - x1, y2 - y1, fill=False, color=c, lw=1.2))
             k_cls = int(classes[k])
-            ax.text(x1, y1, class_names[k_cls] if class_names else str(k_cls), color='white', fontsize=6, va='bottom', bbox=dict(fc=c, lw=0, pad=1))
+            ax.text(x1, y1, class_names[k_cls] if class_names else str(k_cls), color='white',
+                    fontsize=6, va='bottom', bbox=dict(fc=c, lw=0, pad=1))
         ax.imshow(overlay, extent=(0, S, S, 0), interpolation='nearest')
         ax.set_title(f"image {int(batch['image_id'][b])}", fontsize=8)
     fig.tight_layout()

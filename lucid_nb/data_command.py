@@ -19,50 +19,68 @@ __all__ = ['data_main', 'data_cli']
 
 # %% ../nbs/01e_data_command.ipynb #f7ba4c8e
 def _data_option(ap, name:str, **kw):
-    "`--data.<name>`, as `lucid` spells it, with the former spelling `--<name with dashes>` as an alias."
+    """`--data.<name>`, as `lucid` spells it, with the former spelling `--<name with dashes>` as an
+    alias."""
     ap.add_argument(f'--data.{name}', f"--{name.replace('_', '-')}", dest=name, **kw)
 
 def data_main(argv:list[str]|None=None)->YoloData:
-    "Console entry point `lucid-data`: load a COCO or Ultralytics dataset (default: embedded coco128), print what it holds, time an epoch."
+    """Console entry point `lucid-data`: load a COCO or Ultralytics dataset (default: embedded
+    coco128), print what it holds, time an epoch."""
     ap = OneLineArgumentParser(prog='lucid-data', allow_abbrev=False,
-                               description='Load a COCO instance-segmentation or detection dataset (or a YOLO data.yaml) the way training does and report on it.')
-    for k in ('dataset', 'train_images', 'train_annotations', 'val_images', 'val_annotations', 'cache_dir'): _data_option(ap, k, default=None)
+                               description='Load a COCO instance-segmentation or detection dataset '
+                                           '(or a YOLO data.yaml) the way training does and report '
+                                           'on it.')
+    for k in ('dataset', 'train_images', 'train_annotations', 'val_images', 'val_annotations',
+              'cache_dir'):
+        _data_option(ap, k, default=None)
     _data_option(ap, 'imgsz', type=int, default=640)
     _data_option(ap, 'batch_size', type=int, default=4)
-    _data_option(ap, 'val_count', type=int, default=32, help='validation images split off when no validation set is given')
+    _data_option(ap, 'val_count', type=int, default=32,
+                 help='validation images split off when no validation set is given')
     _data_option(ap, 'workers', type=int, default=0)
     _data_option(ap, 'cache', default='ram', choices=CACHE_MODES)
     _data_option(ap, 'prefetch', type=bool_value, default=True, help='true or false')
     _data_option(ap, 'seed', type=int, default=0)
-    ap.add_argument('--no-prefetch', dest='prefetch', action='store_false', help='the same as --data.prefetch false')
+    ap.add_argument('--no-prefetch', dest='prefetch', action='store_false',
+                    help='the same as --data.prefetch false')
     _data_option(ap, 'on_bad_input', default='skip', choices=BAD_INPUT_POLICIES)
-    ap.add_argument('--model.task', '--task', dest='task', default='segment', choices=list(TASKS), help='segment: instances with masks; detect: boxes only')
+    ap.add_argument('--model.task', '--task', dest='task', default='segment', choices=list(TASKS),
+                    help='segment: instances with masks; detect: boxes only')
     ap.add_argument('--batches', type=int, default=0, help='batches to time (0: one epoch)')
     a = ap.parse_args(argv)
-    dm = YoloData(a.dataset, a.train_images, a.train_annotations, a.val_images, a.val_annotations, a.val_count, imgsz=a.imgsz, batch_size=a.batch_size,
-                  workers=a.workers, cache=a.cache, cache_dir=a.cache_dir, prefetch=a.prefetch, seed=a.seed, on_bad_input=a.on_bad_input,
+    dm = YoloData(a.dataset, a.train_images, a.train_annotations, a.val_images, a.val_annotations,
+                  a.val_count, imgsz=a.imgsz, batch_size=a.batch_size,
+                  workers=a.workers, cache=a.cache, cache_dir=a.cache_dir, prefetch=a.prefetch,
+                  seed=a.seed, on_bad_input=a.on_bad_input,
                   task=a.task)
     dm.setup('fit')
     print(f"classes: {', '.join(dm.class_names[:8])}{', ...' if dm.num_classes > 8 else ''}")
     ld, n, t0 = dm.train_dataloader(), 0, time.perf_counter()
     for k, b in enumerate(ld):
         if k == 0:
-            print('one training batch (uint8 on the loader; float32 after on_after_batch_transfer):')
-            for key, v in b.items(): print(f"  {key:<10} {str(tuple(v.shape)):<22} {str(v.dtype).removeprefix('torch.')}")
+            print(
+                'one training batch (uint8 on the loader; float32 after on_after_batch_transfer):')
+            for key, v in b.items():
+                print(
+                    f"  {key:<10} {str(tuple(v.shape)):<22} {str(v.dtype).removeprefix('torch.')}")
         n += len(b['img'])
         if a.batches and k + 1 >= a.batches: break
     dt = time.perf_counter() - t0
     ld.close()
     dm.teardown()
-    print(f"throughput: {n} training images (augmented, mosaic on) in {dt:.2f} s = {n / dt:.0f} images/s "
+    print(f"throughput: {n} training images (augmented, mosaic on) in {dt:.2f} s = {n / dt:.0f} "
+          "images/s "
           f"[{a.workers} workers, prefetch {'on' if a.prefetch else 'off'}]")
     return dm
 
 # %% ../nbs/01e_data_command.ipynb #e48a17b6
 def data_cli():
-    "The `lucid-data` command: exit status 0 on success, 2 after bad input or a bad option (one line naming the file or option)."
+    """The `lucid-data` command: exit status 0 on success, 2 after bad input or a bad option (one
+    line naming the file or option)."""
     try: data_main()
-    except (ValueError, OSError) as e:   # a missing folder, a bad data.yaml or JSON, input that `on_bad_input='error'` refuses
+    # a missing folder, a bad data.yaml or JSON, input that `on_bad_input='error'` refuses
+    except (ValueError, OSError) as e:
         if os.environ.get('LUCID_DEBUG') == '1': raise
-        print(f"lucid-data: error: {one_line(e)} (LUCID_DEBUG=1 shows the traceback)", file=sys.stderr)
+        print(f"lucid-data: error: {one_line(e)} (LUCID_DEBUG=1 shows the traceback)",
+              file=sys.stderr)
         sys.exit(2)

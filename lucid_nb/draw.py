@@ -31,16 +31,20 @@ def read_metrics_csv(path)->dict:
     with open(path) as f:
         for row in csv.DictReader(f):
             for k, v in row.items():
-                if v not in ('', None) and k not in ('epoch', 'step'): cols.setdefault(k, []).append((int(row['epoch']), float(v)))
+                if v not in ('', None) and k not in ('epoch', 'step'):
+                    cols.setdefault(k, []).append((int(row['epoch']), float(v)))
     return cols
 
-MAP_AXIS_TOP = 0.1   # the mAP axis reaches at least this: a young model's 1e-7 stays a flat line at 0
+# the mAP axis reaches at least this: a young model's 1e-7 stays a flat line at 0
+MAP_AXIS_TOP = 0.1
 
 def plot_curves(path)->plt.Figure:
-    "Loss terms per epoch and validation mAP per epoch from a run's `metrics.csv`; epochs from 1 on whole-number ticks, mAP from 0."
+    """Loss terms per epoch and validation mAP per epoch from a run's `metrics.csv`; epochs from 1
+    on whole-number ticks, mAP from 0."""
     cols = read_metrics_csv(path)
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 3.8))
-    fig.subplots_adjust(left=.085, right=.99, bottom=.13, top=.92, wspace=.22)   # fixed margins: no layout pass at fit end
+    # fixed margins: no layout pass at fit end
+    fig.subplots_adjust(left=.085, right=.99, bottom=.13, top=.92, wspace=.22)
     for k in sorted(c for c in cols if c.startswith('train/') and c.endswith('_epoch')):
         e, v = zip(*cols[k])
         a1.plot([x + 1 for x in e], v, marker='.', label=k[6:-6])
@@ -59,7 +63,8 @@ def plot_curves(path)->plt.Figure:
 
 # %% ../nbs/08a_draw.ipynb #779a416b
 def save_figure(fig, path, tight:bool=True)->plt.Figure:
-    "Save `fig` through a temporary file and a rename, cropped to what is drawn if `tight` (one more drawing pass); returns it."
+    """Save `fig` through a temporary file and a rename, cropped to what is drawn if `tight` (one
+    more drawing pass); returns it."""
     buf = io.BytesIO()
     fig.savefig(buf, format=Path(path).suffix[1:], dpi=100, bbox_inches='tight' if tight else None)
     atomic_write(path, buf.getvalue())
@@ -67,10 +72,13 @@ def save_figure(fig, path, tight:bool=True)->plt.Figure:
 
 # %% ../nbs/08a_draw.ipynb #3402fd64
 def _class_lines(ax, x, curves, labels, ok, mean_label):
-    "One thin line per class with ground truth (labelled while there are at most 20) and their mean in bold."
+    """One thin line per class with ground truth (labelled while there are at most 20) and their
+    mean in bold."""
     few = ok.sum() <= 20
     for y, l, o in zip(curves, labels, ok):
-        if o: ax.plot(x, y, lw=1, label=l if few else None, **({} if few else dict(color='grey', alpha=.5)))
+        if o:
+            ax.plot(x, y, lw=1, label=l if few else None,
+                    **({} if few else dict(color='grey', alpha=.5)))
     mean = curves[ok].mean(0) if ok.any() else np.zeros_like(x)
     ax.plot(x, mean, lw=3, color='k', label=mean_label(mean))
     ax.set(xlim=(0, 1), ylim=(0, 1.01))
@@ -78,7 +86,8 @@ def _class_lines(ax, x, curves, labels, ok, mean_label):
     return mean
 
 def plot_pr_curve(ce:dict, class_names:dict, title:str='Box')->plt.Figure:
-    "COCOeval's precision-recall curve at IoU 0.5 of each class (`class_eval`), mAP50 in the legend."
+    """COCOeval's precision-recall curve at IoU 0.5 of each class (`class_eval`), mAP50 in the
+    legend."""
     fig, ax = plt.subplots(figsize=(7, 4))
     fig.subplots_adjust(left=.09, right=.68, bottom=.12, top=.92)
     ok = np.array(ce['n_gt']) > 0
@@ -89,7 +98,8 @@ def plot_pr_curve(ce:dict, class_names:dict, title:str='Box')->plt.Figure:
     return fig
 
 def plot_conf_curve(ce:dict, class_names:dict, which:str='F1', title:str='Box')->plt.Figure:
-    "Precision, recall or F1 of each class (`class_eval`) against the score threshold; the best mean F1's threshold marked."
+    """Precision, recall or F1 of each class (`class_eval`) against the score threshold; the best
+    mean F1's threshold marked."""
     fig, ax = plt.subplots(figsize=(7, 4))
     fig.subplots_adjust(left=.09, right=.68, bottom=.12, top=.92)
     P, R = ce['P_curve'].astype(np.float64), ce['R_curve'].astype(np.float64)
@@ -105,9 +115,11 @@ def plot_conf_curve(ce:dict, class_names:dict, which:str='F1', title:str='Box')-
 
 # %% ../nbs/08a_draw.ipynb #abf6b9e6
 def plot_confusion(m:np.ndarray, class_names:list, conf:float=0.25, iou:float=0.5)->plt.Figure:
-    "The confusion matrix (`confusion_matrix`) normalised per true class (columns sum to 1), background last."
+    """The confusion matrix (`confusion_matrix`) normalised per true class (columns sum to 1),
+    background last."""
     K = len(m) - 1
-    # the classes that occur (true or predicted), background always: an 80-class matrix of a small set stays readable
+    # the classes that occur (true or predicted), background always: an 80-class matrix of a small
+    # set stays readable
     keep = [k for k in range(K) if m[k].sum() or m[:, k].sum()] + [K]
     a = m[np.ix_(keep, keep)].astype(np.float64)
     a /= np.maximum(a.sum(0, keepdims=True), 1)
@@ -121,28 +133,36 @@ def plot_confusion(m:np.ndarray, class_names:list, conf:float=0.25, iou:float=0.
     ax.set_yticks(range(len(keep)), names, fontsize=fs)
     if len(keep) <= 30:
         for (r, c), v in np.ndenumerate(a):
-            if v >= .005: ax.text(c, r, f"{v:.2f}", ha='center', va='center', fontsize=6, color='w' if v > .5 else 'k')
-    ax.set(xlabel='true', ylabel='predicted', title=f'confusion matrix, normalised per true class\n(score > {conf}, box IoU ≥ {iou})')
+            if v >= .005:
+                ax.text(c, r, f"{v:.2f}", ha='center', va='center', fontsize=6, color='w' if v > .5
+                        else 'k')
+    ax.set(xlabel='true', ylabel='predicted',
+           title=f'confusion matrix, normalised per true class\n(score > {conf}, box IoU ≥ {iou})')
     ax.title.set_fontsize(9)
     fig.colorbar(im, ax=ax, fraction=.04)
     return fig
 
 # %% ../nbs/08a_draw.ipynb #2b94b572
-VAL_PLOTS = ('BoxPR_curve.png', 'BoxF1_curve.png', 'BoxP_curve.png', 'BoxR_curve.png', 'MaskPR_curve.png',
-             'MaskF1_curve.png', 'MaskP_curve.png', 'MaskR_curve.png', 'confusion_matrix_normalized.png')
+VAL_PLOTS = ('BoxPR_curve.png', 'BoxF1_curve.png', 'BoxP_curve.png', 'BoxR_curve.png',
+             'MaskPR_curve.png',
+             'MaskF1_curve.png', 'MaskP_curve.png', 'MaskR_curve.png',
+             'confusion_matrix_normalized.png')
 
 def save_val_plots(run, stats, class_names:list|None=None)->list[Path]:
-    "The PR, F1-, P- and R-confidence curves of boxes and masks and the confusion matrix of a validation (`coco_evaluate`), into the folder `run`."
+    """The PR, F1-, P- and R-confidence curves of boxes and masks and the confusion matrix of a
+    validation (`coco_evaluate`), into the folder `run`."""
     names = list(class_names) if class_names else [str(c) for c in stats.cat_ids]
     by_id, run, out = dict(zip(stats.cat_ids, names)), Path(run), []
     for t, title in (('bbox', 'Box'), ('segm', 'Mask')):
         if (ce := stats.classes.get(t)) is None: continue   # masks not scored (`detect`)
-        figs = [('PR', plot_pr_curve(ce, by_id, title))] + [(w, plot_conf_curve(ce, by_id, w, title)) for w in ('F1', 'P', 'R')]
+        figs = ([('PR', plot_pr_curve(ce, by_id, title))]
+                + [(w, plot_conf_curve(ce, by_id, w, title)) for w in ('F1', 'P', 'R')])
         for w, fig in figs:
             out.append(run/f'{title}{w}_curve.png')
             plt.close(save_figure(fig, out[-1], tight=False))
     out.append(run/'confusion_matrix_normalized.png')
-    plt.close(save_figure(plot_confusion(stats.confusion, names), out[-1]))   # long class names: cropped to what is drawn
+    # long class names: cropped to what is drawn
+    plt.close(save_figure(plot_confusion(stats.confusion, names), out[-1]))
     return out
 
 # %% ../nbs/08a_draw.ipynb #ea40e0a1
@@ -159,12 +179,14 @@ def draw_instances(img:np.ndarray,          # (H,W,3) uint8 RGB
     out = img.copy()
     flat = out.reshape(-1, 3)
     for k, m in enumerate(masks if masks is not None else []):
-        c, i = np.array(PALETTE[colours[k] % len(PALETTE)], np.float32), np.flatnonzero(m)   # one pass over the mask
+        # one pass over the mask
+        c, i = np.array(PALETTE[colours[k] % len(PALETTE)], np.float32), np.flatnonzero(m)
         flat[i] = (flat[i] * (1 - alpha) + c * alpha).astype(np.uint8)
     im = Image.fromarray(out)
     d = ImageDraw.Draw(im)
     lw = max(1, round(sum(img.shape[:2]) / 600))
-    for (x1, y1, x2, y2), label, k in zip(np.asarray(boxes, np.float32).reshape(-1, 4).tolist(), labels, colours):
+    for (x1, y1, x2, y2), label, k in zip(np.asarray(boxes, np.float32).reshape(-1, 4).tolist(),
+                                          labels, colours):
         c = PALETTE[k % len(PALETTE)]
         d.rectangle((x1, y1, x2, y2), outline=c, width=lw)
         if label:
@@ -175,24 +197,34 @@ def draw_instances(img:np.ndarray,          # (H,W,3) uint8 RGB
     return np.asarray(im)
 
 # %% ../nbs/08a_draw.ipynb #1853f7e1
-def instances_of(anns:list, class_names:list|None, cat_ids, hw:tuple, to_mask=None, min_score:float=0.25, top:int|None=None)->tuple:
-    "COCO results or annotations of one image as (boxes xyxy, labels, class indices, (n,H,W) bool masks); the `top` best, best last."
-    anns = sorted((a for a in anns if a.get('score', 1) >= min_score), key=lambda a: a.get('score', 1))[-top if top else 0:]
-    cls = [list(cat_ids).index(a['category_id']) if cat_ids is not None else a['category_id'] for a in anns]
-    boxes = np.array([(x, y, x + w, y + h) for x, y, w, h in (a['bbox'] for a in anns)], np.float32).reshape(-1, 4)
-    labels = [f"{class_names[c] if class_names else c}" + (f" {a['score']:.2f}" if 'score' in a else '') for c, a in zip(cls, anns)]
+def instances_of(anns:list, class_names:list|None, cat_ids, hw:tuple, to_mask=None,
+                 min_score:float=0.25, top:int|None=None)->tuple:
+    """COCO results or annotations of one image as (boxes xyxy, labels, class indices, (n,H,W) bool
+    masks); the `top` best, best last."""
+    anns = sorted((a for a in anns if a.get('score', 1) >= min_score),
+                  key=lambda a: a.get('score', 1))[-top if top else 0:]
+    cls = [list(cat_ids).index(a['category_id']) if cat_ids is not None
+           else a['category_id'] for a in anns]
+    boxes = np.array([(x, y, x + w, y + h) for x, y, w, h in (a['bbox'] for a in anns)],
+                     np.float32).reshape(-1, 4)
+    labels = [f"{class_names[c] if class_names else c}"
+              + (f" {a['score']:.2f}" if 'score' in a else '') for c, a in zip(cls, anns)]
     decode = to_mask or (lambda a: mask_utils.decode(a['segmentation']))
     masks = np.array([decode(a) for a in anns if 'segmentation' in a], bool).reshape(-1, *hw)
     return boxes, labels, cls, masks if len(masks) == len(anns) else None
 
-def draw_results(img:np.ndarray, results:list, class_names:list|None=None, cat_ids=None, min_score:float=0.25)->np.ndarray:
-    "COCO results (masks, boxes, class names, scores) drawn on a copy of `img` (H,W,3) uint8; none above `min_score`: a note says so."
-    boxes, labels, cls, masks = instances_of(results, class_names, cat_ids, img.shape[:2], min_score=min_score)
+def draw_results(img:np.ndarray, results:list, class_names:list|None=None, cat_ids=None,
+                 min_score:float=0.25)->np.ndarray:
+    """COCO results (masks, boxes, class names, scores) drawn on a copy of `img` (H,W,3) uint8; none
+    above `min_score`: a note says so."""
+    boxes, labels, cls, masks = instances_of(results, class_names, cat_ids, img.shape[:2],
+                                             min_score=min_score)
     if len(boxes): return draw_instances(img, boxes, labels, cls, masks)
     return draw_note(img, f"no detections above conf {min_score:g}")
 
 def draw_note(img:np.ndarray, text:str)->np.ndarray:
-    "`text` in white on black at the top left of a copy of `img`, in a font that grows with the image."
+    """`text` in white on black at the top left of a copy of `img`, in a font that grows with the
+    image."""
     im = Image.fromarray(img.copy())
     d = ImageDraw.Draw(im)
     font = ImageFont.load_default(size=max(12, round(sum(img.shape[:2]) / 50)))
@@ -211,7 +243,9 @@ def fit_tile(img:np.ndarray, boxes:np.ndarray, masks, size:int)->tuple:
     "An image (long side to `size`) with its xyxy boxes and (n,H,W) bool masks resized alike."
     r, h, w = tile_size(*img.shape[:2], size)
     img = np.asarray(Image.fromarray(img).resize((w, h), Image.BILINEAR))
-    if masks is not None: masks = np.array([np.asarray(Image.fromarray(m).resize((w, h), Image.NEAREST)) for m in masks], bool).reshape(-1, h, w)
+    if masks is not None:
+        masks = np.array([np.asarray(Image.fromarray(m).resize((w, h), Image.NEAREST))
+                                     for m in masks], bool).reshape(-1, h, w)
     return img, np.asarray(boxes, np.float32).reshape(-1, 4) * r, masks
 
 def image_grid(tiles:list[np.ndarray], size:int, ncols:int=4)->np.ndarray:
@@ -231,65 +265,88 @@ def save_jpeg(img:np.ndarray, path, quality:int=85):
 
 # %% ../nbs/08a_draw.ipynb #cc89579a
 def draw_train_batch(batch:dict, class_names:list|None=None, n:int=16, size:int=320)->np.ndarray:
-    "The first `n` images of a training batch (on any device) with their valid targets, as one grid image."
+    """The first `n` images of a training batch (on any device) with their valid targets, as one
+    grid image."""
     img = batch['img'][:n].detach()
-    img = (img * 255 if img.is_floating_point() else img).clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
+    img = (img * 255 if img.is_floating_point()
+           else img).clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
     tiles, f = [], MASK_STRIDE
     for b in range(len(img)):
-        boxes, cls, masks = (None if t is None else t.cpu().numpy() for t in image_instances(batch, b))
-        if masks is not None: masks = masks.astype(bool).repeat(f, 1).repeat(f, 2)   # none in a detection batch
+        boxes, cls, masks = (None if t is None
+                             else t.cpu().numpy() for t in image_instances(batch, b))
+        # none in a detection batch
+        if masks is not None: masks = masks.astype(bool).repeat(f, 1).repeat(f, 2)
         c = cls.tolist()
         t, bx, m = fit_tile(img[b], boxes, masks, size)
-        tiles.append(draw_instances(t, bx, [class_names[i] if class_names else str(i) for i in c], c, m))
+        tiles.append(draw_instances(t, bx, [class_names[i] if class_names else str(i) for i in c],
+                                    c, m))
     return image_grid(tiles, size)
 
 def draw_val_batch(dm, results:list|None=None, n:int=8, size:int=320, top:int=30,
                    images:list|None=None,  # the first `n` validation images, if already loaded (`load_rgb`)
                    )->np.ndarray:
-    "The first `n` validation images with their ground truth (`results` None) or with their `top` best `results`, as one grid image."
+    """The first `n` validation images with their ground truth (`results` None) or with their `top`
+    best `results`, as one grid image."""
     gt, tiles = dm.val_coco(), []
     by_image = {}
     for r in results or []: by_image.setdefault(r['image_id'], []).append(r)
     decode = gt.annToMask if results is None else (lambda a: mask_utils.decode(a['segmentation']))
-    task_masks = getattr(getattr(dm, 'task', None), 'masks', True)   # a detector's ground truth is drawn as boxes
+    # a detector's ground truth is drawn as boxes
+    task_masks = getattr(getattr(dm, 'task', None), 'masks', True)
     for k, rec in enumerate(dm.val_records[:n]):
         img = load_rgb(rec.path) if images is None else images[k]
         (H, W), (r, h, w) = img.shape[:2], tile_size(*img.shape[:2], size)
-        rows = np.minimum(((np.arange(h) + .5) / r).astype(int), H - 1)   # nearest pixel of each tile row
+        # nearest pixel of each tile row
+        rows = np.minimum(((np.arange(h) + .5) / r).astype(int), H - 1)
         cols = np.minimum(((np.arange(w) + .5) / r).astype(int), W - 1)
-        anns = gt.imgToAnns.get(rec.image_id, []) if results is None else by_image.get(rec.image_id, [])
-        if not task_masks: anns = [{k: v for k, v in a.items() if k != 'segmentation'} for a in anns]
-        boxes, labels, cls, masks = instances_of([a for a in anns if not a.get('iscrowd')], dm.class_names, dm.cat_ids,
-                                                 (h, w), lambda a: decode(a)[rows][:, cols],  # at tile size
+        anns = (gt.imgToAnns.get(rec.image_id, []) if results is None
+                else by_image.get(rec.image_id, []))
+        if not task_masks:
+            anns = [{k: v for k, v in a.items() if k != 'segmentation'} for a in anns]
+        boxes, labels, cls, masks = instances_of([a for a in anns if not a.get('iscrowd')],
+                                                 dm.class_names, dm.cat_ids,
+                                                 # at tile size
+                                                 (h, w), lambda a: decode(a)[rows][:, cols],
                                                  top=None if results is None else top)
         t, bx, _ = fit_tile(img, boxes, None, size)
         tiles.append(draw_instances(t, bx, labels, cls, masks))
     return image_grid(tiles, size)
 
 def val_labels_grid(dm, n:int=8)->tuple[list,np.ndarray]:
-    "The first `n` validation images (`load_rgb`) and the grid of their ground truth (`draw_val_batch`)."
+    """The first `n` validation images (`load_rgb`) and the grid of their ground truth
+    (`draw_val_batch`)."""
     images = [load_rgb(r.path) for r in dm.val_records[:n]]
     return images, draw_val_batch(dm, n=n, images=images)
 
 # %% ../nbs/08a_draw.ipynb #f36d6405
 def plot_labels(records:list, class_names:list)->plt.Figure:
-    "Instances per class, box centres and box sizes (fractions of the image), instances per image: the training records at a glance."
-    boxes = np.array([[*i.box, *r.hw] for r in records for i in r.instances], np.float64).reshape(-1, 6)   # x1 y1 x2 y2 H W
+    """Instances per class, box centres and box sizes (fractions of the image), instances per image:
+    the training records at a glance."""
+    # x1 y1 x2 y2 H W
+    boxes = np.array([[*i.box, *r.hw] for r in records for i in r.instances],
+                     np.float64).reshape(-1, 6)
     cls = np.array([i.cls for r in records for i in r.instances], np.int64)
     x1, y1, x2, y2, H, W = boxes.T
     fig = Figure(figsize=(10, 8))
     ax = fig.subplots(2, 2)   # no pyplot: a run draws it in a thread of its own
     counts = np.bincount(cls, minlength=len(class_names))
     ax[0, 0].bar(range(len(counts)), counts, color='C0')
-    ax[0, 0].set(ylabel='instances', title=f'{len(cls):,} instances in {len(records):,} images, {int((counts > 0).sum())} of {len(class_names)} classes')
-    if len(class_names) <= 40: ax[0, 0].set_xticks(range(len(class_names)), class_names, rotation=90, fontsize=7)
+    ax[0, 0].set(ylabel='instances',
+                 title=f'{len(cls):,} instances in {len(records):,} images, '
+                       f'{int((counts > 0).sum())} of {len(class_names)} classes')
+    if len(class_names) <= 40:
+        ax[0, 0].set_xticks(range(len(class_names)), class_names, rotation=90, fontsize=7)
     else: ax[0, 0].set_xlabel('class')
-    ax[0, 1].hist2d((x1 + x2) / 2 / W, (y1 + y2) / 2 / H, bins=50, range=[[0, 1], [0, 1]], cmap='Blues')
-    ax[0, 1].set(xlabel='box centre x / image width', ylabel='y / height', title='where the boxes are')
+    ax[0, 1].hist2d((x1 + x2) / 2 / W, (y1 + y2) / 2 / H, bins=50, range=[[0, 1], [0, 1]],
+                    cmap='Blues')
+    ax[0, 1].set(xlabel='box centre x / image width', ylabel='y / height',
+                 title='where the boxes are')
     ax[0, 1].invert_yaxis()
     ax[1, 0].hist2d((x2 - x1) / W, (y2 - y1) / H, bins=50, range=[[0, 1], [0, 1]], cmap='Blues')
-    ax[1, 0].set(xlabel='box width / image width', ylabel='height / image height', title='how large they are')
+    ax[1, 0].set(xlabel='box width / image width', ylabel='height / image height',
+                 title='how large they are')
     ax[1, 1].hist([len(r.instances) for r in records], bins=30, color='C0')
-    ax[1, 1].set(xlabel='instances in an image', ylabel='images', title='how crowded the images are')
+    ax[1, 1].set(xlabel='instances in an image', ylabel='images',
+                 title='how crowded the images are')
     fig.tight_layout()
     return fig

@@ -30,8 +30,11 @@ class ModelEMA(nn.Module):
         self.module.load_state_dict(model.state_dict())
         self.module.eval().requires_grad_(False)
         self.decay, self.tau, self.updates = decay, tau, 0
-        device = next(self.module.parameters(), torch.empty(0)).device   # the average's: a graph must advance the count
-        self.register_buffer('count', torch.zeros((), dtype=torch.float64, device=device), persistent=False)  # `updates` on the device
+        # the average's: a graph must advance the count
+        device = next(self.module.parameters(), torch.empty(0)).device
+        # `updates` on the device
+        self.register_buffer('count', torch.zeros((), dtype=torch.float64, device=device),
+                             persistent=False)
 
     def get_extra_state(self): return {'updates': self.updates}
     def set_extra_state(self, state):
@@ -48,7 +51,8 @@ class ModelEMA(nn.Module):
 
     @torch.no_grad()
     def update_tensors(self, model:nn.Module):
-        "The device part of `update`: count, decay and the average, with no host value (recordable)."
+        """The device part of `update`: count, decay and the average, with no host value
+        (recordable)."""
         self.count += 1
         d = self.decay * (1 - torch.exp(-self.count / self.tau))       # float64, on the device
         ema_float, live_float, ema_other, live_other = self.paired_state(model)
@@ -57,32 +61,38 @@ class ModelEMA(nn.Module):
         if ema_other: torch._foreach_copy_(ema_other, live_other)
 
     def recordable(self, model:nn.Module)->'EmaUpdate':
-        "This average's update towards `model`, as an update the recorder can record and check (`06b_recorder`)."
+        """This average's update towards `model`, as an update the recorder can record and check
+        (`06b_recorder`)."""
         return EmaUpdate(self, model)
 
 # %% ../nbs/05a_ema.ipynb #15d36445
 @patch
 def paired_state(self:ModelEMA, model:nn.Module)->tuple[list,list,list,list]:
-    "The EMA's and `model`'s state tensors paired by name, floating point and not; cached while none of them moves."
+    """The EMA's and `model`'s state tensors paired by name, floating point and not; cached while
+    none of them moves."""
     mods = getattr(self, '_modules_of', None)
-    if mods is None or mods[0] is not model: mods = self._modules_of = (model, list(self.module.modules()), list(model.modules()))
+    if mods is None or mods[0] is not model:
+        mods = self._modules_of = (model, list(self.module.modules()), list(model.modules()))
     key = module_pointers(mods[1]) + module_pointers(mods[2])
     if getattr(self, '_pairs_key', None) != key:
         ema, live = self.module.state_dict(), model.state_dict()
         fl = [k for k, v in ema.items() if v.is_floating_point()]
         other = [k for k in ema if not ema[k].is_floating_point()]
-        self._pairs = ([ema[k] for k in fl], [live[k] for k in fl], [ema[k] for k in other], [live[k] for k in other])
+        self._pairs = ([ema[k] for k in fl], [live[k] for k in fl], [ema[k] for k in other],
+                       [live[k] for k in other])
         self._pairs_key = key
     return self._pairs
 
 
 @patch
 def __getstate__(self:ModelEMA):  # copies and pickles leave the cache (and the live model it points to) behind
-    return {k: v for k, v in self.__dict__.items() if k not in ('_modules_of', '_pairs', '_pairs_key')}
+    return {k: v for k, v in self.__dict__.items()
+            if k not in ('_modules_of', '_pairs', '_pairs_key')}
 
 # %% ../nbs/05a_ema.ipynb #70f584c3
 class EmaUpdate(CapturedUpdate):
-    "`ModelEMA.update_tensors` in the interface of an optimiser's recordable update (`05_optim`): no gradients, no host values."
+    """`ModelEMA.update_tensors` in the interface of an optimiser's recordable update (`05_optim`):
+    no gradients, no host values."""
     reference = 'ModelEMA.update'
     def __init__(self, ema:ModelEMA, model:nn.Module):
         self.opt, self.model = ema, model
@@ -94,11 +104,14 @@ class EmaUpdate(CapturedUpdate):
         return [*ema_float, *ema_other, self.opt.count]
     def counters(self)->list[Tensor]: return []
     def pointers(self)->tuple:
-        return module_pointers(self.modules[0]) + module_pointers(self.modules[1]) + (self.opt.count.data_ptr(),)
+        return (module_pointers(self.modules[0]) + module_pointers(self.modules[1])
+                + (self.opt.count.data_ptr(),))
     def run(self, grads:list[Tensor]): self.opt.update_tensors(self.model)
     def blocker(self)->str|None:
-        "Why no graph can replay this update: its tensors on several devices (a count on the CPU would be baked in)."
+        """Why no graph can replay this update: its tensors on several devices (a count on the CPU
+        would be baked in)."""
         ema_float, live_float, _, _ = self.opt.paired_state(self.model)
         devices = sorted({str(t.device) for t in (*ema_float, *live_float, self.opt.count)})
         if len(devices) == 1: return None
-        return f"the EMA's tensors are on {' and '.join(devices)}: move the ModelEMA and the model to one device"
+        return (f"the EMA's tensors are on {' and '.join(devices)}: move the ModelEMA and the "
+                "model to one device")

@@ -26,14 +26,17 @@ class CudaGraphs:
     "Recorder backend of the GPU: CUDA graphs captured on one side stream, sharing one memory pool."
     name = 'cuda'
     def __init__(self, warmup_iters:int=3):  # warm-up runs before capture (as `make_graphed_callables`)
-        self.warmup_iters, self.stream, self.pool = warmup_iters, None, None   # pool: a `torch.cuda.MemPool`
+        # pool: a `torch.cuda.MemPool`
+        self.warmup_iters, self.stream, self.pool = warmup_iters, None, None
         self.spent = dict(warm_up=0., capture=0.)   # seconds so far, by phase
     def warm_up(self, fn):
         "Run `fn` `warmup_iters` times on the capture stream, its memory from the graphs' pool."
         t0 = time.perf_counter()
-        self.stream, self.pool = self.stream or torch.cuda.Stream(), self.pool or torch.cuda.MemPool()
+        self.stream, self.pool = (self.stream or torch.cuda.Stream(), self.pool
+                                  or torch.cuda.MemPool())
         self.stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(self.stream), torch.cuda.use_mem_pool(self.pool):   # freed, its blocks are the capture's
+        # freed, its blocks are the capture's
+        with torch.cuda.stream(self.stream), torch.cuda.use_mem_pool(self.pool):
             for _ in range(self.warmup_iters): fn()
         torch.cuda.current_stream().wait_stream(self.stream)
         torch.cuda.synchronize()
@@ -43,23 +46,29 @@ class CudaGraphs:
         "Record `fn`; return the graph and what `fn` returned (the graph's static outputs)."
         t0 = time.perf_counter()
         graph, self.pool = torch.cuda.CUDAGraph(), self.pool or torch.cuda.MemPool()
-        with torch.cuda.graph(graph, pool=self.pool.id, stream=self.stream, capture_error_mode='thread_local'):
+        with torch.cuda.graph(graph, pool=self.pool.id, stream=self.stream,
+                              capture_error_mode='thread_local'):
             out = fn()
-        self.spent['capture'] += time.perf_counter() - t0   # instantiation included: it ends the `with`
+        # instantiation included: it ends the `with`
+        self.spent['capture'] += time.perf_counter() - t0
         return graph, out
 
 # %% ../nbs/06a_graphs.ipynb #1c3d1107
 @patch
 @contextlib.contextmanager
 def lending(self:CudaGraphs):
-    "Run the block on the capture stream, its memory from the graphs' pool; it must free all it allocates (checked)."
+    """Run the block on the capture stream, its memory from the graphs' pool; it must free all it
+    allocates (checked)."""
     if self.pool is None: yield; return   # nothing recorded yet
-    self.stream.wait_stream(torch.cuda.current_stream())   # the last replay is done with the pool's memory
+    # the last replay is done with the pool's memory
+    self.stream.wait_stream(torch.cuda.current_stream())
     try:
         with torch.cuda.stream(self.stream), torch.cuda.use_mem_pool(self.pool), \
-             nothing_kept(lambda: pool_allocated(self.pool), "the block lent the recorded graphs' memory pool"):
+             nothing_kept(lambda: pool_allocated(self.pool),
+                          "the block lent the recorded graphs' memory pool"):
             yield
-    finally: torch.cuda.current_stream().wait_stream(self.stream)  # the next replay waits for the block
+    # the next replay waits for the block
+    finally: torch.cuda.current_stream().wait_stream(self.stream)
 
 @patch
 def forget_pool(self:CudaGraphs): self.pool = None
@@ -76,7 +85,8 @@ def set_rng_state(self:CudaGraphs, state:Tensor): torch.cuda.set_rng_state(state
 
 @patch
 def memory_reserved(self:CudaGraphs)->int:
-    "Reserved CUDA memory after returning the allocator's unused cache (so a difference is the recording's own)."
+    """Reserved CUDA memory after returning the allocator's unused cache (so a difference is the
+    recording's own)."""
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     return torch.cuda.memory_reserved()
@@ -88,12 +98,14 @@ def pool_allocated(pool)->int:
 
 @contextlib.contextmanager
 def nothing_kept(allocated, what:str):
-    "Raise if `allocated()` is larger after the block than before it (not checked when the block raises)."
+    """Raise if `allocated()` is larger after the block than before it (not checked when the block
+    raises)."""
     before = allocated()
     yield
     if (kept := allocated() - before) > 0:
-        raise RuntimeError(f"{what} kept {kept} bytes allocated there after it ended; the next replay would overwrite "
-                           "them. Please report this; run without --model.capture_train_step meanwhile")
+        raise RuntimeError(f"{what} kept {kept} bytes allocated there after it ended; the next "
+                           "replay would overwrite them. Please report this; run without "
+                           "--model.capture_train_step meanwhile")
 
 # %% ../nbs/06a_graphs.ipynb #16d2d357
 def spent(backend)->dict:
@@ -115,9 +127,11 @@ class _EagerGraph:
                 if s is not None: s.detach().copy_(f)
 
 class EagerGraphs:
-    "CPU stand-in for `CudaGraphs`: replay re-runs the function and copies its results into the first run's tensors."
+    """CPU stand-in for `CudaGraphs`: replay re-runs the function and copies its results into the
+    first run's tensors."""
     name = 'eager'
-    def __init__(self, warmup_iters:int=1): self.warmup_iters, self.spent = warmup_iters, dict(warm_up=0., capture=0.)
+    def __init__(self, warmup_iters:int=1):
+        self.warmup_iters, self.spent = warmup_iters, dict(warm_up=0., capture=0.)
     def warm_up(self, fn):
         t0 = time.perf_counter()
         for _ in range(self.warmup_iters): fn()
@@ -133,23 +147,28 @@ class EagerGraphs:
     def memory_reserved(self)->int: return 0
 
 # %% ../nbs/06a_graphs.ipynb #26a5df41
-def _signature(t:Tensor)->tuple: return (tuple(t.shape), t.stride(), t.dtype, t.device, t.requires_grad)
+def _signature(t:Tensor)->tuple:
+    return (tuple(t.shape), t.stride(), t.dtype, t.device, t.requires_grad)
 
 def input_signature(feats:list[Tensor])->tuple:
-    "Shapes, strides, dtypes, devices and grad flags of the feature maps: what a recording is valid for."
+    """Shapes, strides, dtypes, devices and grad flags of the feature maps: what a recording is
+    valid for."""
     return tuple(map(_signature, feats))
 
 def alignment(device:torch.device)->int:
-    "Bytes to which PyTorch's allocator aligns every block on `device` (CUDA caching allocator: 512; CPU: 64)."
+    """Bytes to which PyTorch's allocator aligns every block on `device` (CUDA caching allocator:
+    512; CPU: 64)."""
     return 512 if device.type == 'cuda' else 64
 
 def grad_layout(g:Tensor)->tuple:
-    "What a gradient kernel may depend on besides the values: strides, and the address modulo the allocator's alignment."
+    """What a gradient kernel may depend on besides the values: strides, and the address modulo the
+    allocator's alignment."""
     return (g.stride(), g.data_ptr() % alignment(g.device))
 
 # %% ../nbs/06a_graphs.ipynb #31558539
 def non_overlapping(shape, stride)->bool:
-    "Whether no two elements of a strided layout share memory (dims sorted by stride, each must step past the others)."
+    """Whether no two elements of a strided layout share memory (dims sorted by stride, each must
+    step past the others)."""
     span = 1
     for st, n in sorted((st, n) for n, st in zip(shape, stride) if n > 1):
         if st < span: return False
@@ -157,7 +176,8 @@ def non_overlapping(shape, stride)->bool:
     return True
 
 def empty_with_layout(like:Tensor, layout:tuple|None)->Tensor:
-    "A zero tensor shaped and typed as `like`, with `layout`'s strides and address alignment (contiguous if None)."
+    """A zero tensor shaped and typed as `like`, with `layout`'s strides and address alignment
+    (contiguous if None)."""
     if layout is None: return torch.zeros_like(like, memory_format=torch.contiguous_format)
     stride, offset = layout
     span = 1 + sum((n - 1) * st for n, st in zip(like.shape, stride))
@@ -166,35 +186,41 @@ def empty_with_layout(like:Tensor, layout:tuple|None)->Tensor:
     shift = ((offset - base.data_ptr() % align) % align) // like.element_size()
     return base.as_strided(like.shape, stride, shift)
 
-def _describe(sig:tuple)->str: return f"{'×'.join(map(str, sig[0]))} {str(sig[2]).replace('torch.', '')}"
+def _describe(sig:tuple)->str:
+    return f"{'×'.join(map(str, sig[0]))} {str(sig[2]).replace('torch.', '')}"
 
 # %% ../nbs/06a_graphs.ipynb #9ab72983
 class ModuleGraphs:
-    "What recordings of a module's forward and backward share: its trainable parameters (or aliases), buffers, addresses."
+    """What recordings of a module's forward and backward share: its trainable parameters (or
+    aliases), buffers, addresses."""
     option, kind = '', 'module'   # the command-line option that records it, and what is recorded (in error messages)
     def __init__(self, module:nn.Module, backend, alias_params:bool=False):
         self.backend, self.released, self.generation, self.pending = backend, False, 0, False
         self.modules, self.buffers = tuple(module.modules()), tuple(module.buffers())
         self.params = tuple(p for p in module.parameters() if p.requires_grad)
-        self.aliases = {n: p.detach().requires_grad_() for n, p in module.named_parameters() if p.requires_grad} \
+        self.aliases = {n: p.detach().requires_grad_() for n, p in module.named_parameters()
+                        if p.requires_grad} \
             if alias_params else {}
         self.pointers = self.current_pointers()
     def current_pointers(self)->tuple:
-        "Addresses and trainability of the module's parameters and buffers (a replay is valid while they are unchanged)."
+        """Addresses and trainability of the module's parameters and buffers (a replay is valid
+        while they are unchanged)."""
         return module_pointers(self.modules, with_grad=True)
     def weights(self)->tuple:
         "What the recorded backward differentiates: the parameters, or their aliases."
         return tuple(self.aliases.values()) if self.aliases else self.params
     def swapped(self, module:nn.Module):
         "A context in which `module` computes with the aliases (if any) instead of its parameters."
-        return _reparametrize_module(module, self.aliases) if self.aliases else contextlib.nullcontext()
+        return (_reparametrize_module(module, self.aliases) if self.aliases
+                else contextlib.nullcontext())
     statics = ('fwd_graph', 'bwd_graph', 'static_in', 'static_out', 'static_grads')  # what `release` drops
 
 # %% ../nbs/06a_graphs.ipynb #fe695f50
 @patch
 @contextlib.contextmanager
 def buffers_kept(self:ModuleGraphs):
-    "Run a block that moves the module's BatchNorm statistics, then copy every buffer back in place."
+    """Run a block that moves the module's BatchNorm statistics, then copy every buffer back in
+    place."""
     kept = [b.detach().clone() for b in self.buffers]
     try: yield
     finally:
@@ -204,13 +230,15 @@ def buffers_kept(self:ModuleGraphs):
 @patch
 @contextlib.contextmanager
 def recording(self:ModuleGraphs):
-    "Around a recording: buffers and RNG state put back after it; its time and reserved memory in `seconds`, `reserved_bytes`."
+    """Around a recording: buffers and RNG state put back after it; its time and reserved memory in
+    `seconds`, `reserved_bytes`."""
     t0, mem0 = time.perf_counter(), self.backend.memory_reserved()
     rng = self.backend.rng_state()
     with self.buffers_kept():
         try: yield
         finally: self.backend.set_rng_state(rng)
-    self.seconds, self.reserved_bytes = time.perf_counter() - t0, self.backend.memory_reserved() - mem0
+    self.seconds, self.reserved_bytes = (time.perf_counter() - t0,
+                                         self.backend.memory_reserved() - mem0)
 
 # %% ../nbs/06a_graphs.ipynb #ade6d0ec
 @patch
@@ -222,18 +250,22 @@ def release(self:ModuleGraphs):
 
 @patch
 def backward_ready(self:ModuleGraphs, generation:int):
-    "Refuse a backward that cannot replay (a released recording, or not the latest pending forward's); else mark it taken."
-    if self.released: raise RuntimeError(f"{self.option}: backward through a {self.kind} recording that was released "
-                                         "(fit ended or failed); its graph cannot be replayed")
+    """Refuse a backward that cannot replay (a released recording, or not the latest pending
+    forward's); else mark it taken."""
+    if self.released:
+        raise RuntimeError(f"{self.option}: backward through a {self.kind} recording that was "
+                           "released (fit ended or failed); its graph cannot be replayed")
     if generation != self.generation or not self.pending:
-        raise RuntimeError(f"{self.option}: the recorded {self.kind} runs one backward per forward, for the latest "
-                           "forward only (retain_graph or an older graph's backward is not supported); "
+        raise RuntimeError(f"{self.option}: the recorded {self.kind} runs one backward per "
+                           "forward, for the latest forward only (retain_graph or an older graph's "
+                           "backward is not supported); "
                            f"run without --model.{self.option} for this")
     self.pending = False
 
 # %% ../nbs/06a_graphs.ipynb #8164d613
 class HeadGraphs(ModuleGraphs):
-    "The head's prediction calls and their backward, recorded for one input signature; replayed through `HeadReplay`."
+    """The head's prediction calls and their backward, recorded for one input signature; replayed
+    through `HeadReplay`."""
     statics = ModuleGraphs.statics + ('static_gout',)
     option, kind = 'capture_segment_heads', 'head'
     def __init__(self,
@@ -247,7 +279,8 @@ class HeadGraphs(ModuleGraphs):
         self.device_type = feats[0].device.type
         self.autocast = autocast_state(self.device_type)
         self.signature = input_signature(feats)
-        self.static_in = tuple(torch.empty_strided(f.shape, f.stride(), dtype=f.dtype, device=f.device) for f in feats)
+        self.static_in = tuple(torch.empty_strided(f.shape, f.stride(), dtype=f.dtype,
+                                                   device=f.device) for f in feats)
         with torch.no_grad():
             for s, f in zip(self.static_in, feats): s.copy_(f)
         for s, f in zip(self.static_in, feats): s.requires_grad_(f.requires_grad)
@@ -258,7 +291,8 @@ class HeadGraphs(ModuleGraphs):
 # %% ../nbs/06a_graphs.ipynb #8a2c9cea
 @patch
 def _forward(self:HeadGraphs)->tuple:
-    with torch.enable_grad(), torch.autocast(self.device_type, **self.autocast), self.swapped(self.head):
+    with torch.enable_grad(), torch.autocast(self.device_type,
+                                             **self.autocast), self.swapped(self.head):
         out = self.head.predict(list(self.static_in))
     self.names, self._outs = tuple(out), tuple(out.values())
     return self._outs
@@ -270,7 +304,8 @@ def _backward(self:HeadGraphs)->tuple:
 @patch
 def _warm_up_step(self:HeadGraphs):
     outs = self._forward()
-    torch.autograd.grad(outs, self.grad_inputs, [torch.zeros_like(o) for o in outs], allow_unused=True)
+    torch.autograd.grad(outs, self.grad_inputs, [torch.zeros_like(o) for o in outs],
+                        allow_unused=True)
 
 # %% ../nbs/06a_graphs.ipynb #4e228bc0
 @patch
@@ -285,7 +320,8 @@ def _record(self:HeadGraphs)->tuple[float,int]:
             self.grad_layouts = tuple(grad_layout(g) for g in self.static_gout)
             self.bwd_graph, grads = self.backend.capture(self._backward)
             self.static_grads = tuple(grads)
-        finally: self._outs = None  # keep only detached static outputs: no capture-time autograd graph stays alive
+        # keep only detached static outputs: no capture-time autograd graph stays alive
+        finally: self._outs = None
     return self.seconds, self.reserved_bytes
 
 # %% ../nbs/06a_graphs.ipynb #36c8c494
@@ -294,7 +330,8 @@ def mismatch(self:HeadGraphs, feats:list[Tensor])->str|None:
     "Why `feats` cannot be replayed (another shape, stride, dtype or grad requirement), or None."
     sig = input_signature(feats)
     if sig == self.signature: return None
-    return (f"input changed from {', '.join(map(_describe, self.signature))} to {', '.join(map(_describe, sig))} "
+    return (f"input changed from {', '.join(map(_describe, self.signature))} to "
+            f"{', '.join(map(_describe, sig))} "
             "(a partial last batch or another image size); such steps run natively")
 
 @patch
@@ -311,7 +348,8 @@ def forward(self:HeadGraphs, feats:tuple[Tensor,...])->tuple[Tensor,...]:
 # %% ../nbs/06a_graphs.ipynb #1dbca1ec
 @patch
 def backward(self:HeadGraphs, generation:int, grad_outputs:tuple)->tuple:
-    "Gradients of the feature maps (None where not required) and of `params`, for the forward `generation`."
+    """Gradients of the feature maps (None where not required) and of `params`, for the forward
+    `generation`."""
     self.backward_ready(generation)
     if any(g is None or grad_layout(g) != l for g, l in zip(grad_outputs, self.grad_layouts)):
         self.native_backwards += 1
@@ -327,19 +365,23 @@ def backward(self:HeadGraphs, generation:int, grad_outputs:tuple)->tuple:
 # %% ../nbs/06a_graphs.ipynb #07eaba7c
 @patch
 def _native_backward(self:HeadGraphs, grad_outputs:tuple)->tuple:
-    "The native backward of the outputs that have gradients: re-run the head on the saved inputs and differentiate."
+    """The native backward of the outputs that have gradients: re-run the head on the saved inputs
+    and differentiate."""
     if all(g is None for g in grad_outputs): return (None,) * len(self.grad_inputs)
     x = [s.detach().requires_grad_(s.requires_grad) for s in self.static_in]
-    with self.buffers_kept():  # restored after the backward: BatchNorm saves its running buffers for it
+    # restored after the backward: BatchNorm saves its running buffers for it
+    with self.buffers_kept():
         with torch.enable_grad(), torch.autocast(self.device_type, **self.autocast):
             outs = tuple(self.head.predict(x).values())
         used = [(o, g) for o, g in zip(outs, grad_outputs) if g is not None]
-        return torch.autograd.grad([o for o, _ in used], [xi for xi in x if xi.requires_grad] + list(self.params),
+        return torch.autograd.grad([o for o, _ in used],
+                                   [xi for xi in x if xi.requires_grad] + list(self.params),
                                    [g for _, g in used], allow_unused=True)
 
 # %% ../nbs/06a_graphs.ipynb #322dedb5
 class HeadReplay(torch.autograd.Function):
-    "Autograd node of one replayed head call; its inputs are the feature maps and the head's trainable parameters."
+    """Autograd node of one replayed head call; its inputs are the feature maps and the head's
+    trainable parameters."""
     @staticmethod
     def forward(ctx, graphs:HeadGraphs, *feats_and_params):
         ctx.set_materialize_grads(False)
@@ -354,7 +396,8 @@ class HeadReplay(torch.autograd.Function):
         return (None, *ctx.graphs.backward(ctx.generation, grad_outputs))
 
 # %% ../nbs/06a_graphs.ipynb #ed84c145
-def _same_bytes(a:Tensor, b:Tensor)->bool: return a.dtype == b.dtype and a.shape == b.shape and tensor_bytes(a) == tensor_bytes(b)
+def _same_bytes(a:Tensor, b:Tensor)->bool:
+    return a.dtype == b.dtype and a.shape == b.shape and tensor_bytes(a) == tensor_bytes(b)
 
 def _copy_all(dst:list[Tensor], src:list[Tensor]):
     with torch.no_grad():
@@ -364,11 +407,14 @@ class UpdateMismatch(RuntimeError): pass
 
 # %% ../nbs/06a_graphs.ipynb #19e9a875
 class UpdateGraphs:
-    "One recording of an optimiser's update, reading static gradient buffers; replayed through `replay`."
+    """One recording of an optimiser's update, reading static gradient buffers; replayed through
+    `replay`."""
     def __init__(self, update:CapturedUpdate, grads:list[Tensor], backend, pattern:tuple):
-        self.update, self.backend, self.pattern, self.released, self.applied = update, backend, pattern, False, False
+        self.update, self.backend, self.pattern, self.released, self.applied = (
+            update, backend, pattern, False, False)
         self.settings, self.pointers = update.settings(), update.pointers()
-        self.static_grads = [torch.empty_strided(g.shape, g.stride(), dtype=g.dtype, device=g.device) for g in grads]
+        self.static_grads = [torch.empty_strided(g.shape, g.stride(), dtype=g.dtype,
+                                                 device=g.device) for g in grads]
         self.graph = None
     def _run(self)->tuple:
         self.update.run(self.static_grads)
@@ -382,7 +428,8 @@ class UpdateGraphs:
 # %% ../nbs/06a_graphs.ipynb #c608ce63
 @patch
 def record(self:UpdateGraphs, grads:list[Tensor], native):
-    "Apply this step's update natively (`native()`), then record and replay it; raise `UpdateMismatch` if they differ."
+    """Apply this step's update natively (`native()`), then record and replay it; raise
+    `UpdateMismatch` if they differ."""
     t0, mem0 = time.perf_counter(), self.backend.memory_reserved()
     state, counters = self.update.state(), self.update.counters()
     if grads:   # before `native`: SGD may edit .grad
@@ -403,11 +450,13 @@ def record(self:UpdateGraphs, grads:list[Tensor], native):
         bad = [i for i, (t, w) in enumerate(zip(state + counters, want)) if not _same_bytes(t, w)]
         reference = getattr(self.update, 'reference', f"{type(self.update.opt).__name__}.step")
         if bad: raise UpdateMismatch(f"the recorded update differs from {reference} in "
-                                     f"{len(bad)} of {len(want)} parameter and state tensors on this device")
+                                     f"{len(bad)} of {len(want)} parameter and state tensors on "
+                                     "this device")
         ok = True
     finally:
         if not ok: _copy_all(state + counters, want)    # keep the native result
-    self.seconds, self.reserved_bytes = time.perf_counter() - t0, self.backend.memory_reserved() - mem0
+    self.seconds, self.reserved_bytes = (time.perf_counter() - t0,
+                                         self.backend.memory_reserved() - mem0)
 
 # %% ../nbs/06a_graphs.ipynb #1387ddb6
 @patch
@@ -415,15 +464,18 @@ def stale(self:UpdateGraphs, opt)->str|None:
     "Why this recording no longer fits `opt` (moved tensors, changed settings): record again."
     if opt is not self.update.opt: return "the optimiser is another one"
     if self.update.settings() != self.settings:
-        return "the optimiser's settings changed (a value baked into the recording, or which parameters share a step count)"
-    if self.update.pointers() != self.pointers: return "parameters or optimiser state were replaced (e.g. load_state_dict)"
+        return ("the optimiser's settings changed (a value baked into the recording, or which "
+                "parameters share a step count)")
+    if self.update.pointers() != self.pointers:
+        return "parameters or optimiser state were replaced (e.g. load_state_dict)"
     return None
 
 @patch
 def mismatch(self:UpdateGraphs, pattern:tuple)->str|None:
     "Why this step must run natively: another set of parameters has gradients."
     if pattern == self.pattern: return None
-    return (f"the parameters with a gradient changed ({sum(pattern)} of {len(pattern)}, {sum(self.pattern)} when "
+    return (f"the parameters with a gradient changed ({sum(pattern)} of {len(pattern)}, "
+            f"{sum(self.pattern)} when "
             "recorded); such steps run natively")
 
 @patch
@@ -435,10 +487,12 @@ def replay(self:UpdateGraphs, grads:list[Tensor]):
 def release(self:UpdateGraphs): self.released, self.graph, self.static_grads = True, None, []
 
 # %% ../nbs/06a_graphs.ipynb #beb314d5
-STEP_INPUTS = ('img', 'cls', 'boxes', 'valid', 'masks', 'owner')   # what the model (img) and the loss (`04_loss`) read of a batch
+# what the model (img) and the loss (`04_loss`) read of a batch
+STEP_INPUTS = ('img', 'cls', 'boxes', 'valid', 'masks', 'owner')
 
 def step_inputs(batch:dict)->dict[str,Tensor]:
-    "The tensors of a batch that a training step reads (no `owner` in the padded layout, no `masks` in a detection batch)."
+    """The tensors of a batch that a training step reads (no `owner` in the padded layout, no
+    `masks` in a detection batch)."""
     return {k: batch[k] for k in STEP_INPUTS if k in batch}
 
 def describe_batch(sig:tuple, batch:dict)->str:   # sig: `input_signature` of `step_inputs(batch)`, in its order
@@ -447,7 +501,8 @@ def describe_batch(sig:tuple, batch:dict)->str:   # sig: `input_signature` of `s
 
 # %% ../nbs/06a_graphs.ipynb #b2f16cf0
 class StepGraphs(ModuleGraphs):
-    "A training step's forward (model, loss, sum) and its backward to every parameter, recorded for one batch signature."
+    """A training step's forward (model, loss, sum) and its backward to every parameter, recorded
+    for one batch signature."""
     statics = ModuleGraphs.statics + ('static_seed',)
     option, kind = 'capture_train_step', 'step'
     def __init__(self,
@@ -462,7 +517,8 @@ class StepGraphs(ModuleGraphs):
         self.signature, self.input_names = input_signature(list(inputs.values())), tuple(inputs)
         self.device_type = inputs['img'].device.type
         self.autocast = autocast_state(self.device_type)
-        self.static_in = {k: torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device=v.device) for k, v in inputs.items()}
+        self.static_in = {k: torch.empty_strided(v.shape, v.stride(), dtype=v.dtype,
+                                                 device=v.device) for k, v in inputs.items()}
         _copy_all(list(self.static_in.values()), list(inputs.values()))
         self.grad_inputs, self._total = self.weights(), None
         self.seconds, self.reserved_bytes = self._record()
@@ -470,14 +526,16 @@ class StepGraphs(ModuleGraphs):
 # %% ../nbs/06a_graphs.ipynb #333c85c6
 @patch
 def _forward(self:StepGraphs)->tuple:
-    with torch.enable_grad(), torch.autocast(self.device_type, **self.autocast), self.swapped(self.model):
+    with torch.enable_grad(), torch.autocast(self.device_type,
+                                             **self.autocast), self.swapped(self.model):
         terms, total = self.step_fn(dict(self.static_in))
     self.names, self._total = tuple(terms), total
     return (*(t.detach() for t in terms.values()), total.detach())
 
 @patch
 def _grad(self:StepGraphs, seed:Tensor)->tuple:
-    with torch.autocast(self.device_type, enabled=False):   # as Lightning's backward: outside the autocast region
+    # as Lightning's backward: outside the autocast region
+    with torch.autocast(self.device_type, enabled=False):
         return torch.autograd.grad(self._total, self.grad_inputs, seed, allow_unused=True)
 
 @patch
@@ -508,12 +566,15 @@ def mismatch(self:StepGraphs, batch:dict)->str|None:
     "Why `batch` cannot be replayed (another shape, stride or dtype of an input), or None."
     sig = input_signature(list(step_inputs(batch).values()))
     if sig == self.signature: return None
-    return (f"the batch changed from {describe_batch(self.signature, dict.fromkeys(self.input_names))} to {describe_batch(sig, batch)} (a partial last "
+    return ("the batch changed from "
+            f"{describe_batch(self.signature, dict.fromkeys(self.input_names))} to "
+            f"{describe_batch(sig, batch)} (a partial last "
             "batch or another image size); such steps run natively")
 
 @patch
 def forward(self:StepGraphs, batch:dict)->tuple[Tensor,...]:
-    "Copy the batch into the static inputs, replay the forward graph, return copies of the loss terms and total."
+    """Copy the batch into the static inputs, replay the forward graph, return copies of the loss
+    terms and total."""
     with torch.no_grad():
         for k, s in self.static_in.items():
             if s.data_ptr() != batch[k].data_ptr(): s.copy_(batch[k])
@@ -524,7 +585,8 @@ def forward(self:StepGraphs, batch:dict)->tuple[Tensor,...]:
 
 @patch
 def backward(self:StepGraphs, generation:int, seed:Tensor|None)->tuple:
-    "Every parameter's gradient (None where the loss does not reach it) for the forward `generation`."
+    """Every parameter's gradient (None where the loss does not reach it) for the forward
+    `generation`."""
     self.backward_ready(generation)
     if seed is None: return (None,) * len(self.params)
     with torch.no_grad(): self.static_seed.copy_(seed)
@@ -533,7 +595,8 @@ def backward(self:StepGraphs, generation:int, seed:Tensor|None)->tuple:
 
 # %% ../nbs/06a_graphs.ipynb #095bb69d
 class StepReplay(torch.autograd.Function):
-    "Autograd node of one replayed training step: inputs the model's trainable parameters; outputs the loss terms and total."
+    """Autograd node of one replayed training step: inputs the model's trainable parameters; outputs
+    the loss terms and total."""
     @staticmethod
     def forward(ctx, graphs:StepGraphs, batch:dict, *params):
         ctx.set_materialize_grads(False)
@@ -550,19 +613,23 @@ class StepReplay(torch.autograd.Function):
 
 # %% ../nbs/06a_graphs.ipynb #ac10d004
 def _hooked(m:nn.Module)->bool:
-    return any(getattr(m, a, None) for a in ('_forward_hooks', '_forward_pre_hooks', '_backward_hooks', '_backward_pre_hooks'))
+    return any(getattr(m, a, None) for a in ('_forward_hooks', '_forward_pre_hooks',
+                                             '_backward_hooks', '_backward_pre_hooks'))
 
 def graph_blocker(module:nn.Module, prefix:str)->str|None:
-    "Why the modules of `module` (named from `prefix`) cannot be recorded into a graph that replays their forward and backward, or None."
+    """Why the modules of `module` (named from `prefix`) cannot be recorded into a graph that
+    replays their forward and backward, or None."""
     from torch.nn.modules import module as _m
     if _m._global_forward_hooks or _m._global_forward_pre_hooks or _m._global_backward_hooks:
         return "global module hooks are registered; they would run only while recording"
     for name, m in module.named_modules(prefix=prefix):
         if isinstance(m, nn.SyncBatchNorm): return f"{name} is a SyncBatchNorm"
         if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.momentum is None:
-            return f"{name} has momentum=None (a cumulative average reads num_batches_tracked on the host)"
+            return (f"{name} has momentum=None (a cumulative average reads num_batches_tracked on "
+                    "the host)")
         if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0:
-            return f"{name} is a dropout (p={m.p}); a replayed graph draws a different random stream"
+            return (f"{name} is a dropout (p={m.p}); a replayed graph draws a different random "
+                    "stream")
         if _hooked(m): return f"{name} has module hooks; they would run only while recording"
     if any(b.requires_grad for b in module.buffers()): return f"a {prefix} buffer requires grad"
     return None
@@ -574,12 +641,15 @@ def head_blocker(head:nn.Module)->str|None:
     return graph_blocker(head, 'head')
 
 # %% ../nbs/06a_graphs.ipynb #b7271132
-def replay_blocker(module:nn.Module, recorded:nn.Module, graphs, what:str, other:str, second:str)->str|None:
-    "Why a replay of `recorded`'s graphs cannot stand in for this call of `module`, or None; `what`, `other`, `second` name the cases."
+def replay_blocker(module:nn.Module, recorded:nn.Module, graphs, what:str, other:str,
+                   second:str)->str|None:
+    """Why a replay of `recorded`'s graphs cannot stand in for this call of `module`, or None;
+    `what`, `other`, `second` name the cases."""
     if module is not recorded: return f"{other} (e.g. a copy)"
     if not module.training: return f"{what} is in eval mode"
     if not torch.is_grad_enabled(): return "grad mode is off"
-    if torch.is_anomaly_enabled(): return "anomaly detection is on (torch.is_anomaly_enabled(), e.g. --trainer.detect_anomaly)"
+    if torch.is_anomaly_enabled():
+        return "anomaly detection is on (torch.is_anomaly_enabled(), e.g. --trainer.detect_anomaly)"
     if graphs is None: return None
     if graphs.pending: return second
     if autocast_state(graphs.device_type) != graphs.autocast:
@@ -588,10 +658,13 @@ def replay_blocker(module:nn.Module, recorded:nn.Module, graphs, what:str, other
 
 def call_blocker(head:nn.Module, recorded:nn.Module, graphs:HeadGraphs|None)->str|None:
     "Why this head call must run natively (checked on every call), or None."
-    return replay_blocker(head, recorded, graphs, 'the head', "the head called is not the model's own head",
-                          "a second head call before the backward of the first (its saved activations would be overwritten)")
+    return replay_blocker(head, recorded, graphs, 'the head',
+                          "the head called is not the model's own head",
+                          "a second head call before the backward of the first (its saved "
+                          "activations would be overwritten)")
 
 def step_call_blocker(model:nn.Module, recorded:nn.Module, graphs:StepGraphs|None)->str|None:
     "Why this training step must run natively (checked on every step), or None."
-    return replay_blocker(model, recorded, graphs, 'the model', 'the model trained is not the recorded one',
+    return replay_blocker(model, recorded, graphs, 'the model',
+                          'the model trained is not the recorded one',
                           'a second training forward before the backward of the first')

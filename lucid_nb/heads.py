@@ -82,7 +82,8 @@ def flatten_levels(xs:list[Tensor])->Tensor:  # [(B,C,h,w)] per level → (B,A,C
 
 # %% ../nbs/03_heads.ipynb #9b5ed6a6
 class DetectHead(nn.Module):
-    "Per level a box branch (4R DFL logits) and a class branch (K logits); decodes to boxes in eval mode."
+    """Per level a box branch (4R DFL logits) and a class branch (K logits); decodes to boxes in
+    eval mode."""
     branches = ('box', 'cls')  # per-level branches, in native call order within a level
     def __init__(self,
                  ch:tuple,                   # channels of the input maps, one per level
@@ -90,10 +91,13 @@ class DetectHead(nn.Module):
                  reg_max:int=16,             # R
                  strides:tuple=(8, 16, 32)): # stride of each level in pixels
         super().__init__()
-        if len(ch) != len(strides): raise ValueError(f"ch={tuple(ch)} and strides={tuple(strides)} need one entry per level")
+        if len(ch) != len(strides):
+            raise ValueError(
+                f"ch={tuple(ch)} and strides={tuple(strides)} need one entry per level")
         self.num_classes, self.reg_max, self.strides = num_classes, reg_max, tuple(strides)
         c2, c3 = max(16, ch[0] // 4, 4 * reg_max), max(ch[0], min(num_classes, 100))
-        self.box = nn.ModuleList(nn.Sequential(Conv(c, c2, 3), Conv(c2, c2, 3), nn.Conv2d(c2, 4 * reg_max, 1)) for c in ch)
+        self.box = nn.ModuleList(nn.Sequential(Conv(c, c2, 3), Conv(c2, c2, 3),
+                                               nn.Conv2d(c2, 4 * reg_max, 1)) for c in ch)
         self.cls = nn.ModuleList(nn.Sequential(nn.Sequential(DWConv(c, c, 3), Conv(c, c3, 1)),
                                                nn.Sequential(DWConv(c3, c3, 3), Conv(c3, c3, 1)),
                                                nn.Conv2d(c3, num_classes, 1)) for c in ch)
@@ -128,7 +132,7 @@ class DetectHead(nn.Module):
         "Eval output from a training output: `boxes` (B,A,4) xyxy px and `scores` (B,A,K), float32."
         box = flatten_levels(out['box'])                                           # (B,A,4R)
         anchors, strides = make_anchors([t.shape[-2:] for t in out['box']], self.strides, device=box.device)
-        boxes = decode_boxes(box, anchors, self.reg_max) * strides                   # (B,A,4) xyxy px
+        boxes = decode_boxes(box, anchors, self.reg_max) * strides   # (B,A,4) xyxy px
         return dict(boxes=boxes, scores=flatten_levels(out['cls']).float().sigmoid())  # (B,A,4), (B,A,K)
 
     def assemble(self, raw:dict[str,Tensor])->dict:
@@ -140,7 +144,8 @@ class DetectHead(nn.Module):
 
 # %% ../nbs/03_heads.ipynb #51afaf67
 class Proto(nn.Module):
-    "Mask prototypes at stride 4 from the stride-8 map: conv, 2× transposed-conv upsample, conv, 1×1 conv."
+    """Mask prototypes at stride 4 from the stride-8 map: conv, 2× transposed-conv upsample, conv,
+    1×1 conv."""
     def __init__(self, c1:int, c_:int=256, c2:int=32):  # input, hidden and prototype (P) channels
         super().__init__()
         self.cv1 = Conv(c1, c_, 3)
@@ -162,10 +167,12 @@ class SegHead(DetectHead):
                  strides:tuple=(8, 16, 32)): # stride of each level in pixels
         super().__init__(ch, num_classes, reg_max, strides)
         self.num_protos = num_protos
-        proto = Proto(ch[0], proto_channels, num_protos)   # drawn before the coefficients, as Ultralytics' Segment draws
+        # drawn before the coefficients, as Ultralytics' Segment draws
+        proto = Proto(ch[0], proto_channels, num_protos)
         c4 = max(ch[0] // 4, num_protos)
-        self.coef = nn.ModuleList(nn.Sequential(Conv(c, c4, 3), Conv(c4, c4, 3), nn.Conv2d(c4, num_protos, 1)) for c in ch)
-        self.proto = proto                                  # registered after them: the state dict's order is unchanged
+        self.coef = nn.ModuleList(nn.Sequential(Conv(c, c4, 3), Conv(c4, c4, 3),
+                                                nn.Conv2d(c4, num_protos, 1)) for c in ch)
+        self.proto = proto   # registered after them: the state dict's order is unchanged
 
     def prediction_calls(self)->list[tuple[str,nn.Module,int]]:
         "Native order: `box, cls, coef` level by level, then `proto` on level 0."
@@ -176,8 +183,10 @@ class SegHead(DetectHead):
         return {**super().collect(raw), 'proto': raw['proto']}
 
     def decode(self, out:dict)->dict:
-        "Eval output: `boxes` (B,A,4), `scores` (B,A,K), `coef` (B,A,P), `proto` (B,P,S/4,S/4), float32."
-        return {**super().decode(out), 'coef': flatten_levels(out['coef']).float(), 'proto': out['proto'].float()}
+        """Eval output: `boxes` (B,A,4), `scores` (B,A,K), `coef` (B,A,P), `proto` (B,P,S/4,S/4),
+        float32."""
+        return {**super().decode(out), 'coef': flatten_levels(out['coef']).float(),
+                'proto': out['proto'].float()}
 
 # %% ../nbs/03_heads.ipynb #ca0faa74
 def yolo(
@@ -187,14 +196,19 @@ def yolo(
     num_protos:int=32,    # P, prototypes and mask coefficients (segmentation)
     reg_max:int=16,       # R, bins of the box distribution
 )->YoloModel:
-    "A YOLO11-style model of the given scale for `task`: the Segment head where its instances carry masks, else the Detect head."
+    """A YOLO11-style model of the given scale for `task`: the Segment head where its instances
+    carry masks, else the Detect head."""
     sc, t = get_scale(scale), get_task(task)
-    if not isinstance(num_classes, int) or num_classes < 1: raise ValueError(f"num_classes={num_classes!r}: need an int >= 1")
+    if not isinstance(num_classes, int) or num_classes < 1:
+        raise ValueError(f"num_classes={num_classes!r}: need an int >= 1")
     bb = Backbone(sc)
     nk = Neck(sc, bb.channels)
-    if t.masks: head = SegHead(nk.channels, num_classes, num_protos=num_protos, proto_channels=sc.ch(256), reg_max=reg_max)
+    if t.masks:
+        head = SegHead(nk.channels, num_classes, num_protos=num_protos, proto_channels=sc.ch(256),
+                       reg_max=reg_max)
     else: head = DetectHead(nk.channels, num_classes, reg_max=reg_max)
-    return YoloModel(bb, nk, head, dict(task=t.name, scale=scale, num_classes=num_classes, reg_max=reg_max,
+    return YoloModel(bb, nk, head,
+                     dict(task=t.name, scale=scale, num_classes=num_classes, reg_max=reg_max,
                                         **({'num_protos': num_protos} if t.masks else {})))
 
 def yolo_seg(scale:str='n', num_classes:int=80, num_protos:int=32, reg_max:int=16)->YoloModel:
@@ -216,5 +230,6 @@ def model_outputs(model:nn.Module, img:Tensor,
     "The model's training output, the head's prediction calls replayed by `recorder` when it can."
     feats = model.features(img)
     with head_autocast(img.device.type):
-        raw = recorder.predict(model.head, feats) if recorder is not None else model.head.predict(feats)
+        raw = (recorder.predict(model.head, feats) if recorder is not None
+               else model.head.predict(feats))
     return model.head.assemble(raw)

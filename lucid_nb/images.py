@@ -12,7 +12,8 @@ import numpy as np, torch
 from PIL import Image
 from torch.utils.data import Dataset
 from .core import MASK_STRIDE, check_rules
-from .coco import IMAGE_SUFFIXES, ORIENTATIONS, BadInputError, Prepared, exif_orientation, load_rgb, resized_hw, to_rgb
+from .coco import (IMAGE_SUFFIXES, ORIENTATIONS, BadInputError, Prepared, exif_orientation,
+                           load_rgb, resized_hw, to_rgb)
 from .augment import build_sample, letterbox_cv2, rect_batches, val_resized_hw
 from .loader import collate
 
@@ -27,17 +28,20 @@ def image_files(path:str|Path)->list[Path]:
     if p.is_file(): return [p]
     found = p.iterdir() if p.is_dir() else map(Path, glob.glob(str(path), recursive=True))
     files = sorted(f for f in found if f.suffix.lower() in IMAGE_SUFFIXES and f.is_file())
-    if not files: raise FileNotFoundError(f"{path}: no image files ({', '.join(IMAGE_SUFFIXES)}) found there")
+    if not files:
+        raise FileNotFoundError(f"{path}: no image files ({', '.join(IMAGE_SUFFIXES)}) found there")
     return files
 
 # %% ../nbs/01c_plain_images.ipynb #cbbbf5f6
 def pil_rgb(im:Image.Image)->np.ndarray:
-    "(H,W,3) uint8 RGB of a PIL image as displayed (EXIF orientation applied), as `load_rgb` reads files."
+    """(H,W,3) uint8 RGB of a PIL image as displayed (EXIF orientation applied), as `load_rgb` reads
+    files."""
     o = exif_orientation(im)
     return np.array(to_rgb(im if o == 1 else im.transpose(ORIENTATIONS[o][0])))
 
 def prepare_image(img:np.ndarray, imgsz:int, image_id:int=0)->Prepared:
-    "An (H,W,3) uint8 RGB image resized as `prepare` resizes (long side = imgsz), with no instances."
+    """An (H,W,3) uint8 RGB image resized as `prepare` resizes (long side = imgsz), with no
+    instances."""
     H, W = img.shape[:2]
     h, w = resized_hw((H, W), imgsz)
     if (h, w) != (H, W): img = np.array(Image.fromarray(img).resize((w, h), Image.BILINEAR))
@@ -45,43 +49,56 @@ def prepare_image(img:np.ndarray, imgsz:int, image_id:int=0)->Prepared:
                     np.zeros((0, 2), np.float32), np.zeros((0, 2), np.int64), [])
 
 def ultralytics_sample(img:np.ndarray, imgsz:int, image_id:int=0, shape=None)->dict:
-    "An (H,W,3) uint8 RGB image as a sample by Ultralytics' rules (`letterbox_cv2`): predict's shape, or validation's into its batch's `shape`; with `ratio_pad`."
+    """An (H,W,3) uint8 RGB image as a sample by Ultralytics' rules (`letterbox_cv2`): predict's
+    shape, or validation's into its batch's `shape`; with `ratio_pad`."""
     H, W = img.shape[:2]
     if shape is None: out, rp = letterbox_cv2(img, (imgsz, imgsz), auto=True)
     else: out, rp = letterbox_cv2(img, tuple(shape), resized=val_resized_hw((H, W), imgsz))
     s = out.shape[0] // MASK_STRIDE
-    return dict(img=out, boxes=np.zeros((0, 4), np.float32), cls=np.zeros(0, np.int64), masks=np.zeros((0, s, s), np.uint8),
-                image_id=image_id, orig_hw=np.array([H, W], np.int64), letterbox=rp[[1, 2, 3]].astype(np.float32),
+    return dict(img=out, boxes=np.zeros((0, 4), np.float32), cls=np.zeros(0, np.int64),
+                masks=np.zeros((0, s, s), np.uint8),
+                image_id=image_id, orig_hw=np.array([H, W], np.int64),
+                letterbox=rp[[1, 2, 3]].astype(np.float32),
                 hsv=np.ones(3, np.float32), dropped=0, ratio_pad=rp)
 
 def image_batch(imgs:list[np.ndarray], imgsz:int, first_id:int=0, rules:str='lucid')->dict:
-    "Letterboxed images as a batch in the format of `collate` (`image_id` counts from `first_id`); by Ultralytics' rules, images of one shape."
-    if check_rules(rules) == 'ultralytics': return collate_images([ultralytics_sample(a, imgsz, first_id + i) for i, a in enumerate(imgs)])
-    return collate([build_sample([prepare_image(a, imgsz, first_id + i)], imgsz, max_instances=1) for i, a in enumerate(imgs)], 1)
+    """Letterboxed images as a batch in the format of `collate` (`image_id` counts from `first_id`);
+    by Ultralytics' rules, images of one shape."""
+    if check_rules(rules) == 'ultralytics':
+        return collate_images([ultralytics_sample(a, imgsz, first_id + i)
+                                                  for i, a in enumerate(imgs)])
+    return collate([build_sample([prepare_image(a, imgsz, first_id + i)], imgsz, max_instances=1)
+                                 for i, a in enumerate(imgs)], 1)
 
 # %% ../nbs/01c_plain_images.ipynb #8a2c35bf
 class ImageFiles(Dataset):
-    "Plain image files as letterboxed samples; `image_id` is the file's index in `files` (or its `ids` entry); a file that cannot be read is a `problem` sample naming it."
+    """Plain image files as letterboxed samples; `image_id` is the file's index in `files` (or its
+    `ids` entry); a file that cannot be read is a `problem` sample naming it."""
     def __init__(self, files:list[Path], imgsz:int=640, rules:str='lucid', ids:list|None=None):
         self.files, self.imgsz, self.rules = list(files), imgsz, check_rules(rules)
         self.ids = list(range(len(self.files))) if ids is None else list(ids)
     def __len__(self): return len(self.files)
     def __getitem__(self, i:int)->dict:
         try: img = load_rgb(self.files[i])
-        except BadInputError as e: return {'problem': str(e), 'image_id': self.ids[i]}   # the others' results are kept (`collate_images`)
+        # the others' results are kept (`collate_images`)
+        except BadInputError as e: return {'problem': str(e), 'image_id': self.ids[i]}
         if self.rules == 'ultralytics': return ultralytics_sample(img, self.imgsz, self.ids[i])
-        return build_sample([prepare_image(img, self.imgsz, self.ids[i])], self.imgsz, max_instances=1)
+        return build_sample([prepare_image(img, self.imgsz, self.ids[i])], self.imgsz,
+                            max_instances=1)
 
 def collate_images(samples:list[dict])->dict:
-    "`ImageFiles` samples as a batch of the good ones (no `img` when none is), with `problems`: (image_id, message) of the bad files; `ratio_pad` (B,4) by Ultralytics' rules."
+    """`ImageFiles` samples as a batch of the good ones (no `img` when none is), with `problems`:
+    (image_id, message) of the bad files; `ratio_pad` (B,4) by Ultralytics' rules."""
     good = [s for s in samples if 'problem' not in s]
     batch = collate(good, max_instances=1) if good else {}
-    if good and 'ratio_pad' in good[0]: batch['ratio_pad'] = torch.from_numpy(np.stack([s['ratio_pad'] for s in good]))
+    if good and 'ratio_pad' in good[0]:
+        batch['ratio_pad'] = torch.from_numpy(np.stack([s['ratio_pad'] for s in good]))
     batch['problems'] = [(s['image_id'], s['problem']) for s in samples if 'problem' in s]
     return batch
 
 class RectImages(Dataset):
-    "Validation records as samples by Ultralytics' validation rules: in `rect_batches`' order, each letterboxed into its batch's shape."
+    """Validation records as samples by Ultralytics' validation rules: in `rect_batches`' order,
+    each letterboxed into its batch's shape."""
     def __init__(self, records:list, imgsz:int, batch_size:int):
         self.records, self.imgsz = list(records), imgsz
         self.order, self.shapes = rect_batches([r.hw for r in self.records], batch_size, imgsz)

@@ -25,59 +25,80 @@ __all__ = ['collate', 'YoloDataset', 'EpochBatchSampler', 'PieceSampler', 'join_
 
 # %% ../nbs/01c_loader.ipynb #d7b328fe
 def collate(samples:list[dict], max_instances:int=100, pad:bool=True)->dict:
-    "Stack samples into the batch format of `core.BATCH_KEYS`, their instances in groups (`group_instances`)."
+    """Stack samples into the batch format of `core.BATCH_KEYS`, their instances in groups
+    (`group_instances`)."""
     for x in samples:
-        if (n := len(x['cls'])) > max_instances: raise ValueError(f"a sample has {n} instances but max_instances={max_instances}; raise max_instances")
+        if (n := len(x['cls'])) > max_instances:
+            raise ValueError(f"a sample has {n} instances but max_instances={max_instances}; raise "
+                             "max_instances")
     stack = lambda k: np.stack([x[k] for x in samples])
     img = np.ascontiguousarray(stack('img').transpose(0, 3, 1, 2))
-    out = dict(img=img, **group_instances(samples, (img.shape[-2] // MASK_STRIDE, img.shape[-1] // MASK_STRIDE), pad), image_id=np.array([x['image_id'] for x in samples], np.int64),
+    out = dict(img=img,
+               **group_instances(samples,
+                                 (img.shape[-2] // MASK_STRIDE, img.shape[-1] // MASK_STRIDE), pad),
+               image_id=np.array([x['image_id'] for x in samples], np.int64),
                orig_hw=stack('orig_hw'), letterbox=stack('letterbox'), hsv=stack('hsv'))
     return {k: torch.from_numpy(out[k]) for k in BATCH_KEYS if k in out}
 
 # %% ../nbs/01c_loader.ipynb #8f3c619f
-def _check_image(rec:ImageRecord, imgsz:int, cache:str, disk:DiskCache|None, decode:bool=False)->tuple:
-    "(prepared or None, (reason, detail) or None, EXIF orientation): check one record's image, preparing/caching it as `cache` says; with a disk cache nothing prepared is returned."
+def _check_image(rec:ImageRecord, imgsz:int, cache:str, disk:DiskCache|None,
+                 decode:bool=False)->tuple:
+    """(prepared or None, (reason, detail) or None, EXIF orientation): check one record's image,
+    preparing/caching it as `cache` says; with a disk cache nothing prepared is returned."""
     if not rec.path.is_file(): return None, ('missing file', str(rec.path)), 1
     try:
         if cache == 'none':
-            if decode: return None, None, decode_image(rec.path, rec.hw)[1]   # every pixel read once (truncated data raises)
+            # every pixel read once (truncated data raises)
+            if decode: return None, None, decode_image(rec.path, rec.hw)[1]
             with Image.open(rec.path) as im:
                 check_size(im, rec.hw)
                 return None, None, exif_orientation(im)
         if disk is None: p = prepare(rec, imgsz); return p, None, p.orientation
         data = rec.path.read_bytes()
         sha = source_hash(data)   # read once: hashed here, decoded below if need be
-        if (o := disk.trusted(rec, sha)) is not None: return None, None, o   # its manifest entry vouches for these bytes
+        # its manifest entry vouches for these bytes
+        if (o := disk.trusted(rec, sha)) is not None: return None, None, o
         if (p := disk.get(rec, sha)) is None: disk.put(rec, p := prepare(rec, imgsz, data), sha)
         return None, None, p.orientation   # the disk holds it: setup keeps no image in memory
     except IMAGE_ERRORS as e:
-        return None, ('image size differs from the JSON' if 'the JSON says' in str(e) else 'unreadable image', f"{type(e).__name__}: {e}"), 1
+        return None, ('image size differs from the JSON' if 'the JSON says' in str(e)
+                      else 'unreadable image', f"{type(e).__name__}: {e}"), 1
 
 # %% ../nbs/01c_loader.ipynb #b38d87a5
 class YoloDataset(Dataset):
     "Checked COCO images → augmented samples, indexed by `(epoch, i)`; deterministic given `seed`."
-    def __init__(self, records:list[ImageRecord], imgsz:int=640, cache:str='ram', disk:DiskCache|None=None,
-                 report:DataReport|None=None, augment:bool=False, aug:AugSettings|None=None, seed:int=0,
+    def __init__(self, records:list[ImageRecord], imgsz:int=640, cache:str='ram',
+                 disk:DiskCache|None=None,
+                 report:DataReport|None=None, augment:bool=False, aug:AugSettings|None=None,
+                 seed:int=0,
                  max_instances:int=100,
                  threads:int|None=None, # threads that check the images at setup and build a batch's samples outside loader workers (None: up to 8, the CPU count)
                  augment_on:str='cpu',  # 'device': augmented samples are `device_recipe`s, made into pixels on the batch's device (`01b_augment_device`)
                  masks:bool=True):      # samples with their masks; False: without (detection)
-        self.imgsz, self.cache, self.disk, self.augment, self.aug, self.masks = imgsz, cache, disk, augment, aug or AugSettings(), masks
-        self.recipes = augment and augment_on == 'device'   # what `__getitem__` gives: recipes, or built samples
+        self.imgsz, self.cache, self.disk, self.augment, self.aug, self.masks = (
+            imgsz, cache, disk, augment, aug or AugSettings(), masks)
+        # what `__getitem__` gives: recipes, or built samples
+        self.recipes = augment and augment_on == 'device'
         self.seed, self.max_instances, self.mosaic_until = seed, max_instances, None
         self.report = report if report is not None else DataReport()
-        self.threads, self._pool, self._users, self._lock = threads or min(8, os.cpu_count() or 1), None, 0, threading.Lock()
+        self.threads, self._pool, self._users, self._lock = (
+            threads or min(8, os.cpu_count() or 1), None, 0, threading.Lock())
         with ThreadPoolExecutor(self.threads) as ex:
-            checked = list(ex.map(lambda r: _check_image(r, imgsz, cache, disk, decode=not augment), records))
+            checked = list(ex.map(lambda r: _check_image(r, imgsz, cache, disk, decode=not augment),
+                                  records))
         self.records, self._ram = [], []
         for rec, (p, bad, o) in zip(records, checked):
             if bad: self.report.problem(rec.path.name, *bad); continue
             self.records.append(rec)
-            if o != 1: self.report.problem(rec.path.name, 'EXIF orientation applied', f"orientation {o}: {ORIENTATIONS[o][1]}, as browsers and "
-                                           "OpenCV show it; the JSON's size and annotations must be of the displayed image", 'used as displayed', fatal=False)
+            if o != 1:
+                self.report.problem(rec.path.name, 'EXIF orientation applied',
+                                    f"orientation {o}: {ORIENTATIONS[o][1]}, as browsers and "
+                                    "OpenCV show it; the JSON's size and annotations must be of "
+                                    "the displayed image", 'used as displayed', fatal=False)
             if cache == 'ram': self._ram.append(p)
             if len(rec.instances) > max_instances:
-                self.report.problem(rec.path.name, 'more instances than max_instances', f"{len(rec.instances)} > {max_instances}",
+                self.report.problem(rec.path.name, 'more instances than max_instances',
+                                    f"{len(rec.instances)} > {max_instances}",
                                     f"kept the largest {max_instances}", fatal=False)
 
     def __len__(self): return len(self.records)
@@ -88,10 +109,13 @@ def _load(self:YoloDataset, i:int)->Prepared:
     if self.cache == 'ram': return self._ram[i]
     rec = self.records[i]
     if self.cache == 'disk':
-        e = self.disk.entries.get(str(rec.image_id))        # written or checked at setup (not when the disk was full)
-        if e is not None and e.get('source') == str(rec.path.resolve()):   # and of this image, not another dataset's with its id
+        # written or checked at setup (not when the disk was full)
+        e = self.disk.entries.get(str(rec.image_id))
+        # and of this image, not another dataset's with its id
+        if e is not None and e.get('source') == str(rec.path.resolve()):
             try: return prepared_from_bytes(self.disk.file(rec).read_bytes())
-            except (OSError, ValueError): pass              # gone or damaged since setup: rebuild from the source
+            # gone or damaged since setup: rebuild from the source
+            except (OSError, ValueError): pass
         data = rec.path.read_bytes()
         self.disk.put(rec, p := prepare(rec, self.imgsz, data), source_hash(data))
         return p
@@ -99,16 +123,21 @@ def _load(self:YoloDataset, i:int)->Prepared:
 
 @patch
 def prepared(self:YoloDataset, i:int)->Prepared:
-    "Prepared image `i`; in training one that went bad since setup is reported and replaced by the next readable one."
+    """Prepared image `i`; in training one that went bad since setup is reported and replaced by the
+    next readable one."""
     n = len(self.records)
     for j in range(n):
         k = (i + j) % n
         try: return self._load(k)
         except IMAGE_ERRORS as e:
-            if not self.augment:   # validation scores each image under its own id: another's pixels would be wrong numbers
-                raise BadInputError(f"{self.records[k].path}: unreadable since setup checked it ({type(e).__name__}: {e}); every "
-                                    "validation image is scored, so validation stops here: restore the file or leave it out of the JSON") from e
-            self.report.problem(self.records[k].path.name, 'unreadable image', f"{type(e).__name__}: {e}",
+            # validation scores each image under its own id: another's pixels would be wrong numbers
+            if not self.augment:
+                raise BadInputError(f"{self.records[k].path}: unreadable since setup checked it "
+                                    f"({type(e).__name__}: {e}); every "
+                                    "validation image is scored, so validation stops here: restore "
+                                    "the file or leave it out of the JSON") from e
+            self.report.problem(self.records[k].path.name, 'unreadable image',
+                                f"{type(e).__name__}: {e}",
                                 'replaced by the next readable image')
     raise RuntimeError('no readable image left in the dataset')
 
@@ -117,26 +146,37 @@ def prepared(self:YoloDataset, i:int)->Prepared:
 def __getitem__(self:YoloDataset, key:tuple|int)->dict:
     "Sample `i` of `epoch` for `key = (epoch, i)` (an int `i`: epoch 0)."
     epoch, i = key if isinstance(key, tuple) else (0, int(key))
-    if not self.augment: return build_sample([self.prepared(i)], self.imgsz, max_instances=self.max_instances, masks=self.masks)
+    if not self.augment:
+        return build_sample([self.prepared(i)], self.imgsz, max_instances=self.max_instances,
+                            masks=self.masks)
     rng = np.random.default_rng([self.seed, epoch, i])
-    use = rng.random() < self.aug.mosaic and (self.mosaic_until is None or epoch < self.mosaic_until)
-    others, centre = rng.integers(0, len(self), 3), rng.integers(self.imgsz // 2, 3 * self.imgsz // 2, 2)
+    use = (rng.random() < self.aug.mosaic
+           and (self.mosaic_until is None or epoch < self.mosaic_until))
+    others, centre = (rng.integers(0, len(self), 3),
+                      rng.integers(self.imgsz // 2, 3 * self.imgsz // 2, 2))
     ids = [i] + ([int(j) for j in others] if use else [])
-    ps, args = [self.prepared(j) for j in ids], (self.imgsz, rng, self.aug, use, tuple(int(c) for c in centre), self.max_instances)
+    ps, args = ([self.prepared(j) for j in ids],
+                (self.imgsz, rng, self.aug, use, tuple(int(c) for c in centre), self.max_instances))
     s = device_recipe(ps, ids, *args) if self.recipes else build_sample(ps, *args, masks=self.masks)
     if s['dropped'] and rank_zero_only.rank == 0:
-        log.warning(f"sample {i} of epoch {epoch} (a mosaic) had {s['dropped']} instances over max_instances={self.max_instances}; kept the largest")
+        log.warning(f"sample {i} of epoch {epoch} (a mosaic) had {s['dropped']} instances over "
+                    f"max_instances={self.max_instances}; kept the largest")
     return s
 
 @patch
 def __getitems__(self:YoloDataset, keys:list)->list[dict]:
-    "The samples of `keys`, in order: built by `threads` threads of this process, one at a time inside a loader worker."
-    if self.threads < 2 or len(keys) < 2 or get_worker_info() is not None: return [self[k] for k in keys]
-    with self._lock:   # inside an epoch's iteration its pool (`threads_in_use`), else threads of this call alone
-        if self._users and self._pool is None: self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix='lucid_nb-samples')
+    """The samples of `keys`, in order: built by `threads` threads of this process, one at a time
+    inside a loader worker."""
+    if self.threads < 2 or len(keys) < 2 or get_worker_info() is not None:
+        return [self[k] for k in keys]
+    # inside an epoch's iteration its pool (`threads_in_use`), else threads of this call alone
+    with self._lock:
+        if self._users and self._pool is None:
+            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix='lucid_nb-samples')
         pool = self._pool
     if pool is not None: return list(pool.map(self.__getitem__, keys))
-    with ThreadPoolExecutor(self.threads, thread_name_prefix='lucid_nb-samples') as ex: return list(ex.map(self.__getitem__, keys))
+    with ThreadPoolExecutor(self.threads, thread_name_prefix='lucid_nb-samples') as ex:
+        return list(ex.map(self.__getitem__, keys))
 
 @patch
 def __getstate__(self:YoloDataset)->dict:
@@ -150,24 +190,28 @@ def __setstate__(self:YoloDataset, state:dict): self.__dict__.update(state, _loc
 @patch
 @contextlib.contextmanager
 def threads_in_use(self:YoloDataset):
-    "Inside, an epoch's iteration uses the samples' thread pool; when the last one that does ends, the pool is shut down."
+    """Inside, an epoch's iteration uses the samples' thread pool; when the last one that does ends,
+    the pool is shut down."""
     with self._lock: self._users += 1
     try: yield
     finally:
         with self._lock:
             self._users -= 1
             pool, self._pool = (self._pool, None) if self._users == 0 else (None, self._pool)
-        if pool is not None: pool.shutdown(wait=False, cancel_futures=True)   # idle: its threads end at once
+        # idle: its threads end at once
+        if pool is not None: pool.shutdown(wait=False, cancel_futures=True)
 
 @patch
 def close(self:YoloDataset):
-    "Shut the samples' thread pool down now (the end of a command, an error, Ctrl-C); safe to call twice."
+    """Shut the samples' thread pool down now (the end of a command, an error, Ctrl-C); safe to call
+    twice."""
     with self._lock: pool, self._pool = self._pool, None
     if pool is not None: pool.shutdown(wait=True, cancel_futures=True)
 
 # %% ../nbs/01c_loader.ipynb #355e76ed
 class EpochBatchSampler:
-    "Batches of `(epoch, index)` keys; the order is a permutation seeded by `(seed, epoch)`; process `rank` of `world` gets every `world`-th batch."
+    """Batches of `(epoch, index)` keys; the order is a permutation seeded by `(seed, epoch)`;
+    process `rank` of `world` gets every `world`-th batch."""
     def __init__(self, n:int, batch_size:int, shuffle:bool=True, drop_last:bool=True, seed:int=0,
                  rank:int=0,   # this process among `world` (DDP): it gets the epoch's batches rank, rank + world, ...
                  world:int=1): # processes sharing each epoch
@@ -175,27 +219,34 @@ class EpochBatchSampler:
         self.rank, self.world = rank, world
     def set_epoch(self, epoch:int): self.epoch = int(epoch)
     def batches(self)->int:
-        "Batches of the epoch over all processes; with `drop_last` a multiple of `world`, so every process takes as many steps."
+        """Batches of the epoch over all processes; with `drop_last` a multiple of `world`, so every
+        process takes as many steps."""
         if not self.drop_last: return -(-self.n // self.batch_size)
         b = self.n // self.batch_size
         return b - b % self.world
     def __len__(self): return len(range(self.rank, self.batches(), self.world))
     def __iter__(self):
-        "The epoch is read when iteration starts (not at the first batch), so a loader can start the next epoch early."
+        """The epoch is read when iteration starts (not at the first batch), so a loader can start
+        the next epoch early."""
         e, bs = self.epoch, self.batch_size
-        order = np.random.default_rng([self.seed, e, 2**32 - 1]).permutation(self.n) if self.shuffle else np.arange(self.n)
-        return iter([[(e, int(i)) for i in order[k * bs:(k + 1) * bs]] for k in range(self.rank, self.batches(), self.world)])
+        order = (np.random.default_rng([self.seed, e, 2**32 - 1]).permutation(self.n)
+                 if self.shuffle else np.arange(self.n))
+        return iter([[(e, int(i)) for i in order[k * bs:(k + 1) * bs]]
+                      for k in range(self.rank, self.batches(), self.world)])
 
 def _worker_init(worker_id:int):
-    "DataLoader workers: one torch thread each; global RNGs fixed so nothing can depend on them by accident."
+    """DataLoader workers: one torch thread each; global RNGs fixed so nothing can depend on them by
+    accident."""
     torch.set_num_threads(1)
     np.random.seed(worker_id)
     torch.manual_seed(worker_id)
 
 # %% ../nbs/01c_loader.ipynb #0d64d667
 class PieceSampler:
-    "Each batch of `batches` as up to `pieces` consecutive pieces of nearly equal size, so that as many loader workers build it at once."
-    def __init__(self, batches, pieces:int): self.batches, self.pieces, self.counts = batches, pieces, []
+    """Each batch of `batches` as up to `pieces` consecutive pieces of nearly equal size, so that as
+    many loader workers build it at once."""
+    def __init__(self, batches, pieces:int):
+        self.batches, self.pieces, self.counts = batches, pieces, []
     def split(self, b:list)->list[list]:
         k = min(self.pieces, len(b))
         q, r = divmod(len(b), k)
@@ -209,20 +260,25 @@ class PieceSampler:
     def __len__(self): return sum(min(self.pieces, len(b)) for b in self.batches)
 
 def join_pieces(parts:list[dict])->dict:
-    "Batches of consecutive images, unpadded (`collate(pad=False)`), as one: each piece's groups follow the last's, their `owner` shifted."
+    """Batches of consecutive images, unpadded (`collate(pad=False)`), as one: each piece's groups
+    follow the last's, their `owner` shifted."""
     if len(parts) == 1: return parts[0]
     if 'aug_src' in parts[0]: return join_recipes(parts)   # device recipes: more indices to shift
     shift = np.cumsum([0] + [len(p['img']) for p in parts[:-1]]).tolist()
-    return {k: torch.cat([p[k] + s if k == 'owner' else p[k] for p, s in zip(parts, shift)]) for k in parts[0]}
+    return {k: torch.cat([p[k] + s if k == 'owner' else p[k] for p, s in zip(parts, shift)])
+                         for k in parts[0]}
 
 def _joined(it, counts:list):
-    "The DataLoader's unpadded pieces from `it` joined back into whole batches (`counts[k]` pieces for batch k), padded: the bytes of one `collate` of each."
+    """The DataLoader's unpadded pieces from `it` joined back into whole batches (`counts[k]` pieces
+    for batch k), padded: the bytes of one `collate` of each."""
     for k in counts: yield pad_groups(join_pieces([next(it) for _ in range(k)]))
 
 # %% ../nbs/01c_loader.ipynb #1ef742a8
 class YoloLoader:
-    "Epoch-seeded padded batches from a `YoloDataset`, via a DataLoader, optionally prefetched by a background thread."
-    def __init__(self, dataset:YoloDataset, batch_size:int=4, shuffle:bool=True, drop_last:bool=True, seed:int=0,
+    """Epoch-seeded padded batches from a `YoloDataset`, via a DataLoader, optionally prefetched by
+    a background thread."""
+    def __init__(self, dataset:YoloDataset, batch_size:int=4, shuffle:bool=True,
+                 drop_last:bool=True, seed:int=0,
                  workers:int=0, prefetch:bool=True, depth:int=4,
                  ahead_until:int|None=None, # with `prefetch`: when an epoch ends, start the next one's batches, up to this epoch
                  rank:int=0, world:int=1,   # this process among `world` (DDP): see `EpochBatchSampler`
@@ -230,23 +286,35 @@ class YoloLoader:
                  pieces:int|None=None,      # workers that build one batch together (None: every worker, up to the batch size)
                 ):
         self.dataset, self.prefetch, self.depth, self._live, self.wait_seconds = dataset, prefetch, depth, [], 0.
-        self._epochs = weakref.WeakSet()   # the epochs' batch iterators made and not yet ended (`close` ends them)
+        # the epochs' batch iterators made and not yet ended (`close` ends them)
+        self._epochs = weakref.WeakSet()
         self.pin_device = pin_device if prefetch else None
         self.ahead_until, self._ahead = ahead_until, None
-        self.batch_sampler = self.sampler = EpochBatchSampler(len(dataset), batch_size, shuffle, drop_last, seed, rank, world)
+        self.batch_sampler = self.sampler = EpochBatchSampler(
+            len(dataset), batch_size, shuffle, drop_last, seed, rank, world)
         self.pieces = PieceSampler(self.batch_sampler, pieces or max(1, min(workers, batch_size)))
-        self.loader = DataLoader(dataset, batch_sampler=self.pieces, num_workers=workers, worker_init_fn=_worker_init,
-                                 collate_fn=partial(collate_recipes if getattr(dataset, 'recipes', False) else collate, max_instances=dataset.max_instances, pad=False), persistent_workers=workers > 0,
-                                 prefetch_factor=2 * self.pieces.pieces if workers else None,   # 2 batches a worker in flight, as whole
-                                 generator=torch.Generator().manual_seed(seed))   # each iterator draws its seed here, not from torch's global RNG
+        self.loader = DataLoader(dataset, batch_sampler=self.pieces, num_workers=workers,
+                                 worker_init_fn=_worker_init,
+                                 collate_fn=partial(collate_recipes
+                                                    if getattr(dataset, 'recipes', False)
+                                                    else collate,
+                                                    max_instances=dataset.max_instances, pad=False),
+                                 persistent_workers=workers > 0,
+                                 # 2 batches a worker in flight, as whole
+                                 prefetch_factor=2 * self.pieces.pieces if workers else None,
+                                 # each iterator draws its seed here, not from torch's global RNG
+                                 generator=torch.Generator().manual_seed(seed))
     def _open(self):
-        "The current epoch's whole batches, its iteration started here on the calling thread: its order, seed and piece counts are read now."
-        it = iter(self.loader)                        # reads the sampler's epoch and draws the iterator's seed
-        batches = self._holding_threads(_joined(it, list(self.pieces.counts)))  # counts: read by the iterator just made
+        """The current epoch's whole batches, its iteration started here on the calling thread: its
+        order, seed and piece counts are read now."""
+        it = iter(self.loader)   # reads the sampler's epoch and draws the iterator's seed
+        # counts: read by the iterator just made
+        batches = self._holding_threads(_joined(it, list(self.pieces.counts)))
         self._epochs.add(batches)
         return batches
     def _holding_threads(self, batches):
-        "`batches`, holding the dataset's sample threads while they are made (`YoloDataset.threads_in_use`)."
+        """`batches`, holding the dataset's sample threads while they are made
+        (`YoloDataset.threads_in_use`)."""
         with getattr(self.dataset, 'threads_in_use', contextlib.nullcontext)(): yield from batches
     def set_epoch(self, epoch:int): self.batch_sampler.set_epoch(epoch)
     def __len__(self): return len(self.batch_sampler)
@@ -267,7 +335,8 @@ def _produce(self:YoloLoader, epoch:int)->tuple:
     "Start a thread that puts the batches of `epoch` into a bounded queue: `(epoch, queue, thread, stop event)`."
     q, stop = queue.Queue(maxsize=self.depth), threading.Event()
     self.batch_sampler.set_epoch(epoch)
-    batches = self._open()   # here, not in the thread: what the epoch is made of is fixed before the thread runs
+    # here, not in the thread: what the epoch is made of is fixed before the thread runs
+    batches = self._open()
     def put(item):
         while not stop.is_set():
             try:
@@ -277,13 +346,15 @@ def _produce(self:YoloLoader, epoch:int)->tuple:
         return False
     def work():
         try:
-            if self.pin_device is not None: torch.cuda.set_device(self.pin_device)   # the current device is per thread
+            # the current device is per thread
+            if self.pin_device is not None: torch.cuda.set_device(self.pin_device)
             for b in batches:
                 if self.pin_device is not None: b = {k: v.pin_memory() for k, v in b.items()}
                 if not put(('batch', b)): return
             put(('end', None))
         except BaseException as e: put(('error', e))
-        finally: batches.close()   # stopped early: the epoch's hold on the sample threads ends here, not at garbage collection
+        # stopped early: the epoch's hold on the sample threads ends here, not at garbage collection
+        finally: batches.close()
     t = threading.Thread(target=work, name='lucid_nb-prefetch', daemon=True)
     self._live.append((t, stop))
     t.start()
@@ -292,30 +363,36 @@ def _produce(self:YoloLoader, epoch:int)->tuple:
 # %% ../nbs/01c_loader.ipynb #3ba09845
 @patch
 def _prefetched(self:YoloLoader):
-    "The batches of the current epoch through a producer thread (the one started ahead, if it is for this epoch)."
+    """The batches of the current epoch through a producer thread (the one started ahead, if it is
+    for this epoch)."""
     epoch, ahead, self._ahead = self.batch_sampler.epoch, self._ahead, None
-    if ahead is not None and ahead[0] != epoch: ahead = None                      # set to another epoch since
-    for live in list(self._live):                  # one epoch at a time: an abandoned iteration shares the workers
+    if ahead is not None and ahead[0] != epoch: ahead = None   # set to another epoch since
+    for live in list(self._live):   # one epoch at a time: an abandoned iteration shares the workers
         if ahead is None or live[0] is not ahead[2]: self._stop(*live)
     _, q, t, stop = ahead or self._produce(epoch)
     finished, left = False, len(self)
     def finish():   # every batch of the epoch is handed over: the thread has put, or is putting, its last item
         self._stop(t, stop)   # so the join is immediate
-        if self.ahead_until is not None and epoch < self.ahead_until: self._ahead = self._produce(epoch + 1)
+        if self.ahead_until is not None and epoch < self.ahead_until:
+            self._ahead = self._produce(epoch + 1)
     try:
         while True:
             t0 = time.perf_counter()
             kind, v = q.get()
-            self.wait_seconds += time.perf_counter() - t0   # the consumer's stall: no batch was ready
+            # the consumer's stall: no batch was ready
+            self.wait_seconds += time.perf_counter() - t0
             if kind == 'error': raise v
-            if kind == 'end': finished = True; finish(); return   # an epoch without batches, or shorter than its length
+            # an epoch without batches, or shorter than its length
+            if kind == 'end': finished = True; finish(); return
             left -= 1
             if left == 0:
                 finished = True
                 finish()   # the last batch: a consumer that knows the length stops here
             yield v
             if finished: return
-    finally:   # left early (an error, Ctrl-C, a batch limit): the thread ends by itself and is joined by the next
+    # left early (an error, Ctrl-C, a batch limit): the thread ends by itself and is joined by the
+    # next
+    finally:
         if not finished: stop.set()   # epoch or `close()`; a join here could swallow a Ctrl-C
 
 @patch
@@ -327,11 +404,14 @@ def _stop(self:YoloLoader, t:threading.Thread, stop:threading.Event):
 
 @patch
 def close(self:YoloLoader):
-    "Stop every prefetch thread and worker process of this loader, and end its epochs' hold on the sample threads (teardown; safe to call twice)."
+    """Stop every prefetch thread and worker process of this loader, and end its epochs' hold on the
+    sample threads (teardown; safe to call twice)."""
     self._ahead = None
     for t, stop in list(self._live): self._stop(t, stop)
     for batches in list(self._epochs):
-        with contextlib.suppress(ValueError): batches.close()   # ValueError: running in a thread that outlived its join
-    it = getattr(self.loader, '_iterator', None)   # persistent workers live in the DataLoader's iterator
+        # ValueError: running in a thread that outlived its join
+        with contextlib.suppress(ValueError): batches.close()
+    # persistent workers live in the DataLoader's iterator
+    it = getattr(self.loader, '_iterator', None)
     if it is not None and hasattr(it, '_shutdown_workers'): it._shutdown_workers()
     self.loader._iterator = None

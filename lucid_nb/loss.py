@@ -48,8 +48,10 @@ def in_boxes(
     min_side:float=0.,  # a side shorter than this is widened to it about the box centre
     eps:float=1e-9,
 )->Tensor:              # (B,M,A) bool
-    "Anchor centres strictly inside each box, its short sides widened to `min_side` (Ultralytics' `select_candidates_in_gts`)."
-    c, wh = (boxes[..., :2] + boxes[..., 2:]) / 2, boxes[..., 2:] - boxes[..., :2]      # its xyxy → xywh → xyxy, rounding as it does
+    """Anchor centres strictly inside each box, its short sides widened to `min_side` (Ultralytics'
+    `select_candidates_in_gts`)."""
+    # its xyxy → xywh → xyxy, rounding as it does
+    c, wh = (boxes[..., :2] + boxes[..., 2:]) / 2, boxes[..., 2:] - boxes[..., :2]
     half = torch.where(wh < min_side, torch.full_like(wh, min_side), wh) / 2
     lt, rb = (c - half)[:, :, None], (c + half)[:, :, None]                             # (B,M,1,2)
     return torch.cat([anchors - lt, rb - anchors], -1).amin(-1) > eps
@@ -72,60 +74,83 @@ def assign(
     Q, G = gt_cls.shape
     R, dev = Q * G, pd_scores.device
     if owner is None: owner = torch.arange(Q, device=dev)
-    cand = in_boxes(anchors, gt_boxes, min_side) & valid[..., None]                               # (Q,G,A)
-    ov = torch.where(cand, bbox_iou(gt_boxes[:, :, None], pd_boxes[owner][:, None], ciou=True).clamp(0), 0)
-    cls_at = (owner[:, None, None] * A + torch.arange(A, device=dev)) * K + gt_cls[..., None]       # (Q,G,A): the slot's class at each anchor of its image
+    cand = in_boxes(anchors, gt_boxes, min_side) & valid[..., None]   # (Q,G,A)
+    ov = torch.where(cand,
+                     bbox_iou(gt_boxes[:, :, None], pd_boxes[owner][:, None], ciou=True).clamp(0),
+                     0)
+    # (Q,G,A): the slot's class at each anchor of its image
+    cls_at = (owner[:, None, None] * A + torch.arange(A, device=dev)) * K + gt_cls[..., None]
     s = torch.where(cand, pd_scores.reshape(-1)[cls_at], 0)
-    metric = s.pow(alpha) * ov.pow(beta)                                                           # (Q,G,A)
-    top = metric.sort(dim=-1, descending=True, stable=True).indices[..., :topk]                   # (Q,G,topk)
+    metric = s.pow(alpha) * ov.pow(beta)   # (Q,G,A)
+    top = metric.sort(dim=-1, descending=True, stable=True).indices[..., :topk]   # (Q,G,topk)
     pos = torch.zeros_like(cand).scatter_(-1, top, True) & cand
-    img = owner.repeat_interleave(G)[:, None].expand(R, A)                                        # (R,A): each row's image
+    img = owner.repeat_interleave(G)[:, None].expand(R, A)   # (R,A): each row's image
     row = torch.arange(R, device=dev)[:, None].expand(R, A)
-    per_image = lambda x, init, how: x.new_full((B, A), init).scatter_reduce_(0, img, x, how)    # (R,A) → (B,A) over each image's rows
-    first, last = per_image(torch.where(pos.view(R, A), row, R), R, 'amin'), per_image(torch.where(pos.view(R, A), row, -1), -1, 'amax')
-    fg, multi = first < R, (first < last)                                                         # selected by one slot, by several
-    ovv = torch.where(valid[..., None], ov, -1.).view(R, A)                                       # overlaps with every slot of the image, selecting or not
+    # (R,A) → (B,A) over each image's rows
+    per_image = lambda x, init, how: x.new_full((B, A), init).scatter_reduce_(0, img, x, how)
+    first, last = (per_image(torch.where(pos.view(R, A), row, R), R, 'amin'),
+                   per_image(torch.where(pos.view(R, A), row, -1), -1, 'amax'))
+    fg, multi = first < R, (first < last)   # selected by one slot, by several
+    # overlaps with every slot of the image, selecting or not
+    ovv = torch.where(valid[..., None], ov, -1.).view(R, A)
     top_ov = per_image(ovv, -1., 'amax')
-    best = torch.where(multi, per_image(torch.where(ovv == top_ov.gather(0, img), row, R), R, 'amin'), first).clamp_(max=R - 1)
-    pos = torch.where(multi[owner][:, None], row.view(Q, G, A) == best[owner][:, None], pos)      # several: the highest overlap of all its image's slots wins
-    tcls, tbox = gt_cls.reshape(R)[best], gt_boxes.reshape(R, 4)[best]                            # (B,A), (B,A,4)
+    best = torch.where(multi,
+                       per_image(torch.where(ovv == top_ov.gather(0, img), row, R), R, 'amin'),
+                       first).clamp_(max=R - 1)
+    # several: the highest overlap of all its image's slots wins
+    pos = torch.where(multi[owner][:, None], row.view(Q, G, A) == best[owner][:, None], pos)
+    tcls, tbox = gt_cls.reshape(R)[best], gt_boxes.reshape(R, 4)[best]   # (B,A), (B,A,4)
     metric = metric * pos
-    term = metric * (ov * pos).amax(-1, keepdim=True) / (metric.amax(-1, keepdim=True) + eps)    # (Q,G,A)
-    norm = term.new_zeros(B, A).scatter_reduce_(0, img, term.view(R, A), 'amax')                  # (B,A)
-    onehot = tcls[..., None] == torch.arange(K, device=dev)                                       # (B,A,K)
+    # (Q,G,A)
+    term = metric * (ov * pos).amax(-1, keepdim=True) / (metric.amax(-1, keepdim=True) + eps)
+    norm = term.new_zeros(B, A).scatter_reduce_(0, img, term.view(R, A), 'amax')   # (B,A)
+    onehot = tcls[..., None] == torch.arange(K, device=dev)   # (B,A,K)
     scores = onehot * (norm * fg)[..., None]
     return Assignment(fg, best, tbox, scores, pos, top)
 
 # %% ../nbs/04_loss.ipynb #7fdc7cfb
-MASK_CHUNK_ELEMENTS = 2**24   # logits per chunk of groups in `CroppedMaskBCE` (64 MB in float32; three such tensors at the peak)
+# logits per chunk of groups in `CroppedMaskBCE` (64 MB in float32; three such tensors at the peak)
+MASK_CHUNK_ELEMENTS = 2**24
 
 def _cropped_bce_sum(c, proto, t, rows, cols):
-    "Σ over (h,w) of inside · BCE(c · proto, t): c (n,G,k,P), proto (n,P,h,w), t (n,G,k,h,w), the crop's rows (n,G,k,h,1) and columns (n,G,k,1,w) → (n,G,k)."
+    """Σ over (h,w) of inside · BCE(c · proto, t): c (n,G,k,P), proto (n,P,h,w), t (n,G,k,h,w), the
+    crop's rows (n,G,k,h,1) and columns (n,G,k,1,w) → (n,G,k)."""
     x = torch.einsum('qgkp,qphw->qgkhw', c, proto)
     bce = F.binary_cross_entropy_with_logits(x, t, reduction='none')
     del x, t                                     # chunk-sized tensors less at the peak
-    return (rows.transpose(-1, -2) @ (bce @ cols.transpose(-1, -2)))[..., 0, 0]   # the crop and the sum as two products: the BCE is read once
+    # the crop and the sum as two products: the BCE is read once
+    return (rows.transpose(-1, -2) @ (bce @ cols.transpose(-1, -2)))[..., 0, 0]
 
 def chunk_grad(x, t, rows, cols):
-    "(σ(x) − t) · inside, computed in `x`'s memory: x and t (n,G,k,h,w), the crop as rows (n,G,k,h,1) and columns (n,G,k,1,w), 0/1; ∂ loss/∂x is this times the incoming gradient."
+    """(σ(x) − t) · inside, computed in `x`'s memory: x and t (n,G,k,h,w), the crop as rows
+    (n,G,k,h,1) and columns (n,G,k,1,w), 0/1; ∂ loss/∂x is this times the incoming gradient."""
     return torch.sigmoid_(x).sub_(t).mul_(rows).mul_(cols)
 
 def _chunk_inputs(proto, owner, masks, tgt, ebox, s, e):
-    "Groups s..e-1: their images' prototypes (n,P,h,w); each entry's target mask (n,G,k,h,w) and its box's rows and columns, 0/1 floats."
+    """Groups s..e-1: their images' prototypes (n,P,h,w); each entry's target mask (n,G,k,h,w) and
+    its box's rows and columns, 0/1 floats."""
     h, w = proto.shape[-2:]
     b = ebox[s:e, ..., None].to(proto.dtype)   # (n,G,k,4,1)
-    c, r = torch.arange(w, device=b.device, dtype=b.dtype), torch.arange(h, device=b.device, dtype=b.dtype)
-    rows, cols = ((r >= b[..., 1, :]) & (r < b[..., 3, :]))[..., None], ((c >= b[..., 0, :]) & (c < b[..., 2, :]))[..., None, :]
-    return proto[owner[s:e]], masks[tgt[s:e]].to(proto.dtype), rows.to(proto.dtype), cols.to(proto.dtype)
+    c, r = (torch.arange(w, device=b.device, dtype=b.dtype),
+            torch.arange(h, device=b.device, dtype=b.dtype))
+    rows, cols = ((r >= b[..., 1, :])
+                  & (r < b[..., 3, :]))[...,
+                                        None], ((c >= b[..., 0, :])
+                                                & (c < b[..., 2, :]))[..., None, :]
+    return proto[owner[s:e]], masks[tgt[s:e]].to(proto.dtype), rows.to(proto.dtype), cols.to(
+        proto.dtype)
 
 # %% ../nbs/04_loss.ipynb #b2214211
 class CroppedMaskBCE(torch.autograd.Function):
-    "Per entry (q, g, k) the BCE of mask logits `c · proto` against the mask of row `tgt[q,g,k]`, summed inside box `ebox[q,g,k]`; `chunk` groups at a time."
+    """Per entry (q, g, k) the BCE of mask logits `c · proto` against the mask of row `tgt[q,g,k]`,
+    summed inside box `ebox[q,g,k]`; `chunk` groups at a time."""
     @staticmethod
     def forward(ctx, c, proto, owner, masks, tgt, ebox, chunk:int):   # c (Q,G,k,P), proto (B,P,h,w), owner (Q,), masks (R,h,w) 0/1, tgt (Q,G,k) rows of masks, ebox (Q,G,k,4) mask px
         ctx.save_for_backward(c, proto, owner, masks, tgt, ebox)
         ctx.chunk = chunk
-        return torch.cat([_cropped_bce_sum(c[s:s + chunk], *_chunk_inputs(proto, owner, masks, tgt, ebox, s, s + chunk))
+        return torch.cat([_cropped_bce_sum(c[s:s + chunk],
+                                           *_chunk_inputs(
+                                               proto, owner, masks, tgt, ebox, s, s + chunk))
                           for s in range(0, len(c), chunk)])
 
     @staticmethod
@@ -134,18 +159,26 @@ class CroppedMaskBCE(torch.autograd.Function):
         c, proto, owner, masks, tgt, ebox = ctx.saved_tensors
         B, P, h, w = proto.shape
         G, k = c.shape[1:3]
-        gc, per_group = [], proto.new_empty(len(c), P, h * w)   # (Q,P,h·w): each group's share of ∂/∂proto
-        with torch.autocast(g.device.type, enabled=False):      # in the forward's precision, wherever backward is called
+        # (Q,P,h·w): each group's share of ∂/∂proto
+        gc, per_group = [], proto.new_empty(len(c), P, h * w)
+        # in the forward's precision, wherever backward is called
+        with torch.autocast(g.device.type, enabled=False):
             for s in range(0, len(c), ctx.chunk):
                 e = s + ctx.chunk
                 n = len(c[s:e])
                 cs, (ps, ts, rs, cl) = c[s:e], _chunk_inputs(proto, owner, masks, tgt, ebox, s, e)
-                d = chunk_grad(torch.einsum('qgkp,qphw->qgkhw', cs, ps), ts, rs, cl).view(n, G * k, h * w)   # (σ(x) − t)·inside, in x's memory
+                # (σ(x) − t)·inside, in x's memory
+                d = chunk_grad(torch.einsum('qgkp,qphw->qgkhw', cs, ps), ts, rs,
+                               cl).view(n, G * k, h * w)
                 del ts
-                gc.append(torch.bmm(d, ps.view(n, P, h * w).transpose(1, 2)).view(n, G, k, P) * g[s:e, ..., None])
-                torch.bmm((cs * g[s:e, ..., None]).view(n, G * k, P).transpose(1, 2), d, out=per_group[s:e])
-            images = (owner == torch.arange(B, device=owner.device)[:, None]).to(proto.dtype)   # (B,Q) one-hot
-            gp = images.mm(per_group.view(len(c), -1)).view_as(proto)   # each image's groups summed by a product: no atomic adds
+                gc.append(torch.bmm(d, ps.view(n, P, h * w).transpose(1, 2)).view(n, G, k, P)
+                          * g[s:e, ..., None])
+                torch.bmm((cs * g[s:e, ..., None]).view(n, G * k, P).transpose(1, 2), d,
+                          out=per_group[s:e])
+            # (B,Q) one-hot
+            images = (owner == torch.arange(B, device=owner.device)[:, None]).to(proto.dtype)
+            # each image's groups summed by a product: no atomic adds
+            gp = images.mm(per_group.view(len(c), -1)).view_as(proto)
         return torch.cat(gc), gp, None, None, None, None, None
 
 # %% ../nbs/04_loss.ipynb #a57e0c02
@@ -155,16 +188,22 @@ def exclusive_masks(
     owner:Tensor,       # (Q,) each group's image
     B:int,              # images
 )->Tensor:              # (Q,G,h,w) bool
-    "Each slot's mask without the pixels a smaller instance of its image covers (Ultralytics' `overlap_mask`: smaller on top; equal areas: the later slot)."
+    """Each slot's mask without the pixels a smaller instance of its image covers (Ultralytics'
+    `overlap_mask`: smaller on top; equal areas: the later slot)."""
     Q, G, h, w = masks.shape
     R = Q * G
     m = (masks != 0) & valid[..., None, None]
-    area = m.sum((-2, -1), dtype=torch.int64)                                               # (Q,G) pixels
-    key = area * (R + 1) + (R - torch.arange(R, device=m.device).view(Q, G))                # smaller area first, then the later row
-    big, chunk = torch.iinfo(torch.int64).max, max(1, MASK_CHUNK_ELEMENTS // (G * h * w))   # a chunk of groups' keys at a time
+    area = m.sum((-2, -1), dtype=torch.int64)   # (Q,G) pixels
+    # smaller area first, then the later row
+    key = area * (R + 1) + (R - torch.arange(R, device=m.device).view(Q, G))
+    # a chunk of groups' keys at a time
+    big, chunk = torch.iinfo(torch.int64).max, max(1, MASK_CHUNK_ELEMENTS // (G * h * w))
     per_group = torch.cat([torch.where(m[s:s + chunk], key[s:s + chunk, :, None, None], big).amin(1)
-                           for s in range(0, Q, chunk)])                                     # (Q,h,w): each group's smallest key per pixel
-    top = per_group.new_full((B, h, w), big).scatter_reduce_(0, owner[:, None, None].expand(Q, h, w), per_group, 'amin')
+                           # (Q,h,w): each group's smallest key per pixel
+                           for s in range(0, Q, chunk)])
+    top = per_group.new_full((B, h, w),
+                             big).scatter_reduce_(0, owner[:, None, None].expand(Q, h, w),
+                                                  per_group, 'amin')
     return m & (top[owner][:, None] == key[..., None, None])
 
 # %% ../nbs/04_loss.ipynb #204805a4
@@ -178,28 +217,35 @@ def mask_loss(
     owner:Tensor|None=None, # (Q,) each group's image; None: group q is image q
     eps:float=1e-9,
 )->Tensor:              # 0-dim: mean over foreground anchors
-    "Cropped, area-normalised mask BCE over the foreground anchors, each once, computed on the slots' top-k lists."
+    """Cropped, area-normalised mask BCE over the foreground anchors, each once, computed on the
+    slots' top-k lists."""
     Q, G, k = a.topk_idx.shape
     B, A, P = coef.shape
     h, w = proto.shape[-2:]
     dev = coef.device
     if owner is None: owner = torch.arange(Q, device=dev)
-    at = (owner[:, None, None] * A + a.topk_idx).view(-1)                                    # (Q·G·k,) each entry's anchor, as b·A + a
+    # (Q·G·k,) each entry's anchor, as b·A + a
+    at = (owner[:, None, None] * A + a.topk_idx).view(-1)
     entry = torch.arange(Q * G * k, device=dev)
-    first = entry.new_full((B * A,), Q * G * k).scatter_reduce_(0, at, entry, 'amin')         # each anchor's first entry
-    wt = ((first[at] == entry) & a.fg.view(-1)[at]).view(Q, G, k)                            # a foreground anchor counts once
-    tgt = a.gt_idx.view(-1)[at].view(Q, G, k)                                                 # the row it is assigned to
+    # each anchor's first entry
+    first = entry.new_full((B * A,), Q * G * k).scatter_reduce_(0, at, entry, 'amin')
+    wt = ((first[at] == entry) & a.fg.view(-1)[at]).view(Q, G, k)  # a foreground anchor counts once
+    tgt = a.gt_idx.view(-1)[at].view(Q, G, k)   # the row it is assigned to
     c = coef.reshape(B * A, P)[at].view(Q, G, k, P)
     (H, W), x1, y1, x2, y2 = img_hw, *gt_boxes.unbind(-1)
-    mbox = torch.stack([x1 / W * w, y1 / H * h, x2 / W * w, y2 / H * h], -1).view(-1, 4)   # (R,4) mask px, rounded as Ultralytics does
+    # (R,4) mask px, rounded as Ultralytics does
+    mbox = torch.stack([x1 / W * w, y1 / H * h, x2 / W * w, y2 / H * h], -1).view(-1, 4)
     area = ((mbox[:, 2] - mbox[:, 0]) * (mbox[:, 3] - mbox[:, 1])).clamp_min(eps)           # (R,)
     chunk = max(1, min(Q, MASK_CHUNK_ELEMENTS // (G * k * h * w)))
-    per = CroppedMaskBCE.apply(c, proto, owner, masks.reshape(Q * G, h, w), tgt, mbox[tgt], chunk) / area[tgt]   # (Q,G,k)
+    # (Q,G,k)
+    per = (CroppedMaskBCE.apply(c, proto, owner, masks.reshape(Q * G, h, w), tgt, mbox[tgt], chunk)
+           / area[tgt])
     return (per * wt).sum() / a.fg.sum().clamp_min(1)
 
 # %% ../nbs/04_loss.ipynb #c9e5e5f5
 class DetectLoss(nn.Module):
-    "YOLOv8-style detection loss: a dict of gain-weighted 0-dim terms `box`, `cls`, `dfl`; no host syncs."
+    """YOLOv8-style detection loss: a dict of gain-weighted 0-dim terms `box`, `cls`, `dfl`; no host
+    syncs."""
     def __init__(self,
                  num_classes:int=80,     # K
                  reg_max:int=16,         # R, bins of the box distribution
@@ -216,8 +262,10 @@ class DetectLoss(nn.Module):
         self.topk, self.alpha, self.beta = topk, alpha, beta
 
 class SegLoss(DetectLoss):
-    "YOLOv8-style segmentation loss: `DetectLoss`'s terms and the mask term `seg`, on the same assignment."
-    def __init__(self, num_classes:int=80, reg_max:int=16, strides=(8, 16, 32), box:float=7.5, cls:float=0.5,
+    """YOLOv8-style segmentation loss: `DetectLoss`'s terms and the mask term `seg`, on the same
+    assignment."""
+    def __init__(self, num_classes:int=80, reg_max:int=16, strides=(8, 16, 32), box:float=7.5,
+                 cls:float=0.5,
                  dfl:float=1.5,
                  seg:float=7.5,          # gain of the mask BCE (YOLOv8-seg uses the box gain)
                  topk:int=10, alpha:float=0.5, beta:float=6.0,
@@ -227,7 +275,8 @@ class SegLoss(DetectLoss):
 
 # %% ../nbs/04_loss.ipynb #824512b3
 class Assigned(NamedTuple):
-    "The assignment of the box terms and what it was made from, for terms computed on it (`extra_terms`)."
+    """The assignment of the box terms and what it was made from, for terms computed on it
+    (`extra_terms`)."""
     a:Assignment
     gt_boxes:Tensor         # (Q,G,4) xyxy px of the letterboxed image, empty slots zeroed
     owner:Tensor|None       # (Q,) each group's image; None: group q is image q
@@ -244,7 +293,8 @@ def flatten_out(self:DetectLoss, out:dict)->tuple:
 def targets(self:DetectLoss, batch:dict)->tuple:
     "Classes (Q,G), boxes (Q,G,4) float32 with empty slots zeroed, valid (Q,G), owner (Q,) or None."
     v = batch['valid']
-    return torch.where(v, batch['cls'], 0), torch.where(v[..., None], batch['boxes'].float(), 0), v, batch.get('owner')
+    return torch.where(v, batch['cls'], 0), torch.where(v[..., None], batch['boxes'].float(),
+                                                        0), v, batch.get('owner')
 
 # %% ../nbs/04_loss.ipynb #03f9361c
 @patch
@@ -253,17 +303,23 @@ def box_terms(self:DetectLoss, out:dict, batch:dict)->tuple[dict,Assigned]:
     pdist, pcls = self.flatten_out(out)                                          # (B,A,4,R) (B,A,K)
     shapes = [tuple(x.shape[-2:]) for x in out['cls']]
     img_hw = (shapes[0][0] * self.strides[0], shapes[0][1] * self.strides[0])
-    anchors, stride = make_anchors(shapes, self.strides, device=pcls.device)       # (A,2) grid units, (A,1)
-    pbox = decode_boxes(pdist.flatten(-2), anchors, self.reg_max)                # (B,A,4) grid units, as the head decodes
+    # (A,2) grid units, (A,1)
+    anchors, stride = make_anchors(shapes, self.strides, device=pcls.device)
+    # (B,A,4) grid units, as the head decodes
+    pbox = decode_boxes(pdist.flatten(-2), anchors, self.reg_max)
     gcls, gbox, valid, owner = self.targets(batch)
-    a = assign(pcls.detach().sigmoid(), pbox.detach() * stride, anchors * stride, gcls, gbox, valid, owner,
-               self.topk, self.alpha, self.beta, min_side=self.strides[min(1, len(self.strides) - 1)])
+    a = assign(pcls.detach().sigmoid(), pbox.detach() * stride, anchors * stride, gcls, gbox, valid,
+               owner,
+               self.topk, self.alpha, self.beta,
+               min_side=self.strides[min(1, len(self.strides) - 1)])
     tss = a.target_scores.sum().clamp_min(1)
-    w = a.target_scores.sum(-1)                                                  # (B,A), 0 on background
-    tbox = a.target_boxes / stride                                               # (B,A,4) grid units
+    w = a.target_scores.sum(-1)   # (B,A), 0 on background
+    tbox = a.target_boxes / stride   # (B,A,4) grid units
     return dict(box=((1 - bbox_iou(pbox, tbox, ciou=True)) * w).sum() / tss,
-                cls=F.binary_cross_entropy_with_logits(pcls, a.target_scores, reduction='sum') / tss,
-                dfl=(dfl_loss(pdist, bbox2dist(anchors, tbox, self.reg_max - 1 - 0.01)) * w).sum() / tss), Assigned(a, gbox, owner, img_hw)
+                cls=F.binary_cross_entropy_with_logits(pcls, a.target_scores, reduction='sum')
+                / tss,
+                dfl=(dfl_loss(pdist, bbox2dist(anchors, tbox, self.reg_max - 1 - 0.01)) * w).sum()
+                / tss), Assigned(a, gbox, owner, img_hw)
 
 @patch
 def extra_terms(self:DetectLoss, out:dict, batch:dict, assigned:Assigned)->dict:
@@ -272,7 +328,8 @@ def extra_terms(self:DetectLoss, out:dict, batch:dict, assigned:Assigned)->dict:
 
 @patch
 def forward(self:DetectLoss, out:dict, batch:dict)->dict:
-    "Gain-weighted loss terms of the head's training output `out` for a `batch` (instances in groups, or padded: one group per image)."
+    """Gain-weighted loss terms of the head's training output `out` for a `batch` (instances in
+    groups, or padded: one group per image)."""
     with torch.autocast(out['cls'][0].device.type, enabled=False):
         terms, assigned = self.box_terms(out, batch)
         terms |= self.extra_terms(out, batch, assigned)
@@ -281,18 +338,23 @@ def forward(self:DetectLoss, out:dict, batch:dict)->dict:
 # %% ../nbs/04_loss.ipynb #ad49930f
 @patch
 def extra_terms(self:SegLoss, out:dict, batch:dict, assigned:Assigned)->dict:
-    "The mask term `seg`: the Segment head's coefficients (B,A,P) and prototypes (B,P,S/4,S/4) against the batch's masks."
+    """The mask term `seg`: the Segment head's coefficients (B,A,P) and prototypes (B,P,S/4,S/4)
+    against the batch's masks."""
     coef, proto = flatten_levels(out['coef']).float(), out['proto'].float()
     masks, owner = batch['masks'], assigned.owner
-    if self.overlap: masks = exclusive_masks(masks, batch['valid'], torch.arange(len(masks), device=masks.device) if owner is None else owner, len(coef))
-    return dict(seg=mask_loss(coef, proto, assigned.a, assigned.gt_boxes, masks, assigned.img_hw, owner))
+    if self.overlap:
+        masks = exclusive_masks(masks, batch['valid'], torch.arange(len(masks), device=masks.device)
+                                if owner is None else owner, len(coef))
+    return dict(seg=mask_loss(coef, proto, assigned.a, assigned.gt_boxes, masks, assigned.img_hw,
+                              owner))
 
 def task_loss(task:str='segment', # a task of `TASKS` (`00c_tasks`)
               num_classes:int=80, box:float=7.5, cls:float=0.5, dfl:float=1.5,
               seg:float=7.5,      # the mask term's gain; not used without masks
               **kwargs)->DetectLoss:  # further `DetectLoss` arguments (reg_max, strides, topk, alpha, beta)
     "The loss of `task`: `SegLoss` where its instances carry masks, else `DetectLoss`."
-    if get_task(task).masks: return SegLoss(num_classes, box=box, cls=cls, dfl=dfl, seg=seg, **kwargs)
+    if get_task(task).masks:
+        return SegLoss(num_classes, box=box, cls=cls, dfl=dfl, seg=seg, **kwargs)
     return DetectLoss(num_classes, box=box, cls=cls, dfl=dfl, **kwargs)
 
 # %% ../nbs/04_loss.ipynb #7a3638d4
@@ -303,9 +365,13 @@ def synth_head_out(
     requires_grad:bool=True,
     masks:bool=True,            # the Segment head's outputs; False: the Detect head's (`box` and `cls`, the same bytes)
 )->dict:                        # the head's training-mode output format (03_heads)
-    "Random Segment-head (or Detect-head) training outputs (leaf tensors) for a batch of `B` images of side `S`."
+    """Random Segment-head (or Detect-head) training outputs (leaf tensors) for a batch of `B`
+    images of side `S`."""
     g = torch.Generator().manual_seed(seed)
-    lv = lambda c, bias=0.: [(torch.randn(B, c, S // s, S // s, generator=g) + bias).requires_grad_(requires_grad) for s in strides]
+    lv = lambda c, bias=0.: [(torch.randn(B, c, S // s, S // s, generator=g)
+                              + bias).requires_grad_(requires_grad) for s in strides]
     out = dict(box=lv(4 * R), cls=lv(K, -4.))
     if not masks: return out
-    return dict(out, coef=lv(P), proto=torch.randn(B, P, S // MASK_STRIDE, S // MASK_STRIDE, generator=g).requires_grad_(requires_grad))
+    return dict(out, coef=lv(P),
+                proto=torch.randn(B, P, S // MASK_STRIDE, S // MASK_STRIDE,
+                                  generator=g).requires_grad_(requires_grad))

@@ -24,8 +24,10 @@ def crop_window(
 )->tuple[Tensor,Tensor]: # (n,h,1) rows and (n,1,w) columns: their product is `crop_mask(boxes, h, w)`
     "The loss's `crop_mask` as separate row and column windows, to crop masks in place."
     inf = torch.full_like(boxes[:, 0], float('inf'))
-    rows = crop_mask(torch.stack([-inf, boxes[:, 1], inf, boxes[:, 3]], 1), h, 1)   # every column: only rows count
-    cols = crop_mask(torch.stack([boxes[:, 0], -inf, boxes[:, 2], inf], 1), 1, w)   # every row: only columns count
+    # every column: only rows count
+    rows = crop_mask(torch.stack([-inf, boxes[:, 1], inf, boxes[:, 3]], 1), h, 1)
+    # every row: only columns count
+    cols = crop_mask(torch.stack([boxes[:, 0], -inf, boxes[:, 2], inf], 1), 1, w)
     return rows, cols
 
 # %% ../nbs/07a_masks.ipynb #063a2251
@@ -42,7 +44,8 @@ def proto_masks(
     return m.mul_(rows).mul_(cols)
 
 def proto_window(boxes:Tensor, proto:Tensor)->tuple[Tensor,Tensor]: # (n,h,1) rows, (n,1,w) columns
-    "The prototype-grid crop of `proto_masks`: `crop_mask(boxes / 4, h, w)` as row and column windows."
+    """The prototype-grid crop of `proto_masks`: `crop_mask(boxes / 4, h, w)` as row and column
+    windows."""
     return crop_window(boxes.float() / MASK_STRIDE, *proto.shape[1:])
 
 # %% ../nbs/07a_masks.ipynb #25681a75
@@ -51,32 +54,42 @@ def as_floats(x)->list:
     return x.tolist() if isinstance(x, Tensor) else [float(v) for v in x]
 
 def _grid_coords(n_out:int, n_in:int, scale:float, pad:float, stride:float, device)->Tensor:
-    "`grid_sample` coordinates (align_corners=False) of `n_out` original pixel centres on a letterboxed grid of `n_in` cells."
-    return _grid_coords_at(torch.arange(n_out, device=device, dtype=torch.float64), n_in, scale, pad, stride)
+    """`grid_sample` coordinates (align_corners=False) of `n_out` original pixel centres on a
+    letterboxed grid of `n_in` cells."""
+    return _grid_coords_at(torch.arange(n_out, device=device, dtype=torch.float64), n_in, scale,
+                           pad, stride)
 
 def _grid_coords_at(pixels:Tensor, n_in:int, scale, pad, stride:float)->Tensor:
-    "`_grid_coords` of the original pixels `pixels` (integers); `scale` and `pad` floats or tensors that broadcast with them."
-    px = (pixels.double() + .5) * scale + pad               # letterboxed px, float64 (the same operations either way)
+    """`_grid_coords` of the original pixels `pixels` (integers); `scale` and `pad` floats or
+    tensors that broadcast with them."""
+    # letterboxed px, float64 (the same operations either way)
+    px = (pixels.double() + .5) * scale + pad
     return (px / (stride * n_in) * 2 - 1).float()           # -1, 1: the grid's outer edges
 
 def unletterbox_masks(
-    masks:Tensor,           # (n,h,w) soft masks on the letterboxed grid, one cell = `stride` input pixels
+    masks:Tensor,   # (n,h,w) soft masks on the letterboxed grid, one cell = `stride` input pixels
     letterbox,              # (scale, pad_x, pad_y): letterboxed = original × scale + pad
     orig_hw,                # (H, W) of the original image
     stride:float=MASK_STRIDE,
 )->Tensor:                  # (n,H,W)
-    "Resample masks bilinearly onto the original image's pixels (the pad falls away), in one `grid_sample`."
+    """Resample masks bilinearly onto the original image's pixels (the pad falls away), in one
+    `grid_sample`."""
     n, h, w = masks.shape
     grid = unletterbox_grid((h, w), letterbox, orig_hw, stride, masks.device)
     if n == 0: return masks.new_zeros(0, *grid.shape[1:3])
-    return F.grid_sample(masks[None], grid, mode='bilinear', padding_mode='border', align_corners=False)[0]  # masks as channels
+    # masks as channels
+    return F.grid_sample(masks[None], grid, mode='bilinear', padding_mode='border',
+                         align_corners=False)[0]
 
 def unletterbox_grid(hw, letterbox, orig_hw, stride:float=MASK_STRIDE, device=None)->Tensor: # (1,H,W,2)
-    "`grid_sample`'s grid of `unletterbox_masks`: where each original pixel centre falls on the (h,w) letterboxed grid."
+    """`grid_sample`'s grid of `unletterbox_masks`: where each original pixel centre falls on the
+    (h,w) letterboxed grid."""
     scale, px, py = as_floats(letterbox)
     H, W = map(int, as_floats(orig_hw))
-    gx, gy = _grid_coords(W, hw[1], scale, px, stride, device), _grid_coords(H, hw[0], scale, py, stride, device)
-    return torch.stack(torch.broadcast_tensors(gx[None, :], gy[:, None]), -1)[None]  # x, y of each pixel
+    gx, gy = (_grid_coords(W, hw[1], scale, px, stride, device),
+              _grid_coords(H, hw[0], scale, py, stride, device))
+    # x, y of each pixel
+    return torch.stack(torch.broadcast_tensors(gx[None, :], gy[:, None]), -1)[None]
 
 # %% ../nbs/07a_masks.ipynb #97910d7b
 def unletterbox_boxes(
@@ -88,32 +101,41 @@ def unletterbox_boxes(
     "Undo the letterbox and clip to the original image."
     scale, px, py = as_floats(letterbox)
     H, W = as_floats(orig_hw)
-    if pad is None: pad = boxes.new_tensor([px, py, px, py], dtype=torch.float32)   # a GPU waits for this copy
+    # a GPU waits for this copy
+    if pad is None: pad = boxes.new_tensor([px, py, px, py], dtype=torch.float32)
     b = (boxes.float() - pad) / scale
-    return torch.stack([b[:, 0].clamp(0, W), b[:, 1].clamp(0, H), b[:, 2].clamp(0, W), b[:, 3].clamp(0, H)], -1)
+    return torch.stack([b[:, 0].clamp(0, W), b[:, 1].clamp(0, H), b[:, 2].clamp(0, W),
+                        b[:, 3].clamp(0, H)], -1)
 
 # %% ../nbs/07a_masks.ipynb #fb5d5e4f
 def rle_runs(masks:Tensor)->tuple[Tensor,Tensor]: # (n,H,W) bool -> counts (k,) int64, runs per mask (n,) int64
-    "Uncompressed COCO RLE of each mask, computed on the masks' device: run lengths down the columns, zeros first."
+    """Uncompressed COCO RLE of each mask, computed on the masks' device: run lengths down the
+    columns, zeros first."""
     n, H, W = masks.shape
     flat = masks.transpose(1, 2).reshape(n, H * W)                    # column-major, as COCO counts
-    start = torch.cat([flat[:, :1], flat[:, 1:] != flat[:, :-1]], 1)  # a run of 1s or 0s (after the first) starts here
-    return runs_from_starts(*start.nonzero(as_tuple=True), n, H * W)  # every start, mask by mask, in order
+    # a run of 1s or 0s (after the first) starts here
+    start = torch.cat([flat[:, :1], flat[:, 1:] != flat[:, :-1]], 1)
+    # every start, mask by mask, in order
+    return runs_from_starts(*start.nonzero(as_tuple=True), n, H * W)
 
 def runs_from_starts(
     m:Tensor,   # (s,) int64 mask of each start, ascending
     q:Tensor,   # (s,) int64 pixel (column-major index) where a run of 1s or 0s starts, ascending within each mask
     n:int,      # masks
-    hw,         # pixels per mask: an int, or (n,) int64 on the device, masks of images of different sizes
+    hw,   # pixels per mask: an int, or (n,) int64 on the device, masks of images of different sizes
 )->tuple[Tensor,Tensor]: # counts (k,) int64, runs per mask (n,) int64
-    "`rle_runs` from where runs start: each run ends where the next starts, the last at H·W; a virtual 0 before pixel 0."
-    edges = torch.searchsorted(m, torch.arange(n + 1, device=m.device))   # each mask's first start (`bincount` would wait for the device)
-    runs = edges[1:] - edges[:-1] + 1                                 # the first run of 0s, then one per start
-    if isinstance(hw, Tensor): ends = hw.repeat_interleave(runs, output_size=len(q) + n)   # each mask's own H·W
+    """`rle_runs` from where runs start: each run ends where the next starts, the last at H·W; a
+    virtual 0 before pixel 0."""
+    # each mask's first start (`bincount` would wait for the device)
+    edges = torch.searchsorted(m, torch.arange(n + 1, device=m.device))
+    runs = edges[1:] - edges[:-1] + 1   # the first run of 0s, then one per start
+    # each mask's own H·W
+    if isinstance(hw, Tensor): ends = hw.repeat_interleave(runs, output_size=len(q) + n)
     else: ends = torch.full((len(q) + n,), hw, dtype=torch.long, device=q.device)
-    ends[torch.arange(len(q), device=q.device) + m] = q               # start t is slot t + m of the concatenated runs
+    # start t is slot t + m of the concatenated runs
+    ends[torch.arange(len(q), device=q.device) + m] = q
     begins = ends.roll(1)
-    begins.index_fill_(0, runs.cumsum(0) - runs, 0)                   # each mask's first run begins at pixel 0
+    begins.index_fill_(0, runs.cumsum(0) - runs, 0)   # each mask's first run begins at pixel 0
     return ends - begins, runs
 
 # %% ../nbs/07a_masks.ipynb #223b9ac0
@@ -122,26 +144,33 @@ def rle_chars(
     runs:Tensor,    # (n,) int64 counts per mask
     hw:int,         # pixels per mask, H·W: bounds every count
 )->Tensor:          # (k,G) uint8 characters of each count, 0 past its last
-    "The characters of COCO's compressed RLE string (pycocotools' `rleToString`), elementwise on the counts' device."
+    """The characters of COCO's compressed RLE string (pycocotools' `rleToString`), elementwise on
+    the counts' device."""
     first = runs.cumsum(0) - runs
-    of = torch.repeat_interleave(torch.arange(len(runs), device=runs.device), runs, output_size=len(counts))
-    i = torch.arange(len(counts), device=counts.device) - first[of]   # index of each count within its mask
-    x = torch.where(i > 2, counts - counts.roll(2), counts)           # from the 4th count on: difference to 2 before
-    if hw < 2**31: x = x.int()                                        # |x| <= hw: 4 bytes suffice (less memory)
+    of = torch.repeat_interleave(torch.arange(len(runs), device=runs.device), runs,
+                                 output_size=len(counts))
+    # index of each count within its mask
+    i = torch.arange(len(counts), device=counts.device) - first[of]
+    # from the 4th count on: difference to 2 before
+    x = torch.where(i > 2, counts - counts.roll(2), counts)
+    if hw < 2**31: x = x.int()   # |x| <= hw: 4 bytes suffice (less memory)
     chars, alive = [], torch.ones_like(x, dtype=torch.bool)
-    for _ in range(-(-(hw.bit_length() + 1) // 5)):                   # 5-bit groups for any |x| <= hw, sign included
+    for _ in range(-(-(hw.bit_length() + 1) // 5)):  # 5-bit groups for any |x| <= hw, sign included
         c = x & 0x1f
-        x = x >> 5                                                    # arithmetic shift, as C's on a long
+        x = x >> 5   # arithmetic shift, as C's on a long
         more = torch.where((c & 0x10) != 0, x != -1, x != 0)
-        chars.append(torch.where(alive, c + 48 + 32 * more, 0).to(torch.uint8))   # a character: one byte
+        # a character: one byte
+        chars.append(torch.where(alive, c + 48 + 32 * more, 0).to(torch.uint8))
         alive = alive & more
     return torch.stack(chars, 1)
 
 # %% ../nbs/07a_masks.ipynb #0f9d04cb
-RLE_COUNTS = 2**21   # run lengths `rle_strings` turns into characters at a time (~80 MiB of device memory)
+# run lengths `rle_strings` turns into characters at a time (~80 MiB of device memory)
+RLE_COUNTS = 2**21
 
 def slices_up_to(sizes:list[int], most:int)->list[tuple[int,int]]:
-    "Consecutive slices `[a, b)` of the items, each adding up to at most `most` of `sizes` (or one item alone, larger)."
+    """Consecutive slices `[a, b)` of the items, each adding up to at most `most` of `sizes` (or one
+    item alone, larger)."""
     out, a, total = [], 0, 0
     for j, r in enumerate(sizes):
         if total and total + r > most:
@@ -151,7 +180,8 @@ def slices_up_to(sizes:list[int], most:int)->list[tuple[int,int]]:
     return out + [(a, len(sizes))] if sizes else out
 
 def _mask_slices(runs:Tensor, most:int)->list[tuple[slice,slice]]:
-    "Consecutive slices of masks and of their counts (one look at `runs`), each at most `most` counts (or one mask alone, more)."
+    """Consecutive slices of masks and of their counts (one look at `runs`), each at most `most`
+    counts (or one mask alone, more)."""
     per_mask, out, first = runs.tolist(), [], 0
     for a, b in slices_up_to(per_mask, most):
         k = sum(per_mask[a:b])
@@ -165,19 +195,23 @@ def rle_strings(
     hw:int,         # the largest pixel count of these masks, H·W
     max_counts:int|None=None, # counts turned into characters at a time (None: `RLE_COUNTS`; device memory: ~40 bytes each)
 )->list[str]:       # n compressed RLE strings
-    "The strings of COCO's compressed RLE of masks given by their runs: characters made and packed on the device."
+    """The strings of COCO's compressed RLE of masks given by their runs: characters made and packed
+    on the device."""
     texts = []
     for ms, cs in _mask_slices(runs, max_counts or RLE_COUNTS):
         chars = rle_chars(counts[cs], runs[ms], hw)
         live = chars != 0
-        ends = live.sum(1).cumsum(0)[runs[ms].cumsum(0) - 1]         # where each mask's string ends in the packed text
-        text = chars[live].cpu().numpy().tobytes().decode('ascii')   # row-major: count by count, groups in order
+        # where each mask's string ends in the packed text
+        ends = live.sum(1).cumsum(0)[runs[ms].cumsum(0) - 1]
+        # row-major: count by count, groups in order
+        text = chars[live].cpu().numpy().tobytes().decode('ascii')
         ends = ends.tolist()
         texts += [text[i:j] for i, j in zip([0] + ends[:-1], ends)]
     return texts
 
 def rle_encode(masks:Tensor)->list[dict]: # (n,H,W) bool -> n RLE dicts {'size': [H,W], 'counts': str}
-    "COCO compressed RLE of each mask: runs and characters on the masks' device, one string per mask on the host."
+    """COCO compressed RLE of each mask: runs and characters on the masks' device, one string per
+    mask on the host."""
     n, H, W = masks.shape
     if n == 0: return []
     return [{'size': [H, W], 'counts': t} for t in rle_strings(*rle_runs(masks), H * W)]
@@ -191,16 +225,24 @@ def mask_runs_full(
     orig_hw,        # (H, W)
     max_pixels:int=2**24, # full-resolution mask pixels at a time (memory: ~8 bytes each)
 )->tuple[Tensor,Tensor]: # `rle_runs` of the n masks, on the device: counts (k,) int32 (int64 past 2³¹ pixels), runs per mask (n,)
-    "`mask_runs` by its definition, every mask at full resolution: prototypes × coefficients, cropped, un-letterboxed, > 0.5."
-    if len(coef) == 0: return coef.new_zeros(0, dtype=torch.long), coef.new_zeros(0, dtype=torch.long)
+    """`mask_runs` by its definition, every mask at full resolution: prototypes × coefficients,
+    cropped, un-letterboxed, > 0.5."""
+    if len(coef) == 0:
+        return coef.new_zeros(0, dtype=torch.long), coef.new_zeros(0, dtype=torch.long)
     H, W = map(int, as_floats(orig_hw))
-    rows, cols = crop_window(unletterbox_boxes(boxes, letterbox, orig_hw), H, W)  # the box again, at full resolution
-    grid, step, out = unletterbox_grid(proto.shape[1:], letterbox, orig_hw, device=proto.device), max(1, max_pixels // (H * W)), []
-    pr, pc = proto_window(boxes, proto)                          # elementwise: slices of it = each chunk's own
+    # the box again, at full resolution
+    rows, cols = crop_window(unletterbox_boxes(boxes, letterbox, orig_hw), H, W)
+    grid, step, out = (unletterbox_grid(proto.shape[1:], letterbox, orig_hw, device=proto.device),
+                       max(1, max_pixels // (H * W)), [])
+    pr, pc = proto_window(boxes, proto)   # elementwise: slices of it = each chunk's own
     for i in range(0, len(coef), step):
-        soft = proto_masks(coef[i:i + step], proto, boxes[i:i + step], (pr[i:i + step], pc[i:i + step]))
-        m = F.grid_sample(soft[None], grid, mode='bilinear', padding_mode='border', align_corners=False)[0] > .5  # unletterbox_masks
-        c, r = rle_runs(m.logical_and_(rows[i:i + step]).logical_and_(cols[i:i + step]))  # no bilinear bleed
+        soft = proto_masks(coef[i:i + step], proto, boxes[i:i + step],
+                           (pr[i:i + step], pc[i:i + step]))
+        # unletterbox_masks
+        m = F.grid_sample(soft[None], grid, mode='bilinear', padding_mode='border',
+                          align_corners=False)[0] > .5
+        # no bilinear bleed
+        c, r = rle_runs(m.logical_and_(rows[i:i + step]).logical_and_(cols[i:i + step]))
         out.append((c.int() if H * W < 2**31 else c, r))
     return torch.cat([c for c, _ in out]), torch.cat([r for _, r in out])
 
@@ -209,18 +251,22 @@ def box_spans(
     boxes:Tensor,   # (n,4) xyxy in pixels of an H×W image (`unletterbox_boxes`: clipped to it)
     H:int, W:int,
 )->Tensor:          # (n,4) int64: rows [r0, r1), columns [c0, c1)
-    "The pixels `crop_mask` keeps of each box, as row and column ranges: x1 <= col < x2 is ceil(x1) <= col < ceil(x2)."
+    """The pixels `crop_mask` keeps of each box, as row and column ranges: x1 <= col < x2 is
+    ceil(x1) <= col < ceil(x2)."""
     x1, y1, x2, y2 = boxes.float().ceil().unbind(1)
     r0, c0 = y1.clamp(0, H).long(), x1.clamp(0, W).long()
-    return torch.stack([r0, torch.maximum(y2.clamp(0, H).long(), r0), c0, torch.maximum(x2.clamp(0, W).long(), c0)], 1)
+    return torch.stack([r0, torch.maximum(y2.clamp(0, H).long(), r0), c0,
+                        torch.maximum(x2.clamp(0, W).long(), c0)], 1)
 
 # %% ../nbs/07a_masks.ipynb #8aff0086
 def crop_chunks(
     sizes:list,      # (rows, columns) of each detection's crop
     max_pixels:int,  # pixels per chunk, each crop padded to the chunk's largest rows + 1 and columns
 )->list:             # chunks (first, end, rows, columns) into that order; empty crops (first in it) are in none
-    "Chunks of the detections in a stable sort by longer side, then area (`crop_order`), so that a chunk pads its crops little."
-    by_area = sorted(sizes, key=lambda hw: (max(hw) + 1 if hw[0] * hw[1] else 0, hw[0] * hw[1]))   # `crop_order`'s order
+    """Chunks of the detections in a stable sort by longer side, then area (`crop_order`), so that a
+    chunk pads its crops little."""
+    # `crop_order`'s order
+    by_area = sorted(sizes, key=lambda hw: (max(hw) + 1 if hw[0] * hw[1] else 0, hw[0] * hw[1]))
     empty = sum(h * w == 0 for h, w in by_area)
     chunks, first, rows, cols = [], empty, 0, 0
     for k in range(empty, len(by_area)):
@@ -232,21 +278,26 @@ def crop_chunks(
     return chunks + ([(first, len(by_area), rows, cols)] if len(by_area) > empty else [])
 
 def crop_order(spans:Tensor)->Tensor: # (n,) `crop_chunks`' order of the detections with these `box_spans`, on their device
-    "Empty crops first, then by longer side, then by area, each sort stable: crops of one chunk alike in both sides."
+    """Empty crops first, then by longer side, then by area, each sort stable: crops of one chunk
+    alike in both sides."""
     h, w = spans[:, 1] - spans[:, 0], spans[:, 3] - spans[:, 2]
     area = h * w
     order = torch.sort(area, stable=True).indices
-    return order[torch.sort(torch.where(area > 0, torch.maximum(h, w) + 1, 0)[order], stable=True).indices]
+    return order[torch.sort(torch.where(area > 0, torch.maximum(h, w) + 1, 0)[order],
+                            stable=True).indices]
 
 # %% ../nbs/07a_masks.ipynb #d664da5a
 def _to_device(t:Tensor, device)->Tensor:
-    "A host tensor on `device` without a wait: to a GPU from pinned memory, asynchronously (from pageable memory the copy may wait for the device)."
+    """A host tensor on `device` without a wait: to a GPU from pinned memory, asynchronously (from
+    pageable memory the copy may wait for the device)."""
     if torch.device(device).type != 'cuda': return t.to(device)
-    return t.pin_memory().to(device, non_blocking=True)   # the pinned block stays reserved until the copy is done
+    # the pinned block stays reserved until the copy is done
+    return t.pin_memory().to(device, non_blocking=True)
 
 def image_index(per_image:list)->Tensor: # (n,) int64 on the host
     "Each detection's image, for detections of images one after the other (`per_image` of each)."
-    return torch.repeat_interleave(torch.arange(len(per_image)), torch.tensor(per_image, dtype=torch.long))
+    return torch.repeat_interleave(torch.arange(len(per_image)),
+                                   torch.tensor(per_image, dtype=torch.long))
 
 def crop_table(
     spans:Tensor,    # (n,4) `box_spans` of the detections on their original images (on the device)
@@ -255,22 +306,28 @@ def crop_table(
     lbs:Tensor,      # (B,3) float64 (scale, pad_x, pad_y) of each image
     grid_hw:tuple,   # rows and columns of the prototype grid
 )->tuple:            # (n,11) int64 per detection (`crop_starts`), each image's rows' and columns' grid coordinates
-    "What `crop_starts` needs of every detection, made once for all the chunks of `batch_mask_runs`."
+    """What `crop_starts` needs of every detection, made once for all the chunks of
+    `batch_mask_runs`."""
     dev = spans.device
-    Ly, Lx = (2 * hws.max(0).values + 1).tolist()             # a crop's row or column plus any chunk's largest crop
+    # a crop's row or column plus any chunk's largest crop
+    Ly, Lx = (2 * hws.max(0).values + 1).tolist()
     hws, lbs, image = (_to_device(t, dev) for t in (hws, lbs, image))
     Hs, Ws = hws.unbind(1)
     def coords(n_pix:Tensor, length:int, n_in:int, pad:Tensor)->Tensor:   # image after image; past an image's last pixel, its last
         p = torch.minimum(torch.arange(length, device=dev), (n_pix - 1)[:, None])
-        return _grid_coords_at(p, n_in, lbs[:, :1], pad[:, None], MASK_STRIDE).reshape(-1)   # `_grid_coords`' values
+        # `_grid_coords`' values
+        return _grid_coords_at(p, n_in, lbs[:, :1], pad[:, None], MASK_STRIDE).reshape(-1)
     r0, r1, c0, c1 = spans.unbind(1)
     H, W = Hs[image], Ws[image]
     h, w = r1 - r0, c1 - c0
-    whole, bottom = (r0 == 0) & (r1 == H), r1 == H   # crops of whole columns; crops down to the last row
-    # the start after a column's crop (its row h) is dropped in the columns [lo, hi): there that pixel is the next
-    # column's first crop pixel, which has its own comparison (whole columns), or lies past the image's last pixel
+    # crops of whole columns; crops down to the last row
+    whole, bottom = (r0 == 0) & (r1 == H), r1 == H
+    # the start after a column's crop (its row h) is dropped in the columns [lo, hi): there that
+    # pixel is the next column's first crop pixel, which has its own comparison (whole columns), or
+    # lies past the image's last pixel
     lo, hi = torch.where(whole, 0, w - 1), torch.where(bottom, w - 1 + (c1 == W).long(), 0)
-    table = torch.stack([h, w, image * Ly + r0, image * Lx + c0, h - 1, w * whole, lo, hi, c0 * H + r0, H, H * W], 1)
+    table = torch.stack([h, w, image * Ly + r0, image * Lx + c0, h - 1, w * whole, lo, hi,
+                         c0 * H + r0, H, H * W], 1)
     return table, coords(Hs, Ly, grid_hw[0], lbs[:, 2]), coords(Ws, Lx, grid_hw[1], lbs[:, 1])
 
 # %% ../nbs/07a_masks.ipynb #dd1a4fcf
@@ -280,24 +337,30 @@ def crop_starts(
     ys:Tensor, xs:Tensor,  # `crop_table`'s row and column grid coordinates of the images
     rows:int, cols:int,    # the largest crop of these detections
 )->tuple[Tensor,Tensor]:   # mask and pixel (column-major index on its H×W image) of every start, in order
-    "Where runs of the masks `mask_runs_full` makes start, found inside each box's crop (outside it every mask is 0)."
+    """Where runs of the masks `mask_runs_full` makes start, found inside each box's crop (outside
+    it every mask is 0)."""
     h, w, y0, x0, last_row, whole_w, lo, hi, first, H, _ = table.unbind(1)
-    i, j = torch.arange(rows + 1, device=soft.device), torch.arange(cols, device=soft.device)   # row `h`: after a column's crop
-    # sampled column by column (n, cols, rows+1): the runs' order, so no transposed copy; a sample is the same
-    # arithmetic wherever it sits in the grid
-    grid = torch.stack(torch.broadcast_tensors(xs[x0[:, None] + j][:, :, None], ys[y0[:, None] + i][:, None, :]), -1)
-    v = F.grid_sample(soft[:, None], grid, mode='bilinear', padding_mode='border', align_corners=False)[:, 0] > .5
+    # row `h`: after a column's crop
+    i, j = torch.arange(rows + 1, device=soft.device), torch.arange(cols, device=soft.device)
+    # sampled column by column (n, cols, rows+1): the runs' order, so no transposed copy; a sample
+    # is the same arithmetic wherever it sits in the grid
+    grid = torch.stack(torch.broadcast_tensors(xs[x0[:, None] + j][:, :, None],
+                                               ys[y0[:, None] + i][:, None, :]), -1)
+    v = F.grid_sample(soft[:, None], grid, mode='bilinear', padding_mode='border',
+                      align_corners=False)[:, 0] > .5
     in_rows = i < h[:, None]
     v &= in_rows[:, None, :] & (j < w[:, None])[:, :, None]                     # 0 outside the crop
-    last = v.gather(2, last_row[:, None, None].expand(-1, cols, 1))[..., 0]   # each column's last crop pixel
-    # the pixel before a column's first: the previous column's last for crops of whole columns (they follow one
-    # another: `whole_w` is their width, else 0), else 0; past the crop's columns 0 too, so that no run starts there
+    # each column's last crop pixel
+    last = v.gather(2, last_row[:, None, None].expand(-1, cols, 1))[..., 0]
+    # the pixel before a column's first: the previous column's last for crops of whole columns (they
+    # follow one another: `whole_w` is their width, else 0), else 0; past the crop's columns 0 too,
+    # so that no run starts there
     before = F.pad(last[:, :-1], (1, 0)) & (j < whole_w[:, None])
-    starts = torch.empty_like(v)                      # a start where a pixel differs from the one before it
+    starts = torch.empty_like(v)   # a start where a pixel differs from the one before it
     torch.ne(v[..., 1:], v[..., :-1], out=starts[..., 1:])
     torch.ne(v[..., 0], before, out=starts[..., 0])
-    # the start after a column's crop (row h) is kept outside the columns [lo, hi) (`crop_table`); below row h no run
-    # starts anyway
+    # the start after a column's crop (row h) is kept outside the columns [lo, hi) (`crop_table`);
+    # below row h no run starts anyway
     starts &= in_rows[:, None, :] | ((j < lo[:, None]) | (j >= hi[:, None]))[..., None]
     d, jj, ii = starts.nonzero(as_tuple=True)
     return d, first[d] + jj * H[d] + ii
@@ -313,17 +376,19 @@ def _rle_extent(counts:Tensor, runs:Tensor, h:Tensor)->Tensor:
     cs = c.cumsum(0)
     inside = j < (runs - runs % 2)[mask]                      # toBbox skips a trailing run of 0s
     one = (j % 2).bool() & inside                             # a run of 1s
-    t = cs - (cs - c)[first][mask] - one.long()               # toBbox's pixel: a run of 1s' first (even j) or last (odd j)
+    # toBbox's pixel: a run of 1s' first (even j) or last (odd j)
+    t = cs - (cs - c)[first][mask] - one.long()
     y, x = t % h[mask], t // h[mask]
     def total(v):
         s = v.cumsum(0)
         return s[last] - s[first] + v[first]   # a sum over each mask's counts
     area = total(c * one)
-    wraps = total(one & (x > x.roll(1))) > 0                  # a run of 1s from one column into the next: every row
-    y = torch.where(inside, y, y.roll(1))                     # a trailing run of 0s: its mask's previous value
-    ky0 = y.new_full((n,), h.max()).scatter_reduce_(0, mask, y, 'amin')    # each mask's least y and its most
+    wraps = total(one & (x > x.roll(1))) > 0  # a run of 1s from one column into the next: every row
+    y = torch.where(inside, y, y.roll(1))   # a trailing run of 0s: its mask's previous value
+    # each mask's least y and its most
+    ky0 = y.new_full((n,), h.max()).scatter_reduce_(0, mask, y, 'amin')
     ky1 = y.new_zeros(n).scatter_reduce_(0, mask, y, 'amax')
-    xs, xe = x[first], x[torch.maximum(first, end - 1 - runs % 2)]   # columns only grow along a mask
+    xs, xe = x[first], x[torch.maximum(first, end - 1 - runs % 2)]  # columns only grow along a mask
     ys, ye = torch.where(wraps, 0, ky0), torch.where(wraps, h - 1, ky1)
     ext = torch.stack([area, xs, ys, xe - xs + 1, ye - ys + 1], 1)
     return torch.where(area[:, None] > 0, ext, 0)             # an empty mask: a box of zeros
@@ -336,9 +401,11 @@ def rle_extent(
     h:Tensor,       # (n,) int64 rows of each mask's image
     max_counts:int|None=None, # counts read at a time (None: `EXTENT_COUNTS`; device memory: ~100 bytes each)
 )->Tensor:          # (n,5) int64: area, x, y, w, h
-    "pycocotools' `area` and `toBbox` of masks given by their runs, on the runs' device: scans and one sort, no loop."
+    """pycocotools' `area` and `toBbox` of masks given by their runs, on the runs' device: scans and
+    one sort, no loop."""
     if len(runs) == 0: return runs.new_zeros(0, 5)
-    return torch.cat([_rle_extent(counts[cs], runs[ms], h[ms])   # a young model's masks: millions of runs a batch, in slices
+    # a young model's masks: millions of runs a batch, in slices
+    return torch.cat([_rle_extent(counts[cs], runs[ms], h[ms])
                       for ms, cs in _mask_slices(runs, max_counts or EXTENT_COUNTS)])
 
 # %% ../nbs/07a_masks.ipynb #7bf1534d
@@ -347,15 +414,18 @@ def by_mask(
     q:Tensor,  # (s,) int64 their pixels, in order within each mask
     n:int,     # masks
 )->tuple[Tensor,Tensor]: # `m` and `q` mask by mask: a stable sort by `m`
-    "The starts of `crop_starts`' chunks mask by mask, as `runs_from_starts` takes them; on the CPU in linear time, not a sort."
+    """The starts of `crop_starts`' chunks mask by mask, as `runs_from_starts` takes them; on the
+    CPU in linear time, not a sort."""
     if m.is_cuda: o = torch.sort(m, stable=True).indices; return m[o], q[o]
     k = torch.arange(len(m))
     count = torch.zeros(n, dtype=torch.long).index_add_(0, m, torch.ones_like(m))
     new = torch.ones_like(m, dtype=torch.bool)
     new[1:] = m[1:] != m[:-1]                                        # a mask's first start
-    slot = (count.cumsum(0) - count)[m] + k - torch.where(new, k, 0).cummax(0).values   # its place, plus its rank in it
+    # its place, plus its rank in it
+    slot = (count.cumsum(0) - count)[m] + k - torch.where(new, k, 0).cummax(0).values
     return torch.empty_like(m).index_put_((slot,), m), torch.empty_like(q).index_put_((slot,), q)
 
+# %% ../nbs/07a_masks.ipynb #3c2cdadc
 def batch_mask_runs(
     coef:Tensor,      # (n,P) coefficients of the kept detections of the images, image after image
     proto:Tensor,     # (B,P,S/4,S/4) prototypes of the images
@@ -366,14 +436,18 @@ def batch_mask_runs(
     max_pixels:int=2**23, # crop pixels at a time, padded (`crop_chunks`; memory: ~20 bytes each)
     spans:Tensor|None=None, # (n,4) `box_spans` of the boxes on their original images, if at hand (on the device)
     sizes:list|None=None,   # their (rows, columns) on the host, if at hand (else one look at the host)
-    extent:bool=False,      # also each mask's area and box: (n,5) int64 area, x, y, w, h (`rle_extent`)
+    extent:bool=False,  # also each mask's area and box: (n,5) int64 area, x, y, w, h (`rle_extent`)
     table:tuple|None=None,  # `crop_table`'s rows of these detections and its coordinates, if at hand (made once for a batch's groups)
     window:tuple|None=None, # `proto_window` of these detections' boxes, if at hand
 )->tuple: # `rle_runs` of the n masks, image after image: counts (k,) int32 (int64 past 2³¹ pixels), runs per mask (n,) (, extents)
-    "`mask_runs` of the detections of several images at once: one pass of crops, starts and runs for them all."
+    """`mask_runs` of the detections of several images at once: one pass of crops, starts and runs
+    for them all."""
     n = len(coef)
-    if n == 0: return (coef.new_zeros(0, dtype=torch.long),) * 2 + ((coef.new_zeros(0, 5, dtype=torch.long),) if extent else ())
-    lbs = torch.as_tensor(letterbox, dtype=torch.float64).reshape(-1, 3).cpu()   # the float32 batch values, exactly
+    if n == 0:
+        return ((coef.new_zeros(0, dtype=torch.long),) * 2
+                + ((coef.new_zeros(0, 5, dtype=torch.long),) if extent else ()))
+    # the float32 batch values, exactly
+    lbs = torch.as_tensor(letterbox, dtype=torch.float64).reshape(-1, 3).cpu()
     hws = torch.as_tensor(orig_hw).reshape(-1, 2).long().cpu()
     if spans is None:
         spans = torch.cat([box_spans(unletterbox_boxes(b, lb, hw), *map(int, hw))
@@ -381,16 +455,22 @@ def batch_mask_runs(
     if sizes is None: sizes = (spans[:, 1::2] - spans[:, ::2]).tolist()
     chunks = crop_chunks(sizes, max_pixels)
     order = crop_order(spans)
-    window = [w.split(per_image) for w in window or proto_window(boxes, proto[0])]   # the images' windows at once, then each its own
-    place = torch.empty_like(order).index_copy_(0, order, torch.arange(n, device=order.device))   # each detection's place in `order`
-    soft = torch.empty(n, *proto.shape[-2:], dtype=torch.float32, device=proto.device)   # in crop order: a chunk's soft masks are a slice, not a copy
-    for i, c, p, b, rw, cw in zip(place.split(per_image), coef.split(per_image), proto, boxes.split(per_image), *window):
+    # the images' windows at once, then each its own
+    window = [w.split(per_image) for w in window or proto_window(boxes, proto[0])]
+    # each detection's place in `order`
+    place = torch.empty_like(order).index_copy_(0, order, torch.arange(n, device=order.device))
+    # in crop order: a chunk's soft masks are a slice, not a copy
+    soft = torch.empty(n, *proto.shape[-2:], dtype=torch.float32, device=proto.device)
+    for i, c, p, b, rw, cw in zip(place.split(per_image), coef.split(per_image), proto,
+                                  boxes.split(per_image), *window):
         if len(c): soft.index_copy_(0, i, proto_masks(c, p, b, (rw, cw)))   # one product per image
     table, ys, xs = table or crop_table(spans, image_index(per_image), hws, lbs, proto.shape[-2:])
     found = [crop_starts(soft[a:b], table[sel], ys, xs, rows, cols) + (sel,)
              for a, b, rows, cols in chunks for sel in [order[a:b]]]
-    del soft, window   # what the runs and extents below need is in `found`: the group's soft masks can go
-    m, q = (torch.cat([f[-1][f[0]] for f in found]), torch.cat([f[1] for f in found])) if found else (order[:0],) * 2
+    # what the runs and extents below need is in `found`: the group's soft masks can go
+    del soft, window
+    m, q = ((torch.cat([f[-1][f[0]] for f in found]), torch.cat([f[1] for f in found])) if found
+            else (order[:0],) * 2)
     del found
     c, r = runs_from_starts(*by_mask(m, q, n), n, table[:, 10])   # each mask's own H·W
     out = c.int() if int(hws.prod(1).max()) < 2**31 else c, r
@@ -407,17 +487,23 @@ def mask_runs(
     spans:Tensor|None=None, # `box_spans` of the boxes on the original image, if at hand (on the device)
     sizes:list|None=None,   # their (rows, columns) on the host, if at hand (else one look at the host)
 )->tuple[Tensor,Tensor]: # `rle_runs` of the n masks, on the device: counts (k,) int32 (int64 past 2³¹ pixels), runs per mask (n,)
-    "Masks of detections on the original image, as run lengths: `mask_runs_full`'s, with pixels made only inside each box."
-    return batch_mask_runs(coef, proto[None], boxes, [len(coef)], [as_floats(letterbox)], [as_floats(orig_hw)], max_pixels, spans, sizes)
+    """Masks of detections on the original image, as run lengths: `mask_runs_full`'s, with pixels
+    made only inside each box."""
+    return batch_mask_runs(coef, proto[None], boxes, [len(coef)], [as_floats(letterbox)],
+                           [as_floats(orig_hw)], max_pixels, spans, sizes)
 
 def masks_to_rle(coef, proto, boxes, letterbox, orig_hw, max_pixels:int=2**23)->list[dict]: # n RLE dicts on the original image
-    "`mask_runs`'s masks (the same arguments) as COCO RLE dicts: prototypes × coefficients, cropped, un-letterboxed, > 0.5."
+    """`mask_runs`'s masks (the same arguments) as COCO RLE dicts: prototypes × coefficients,
+    cropped, un-letterboxed, > 0.5."""
     H, W = map(int, as_floats(orig_hw))
-    return [{'size': [H, W], 'counts': t} for t in rle_strings(*mask_runs(coef, proto, boxes, letterbox, orig_hw, max_pixels), H * W)]
+    return [{'size': [H, W], 'counts': t}
+             for t in rle_strings(*mask_runs(coef, proto, boxes, letterbox, orig_hw, max_pixels),
+                                  H * W)]
 
 # %% ../nbs/07a_masks.ipynb #345420c6
 def ratio_pad_boxes(boxes:Tensor, ratio_pad, orig_hw)->Tensor: # (n,4) xyxy on the letterboxed input -> on the image
-    "Ultralytics' `scale_boxes`: (box − pad) / gain, each axis its own gain (`ratio_pad` = gain_y, gain_x, pad_x, pad_y), clipped."
+    """Ultralytics' `scale_boxes`: (box − pad) / gain, each axis its own gain (`ratio_pad` = gain_y,
+    gain_x, pad_x, pad_y), clipped."""
     gy, gx, px, py = as_floats(ratio_pad)
     H, W = as_floats(orig_hw)
     b = boxes.float().clone()
@@ -425,20 +511,24 @@ def ratio_pad_boxes(boxes:Tensor, ratio_pad, orig_hw)->Tensor: # (n,4) xyxy on t
     b[:, [1, 3]] -= py
     b[:, [0, 2]] /= gx
     b[:, [1, 3]] /= gy
-    return torch.stack([b[:, 0].clamp(0, W), b[:, 1].clamp(0, H), b[:, 2].clamp(0, W), b[:, 3].clamp(0, H)], -1)
+    return torch.stack([b[:, 0].clamp(0, W), b[:, 1].clamp(0, H), b[:, 2].clamp(0, W),
+                        b[:, 3].clamp(0, H)], -1)
 
 def _crop_box(m:Tensor, boxes:Tensor)->Tensor:
     "Ultralytics' `crop_mask`: 0 outside each box, pixel index x1 <= col < x2 and y1 <= row < y2."
     _, h, w = m.shape
     x1, y1, x2, y2 = boxes.float()[:, :, None].unbind(1)
-    c, r = torch.arange(w, device=m.device, dtype=torch.float32)[None, None], torch.arange(h, device=m.device, dtype=torch.float32)[None, :, None]
+    c, r = (torch.arange(w, device=m.device, dtype=torch.float32)[None, None],
+            torch.arange(h, device=m.device, dtype=torch.float32)[None, :, None])
     return m * ((c >= x1[:, None]) & (c < x2[:, None])) * ((r >= y1[:, None]) & (r < y2[:, None]))
 
 def _fit(m:Tensor, hw, top:int, left:int, h:int, w:int)->Tensor:
-    "(1,n,h',w') cut to the content [top:top+h, left:left+w] and resized bilinearly to `hw` (Ultralytics' `scale_masks`)."
+    """(1,n,h',w') cut to the content [top:top+h, left:left+w] and resized bilinearly to `hw`
+    (Ultralytics' `scale_masks`)."""
     if tuple(m.shape[2:]) == tuple(hw): return m
     return F.interpolate(m[..., top:top + h, left:left + w].float(), tuple(hw), mode='bilinear')
 
+# %% ../nbs/07a_masks.ipynb #8da9ff9b
 def ultralytics_masks(
     coef:Tensor,    # (n,P) mask coefficients of the kept detections
     proto:Tensor,   # (P,h,w) the image's prototypes; the input is 4× their size
@@ -448,7 +538,8 @@ def ultralytics_masks(
     native:bool=True, # predict's form (upsampled to the image, then cropped) or validation's
     max_pixels:int=2**24, # mask pixels made at a time
 )->Tensor:          # (n,H,W) bool
-    "Masks by Ultralytics' rule: logits upsampled, thresholded at 0, cropped to the box; `native`: predict's form, else validation's."
+    """Masks by Ultralytics' rule: logits upsampled, thresholded at 0, cropped to the box; `native`:
+    predict's form, else validation's."""
     P, mh, mw = proto.shape
     H, W = map(int, as_floats(orig_hw))
     out = torch.zeros(len(coef), H, W, dtype=torch.bool, device=proto.device)
@@ -456,7 +547,8 @@ def ultralytics_masks(
     if native:
         g = min(4 * mh / H, 4 * mw / W)
         pad = (4 * mh - max(round(H * g), 1)) | (4 * mw - max(round(W * g), 1))
-        f = 4 // math.gcd(4, pad | pad // 2)             # the least upsampling that cuts the pad on whole cells
+        # the least upsampling that cuts the pad on whole cells
+        f = 4 // math.gcd(4, pad | pad // 2)
     step = max(1, max_pixels // (H * W + 16 * mh * mw))
     for i in range(0, len(coef), step):
         c = logits[:, i:i + step]
@@ -464,10 +556,12 @@ def ultralytics_masks(
             c = F.interpolate(c, scale_factor=f, mode='bilinear') if f > 1 else c
             g = min(c.shape[2] / H, c.shape[3] / W)
             h, w = max(round(H * g), 1), max(round(W * g), 1)
-            m = _fit(c, (H, W), round((c.shape[2] - h) / 2 - .1), round((c.shape[3] - w) / 2 - .1), h, w)[0] > 0
+            m = _fit(c, (H, W), round((c.shape[2] - h) / 2 - .1), round((c.shape[3] - w) / 2 - .1),
+                     h, w)[0] > 0
             out[i:i + step] = _crop_box(m, boxes[i:i + step]).bool()
         else:
             gy, gx, px, py = as_floats(ratio_pad)
             m = _crop_box(_fit(c, (4 * mh, 4 * mw), 0, 0, mh, mw)[0] > 0, boxes[i:i + step])[None]
-            out[i:i + step] = _fit(m, (H, W), round(py - .1), round(px - .1), max(round(H * gy), 1), max(round(W * gx), 1))[0] >= 1
+            out[i:i + step] = _fit(m, (H, W), round(py - .1), round(px - .1), max(round(H * gy), 1),
+                                   max(round(W * gx), 1))[0] >= 1
     return out

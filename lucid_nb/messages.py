@@ -20,33 +20,43 @@ def note(msg:str):
 
 # %% ../nbs/08b_messages.ipynb #a4a27521
 def say(trainer, msg:str):
-    "Print a line to stdout; through the progress bar's `print` while it is on, so the line does not land inside the bar's."
+    """Print a line to stdout; through the progress bar's `print` while it is on, so the line does
+    not land inside the bar's."""
     bar = trainer.progress_bar_callback
     (bar.print if bar is not None else print)(msg)
 
 def close_bars(trainer):
     "Close the progress bar's open bars, so that what is printed next starts on a line of its own."
     bar = trainer.progress_bar_callback
-    for name in ('_predict_progress_bar', '_test_progress_bar', '_val_progress_bar', '_train_progress_bar'):   # Lightning's `TQDMProgressBar`
+    # Lightning's `TQDMProgressBar`
+    for name in ('_predict_progress_bar', '_test_progress_bar', '_val_progress_bar',
+                 '_train_progress_bar'):
         b = getattr(bar, name, None)
         if b is not None and not b.disable: b.close()   # a closed bar is disabled
 
 # %% ../nbs/08b_messages.ipynb #1039c33c
 def epoch_line(trainer, validated:bool=True)->str:
-    "The epoch's mean loss terms and, if it `validated`, its validation mAP50-95 (box, and mask where scored), from `callback_metrics`."
+    """The epoch's mean loss terms and, if it `validated`, its validation mAP50-95 (box, and mask
+    where scored), from `callback_metrics`."""
     m = {k: float(v) for k, v in trainer.callback_metrics.items()}
-    terms = ' '.join(f"{k[6:-6]} {v:.3f}" for k, v in m.items() if k.startswith('train/') and k.endswith('_epoch'))
-    scores = ' '.join(f"{t} {m[k]:.4f}" for t, k in (('box', 'mAP50-95(B)'), ('mask', 'mAP50-95(M)')) if k in m)
+    terms = ' '.join(f"{k[6:-6]} {v:.3f}" for k, v in m.items() if k.startswith('train/')
+                     and k.endswith('_epoch'))
+    scores = ' '.join(f"{t} {m[k]:.4f}"
+                      for t, k in (('box', 'mAP50-95(B)'), ('mask', 'mAP50-95(M)')) if k in m)
     val = f"  mAP50-95 {scores}" if validated and scores else ''
     return f"epoch {trainer.current_epoch + 1}/{trainer.max_epochs}  loss {terms or '-'}{val}"
 
 # %% ../nbs/08b_messages.ipynb #bc59b833
-YOUNG_MAP = 0.01   # a fit from scratch whose box and mask mAP50-95 are under this has not begun to detect
+# a fit from scratch whose box and mask mAP50-95 are under this has not begun to detect
+YOUNG_MAP = 0.01
 
 def young_run_line(trainer, module, summary:dict)->str|None:
-    "For a fit from scratch (no `--model.weights`; resumed or not: a resumed fit keeps its first run's options) that scored under `YOUNG_MAP`: that this is expected, and where trained figures are."
+    """For a fit from scratch (no `--model.weights`; resumed or not: a resumed fit keeps its first
+    run's options) that scored under `YOUNG_MAP`: that this is expected, and where trained figures
+    are."""
     if module.hparams.get('weights'): return None
     if max(summary.get('mAP50-95(B)', 0), summary.get('mAP50-95(M)', 0)) >= YOUNG_MAP: return None
     n = trainer.current_epoch   # the epochs run: Lightning counts the last one done at fit end
-    return (f"From scratch, {n} epoch{'s' * (n != 1)} {'is' if n == 1 else 'are'} far too few to detect anything: a class table of zeros is what to expect here. "
-            "Figures of trained models: README.md, section Measured, and benchmarks/README.md")
+    return (f"From scratch, {n} epoch{'s' * (n != 1)} {'is' if n == 1 else 'are'} far too few to "
+            "detect anything: a class table of zeros is what to expect here. Figures of trained "
+            "models: README.md, section Measured, and benchmarks/README.md")

@@ -27,7 +27,8 @@ __all__ = ['COCO80_IDS', 'STAT_NAMES', 'SUMMARY_NAMES', 'CONF_GRID', 'PREDICT_CO
 
 # %% ../nbs/07b_metrics.ipynb #a0b7cb8a
 def _candidates(scores:Tensor, conf:float, multi_label:bool, max_nms:int)->tuple[Tensor,Tensor,Tensor]: # (B,n) each
-    "Anchor, class and score of each image's (anchor, class) pairs above `conf`, best first (stable), at most `max_nms`; padded with anchor 0, class -1, score 0."
+    """Anchor, class and score of each image's (anchor, class) pairs above `conf`, best first
+    (stable), at most `max_nms`; padded with anchor 0, class -1, score 0."""
     B = len(scores)
     if multi_label: val, cls = scores.reshape(B, -1), None   # index: anchor × K + class
     else: val, cls = scores.max(-1)                           # index: anchor
@@ -35,15 +36,17 @@ def _candidates(scores:Tensor, conf:float, multi_label:bool, max_nms:int)->tuple
     count = cand.sum(1)
     if int(count.max()) > max_nms:   # the max_nms best without sorting everything
         cut = val.masked_fill(~cand, -math.inf).topk(min(max_nms, val.shape[1]), 1).values[:, -1:]
-        # of the ties at the cut, the first ones in (anchor, class) order, as the stable sort below would keep them: a
-        # saturated model's scores are all 1.0, and sorting every tie cost seconds an image
+        # of the ties at the cut, the first ones in (anchor, class) order, as the stable sort below
+        # would keep them: a saturated model's scores are all 1.0, and sorting every tie cost
+        # seconds an image
         above, tie = cand & (val > cut), cand & (val == cut)
         tie &= tie.cumsum(1) <= max_nms - above.sum(1, keepdim=True)
         cand &= above | tie | (count <= max_nms)[:, None]
-    b, i = cand.nonzero(as_tuple=True)                        # image by image, then (anchor, class) order
+    b, i = cand.nonzero(as_tuple=True)   # image by image, then (anchor, class) order
     s = val[b, i]
     o = torch.sort(s, descending=True, stable=True).indices
-    o = o[torch.sort(b[o], stable=True).indices]              # image by image, each best first, ties in (anchor, class) order
+    # image by image, each best first, ties in (anchor, class) order
+    o = o[torch.sort(b[o], stable=True).indices]
     b, i, s = b[o], i[o], s[o]
     per_image = torch.bincount(b, minlength=B)
     rank = torch.arange(len(b), device=b.device) - (per_image.cumsum(0) - per_image)[b]
@@ -51,7 +54,8 @@ def _candidates(scores:Tensor, conf:float, multi_label:bool, max_nms:int)->tuple
     first = rank < max_nms
     b, i, s, rank = b[first], i[first], s[first], rank[first]
     a, k = (i // scores.shape[2], i % scores.shape[2]) if multi_label else (i, cls[b, i])
-    out = [torch.zeros(B, n, dtype=torch.long, device=b.device), torch.full((B, n), -1, dtype=torch.long, device=b.device),
+    out = [torch.zeros(B, n, dtype=torch.long, device=b.device),
+           torch.full((B, n), -1, dtype=torch.long, device=b.device),
            scores.new_zeros(B, n)]
     for t, v in zip(out, (a, k, s)): t[b, rank] = v
     return tuple(out)
@@ -65,12 +69,15 @@ def greedy_in_order(
     alive:Tensor,  # (B,m) bool: candidates no earlier kept box suppresses, best first (on the host)
     sup:Tensor,    # (B,m,m) bool: `sup[b,i,j]`, candidate i would suppress candidate j (only i < j)
 )->Tensor:         # (B,m) bool: the candidates greedy NMS keeps
-    "Greedy NMS inside a chunk on the CPU, one candidate after another: each kept one strikes out those it suppresses."
+    """Greedy NMS inside a chunk on the CPU, one candidate after another: each kept one strikes out
+    those it suppresses."""
     keep, sup = alive.numpy().copy(), sup.numpy()
-    for b, i in zip(*np.nonzero(sup.any(2) & keep)):  # only candidates that suppress something matter, in order
-        if keep[b, i]: keep[b] &= ~sup[b, i]               # still kept when its turn comes: it is greedy's
+    # only candidates that suppress something matter, in order
+    for b, i in zip(*np.nonzero(sup.any(2) & keep)):
+        if keep[b, i]: keep[b] &= ~sup[b, i]   # still kept when its turn comes: it is greedy's
     return torch.from_numpy(keep)
 
+# %% ../nbs/07b_metrics.ipynb #c4b9ab7d
 def greedy_keep(
     boxes:Tensor,     # (B,n,4) xyxy, each image's candidates sorted best first
     cls:Tensor,       # (B,n) class of each candidate (all equal: class-agnostic), -1 past an image's last candidate
@@ -79,37 +86,47 @@ def greedy_keep(
     chunk:int|None=None, # candidates resolved per step (memory ~ B·chunk²; None: 1024 on a GPU, 512 on the CPU)
     rounds:int|None=None, # fixed-point rounds between two looks from the host (None: 4 on a GPU, 1 on the CPU)
 )->tuple[Tensor,Tensor]: # (B,max_det) indices kept per image, in order (valid up to its count), (B,) counts
-    "Exact greedy NMS of a batch, vectorised: chunk by chunk, each resolved as a fixed point of the suppression matrix."
+    """Exact greedy NMS of a batch, vectorised: chunk by chunk, each resolved as a fixed point of
+    the suppression matrix."""
     B, n = cls.shape
     if n == 0 or max_det <= 0: return cls.new_zeros(B, 0), cls.new_zeros(B)
-    C = min(chunk or (1024 if boxes.is_cuda else 512), n)   # a GPU: fewer, larger chunks (each costs a look)
+    # a GPU: fewer, larger chunks (each costs a look)
+    C = min(chunk or (1024 if boxes.is_cuda else 512), n)
     i = torch.arange(C, device=cls.device)
-    before = i[:, None] < i[None]                      # (C,C) strictly upper triangular (cheaper than `triu` on CPU)
-    kb = boxes.new_zeros(B, max_det + C, 4)            # kept boxes, classes, indices; slot max_det + j: chunk box j's bin
+    before = i[:, None] < i[None]   # (C,C) strictly upper triangular (cheaper than `triu` on CPU)
+    # kept boxes, classes, indices; slot max_det + j: chunk box j's bin
+    kb = boxes.new_zeros(B, max_det + C, 4)
     kc, ki = cls.new_full((B, max_det + C), -1), cls.new_zeros(B, max_det + C)
-    count, most = cls.new_zeros(B), 0                    # `most`: the largest count, as last read on the host
-    left = (cls >= 0).sum(1)                           # each image's candidates: past them an image is done
-    rounds = rounds or (4 if boxes.is_cuda else 1)      # a look costs a device synchronisation only on a GPU
+    count, most = cls.new_zeros(B), 0   # `most`: the largest count, as last read on the host
+    left = (cls >= 0).sum(1)   # each image's candidates: past them an image is done
+    # a look costs a device synchronisation only on a GPU
+    rounds = rounds or (4 if boxes.is_cuda else 1)
     for s in range(0, n, C):
         b, c = boxes[:, s:s + C], cls[:, s:s + C]
         m = len(b[0])
-        alive = (c >= 0) & ~_suppresses(kb[:, :most], kc[:, :most], b, c, iou).any(1)  # earlier chunks' kept
-        sup = _suppresses(b, c, b, c, iou) & before[:m, :m]  # inside the chunk: earlier suppresses later
-        # on the CPU the greedy answer box by box (`greedy_in_order`): the first round below confirms it, unchanged
+        # earlier chunks' kept
+        alive = (c >= 0) & ~_suppresses(kb[:, :most], kc[:, :most], b, c, iou).any(1)
+        # inside the chunk: earlier suppresses later
+        sup = _suppresses(b, c, b, c, iou) & before[:m, :m]
+        # on the CPU the greedy answer box by box (`greedy_in_order`): the first round below
+        # confirms it, unchanged
         keep, changed, r = alive if boxes.is_cuda else greedy_in_order(alive, sup), True, rounds
-        while changed:                                  # `r` rounds queued, then one look: settled? any image still open?
+        while changed:   # `r` rounds queued, then one look: settled? any image still open?
             for _ in range(r): last, keep = keep, alive & ~(sup & keep[:, :, None]).any(1)
-            r *= 2                                      # not settled yet: a long chain, twice the rounds before the next look
+            r *= 2   # not settled yet: a long chain, twice the rounds before the next look
             total = count + keep.sum(1)
-            open_ = ((total < max_det) & (left > s + m)).any()   # an image not full yet has candidates after this chunk
-            changed, more, *totals = torch.cat([(keep != last).any()[None], open_[None], total]).tolist()
-        pos = count[:, None] + keep.cumsum(1) - 1      # slot of each kept box; every other box to its own bin
+            # an image not full yet has candidates after this chunk
+            open_ = ((total < max_det) & (left > s + m)).any()
+            changed, more, *totals = torch.cat([(keep != last).any()[None], open_[None],
+                                                total]).tolist()
+        # slot of each kept box; every other box to its own bin
+        pos = count[:, None] + keep.cumsum(1) - 1
         pos = torch.where(keep & (pos < max_det), pos, i[:m] + max_det)
         kb.scatter_(1, pos[:, :, None].expand(-1, -1, 4), b)
         kc.scatter_(1, pos, c)
         ki.scatter_(1, pos, (i[:m] + s).expand(B, -1))
         count, most = total.clamp(max=max_det), min(max(totals), max_det)
-        if not more: break                              # every image full or out of candidates: the rest is padding
+        if not more: break   # every image full or out of candidates: the rest is padding
     return ki[:, :max_det], count
 
 # %% ../nbs/07b_metrics.ipynb #1eb151a4
@@ -117,7 +134,7 @@ def nms(
     boxes:Tensor,            # (B,A,4) xyxy in pixels of the letterboxed input
     scores:Tensor,           # (B,A,K) class probabilities
     conf:float=0.001,        # candidates score above this
-    iou:float=0.7,           # suppress a box whose IoU with a better kept box of its class exceeds this
+    iou:float=0.7,   # suppress a box whose IoU with a better kept box of its class exceeds this
     max_det:int=300,         # detections kept per image
     max_nms:int=30000,       # best candidates per image that enter NMS
     multi_label:bool=True,   # a candidate per (anchor, class) above `conf`; else one per anchor, its best class
@@ -128,10 +145,12 @@ def nms(
 )->list[dict]:               # per image: `boxes` (n,4), `scores` (n,), `classes` (n,), `anchors` (n,), best first
     "Batched, class-aware greedy non-maximum suppression: the images of the batch at once."
     boxes, scores = boxes.float(), scores.float()
-    a, k, s = _candidates(scores, conf, multi_label, max_nms)   # (B,n): images' counts differ, padded with class -1
+    # (B,n): images' counts differ, padded with class -1
+    a, k, s = _candidates(scores, conf, multi_label, max_nms)
     bx = torch.gather(boxes, 1, a[:, :, None].expand(-1, -1, 4))
     keep, count = greedy_keep(bx, k.clamp(max=0) if agnostic else k, iou, max_det, chunk, rounds)
-    if per_class is not None: keep, count = class_top(keep, count, torch.gather(k, 1, keep), per_class)
+    if per_class is not None:
+        keep, count = class_top(keep, count, torch.gather(k, 1, keep), per_class)
     out = []
     for i, c in enumerate(count.tolist()):
         j = keep[i, :c]
@@ -150,22 +169,25 @@ def class_top(
     if n == 0: return keep, count
     i = torch.arange(n, device=keep.device)
     valid = i < count[:, None]
-    c = torch.where(valid, cls, cls.max() + 1)                  # past an image's count: a class of its own, last
-    o = torch.sort(c, dim=1, stable=True).indices               # by class, each in its order of rank
+    c = torch.where(valid, cls, cls.max() + 1)   # past an image's count: a class of its own, last
+    o = torch.sort(c, dim=1, stable=True).indices   # by class, each in its order of rank
     sc = c.gather(1, o)
-    rank = torch.empty_like(o).scatter_(1, o, i - torch.searchsorted(sc, sc))   # place among earlier ones of its class
+    # place among earlier ones of its class
+    rank = torch.empty_like(o).scatter_(1, o, i - torch.searchsorted(sc, sc))
     ok = valid & (rank < most)
-    pos = torch.where(ok, ok.cumsum(1) - 1, n)                  # slots of those left; the others to a bin
+    pos = torch.where(ok, ok.cumsum(1) - 1, n)   # slots of those left; the others to a bin
     return keep.new_zeros(B, n + 1).scatter_(1, pos, keep)[:, :n], ok.sum(1)
 
 # %% ../nbs/07b_metrics.ipynb #e6a989ef
-def nms_reference(boxes:Tensor, scores:Tensor, conf:float=0.001, iou:float=0.7, max_det:int=300, max_nms:int=30000,
+def nms_reference(boxes:Tensor, scores:Tensor, conf:float=0.001, iou:float=0.7, max_det:int=300,
+                  max_nms:int=30000,
                   multi_label:bool=True, agnostic:bool=False, per_class:int|None=None)->list[dict]:
     "Brute-force greedy NMS (slow; for tests): same arguments and output as `nms`."
     out = []
     for bx, sc in zip(boxes.float(), scores.float()):
         above, s, ious = (sc > conf).tolist(), sc.tolist(), box_iou(bx, bx).tolist()
-        if multi_label: cand = [(a, k) for a, row in enumerate(above) for k, ok in enumerate(row) if ok]
+        if multi_label:
+            cand = [(a, k) for a, row in enumerate(above) for k, ok in enumerate(row) if ok]
         else:
             best = [row.index(max(row)) for row in s]
             cand = [(a, k) for a, k in enumerate(best) if above[a][k]]
@@ -173,17 +195,23 @@ def nms_reference(boxes:Tensor, scores:Tensor, conf:float=0.001, iou:float=0.7, 
         kept = []
         for a, k in cand:
             if len(kept) == max_det: break
-            if all((kk != k and not agnostic) or ious[aa][a] <= iou for aa, kk in kept): kept.append((a, k))
-        if per_class is not None: kept = [(a, k) for j, (a, k) in enumerate(kept) if [kk for _, kk in kept[:j]].count(k) < per_class]
+            if all((kk != k and not agnostic) or ious[aa][a] <= iou for aa, kk in kept):
+                kept.append((a, k))
+        if per_class is not None:
+            kept = [(a, k) for j, (a, k) in enumerate(kept)
+                    if [kk for _, kk in kept[:j]].count(k) < per_class]
         a = torch.tensor([a for a, _ in kept], dtype=torch.long)
         k = torch.tensor([k for _, k in kept], dtype=torch.long)
         out.append(dict(boxes=bx[a], scores=sc[a, k], classes=k, anchors=a))
     return out
 
 # %% ../nbs/07b_metrics.ipynb #0ce9d803
-COCO80_IDS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 27, 28, 31, 32,
-              33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59,
-              60, 61, 62, 63, 64, 65, 67, 70, 72, 73, 74, 75, 76, 77, 78, 79, 80, 81, 82, 84, 85, 86, 87, 88, 89, 90)
+COCO80_IDS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25,
+              27, 28, 31, 32,
+              33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 46, 47, 48, 49, 50, 51, 52, 53, 54,
+              55, 56, 57, 58, 59,
+              60, 61, 62, 63, 64, 65, 67, 70, 72, 73, 74, 75, 76, 77, 78, 79, 80, 81, 82, 84, 85,
+              86, 87, 88, 89, 90)
 
 # %% ../nbs/07b_metrics.ipynb #2b5b7691
 def quiet(f, *args, **kwargs):
@@ -201,14 +229,17 @@ def coco_results(
     preds:list[dict],        # per image: `boxes` (n,4) xyxy px of the original image, `scores` (n,), `classes` (n,), optional `masks` (n RLE dicts)
     image_ids,               # the COCO image id of each entry of `preds`
     cat_ids=COCO80_IDS,      # COCO category id of each contiguous class
-)->list[dict]:               # COCO results: {image_id, category_id, bbox [x,y,w,h], score, segmentation?}
+)->list[dict]:   # COCO results: {image_id, category_id, bbox [x,y,w,h], score, segmentation?}
     "Detections in COCO's results format."
-    res, cats = [], [int(c) for c in cat_ids]   # a young model's validation: thousands of results, each a Python dict
+    # a young model's validation: thousands of results, each a Python dict
+    res, cats = [], [int(c) for c in cat_ids]
     for p, iid in zip(preds, as_floats(image_ids)):
         iid, masks = int(iid), p.get('masks')
-        boxes, scores, classes = (torch.as_tensor(p[k]).tolist() for k in ('boxes', 'scores', 'classes'))
+        boxes, scores, classes = (
+            torch.as_tensor(p[k]).tolist() for k in ('boxes', 'scores', 'classes'))
         rows = [{'image_id': iid, 'category_id': cats[int(c)],
-                 'bbox': [round(x1, 3), round(y1, 3), round(x2 - x1, 3), round(y2 - y1, 3)], 'score': round(s, 5)}
+                 'bbox': [round(x1, 3), round(y1, 3), round(x2 - x1, 3), round(y2 - y1, 3)],
+                 'score': round(s, 5)}
                 for (x1, y1, x2, y2), s, c in zip(boxes, scores, classes)]
         if masks is not None:
             for r, m in zip(rows, masks): r['segmentation'] = m
@@ -227,28 +258,33 @@ def write_results(path, results:list[dict])->str:
 
 # %% ../nbs/07b_metrics.ipynb #7753b5ac
 STAT_NAMES = ('mAP50-95', 'mAP50', 'mAP75', 'mAP50-95_small', 'mAP50-95_medium', 'mAP50-95_large',
-              'AR1', 'AR10', 'AR100', 'AR100_small', 'AR100_medium', 'AR100_large')  # COCOeval.stats, in order
+              # COCOeval.stats, in order
+              'AR1', 'AR10', 'AR100', 'AR100_small', 'AR100_medium', 'AR100_large')
 SUMMARY_NAMES = {'mAP50-95(B)': 'bbox/mAP50-95', 'mAP50(B)': 'bbox/mAP50',
                  'mAP50-95(M)': 'segm/mAP50-95', 'mAP50(M)': 'segm/mAP50'}
 
 class CocoStats(dict):
-    "COCOeval's numbers by name (`bbox/...`, `segm/...` where masks were scored, and the summary `mAP50-95(B)`...); pycocotools' text in `log`."
+    """COCOeval's numbers by name (`bbox/...`, `segm/...` where masks were scored, and the summary
+    `mAP50-95(B)`...); pycocotools' text in `log`."""
     log:str = ''
     def summary(self)->dict: return {k: self[k] for k in SUMMARY_NAMES if k in self}
     def _repr_markdown_(self):
         types = [t for t in ('bbox', 'segm') if f'{t}/mAP50' in self]
-        rows = '\n'.join(f"| {n} | " + ' | '.join(f"{self[f'{t}/{n}']:.4f}" for t in types) + ' |' for n in STAT_NAMES)
+        rows = '\n'.join(f"| {n} | " + ' | '.join(f"{self[f'{t}/{n}']:.4f}" for t in types) + ' |'
+                         for n in STAT_NAMES)
         return f"| | {' | '.join(types)} |\n|---|{'---|' * len(types)}\n{rows}"
 
 # %% ../nbs/07b_metrics.ipynb #8e3456d8
-CONF_GRID = np.arange(1001) / 1000   # the score thresholds of the confidence curves: 0, 0.001, ..., 1 (exact)
+# the score thresholds of the confidence curves: 0, 0.001, ..., 1 (exact)
+CONF_GRID = np.arange(1001) / 1000
 
 def at_scores(scores:np.ndarray,   # (n,) detections' scores
               tp:np.ndarray,       # (n,) bool: matched to a ground truth that counts
               n_gt:int,            # ground truths that count
               grid=CONF_GRID,      # score thresholds
              )->tuple[np.ndarray,np.ndarray]: # (len(grid),) precision and recall
-    "Precision and recall of the detections scoring at least each threshold of `grid` (precision 0 where none does)."
+    """Precision and recall of the detections scoring at least each threshold of `grid` (precision 0
+    where none does)."""
     o = np.argsort(-scores, kind='mergesort')
     tpc = np.concatenate([[0], np.cumsum(tp[o])])
     n = np.searchsorted(-scores[o], -grid, side='right')   # detections scoring >= each threshold
@@ -257,29 +293,37 @@ def at_scores(scores:np.ndarray,   # (n,) detections' scores
 def f1_score(p, r): return np.where(p + r > 0, 2 * p * r / np.where(p + r > 0, p + r, 1), 0.)
 
 def operating_point(P:np.ndarray, R:np.ndarray, ok:np.ndarray)->int:
-    "The index into `CONF_GRID` where the mean F1 of the classes `ok` (K,) is highest (the first such); P, R (K,G)."
+    """The index into `CONF_GRID` where the mean F1 of the classes `ok` (K,) is highest (the first
+    such); P, R (K,G)."""
     return int(f1_score(P[ok], R[ok]).mean(0).argmax()) if ok.any() else 0
 
 # %% ../nbs/07b_metrics.ipynb #dc58eab6
-def _ap(a:np.ndarray)->float|None: return float(a[a > -1].mean()) if (a > -1).any() else None   # as COCOeval's summary
+def _ap(a:np.ndarray)->float|None:
+    return float(a[a > -1].mean()) if (a > -1).any() else None   # as COCOeval's summary
 
 def _class_eval(cat_ids, ap50_95, ap50, pr, P, R, n_gt, recall)->dict:
     n_gt = np.asarray(n_gt)
     i = operating_point(P, R, n_gt > 0)
-    return {'cat_ids': [int(c) for c in cat_ids], 'mAP50-95': ap50_95, 'mAP50': ap50, 'n_gt': n_gt.tolist(),
+    return {'cat_ids': [int(c) for c in cat_ids], 'mAP50-95': ap50_95, 'mAP50': ap50,
+            'n_gt': n_gt.tolist(),
             'conf': float(CONF_GRID[i]), 'P': P[:, i].tolist(), 'R': R[:, i].tolist(),
-            'recall': np.asarray(recall, np.float32), 'pr': pr, 'P_curve': P.astype(np.float32), 'R_curve': R.astype(np.float32)}
+            'recall': np.asarray(recall, np.float32), 'pr': pr, 'P_curve': P.astype(np.float32),
+            'R_curve': R.astype(np.float32)}
 
 def class_eval(E)->dict:
-    "Per category of a finished COCOeval (area all, 100 detections): AP50-95 and AP50 of `eval['precision']`, its PR curve at IoU 0.5, and P and R against the score from COCOeval's own matching at IoU 0.5."
+    """Per category of a finished COCOeval (area all, 100 detections): AP50-95 and AP50 of
+    `eval['precision']`, its PR curve at IoU 0.5, and P and R against the score from COCOeval's own
+    matching at IoU 0.5."""
     prec = E.eval['precision'][:, :, :, 0, -1]   # (IoU thresholds, recall thresholds, categories)
     dets, gts = E.per_instance(iou_thr=.5)        # every detection's verdict, as the AP counted it
-    live, cats = ~np.asarray(dets['ignore'], bool), list(E.params.catIds)   # ignored: matched a crowd region
+    # ignored: matched a crowd region
+    live, cats = ~np.asarray(dets['ignore'], bool), list(E.params.catIds)
     n_gt = [int(((gts['category_id'] == c) & ~np.asarray(gts['ignore'], bool)).sum()) for c in cats]
     PR = [at_scores(dets['score'][m], dets['gt_id'][m] >= 0, n) for c, n in zip(cats, n_gt)
           for m in [live & (dets['category_id'] == c)]]
     P, R = (np.array([x[j] for x in PR]).reshape(len(cats), len(CONF_GRID)) for j in (0, 1))
-    return _class_eval(cats, [_ap(prec[:, :, k]) for k in range(len(cats))], [_ap(prec[0, :, k]) for k in range(len(cats))],
+    return _class_eval(cats, [_ap(prec[:, :, k]) for k in range(len(cats))],
+                       [_ap(prec[0, :, k]) for k in range(len(cats))],
                        np.clip(prec[0].T, 0, None).astype(np.float32), P, R, n_gt, E.params.recThrs)
 
 def no_detections_eval(coco_gt, image_ids:list, cats:list)->dict:
@@ -287,10 +331,12 @@ def no_detections_eval(coco_gt, image_ids:list, cats:list)->dict:
     n, z = gt_counts(coco_gt, image_ids), np.zeros((len(cats), len(CONF_GRID)))
     n_gt = [n.get(c, (0, 0))[1] for c in cats]
     ap = [0. if k else None for k in n_gt]
-    return _class_eval(cats, ap, ap, np.zeros((len(cats), 101), np.float32), z, z, n_gt, np.linspace(0, 1, 101))
+    return _class_eval(cats, ap, ap, np.zeros((len(cats), 101), np.float32), z, z, n_gt,
+                       np.linspace(0, 1, 101))
 
 def gt_counts(coco_gt, image_ids)->dict:
-    "{category id: (images, instances)} of the ground truth of `image_ids`, crowd regions not counted."
+    """{category id: (images, instances)} of the ground truth of `image_ids`, crowd regions not
+    counted."""
     keep, imgs, n = set(image_ids), {}, {}
     for a in coco_gt.dataset['annotations']:
         if a['image_id'] in keep and not a.get('iscrowd', 0):
@@ -301,7 +347,8 @@ def gt_counts(coco_gt, image_ids)->dict:
 
 # %% ../nbs/07b_metrics.ipynb #071b1a29
 def match_boxes(ious:np.ndarray, thr:float)->tuple[np.ndarray,np.ndarray]:
-    "Pairs (detection, ground truth) of `ious` (D,G) at IoU >= `thr`, best IoU first, each detection and each ground truth in one pair at most."
+    """Pairs (detection, ground truth) of `ious` (D,G) at IoU >= `thr`, best IoU first, each
+    detection and each ground truth in one pair at most."""
     d, g = np.nonzero(ious >= thr)
     o = np.argsort(-ious[d, g], kind='stable')
     d, g = d[o], g[o]
@@ -319,46 +366,60 @@ def confusion_matrix(
     cat_ids:list,        # category ids in class order
     conf:float=0.25,     # detections scoring above this count (those `lucid predict` keeps)
     iou:float=0.5,       # box IoU of a match
-)->np.ndarray:           # (K+1,K+1) int64: rows predicted class, columns true class; index K: background
-    "Counts of detections against ground truth, matched by box IoU across classes (so that one class taken for another shows)."
+)->np.ndarray:   # (K+1,K+1) int64: rows predicted class, columns true class; index K: background
+    """Counts of detections against ground truth, matched by box IoU across classes (so that one
+    class taken for another shows)."""
     index, K = {int(c): k for k, c in enumerate(cat_ids)}, len(cat_ids)
     m, by_image = np.zeros((K + 1, K + 1), np.int64), {}
     for r in results:
-        if r['score'] > conf and r['category_id'] in index: by_image.setdefault(r['image_id'], []).append(r)
+        if r['score'] > conf and r['category_id'] in index:
+            by_image.setdefault(r['image_id'], []).append(r)
     for i in image_ids:
         anns = [a for a in coco_gt.imgToAnns.get(i, []) if a['category_id'] in index]
-        gts, crowd, dts = [a for a in anns if not a.get('iscrowd')], [a for a in anns if a.get('iscrowd')], by_image.get(i, [])
+        gts, crowd, dts = ([a for a in anns if not a.get('iscrowd')],
+                           [a for a in anns if a.get('iscrowd')], by_image.get(i, []))
         gc, dc = [index[a['category_id']] for a in gts], [index[r['category_id']] for r in dts]
         box = lambda xs: [x['bbox'] for x in xs]
-        ious = np.array(mask_utils.iou(box(dts), box(gts), [0] * len(gts))).reshape(len(dts), len(gts)) if dts and gts else np.zeros((len(dts), len(gts)))
+        ious = (np.array(mask_utils.iou(box(dts), box(gts),
+                                        [0] * len(gts))).reshape(len(dts), len(gts)) if dts and gts
+                else np.zeros((len(dts), len(gts))))
         d, g = match_boxes(ious, iou)
         np.add.at(m, (np.array(dc, int)[d], np.array(gc, int)[g]), 1)
-        np.add.at(m, (K, np.delete(np.array(gc, int), g)), 1)                      # missed: background predicted
+        np.add.at(m, (K, np.delete(np.array(gc, int), g)), 1)   # missed: background predicted
         free = np.setdiff1d(np.arange(len(dts)), d)
-        if crowd and len(free):   # an unmatched detection on a crowd region is no false positive (as in COCOeval)
-            on_crowd = np.array(mask_utils.iou(box([dts[j] for j in free]), box(crowd), [1] * len(crowd))).reshape(len(free), -1)
+        # an unmatched detection on a crowd region is no false positive (as in COCOeval)
+        if crowd and len(free):
+            on_crowd = np.array(mask_utils.iou(box([dts[j] for j in free]), box(crowd),
+                                               [1] * len(crowd))).reshape(len(free), -1)
             free = free[(on_crowd < iou).all(1)]
-        np.add.at(m, (np.array(dc, int)[free], K), 1)                               # nothing there: background true
+        np.add.at(m, (np.array(dc, int)[free], K), 1)   # nothing there: background true
     return m
 
 # %% ../nbs/07b_metrics.ipynb #40e844a2
 def _mask_results(gt, dets:list[dict]):
-    "`gt.loadRes(dets)` for mask results that carry their `area` and `bbox` (`mask_extent`): no string decoded."
+    """`gt.loadRes(dets)` for mask results that carry their `area` and `bbox` (`mask_extent`): no
+    string decoded."""
     res = FastCOCO()
-    res.dataset = dict(info=copy.deepcopy(gt.dataset.get('info', {})), images=list(gt.dataset['images']),
+    res.dataset = dict(info=copy.deepcopy(gt.dataset.get('info', {})),
+                       images=list(gt.dataset['images']),
                        categories=copy.deepcopy(gt.dataset['categories']),
-                       annotations=[dict(d, id=i + 1, iscrowd=0) for i, d in enumerate(dets)])   # as `loadRes` numbers them
+                       # as `loadRes` numbers them
+                       annotations=[dict(d, id=i + 1, iscrowd=0) for i, d in enumerate(dets)])
     res.createIndex()
     return res
 
-def _cocoeval(coco_gt:COCO, dets:list[dict], iou_type:str, image_ids:list, cats:list)->tuple[tuple, str]:
+def _cocoeval(coco_gt:COCO, dets:list[dict], iou_type:str, image_ids:list,
+              cats:list)->tuple[tuple, str]:
     def run():
         keep, d = set(image_ids), coco_gt.dataset
-        gt = FastCOCO()  # COCOeval('segm') rewrites the GT's polygons into RLE in place: give it copies of the annotation dicts
+        # COCOeval('segm') rewrites the GT's polygons into RLE in place: give it copies of the
+        # annotation dicts
+        gt = FastCOCO()
         gt.dataset = dict(d, images=[im for im in d['images'] if im['id'] in keep],
                           annotations=[dict(a) for a in d['annotations'] if a['image_id'] in keep])
         gt.createIndex()
-        E = FastCOCOeval(gt, _mask_results(gt, dets) if 'area' in dets[0] else gt.loadRes(dets), iou_type)
+        E = FastCOCOeval(gt, _mask_results(gt, dets) if 'area' in dets[0] else gt.loadRes(dets),
+                         iou_type)
         E.params.imgIds = image_ids
         if cats: E.params.catIds = cats
         E.evaluate()
@@ -378,28 +439,39 @@ def coco_evaluate(
     cat_ids=None,        # the model's category ids, in class order: the confusion matrix's rows and columns (default: `coco_gt`'s, sorted)
     iou_types=('bbox', 'segm'), # what is scored: a detector's results (`00c_tasks`), `('bbox',)`
 )->CocoStats:            # 12 numbers each for `bbox/` and `segm/`, plus the summary; per class in `classes`, `confusion`
-    "COCO mAP and mAR of boxes and masks, by COCOeval (ultrafast-pycocotools: pycocotools' numbers to the bit, faster), per class too."
-    ids = sorted({int(i) for i in (coco_gt.getImgIds() if image_ids is None else as_floats(image_ids))})
+    """COCO mAP and mAR of boxes and masks, by COCOeval (ultrafast-pycocotools: pycocotools' numbers
+    to the bit, faster), per class too."""
+    ids = sorted({int(i) for i in (coco_gt.getImgIds() if image_ids is None
+                                   else as_floats(image_ids))})
     keep = set(ids)
-    cats = sorted({a['category_id'] for a in coco_gt.dataset['annotations'] if a['image_id'] in keep})
+    cats = sorted({a['category_id'] for a in coco_gt.dataset['annotations']
+                   if a['image_id'] in keep})
     if mask_stats is None: mask_stats = [None] * len(results)
-    if len(mask_stats) != len(results): raise ValueError(f"mask_stats: {len(mask_stats)} entries for {len(results)} results")
-    in_gt, scored = set(cats), [(r, s) for r, s in zip(results, mask_stats) if r['image_id'] in keep]
+    if len(mask_stats) != len(results):
+        raise ValueError(f"mask_stats: {len(mask_stats)} entries for {len(results)} results")
+    in_gt, scored = (set(cats),
+                     [(r, s) for r, s in zip(results, mask_stats) if r['image_id'] in keep])
     stats, logs = CocoStats(), []
     stats.per_class = {}   # iou type -> {category id: AP50-95} of the categories with ground truth
     stats.classes = {}     # iou type -> `class_eval` of the categories with ground truth
-    for iou_type, key in ((t, k) for t, k in (('bbox', 'bbox'), ('segm', 'segmentation')) if t in iou_types):
+    for iou_type, key in ((t, k) for t, k in (('bbox', 'bbox'), ('segm', 'segmentation'))
+                          if t in iou_types):
         mine = [(r, s) for r, s in scored if key in r]
-        # a category without ground truth here only adds -1s: the same numbers with less work; each type sees only its
-        # own field (as from a results file of its own), in fresh dicts: `loadRes` writes into what it is given. Masks
-        # whose area and box are known skip `loadRes`'s decoding of every string (`_mask_results`)
+        # a category without ground truth here only adds -1s: the same numbers with less work; each
+        # type sees only its own field (as from a results file of its own), in fresh dicts:
+        # `loadRes` writes into what it is given. Masks whose area and box are known skip
+        # `loadRes`'s decoding of every string (`_mask_results`)
         known = iou_type == 'segm' and all(s is not None for _, s in mine)
-        dets = [{'image_id': r['image_id'], 'category_id': r['category_id'], key: r[key], 'score': r['score'],
+        dets = [{'image_id': r['image_id'], 'category_id': r['category_id'], key: r[key],
+                 'score': r['score'],
                  **({'area': s[0], 'bbox': s[1]} if known else {})}
                 for r, s in ([(r, s) for r, s in mine if r['category_id'] in in_gt] or mine)]
-        if dets and ids: (s, stats.per_class[iou_type], stats.classes[iou_type]), log = _cocoeval(coco_gt, dets, iou_type, ids, cats)
+        if dets and ids:
+            (s, stats.per_class[iou_type],
+             stats.classes[iou_type]), log = _cocoeval(coco_gt, dets, iou_type, ids, cats)
         else:
-            s, log, stats.per_class[iou_type] = [0.] * len(STAT_NAMES), 'no detections: all zeros\n', {}
+            s, log, stats.per_class[iou_type] = ([0.] * len(STAT_NAMES),
+                                                 'no detections: all zeros\n', {})
             stats.classes[iou_type] = no_detections_eval(coco_gt, ids, cats)
         stats.update({f'{iou_type}/{n}': float(v) for n, v in zip(STAT_NAMES, s)})
         logs.append(f'== {iou_type} on {len(ids)} images, {len(mine)} detections\n{log}')
@@ -412,42 +484,55 @@ def coco_evaluate(
 
 # %% ../nbs/07b_metrics.ipynb #182df248
 def class_rows(stats:CocoStats, class_names=None)->list[dict]:
-    "The 'all' row and one row per class with ground truth: images, instances, and box and (where masks were scored) mask P, R, mAP50, mAP50-95."
+    """The 'all' row and one row per class with ground truth: images, instances, and box and (where
+    masks were scored) mask P, R, mAP50, mAP50-95."""
     names = dict(zip(stats.cat_ids, class_names or []))
     box, mask = stats.classes['bbox'], stats.classes.get('segm')
-    def numbers(ce, k): return {'P': ce['P'][k], 'R': ce['R'][k], 'mAP50': ce['mAP50'][k], 'mAP50-95': ce['mAP50-95'][k]}
+    def numbers(ce, k):
+        return {'P': ce['P'][k], 'R': ce['R'][k], 'mAP50': ce['mAP50'][k],
+                'mAP50-95': ce['mAP50-95'][k]}
     def mean(ce, t):
         ok = [k for k, n in enumerate(ce['n_gt']) if n]
-        return {'P': float(np.mean([ce['P'][k] for k in ok])) if ok else 0., 'R': float(np.mean([ce['R'][k] for k in ok])) if ok else 0.,
-                'mAP50': stats[f'{t}/mAP50'], 'mAP50-95': stats[f'{t}/mAP50-95'], 'conf': ce['conf']}
+        return {'P': float(np.mean([ce['P'][k] for k in ok])) if ok else 0.,
+                'R': float(np.mean([ce['R'][k] for k in ok])) if ok else 0.,
+                'mAP50': stats[f'{t}/mAP50'], 'mAP50-95': stats[f'{t}/mAP50-95'],
+                'conf': ce['conf']}
     counts = stats.gt_counts
     masks = lambda f: {} if mask is None else {'mask': f()}
-    rows = [dict(cls='all', category_id=None, images=stats.images, instances=sum(n for _, n in counts.values()),
+    rows = [dict(cls='all', category_id=None, images=stats.images,
+                 instances=sum(n for _, n in counts.values()),
                  box=mean(box, 'bbox'), **masks(lambda: mean(mask, 'segm')))]
     for k, c in enumerate(box['cat_ids']):
-        if c in counts: rows.append(dict(cls=str(names.get(c, c)), category_id=c, images=counts[c][0], instances=counts[c][1],
-                                         box=numbers(box, k), **masks(lambda: numbers(mask, k))))
+        if c in counts:
+            rows.append(dict(cls=str(names.get(c, c)), category_id=c, images=counts[c][0],
+                             instances=counts[c][1],
+                             box=numbers(box, k), **masks(lambda: numbers(mask, k))))
     return rows
 
 def class_table(rows:list[dict])->str:
     "`class_rows` as aligned text, one line per class (as Ultralytics prints it)."
     w = min(26, max(len(r['cls']) + 2 for r in rows + [dict(cls='Class' * 2)]))
     types = [t for t in ('box', 'mask') if t in rows[0]]   # a detector's rows have no mask numbers
-    head = ['Images', 'Instances'] + [h for t in types for h in (f'{t.title()}(P', 'R', 'mAP50', 'mAP50-95)')]
+    head = (['Images', 'Instances']
+            + [h for t in types for h in (f'{t.title()}(P', 'R', 'mAP50', 'mAP50-95)')])
     lines = [f"{'Class':>{w}}" + ''.join(f"{h:>11}" for h in head)]
     for r in rows:
         v = [r[t][n] for t in types for n in ('P', 'R', 'mAP50', 'mAP50-95')]
-        lines.append(f"{r['cls'][:w - 2]:>{w}}{r['images']:>11}{r['instances']:>11}" + ''.join(f"{x:>11.3f}" if x is not None else f"{'-':>11}" for x in v))
+        lines.append(f"{r['cls'][:w - 2]:>{w}}{r['images']:>11}{r['instances']:>11}"
+                     + ''.join(f"{x:>11.3f}" if x is not None else f"{'-':>11}" for x in v))
     return '\n'.join(lines)
 
 def speed_line(speed:dict)->str:
     "Milliseconds per image of validation's parts, in one line."
-    return ('Speed: ' + ', '.join(f"{speed[k]:.1f}ms {k}" for k in ('preprocess', 'inference', 'postprocess') if speed.get(k) is not None)
+    return ('Speed: '
+            + ', '.join(f"{speed[k]:.1f}ms {k}" for k in ('preprocess', 'inference', 'postprocess')
+                        if speed.get(k) is not None)
             + ' per image')
 
 # %% ../nbs/07b_metrics.ipynb #3e84c621
 class Validator:
-    "Accumulates COCO results from the Segment head's eval output, batch by batch, and evaluates them."
+    """Accumulates COCO results from the Segment head's eval output, batch by batch, and evaluates
+    them."""
     def __init__(self,
                  cat_ids=COCO80_IDS,     # COCO category id of each contiguous class
                  conf:float=0.001,       # NMS score threshold
@@ -460,10 +545,13 @@ class Validator:
                  rules:str='lucid',      # the checkpoint's inference rules (`00b_core`): 'ultralytics' takes `_update_ultralytics`
                  predict:bool=False,     # predicting, not validating (Ultralytics' rules differ between the two)
                  scored:int|None=100):   # validating by lucid's rules: only each image's best this many of a class (COCOeval's `maxDets`; `class_top`); None: all
-        self.cat_ids, self.masks, self.group_pixels, self.scored = cat_ids, masks, group_pixels, scored
+        self.cat_ids, self.masks, self.group_pixels, self.scored = (
+            cat_ids, masks, group_pixels, scored)
         self.rules, self.predict = check_rules(rules), predict
-        if rules == 'ultralytics': multi_label = not predict   # Ultralytics: one label per box predicting, several validating
-        self.nms_kw = dict(conf=conf, iou=iou, max_det=max_det, max_nms=max_nms, multi_label=multi_label)
+        # Ultralytics: one label per box predicting, several validating
+        if rules == 'ultralytics': multi_label = not predict
+        self.nms_kw = dict(conf=conf, iou=iou, max_det=max_det, max_nms=max_nms,
+                           multi_label=multi_label)
         self.reset()
 
     def reset(self):
@@ -475,8 +563,10 @@ class Validator:
                eval_out:dict,  # the head's eval output: boxes (B,A,4), scores (B,A,K), coef (B,A,P), proto (B,P,S/4,S/4)
                batch:dict):    # the batch: image_id (B,), orig_hw (B,2), letterbox (B,3)
         "Add one batch's detections to `results`."
-        with torch.autocast(eval_out['boxes'].device.type, enabled=False):  # validation may run under bf16 autocast
-            (self._update_ultralytics if self.rules == 'ultralytics' else self._update)(eval_out, batch)
+        # validation may run under bf16 autocast
+        with torch.autocast(eval_out['boxes'].device.type, enabled=False):
+            (self._update_ultralytics if self.rules == 'ultralytics'
+             else self._update)(eval_out, batch)
 
     def compute(self, coco_gt:COCO)->CocoStats:
         "COCO metrics of everything added since the last `reset`."
@@ -490,30 +580,39 @@ class Validator:
 # %% ../nbs/07b_metrics.ipynb #63379421
 @patch
 def _update(self:Validator, eval_out:dict, batch:dict):
-    "`update` by lucid's rules: NMS, boxes back to the images, one copy to the host, and the masks (`_group_masks`)."
-    eval_out = {k: v.float() for k, v in eval_out.items()}             # the branches' outputs may be bf16
-    dets = nms(eval_out['boxes'], eval_out['scores'], **self.nms_kw, per_class=None if self.predict else self.scored)
+    """`update` by lucid's rules: NMS, boxes back to the images, one copy to the host, and the masks
+    (`_group_masks`)."""
+    eval_out = {k: v.float() for k, v in eval_out.items()}   # the branches' outputs may be bf16
+    dets = nms(eval_out['boxes'], eval_out['scores'], **self.nms_kw, per_class=None if self.predict
+               else self.scored)
     ids, hws, lbs = (batch[k].cpu() for k in ('image_id', 'orig_hw', 'letterbox'))
-    pads = batch['letterbox'].to(eval_out['boxes'].device).float()[:, [1, 2, 1, 2]]   # the images' pads, on the device
+    # the images' pads, on the device
+    pads = batch['letterbox'].to(eval_out['boxes'].device).float()[:, [1, 2, 1, 2]]
     boxes = [unletterbox_boxes(d['boxes'], lbs[i], hws[i], pads[i]) for i, d in enumerate(dets)]
-    spans = [box_spans(b, *map(int, hw)) for b, hw in zip(boxes, hws.tolist())] if self.masks else []
+    spans = ([box_spans(b, *map(int, hw)) for b, hw in zip(boxes, hws.tolist())] if self.masks
+             else [])
     rows = [torch.cat([b, d['scores'][:, None], d['classes'][:, None].float()]
                       + ([(spans[i][:, 1::2] - spans[i][:, ::2]).float()] if self.masks else []), 1)
-            for i, (b, d) in enumerate(zip(boxes, dets))]                   # per image: box, score, class, crop size
-    rows = torch.cat(rows).cpu().split([len(d['scores']) for d in dets])  # one copy to the host for the batch
+            for i, (b, d) in enumerate(zip(boxes, dets))]  # per image: box, score, class, crop size
+    # one copy to the host for the batch
+    rows = torch.cat(rows).cpu().split([len(d['scores']) for d in dets])
     preds = [dict(boxes=r[:, :4], scores=r[:, 4], classes=r[:, 5].long()) for r in rows]
     if self.masks:
-        texts, stats = self._group_masks(eval_out, dets, spans, [r[:, 6:].long().tolist() for r in rows], hws, lbs)
-        self.mask_stats += [(s[0], [float(v) for v in s[1:]]) for s in stats]   # in the order of the results
+        texts, stats = self._group_masks(eval_out, dets, spans,
+                                         [r[:, 6:].long().tolist() for r in rows], hws, lbs)
+        # in the order of the results
+        self.mask_stats += [(s[0], [float(v) for v in s[1:]]) for s in stats]
         texts = iter(texts)
-        for p, (h, w) in zip(preds, hws.long().tolist()): p['masks'] = [{'size': [h, w], 'counts': next(texts)} for _ in range(len(p['scores']))]
+        for p, (h, w) in zip(preds, hws.long().tolist()):
+            p['masks'] = [{'size': [h, w], 'counts': next(texts)} for _ in range(len(p['scores']))]
     self.results += coco_results(preds, ids, self.cat_ids)
     if not self.masks: self.mask_stats += [None] * (len(self.results) - len(self.mask_stats))
     self.image_ids += [int(i) for i in ids]
 
 # %% ../nbs/07b_metrics.ipynb #494dd3b3
 def anchor_masks(dets:list)->tuple|None: # per image: the first detection of each anchor (int64 indices), and where each detection's mask is among them all
-    "The detections of `dets` (on the host) that make the masks, one an anchor, and for every detection its mask's place; None when no anchor repeats."
+    """The detections of `dets` (on the host) that make the masks, one an anchor, and for every
+    detection its mask's place; None when no anchor repeats."""
     kept, at, start = [], [], 0
     for d in dets:
         _, first, inverse = np.unique(d['anchors'].numpy(), return_index=True, return_inverse=True)
@@ -527,20 +626,26 @@ def anchor_masks(dets:list)->tuple|None: # per image: the first detection of eac
 def _group_masks(self:Validator,
                  eval_out:dict,  # the head's eval output, float
                  dets:list,      # `nms`'s kept detections of each image
-                 spans:list,     # `box_spans` of each image's detections on the image (on the device)
+                 spans:list,   # `box_spans` of each image's detections on the image (on the device)
                  sizes:list,     # the same crops' (rows, columns) of each image, on the host
                  hws:Tensor, lbs:Tensor, # (B,2) the images' sizes, (B,3) their letterboxes, on the host
                 )->tuple[list,list]: # the masks' RLE strings and (area, x, y, w, h), image after image
-    "The kept detections' masks, made for groups of images at once, up to `group_pixels` a group; their strings a few groups at once."
-    if not eval_out['coef'].is_cuda:   # on the CPU, where masks are most of validation: one mask an anchor (`anchor_masks`)
+    """The kept detections' masks, made for groups of images at once, up to `group_pixels` a group;
+    their strings a few groups at once."""
+    # on the CPU, where masks are most of validation: one mask an anchor (`anchor_masks`)
+    if not eval_out['coef'].is_cuda:
         if (once := anchor_masks(dets)) is not None:
             first, at = once
-            texts, stats = self._group_masks(eval_out, [{k: v[f] for k, v in d.items()} for d, f in zip(dets, first)],
+            texts, stats = self._group_masks(eval_out,
+                                             [{k: v[f] for k, v in d.items()}
+                                               for d, f in zip(dets, first)],
                                              [s[f] for s, f in zip(spans, first)],
-                                             [[s[j] for j in f.tolist()] for s, f in zip(sizes, first)], hws, lbs)
+                                             [[s[j] for j in f.tolist()]
+                                               for s, f in zip(sizes, first)], hws, lbs)
             return [texts[g] for g in at], [stats[g] for g in at]
-    # an image's pixels: its detections' masks on the prototype grid and their crops on the image. The strings of
-    # several groups are made at once, up to `rle_strings`' own budget of counts (few host calls)
+    # an image's pixels: its detections' masks on the prototype grid and their crops on the image.
+    # The strings of several groups are made at once, up to `rle_strings`' own budget of counts (few
+    # host calls)
     texts, stats, cells = [], [], eval_out['proto'][0, 0].numel()
     pending = []   # (counts, runs, H·W) of groups whose strings are not made yet
     def strings():   # the pending groups' strings, in one call
@@ -548,56 +653,75 @@ def _group_masks(self:Validator,
             counts, runs, hw = zip(*pending)
             texts.extend(rle_strings(torch.cat(counts), torch.cat(runs), max(hw)))
         pending.clear()
-    # what every group needs of its detections is made once for the batch and sliced: their rows, in image order
+    # what every group needs of its detections is made once for the batch and sliced: their rows, in
+    # image order
     per_image = [len(s) for s in sizes]
     first = [0, *itertools.accumulate(per_image)]
     coef = torch.cat([eval_out['coef'][i][d['anchors']] for i, d in enumerate(dets)])
-    lb_boxes, crops, flat = torch.cat([d['boxes'] for d in dets]), torch.cat(spans), sum(sizes, [])   # letterboxed; spans
-    table, ys, xs = crop_table(crops, image_index(per_image), hws.long(), lbs.double(), eval_out['proto'].shape[-2:])
+    # letterboxed; spans
+    lb_boxes, crops, flat = torch.cat([d['boxes'] for d in dets]), torch.cat(spans), sum(sizes, [])
+    table, ys, xs = crop_table(crops, image_index(per_image), hws.long(), lbs.double(),
+                               eval_out['proto'].shape[-2:])
     window = proto_window(lb_boxes, eval_out['proto'][0])
-    for a, b in slices_up_to([len(s) * cells + sum(h * w for h, w in s) for s in sizes], self.group_pixels):
+    for a, b in slices_up_to([len(s) * cells + sum(h * w for h, w in s) for s in sizes],
+                             self.group_pixels):
         group = slice(first[a], first[b])   # its detections' rows
-        *runs, ext = batch_mask_runs(coef[group], eval_out['proto'][a:b], lb_boxes[group], per_image[a:b], lbs[a:b],
+        *runs, ext = batch_mask_runs(coef[group], eval_out['proto'][a:b], lb_boxes[group],
+                                     per_image[a:b], lbs[a:b],
                                      hws[a:b], spans=crops[group], sizes=flat[group], extent=True,
-                                     table=(table[group], ys, xs), window=(window[0][group], window[1][group]))
+                                     table=(table[group], ys, xs),
+                                     window=(window[0][group], window[1][group]))
         pending.append((*runs, int(hws[a:b].long().prod(1).max())))
         if sum(len(p[0]) for p in pending) >= RLE_COUNTS: strings()
         stats.append(ext)
     strings()
-    return texts, (torch.cat(stats).tolist() if stats else [])   # area, x, y, w, h of every mask: one copy
+    # area, x, y, w, h of every mask: one copy
+    return texts, (torch.cat(stats).tolist() if stats else [])
 
 # %% ../nbs/07b_metrics.ipynb #47269640
 @patch
 def _update_ultralytics(self:Validator, eval_out:dict, batch:dict):
-    "`_update` by Ultralytics' rules: boxes by the batch's `ratio_pad`, masks by `ultralytics_masks`; predicting, no empty mask."
+    """`_update` by Ultralytics' rules: boxes by the batch's `ratio_pad`, masks by
+    `ultralytics_masks`; predicting, no empty mask."""
     eval_out = {k: v.float() for k, v in eval_out.items()}
     dets = nms(eval_out['boxes'], eval_out['scores'], **self.nms_kw)
-    ids, hws, rps, preds = batch['image_id'].cpu(), batch['orig_hw'].cpu().tolist(), batch['ratio_pad'].cpu(), []
+    ids, hws, rps, preds = (batch['image_id'].cpu(), batch['orig_hw'].cpu().tolist(),
+                            batch['ratio_pad'].cpu(), [])
     for i, d in enumerate(dets):
-        p = dict(boxes=ratio_pad_boxes(d['boxes'], rps[i], hws[i]), scores=d['scores'], classes=d['classes'])
+        p = dict(boxes=ratio_pad_boxes(d['boxes'], rps[i], hws[i]), scores=d['scores'],
+                 classes=d['classes'])
         if self.masks:
             m = ultralytics_masks(eval_out['coef'][i][d['anchors']], eval_out['proto'][i],
-                                  p['boxes'] if self.predict else d['boxes'], hws[i], rps[i], native=self.predict)
+                                  p['boxes'] if self.predict else d['boxes'], hws[i], rps[i],
+                                  native=self.predict)
             if self.predict:
                 keep = m.flatten(1).any(1)
                 p, m = {k: v[keep] for k, v in p.items()}, m[keep]
-            p['masks'] = rle_encode(m) if m.is_cuda else [dict(r, counts=r['counts'].decode()) for r in   # pycocotools': faster on a CPU
-                         (mask_utils.encode(np.asfortranarray(m.permute(1, 2, 0).numpy().astype(np.uint8))) if len(m) else [])]
+            # pycocotools': faster on a CPU
+            p['masks'] = rle_encode(m) if m.is_cuda else [
+                dict(r, counts=r['counts'].decode()) for r in
+                         (mask_utils.encode(
+                             np.asfortranarray(m.permute(1, 2, 0).numpy().astype(np.uint8)))
+                          if len(m) else [])]
         preds.append(p)
     self.results += coco_results(preds, ids, self.cat_ids)
-    self.mask_stats += [None] * (len(self.results) - len(self.mask_stats))   # COCOeval decodes these masks itself
+    # COCOeval decodes these masks itself
+    self.mask_stats += [None] * (len(self.results) - len(self.mask_stats))
     self.image_ids += [int(i) for i in ids]
 
 # %% ../nbs/07b_metrics.ipynb #predconf0cd
-PREDICT_CONF = 0.25   # the least score a prediction keeps by default (validation keeps every score above its `conf`)
+# the least score a prediction keeps by default (validation keeps every score above its `conf`)
+PREDICT_CONF = 0.25
 
 def predict_conf(conf:float|None=None, given:bool=False)->float:
-    "Prediction's score threshold: `conf` itself where it was asked for (`given`); else, for a checkpoint validated at `conf`, `PREDICT_CONF` or `conf` where higher."
+    """Prediction's score threshold: `conf` itself where it was asked for (`given`); else, for a
+    checkpoint validated at `conf`, `PREDICT_CONF` or `conf` where higher."""
     if given and conf is not None: return conf
     return PREDICT_CONF if conf is None else max(conf, PREDICT_CONF)
 
 def conf_line(conf:float, max_det:int)->str|None:
-    "The one line a prediction threshold below `PREDICT_CONF` gets: how many detections it allows per image; None above."
+    """The one line a prediction threshold below `PREDICT_CONF` gets: how many detections it allows
+    per image; None above."""
     if conf >= PREDICT_CONF: return None
-    return (f"predict: scores above {conf:g} kept (below the default {PREDICT_CONF:g}): up to {max_det} detections per image "
-            f"(--model.max_det)")
+    return (f"predict: scores above {conf:g} kept (below the default {PREDICT_CONF:g}): up to "
+            f"{max_det} detections per image (--model.max_det)")

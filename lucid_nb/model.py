@@ -69,15 +69,18 @@ class C3k(nn.Module):
         super().__init__()
         c_ = int(c2 * e)
         self.cv1, self.cv2, self.cv3 = Conv(c1, c_, 1), Conv(c1, c_, 1), Conv(2 * c_, c2, 1)
-        for _ in range(n): Bottleneck(c_, c_, shortcut, k=(1, 3), e=1.0)   # drawn and dropped, as Ultralytics' C3 does
+        # drawn and dropped, as Ultralytics' C3 does
+        for _ in range(n): Bottleneck(c_, c_, shortcut, k=(1, 3), e=1.0)
         self.m = nn.Sequential(*(Bottleneck(c_, c_, shortcut, k=(k, k), e=1.0) for _ in range(n)))
-    def forward(self, x:Tensor)->Tensor: return self.cv3(torch.cat([self.m(self.cv1(x)), self.cv2(x)], 1))
+    def forward(self, x:Tensor)->Tensor:
+        return self.cv3(torch.cat([self.m(self.cv1(x)), self.cv2(x)], 1))
 
 class C3k2(C2f):
     "`C2f` whose inner blocks are `C3k` (when `c3k`) or bottlenecks."
     def __init__(self, c1:int, c2:int, n:int=1, c3k:bool=False, e:float=0.5, shortcut:bool=True):
         super().__init__(c1, c2, n, shortcut, e)
-        self.m = nn.ModuleList(C3k(self.c, self.c, 2, shortcut) if c3k else Bottleneck(self.c, self.c, shortcut)
+        self.m = nn.ModuleList(C3k(self.c, self.c, 2, shortcut) if c3k
+                               else Bottleneck(self.c, self.c, shortcut)
                                for _ in range(n))
 
 # %% ../nbs/02_model.ipynb #e81f7947
@@ -95,7 +98,8 @@ class SPPF(nn.Module):
 
 # %% ../nbs/02_model.ipynb #615ca29e
 class Attention(nn.Module):
-    "Multi-head self-attention over the positions of a feature map, with a depth-wise positional encoding."
+    """Multi-head self-attention over the positions of a feature map, with a depth-wise positional
+    encoding."""
     def __init__(self, dim:int, num_heads:int=8, attn_ratio:float=0.5):
         super().__init__()
         self.num_heads, self.head_dim = num_heads, dim // num_heads
@@ -106,8 +110,9 @@ class Attention(nn.Module):
         self.pe = Conv(dim, dim, 3, 1, g=dim, act=False)
     def forward(self, x:Tensor)->Tensor:
         B, C, H, W = x.shape
-        q, k, v = self.qkv(x).view(B, self.num_heads, 2 * self.key_dim + self.head_dim, H * W).split(
-            [self.key_dim, self.key_dim, self.head_dim], 2)           # (B,nh,kd,N) (B,nh,kd,N) (B,nh,hd,N)
+        q, k, v = self.qkv(x).view(B, self.num_heads, 2 * self.key_dim + self.head_dim,
+                                   H * W).split(
+            [self.key_dim, self.key_dim, self.head_dim], 2)   # (B,nh,kd,N) (B,nh,kd,N) (B,nh,hd,N)
         attn = ((q.transpose(-2, -1) @ k) * self.scale).softmax(-1)  # (B,nh,N,N)
         y = (v @ attn.transpose(-2, -1)).view(B, C, H, W) + self.pe(v.reshape(B, C, H, W))
         return self.proj(y)
@@ -147,12 +152,15 @@ class Scale:
     def ch(self, c:int)->int: return math.ceil(min(c, self.max_channels) * self.width / 8) * 8
     def n(self, d:int)->int: return max(round(d * self.depth), 1) if d > 1 else d
 
-SCALES = dict(n=Scale(0.50, 0.25, 1024), s=Scale(0.50, 0.50, 1024), m=Scale(0.50, 1.00, 512, c3k=True))
+SCALES = dict(n=Scale(0.50, 0.25, 1024), s=Scale(0.50, 0.50, 1024),
+              m=Scale(0.50, 1.00, 512, c3k=True))
 
 def get_scale(scale:str|Scale)->Scale:
     "The `Scale` named `scale` (one of `SCALES`), or `scale` itself."
     if isinstance(scale, Scale): return scale
-    if scale not in SCALES: raise ValueError(f"scale={scale!r} is not a model scale; allowed values: {', '.join(SCALES)}")
+    if scale not in SCALES:
+        raise ValueError(f"scale={scale!r} is not a model scale; allowed values: "
+                         f"{', '.join(SCALES)}")
     return SCALES[scale]
 
 # %% ../nbs/02_model.ipynb #e0c8ee13
@@ -192,7 +200,8 @@ class Neck(nn.Module):
         sc = get_scale(scale)
         c, n = sc.ch, sc.n
         c3, c4, c5 = ch or (c(512), c(512), c(1024))
-        self.up4, self.up3 = nn.Upsample(scale_factor=2., mode='nearest'), nn.Upsample(scale_factor=2., mode='nearest')
+        self.up4, self.up3 = (nn.Upsample(scale_factor=2., mode='nearest'),
+                              nn.Upsample(scale_factor=2., mode='nearest'))
         self.td4 = C3k2(c5 + c4, c(512), n(2), sc.c3k)       # top-down, stride 16
         self.td3 = C3k2(c(512) + c3, c(256), n(2), sc.c3k)   # top-down, stride 8  → N3
         self.down3 = Conv(c(256), c(256), 3, 2)
@@ -224,7 +233,9 @@ class YoloModel(nn.Module):
 # %% ../nbs/02_model.ipynb #cd37eb6b
 def _params(m:nn.Module)->int: return sum(p.numel() for p in m.parameters())
 
-def _shape(o): return tuple(o.shape) if isinstance(o, Tensor) else [_shape(t) for t in o] if isinstance(o, (list, tuple)) else '…'
+def _shape(o):
+    return (tuple(o.shape) if isinstance(o, Tensor) else [_shape(t) for t in o]
+            if isinstance(o, (list, tuple)) else '…')
 
 class _ShapeRecorder:
     "Forward hook that stores a module's output shape under its name (a class, not a lambda)."
@@ -243,7 +254,8 @@ class ModelSummary:
     @property
     def gflops(self)->float: return self.flops / 1e9
     def _repr_markdown_(self)->str:
-        lines = [f"**{self.params:,} parameters, {self.gflops:.2f} GFLOPs** at {self.size}×{self.size} "
+        lines = [f"**{self.params:,} parameters, {self.gflops:.2f} GFLOPs** at "
+                 f"{self.size}×{self.size} "
                  "(FLOPs = 2 × multiply-accumulates, batch 1)", "",
                  "| layer | type | params | GFLOPs | output shape |", "|---|---|---:|---:|---|"]
         lines += [f"| {n} | {t} | {p:,} | {f/1e9:.3f} | {s} |" for n, t, p, f, s in self.rows]
@@ -263,12 +275,14 @@ class ModelSummary:
 
 # %% ../nbs/02_model.ipynb #eabff302
 def summary_layers(model:nn.Module)->list[tuple[str,nn.Module]]:
-    "The layers a summary reports: backbone layers, neck blocks, and the head's prediction calls (else top-level children)."
+    """The layers a summary reports: backbone layers, neck blocks, and the head's prediction calls
+    (else top-level children)."""
     if not isinstance(model, YoloModel): return list(model.named_children())
     names = {m: n for n, m in model.named_modules()}
     layers = [(f'backbone.layers.{i}', m) for i, m in enumerate(model.backbone.layers)]
     layers += [(f'neck.{n}', m) for n, m in model.neck.named_children()]
-    calls = model.head.prediction_calls() if hasattr(model.head, 'prediction_calls') else model.head.named_children()
+    calls = (model.head.prediction_calls() if hasattr(model.head, 'prediction_calls')
+             else model.head.named_children())
     return layers + [(names[c[1]], c[1]) for c in calls]
 
 def model_summary(
@@ -276,11 +290,14 @@ def model_summary(
     size:int=640,      # input side S
 )->ModelSummary:
     "Count parameters and FLOPs of one eval-mode forward of a (1,3,size,size) image, per layer."
-    model = copy.deepcopy(model).to('meta').eval()  # shapes and FLOPs only: no compute, `model` untouched
+    # shapes and FLOPs only: no compute, `model` untouched
+    model = copy.deepcopy(model).to('meta').eval()
     layers, shapes = summary_layers(model), {}
     for n, m in layers: m.register_forward_hook(_ShapeRecorder(shapes, n))
-    with torch.no_grad(), FlopCounterMode(display=False) as fc: model(torch.zeros(1, 3, size, size, device='meta'))
+    with torch.no_grad(), FlopCounterMode(display=False) as fc:
+        model(torch.zeros(1, 3, size, size, device='meta'))
     counts = {k: sum(v.values()) for k, v in fc.get_flop_counts().items()}
     root = type(model).__name__
-    rows = [(n, type(m).__name__, _params(m), counts.get(f'{root}.{n}', 0), shapes.get(n, '–')) for n, m in layers]
+    rows = [(n, type(m).__name__, _params(m), counts.get(f'{root}.{n}', 0), shapes.get(n, '–'))
+             for n, m in layers]
     return ModelSummary(rows, _params(model), fc.get_total_flops(), size)

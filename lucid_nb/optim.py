@@ -25,19 +25,23 @@ def param_groups(
     model:nn.Module,            # any module; frozen parameters (`requires_grad=False`) are left out
     weight_decay:float=5e-4,    # L2 decay of the `weight` group
 )->list[dict]:                  # non-empty groups among `weight`, `norm`, `bias`, in that order
-    "Split the trainable parameters into `weight` (conv/linear, decayed, `matrix=True`), `norm` and `bias` (no decay)."
+    """Split the trainable parameters into `weight` (conv/linear, decayed, `matrix=True`), `norm`
+    and `bias` (no decay)."""
     groups, seen = {'weight': [], 'norm': [], 'bias': []}, set()
     for m in model.modules():
         for n, p in m.named_parameters(recurse=False):
             if not p.requires_grad or id(p) in seen: continue
             seen.add(id(p))
-            kind = 'bias' if n == 'bias' else 'norm' if isinstance(m, _NORMS) or p.ndim < 2 else 'weight'
+            kind = ('bias' if n == 'bias' else 'norm' if isinstance(m, _NORMS) or p.ndim < 2
+                    else 'weight')
             groups[kind].append(p)
-    return [dict(name=k, params=ps, weight_decay=weight_decay if k == 'weight' else 0.0, matrix=k == 'weight')
+    return [dict(name=k, params=ps, weight_decay=weight_decay if k == 'weight' else 0.0,
+                 matrix=k == 'weight')
             for k, ps in groups.items() if ps]
 
 # %% ../nbs/05_optim.ipynb #6c32177b
-NS_COEFFS = (3.4445, -4.7750, 2.0315)   # Keller Jordan's quintic Newton–Schulz coefficients (a, b, c)
+# Keller Jordan's quintic Newton–Schulz coefficients (a, b, c)
+NS_COEFFS = (3.4445, -4.7750, 2.0315)
 
 def newton_schulz(
     G:Tensor,          # (r,c) or (n,r,c) matrices, computed in G's dtype
@@ -45,7 +49,8 @@ def newton_schulz(
     eps:float=1e-7,    # added to the Frobenius norm
 )->Tensor:             # like G, singular values mapped into about [0.7, 1.2], singular vectors kept
     "Approximately orthogonalise each matrix of `G` with the quintic Newton–Schulz iteration."
-    if G.ndim not in (2, 3): raise ValueError(f"newton_schulz: need (r,c) or (n,r,c), got {tuple(G.shape)}")
+    if G.ndim not in (2, 3):
+        raise ValueError(f"newton_schulz: need (r,c) or (n,r,c), got {tuple(G.shape)}")
     a, b, c = NS_COEFFS
     addmm = torch.addmm if G.ndim == 2 else torch.baddbmm   # β·C + α·(A@B) in one kernel
     X = G / (G.norm(dim=(-2, -1), keepdim=True) + eps)
@@ -59,13 +64,15 @@ def newton_schulz(
 
 # %% ../nbs/05_optim.ipynb #7f6ef9e4
 def _batches(updates:list[Tensor])->list[list[tuple[int,Tensor]]]:
-    "Ultralytics' batches: the (rows, cols) views by columns and scale, each run of rows within 16× of its largest, largest first."
+    """Ultralytics' batches: the (rows, cols) views by columns and scale, each run of rows within
+    16× of its largest, largest first."""
     buckets, out = {}, []
     for i, u in enumerate(updates):
         m = u.flatten(1) if u.ndim > 2 else u
-        buckets.setdefault((m.size(1), max(1, u.size(-2) / u.size(-1)) ** 0.5, m.device, m.dtype), []).append((i, m))
+        buckets.setdefault((m.size(1), max(1, u.size(-2) / u.size(-1)) ** 0.5, m.device, m.dtype),
+                           []).append((i, m))
     for items in buckets.values():
-        items.sort(key=lambda t: -t[1].size(0))                          # stable: equal rows keep their order
+        items.sort(key=lambda t: -t[1].size(0))   # stable: equal rows keep their order
         start = 0
         for j in range(1, len(items) + 1):
             if j == len(items) or items[start][1].size(0) > 16 * items[j][1].size(0):
@@ -78,30 +85,37 @@ def orthogonalise(
     steps:int=5,                   # Newton–Schulz iterations
     dtype:torch.dtype=torch.bfloat16, # dtype of the iteration (Ultralytics' MuSGD: bfloat16)
 )->list[Tensor]:                   # orthogonalised updates, each shaped and typed like its input
-    "Newton–Schulz of each update viewed as `(shape[0], -1)`, batched and scaled as Ultralytics' `muon_update`: rows zero-padded within a batch, × √max(1, shape[-2]/shape[-1])."
+    """Newton–Schulz of each update viewed as `(shape[0], -1)`, batched and scaled as Ultralytics'
+    `muon_update`: rows zero-padded within a batch, × √max(1, shape[-2]/shape[-1])."""
     out = [None] * len(updates)
     for items in _batches(updates):
         m0 = items[0][1]
         scale = max(1, updates[items[0][0]].size(-2) / updates[items[0][0]].size(-1)) ** 0.5
-        X = m0.new_zeros(len(items), m0.size(0), m0.size(1))            # zero rows stay zero through the iteration
-        torch._foreach_add_([X[j, :m.size(0)] for j, (_, m) in enumerate(items)], [m for _, m in items])
+        # zero rows stay zero through the iteration
+        X = m0.new_zeros(len(items), m0.size(0), m0.size(1))
+        torch._foreach_add_([X[j, :m.size(0)] for j, (_, m) in enumerate(items)],
+                            [m for _, m in items])
         O = newton_schulz(X.to(dtype), steps).to(m0.dtype).mul_(scale)
         for j, (i, m) in enumerate(items): out[i] = O[j, :m.size(0)].reshape(updates[i].shape)
     return out
 
 # %% ../nbs/05_optim.ipynb #95dfbac2
-HYPERPARAMS = ('lr', 'momentum', 'weight_decay', 'muon_weight', 'sgd_weight')   # 0-dim float64 tensors in every MuSGD group
+# 0-dim float64 tensors in every MuSGD group
+HYPERPARAMS = ('lr', 'momentum', 'weight_decay', 'muon_weight', 'sgd_weight')
 
 def _hyper(v, device)->Tensor:
-    "A fresh 0-dim float64 tensor on `device` holding `v` (a number or a 1-element tensor): a Python float's exact value."
-    if isinstance(v, Tensor): return v.detach().reshape(()).to(device=device, dtype=torch.float64).clone()
+    """A fresh 0-dim float64 tensor on `device` holding `v` (a number or a 1-element tensor): a
+    Python float's exact value."""
+    if isinstance(v, Tensor):
+        return v.detach().reshape(()).to(device=device, dtype=torch.float64).clone()
     return torch.tensor(float(v), dtype=torch.float64, device=device)
 
 # %% ../nbs/05_optim.ipynb #38fb6206
 class MuSGD(torch.optim.Optimizer):
-    "SGD momentum plus an orthogonalised (Muon) update for matrix groups; hyperparameters are 0-dim device tensors."
+    """SGD momentum plus an orthogonalised (Muon) update for matrix groups; hyperparameters are
+    0-dim device tensors."""
     def __init__(self,
-        params:Iterable,                 # parameters or groups (dicts; `matrix`/`use_muon` keys choose the update)
+        params:Iterable,  # parameters or groups (dicts; `matrix`/`use_muon` keys choose the update)
         lr:float=0.01,                   # learning rate η
         momentum:float=0.937,            # μ, of both buffers
         weight_decay:float=0.0,          # λ, L2 added to the SGD direction
@@ -112,8 +126,11 @@ class MuSGD(torch.optim.Optimizer):
         ns_dtype:torch.dtype=torch.bfloat16, # dtype of the Newton–Schulz iteration (Ultralytics': bfloat16)
     ):
         self.ns_steps, self.ns_dtype = ns_steps, ns_dtype
-        super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov,
-                                      muon_weight=muon_weight, sgd_weight=sgd_weight, use_muon=None))
+        super().__init__(params,
+                         dict(lr=lr, momentum=momentum, weight_decay=weight_decay,
+                              nesterov=nesterov,
+                                      muon_weight=muon_weight, sgd_weight=sgd_weight,
+                              use_muon=None))
 
 # %% ../nbs/05_optim.ipynb #d09fbeaf
 @patch
@@ -124,12 +141,16 @@ def add_param_group(self:MuSGD, param_group:dict):
     g = self.param_groups[-1]
     ps = g['params']
     devs = {p.device for p in ps}
-    if len(devs) > 1: raise ValueError(f"MuSGD: a parameter group spans several devices {sorted(map(str, devs))}")
-    if not isinstance(g['nesterov'], bool): raise ValueError(f"MuSGD: nesterov must be a bool, got {g['nesterov']!r}")
+    if len(devs) > 1:
+        raise ValueError(f"MuSGD: a parameter group spans several devices {sorted(map(str, devs))}")
+    if not isinstance(g['nesterov'], bool):
+        raise ValueError(f"MuSGD: nesterov must be a bool, got {g['nesterov']!r}")
     if g['use_muon'] is None: g['use_muon'] = bool(g.get('matrix', all(p.ndim >= 2 for p in ps)))
     if g['use_muon'] and any(p.ndim < 2 for p in ps):
-        raise ValueError(f"MuSGD: group {g.get('name', len(self.param_groups) - 1)!r} has use_muon=True but holds "
-                         f"parameters with fewer than 2 dimensions {[tuple(p.shape) for p in ps if p.ndim < 2]}")
+        raise ValueError(f"MuSGD: group {g.get('name', len(self.param_groups) - 1)!r} has "
+                         "use_muon=True but holds "
+                         "parameters with fewer than 2 dimensions "
+                         f"{[tuple(p.shape) for p in ps if p.ndim < 2]}")
     dev = ps[0].device if ps else torch.device('cpu')
     for k in HYPERPARAMS: g[k] = _hyper(g[k], dev)
 
@@ -137,12 +158,14 @@ def add_param_group(self:MuSGD, param_group:dict):
 @patch
 @torch.no_grad()
 def init_state(self:MuSGD):
-    "Create zero momentum buffers for every parameter that has none (and move hyperparameters to the params' device)."
+    """Create zero momentum buffers for every parameter that has none (and move hyperparameters to
+    the params' device)."""
     for g in self.param_groups:
         if not g['params']: continue
         dev = g['params'][0].device
         for k in HYPERPARAMS:
-            if g[k].device != dev: g[k] = g[k].to(dev)    # the model moved after the optimiser was built
+            # the model moved after the optimiser was built
+            if g[k].device != dev: g[k] = g[k].to(dev)
         for p in g['params']:
             s = self.state[p]
             if 'momentum_buffer' not in s: s['momentum_buffer'] = torch.zeros_like(p)
@@ -172,22 +195,26 @@ def _muon_direction(grads, bufs, mom:Tensor, nesterov:bool)->list[Tensor]:
 def update(self:MuSGD,
            params:list[list[Tensor]],  # per group, the parameters to update
            grads:list[list[Tensor]]):  # their gradients, in the same order
-    "The update of `step` with the gradients given (a recorded update passes its static gradient buffers)."
+    """The update of `step` with the gradients given (a recorded update passes its static gradient
+    buffers)."""
     for g, ps, grads_g in zip(self.param_groups, params, grads):
         if not ps: continue
         st, lr = [self.state[p] for p in ps], g['lr']
-        if g['use_muon']:                                                 # Ultralytics' order: the Muon step first
-            o = orthogonalise(_muon_direction(grads_g, [s['muon_buffer'] for s in st], g['momentum'], g['nesterov']),
+        if g['use_muon']:   # Ultralytics' order: the Muon step first
+            o = orthogonalise(_muon_direction(grads_g, [s['muon_buffer'] for s in st],
+                                              g['momentum'], g['nesterov']),
                               self.ns_steps, self.ns_dtype)
-            torch._foreach_addcmul_(ps, o, [-(lr * g['muon_weight'])] * len(ps))       # p −= η w_m o
+            torch._foreach_addcmul_(ps, o, [-(lr * g['muon_weight'])] * len(ps))   # p −= η w_m o
             lr = lr * g['sgd_weight']
-        u = _sgd_direction(ps, grads_g, [s['momentum_buffer'] for s in st], g['momentum'], g['weight_decay'], g['nesterov'])
-        torch._foreach_addcmul_(ps, u, [-lr] * len(ps))                   # then p −= η w_s u, decay on the new p
+        u = _sgd_direction(ps, grads_g, [s['momentum_buffer'] for s in st], g['momentum'],
+                           g['weight_decay'], g['nesterov'])
+        torch._foreach_addcmul_(ps, u, [-lr] * len(ps))   # then p −= η w_s u, decay on the new p
 
 @patch
 @torch.no_grad()
 def step(self:MuSGD, closure=None):
-    "One update of every parameter that has a `.grad`; no host syncs, hyperparameters read as device tensors."
+    """One update of every parameter that has a `.grad`; no host syncs, hyperparameters read as
+    device tensors."""
     loss = None
     if closure is not None:
         with torch.enable_grad(): loss = closure()
@@ -200,7 +227,8 @@ def step(self:MuSGD, closure=None):
 @patch
 @torch.no_grad()
 def load_state_dict(self:MuSGD, state_dict:dict):
-    "Load like torch, then copy hyperparameters and buffers into the existing tensors (same bytes, device, address)."
+    """Load like torch, then copy hyperparameters and buffers into the existing tensors (same bytes,
+    device, address)."""
     old_groups = [{k: v for k, v in g.items() if isinstance(v, Tensor)} for g in self.param_groups]
     old_state = {p: dict(s) for p, s in self.state.items()}
     super(MuSGD, self).load_state_dict(state_dict)
@@ -213,27 +241,34 @@ def load_state_dict(self:MuSGD, state_dict:dict):
     for p, s in self.state.items():
         for k, v in s.items():
             o = old_state.get(p, {}).get(k)
-            if isinstance(o, Tensor) and isinstance(v, Tensor) and o.shape == v.shape and o.dtype == v.dtype:
+            if (isinstance(o, Tensor) and isinstance(v, Tensor) and o.shape == v.shape
+                    and o.dtype == v.dtype):
                 s[k] = o.copy_(v)
 
 # %% ../nbs/05_optim.ipynb #b1c93387
 OPTIMIZERS = ('sgd', 'adamw', 'musgd')
 NBS = 64                  # Ultralytics' nominal batch size, in its `optimizer=auto` rule
-MUSGD_CLS_LR = 3.0        # MuSGD: lr factor of the class branch's parameters (Ultralytics' `build_optimizer`)
+# MuSGD: lr factor of the class branch's parameters (Ultralytics' `build_optimizer`)
+MUSGD_CLS_LR = 3.0
 
 def auto_optimizer(
     iterations:int,       # Ultralytics' count: ceil(training images / max(batch, NBS)) × epochs
     num_classes:int,      # K
 )->tuple[str,float,float]: # name, lr, momentum
-    "Ultralytics' `optimizer=auto`: MuSGD (lr 0.01) above 10,000 iterations, else AdamW with lr round(0.002·5/(4+K), 6); momentum 0.9."
-    return ('musgd', 0.01, 0.9) if iterations > 10000 else ('adamw', round(0.002 * 5 / (4 + num_classes), 6), 0.9)
+    """Ultralytics' `optimizer=auto`: MuSGD (lr 0.01) above 10,000 iterations, else AdamW with lr
+    round(0.002·5/(4+K), 6); momentum 0.9."""
+    return (('musgd', 0.01, 0.9) if iterations > 10000
+            else ('adamw', round(0.002 * 5 / (4 + num_classes), 6), 0.9))
 
 def _boosted(groups:list[dict], boost:set)->list[dict]:
-    "Each group split in two, its parameters in `boost` (first, lr ×`MUSGD_CLS_LR`) and the others; empty halves dropped."
+    """Each group split in two, its parameters in `boost` (first, lr ×`MUSGD_CLS_LR`) and the
+    others; empty halves dropped."""
     out = []
     for g in groups:
-        for part, cls in (([p for p in g['params'] if id(p) in boost], True), ([p for p in g['params'] if id(p) not in boost], False)):
-            if part: out.append(dict(g, params=part, **({'lr_factor': MUSGD_CLS_LR} if cls else {})))
+        for part, cls in (([p for p in g['params'] if id(p) in boost], True),
+                          ([p for p in g['params'] if id(p) not in boost], False)):
+            if part:
+                out.append(dict(g, params=part, **({'lr_factor': MUSGD_CLS_LR} if cls else {})))
     return out
 
 def build_optimizer(
@@ -246,34 +281,41 @@ def build_optimizer(
     muon_weight:float=0.2,    # MuSGD: weight of the orthogonalised update
     sgd_weight:float=1.0,     # MuSGD: weight of the SGD update of matrices
 )->torch.optim.Optimizer:
-    "SGD (Nesterov), AdamW or MuSGD over `param_groups(model, weight_decay)`; MuSGD gives the class branch (`model.head.cls`) 3× the lr, as Ultralytics."
+    """SGD (Nesterov), AdamW or MuSGD over `param_groups(model, weight_decay)`; MuSGD gives the
+    class branch (`model.head.cls`) 3× the lr, as Ultralytics."""
     key = name.lower() if isinstance(name, str) else name
-    if key not in OPTIMIZERS: raise ValueError(f"optimizer name={name!r} is not one of {', '.join(map(repr, OPTIMIZERS))}")
+    if key not in OPTIMIZERS:
+        raise ValueError(
+            f"optimizer name={name!r} is not one of {', '.join(map(repr, OPTIMIZERS))}")
     groups = param_groups(model, weight_decay)
     if key == 'sgd': return torch.optim.SGD(groups, lr=lr, momentum=momentum, nesterov=nesterov)
     if key == 'adamw': return torch.optim.AdamW(groups, lr=lr, betas=(momentum, 0.999))
     cls = getattr(getattr(model, 'head', None), 'cls', None)
     groups = _boosted(groups, {id(p) for p in cls.parameters()} if cls is not None else set())
     for g in groups: g['lr'] = lr * g.get('lr_factor', 1.0)
-    return MuSGD(groups, lr=lr, momentum=momentum, nesterov=nesterov, muon_weight=muon_weight, sgd_weight=sgd_weight)
+    return MuSGD(groups, lr=lr, momentum=momentum, nesterov=nesterov, muon_weight=muon_weight,
+                 sgd_weight=sgd_weight)
 
 # %% ../nbs/05_optim.ipynb #722d6951
 def _get_momentum(g:dict):
     return g['betas'][0] if 'betas' in g else g.get('momentum')
 
 def _set_momentum(g:dict, m:float):
-    "Write momentum into a group that has one (SGD, MuSGD): `fill_` a tensor in place, assign a float. AdamW's β₁ stays (as Ultralytics')."
+    """Write momentum into a group that has one (SGD, MuSGD): `fill_` a tensor in place, assign a
+    float. AdamW's β₁ stays (as Ultralytics')."""
     if 'momentum' not in g: return
     if isinstance(g['momentum'], Tensor): g['momentum'].fill_(m)
     else: g['momentum'] = m
 
 def _interp(x:float, x1:float, a:float, b:float)->float:
-    "`np.interp(x, [0, x1], [a, b])` for 0 <= x <= x1, to the bit (NumPy's slope form; the end point exact)."
+    """`np.interp(x, [0, x1], [a, b])` for 0 <= x <= x1, to the bit (NumPy's slope form; the end
+    point exact)."""
     return float(b) if x >= x1 else (b - a) / x1 * x + a
 
 # %% ../nbs/05_optim.ipynb #0de608d7
 class WarmupDecayLR(LRScheduler):
-    "Ultralytics' schedule, per iteration: lr decayed by whole epochs, and a linear warm-up of lr (bias group from `warmup_bias_lr`) and momentum."
+    """Ultralytics' schedule, per iteration: lr decayed by whole epochs, and a linear warm-up of lr
+    (bias group from `warmup_bias_lr`) and momentum."""
     def __init__(self,
         optimizer:torch.optim.Optimizer, # groups named 'bias' (see `param_groups`) warm up from `warmup_bias_lr`
         epochs:int,                      # E, epochs of the run
@@ -285,45 +327,54 @@ class WarmupDecayLR(LRScheduler):
         cosine:bool=False,               # cosine instead of linear decay
         min_warmup_iters:int=0,          # warm-up lasts at least this many iterations (if warmup_epochs > 0)
         momentum:float|None=None,        # where the momentum warm-up ends; None: each group's own momentum
-        last_epoch:int=-1,               # torch's resume argument (Lightning uses load_state_dict instead)
+        last_epoch:int=-1,   # torch's resume argument (Lightning uses load_state_dict instead)
     ):
         _check_schedule(epochs, steps_per_epoch, warmup_epochs, lrf, min_warmup_iters)
-        self.epochs, self.steps_per_epoch, self.lrf, self.cosine = int(epochs), int(steps_per_epoch), float(lrf), bool(cosine)
+        self.epochs, self.steps_per_epoch, self.lrf, self.cosine = (
+            int(epochs), int(steps_per_epoch), float(lrf), bool(cosine))
         self.warmup_bias_lr, self.warmup_momentum = float(warmup_bias_lr), float(warmup_momentum)
-        we = min(warmup_epochs, max(self.epochs - 1, 0))                  # the last epoch is never warm-up
+        we = min(warmup_epochs, max(self.epochs - 1, 0))   # the last epoch is never warm-up
         self.warmup_iters = max(round(we * steps_per_epoch), int(min_warmup_iters)) if we > 0 else 0
         gs = optimizer.param_groups
         for g in gs:   # host reads, once, at construction (never in a step)
             m = _get_momentum(g)
             g.setdefault('initial_momentum', 0.0 if m is None else float(m))
         self.lr0 = [float(g.get('initial_lr', g['lr'])) for g in gs]
-        self.momentum0 = [g['initial_momentum'] if momentum is None else float(momentum) for g in gs]
+        self.momentum0 = [g['initial_momentum'] if momentum is None
+                          else float(momentum) for g in gs]
         self.is_bias = [g.get('name') == 'bias' for g in gs]
         super().__init__(optimizer, last_epoch)
 
 # %% ../nbs/05_optim.ipynb #882bf9eb
 def _check_schedule(epochs, steps_per_epoch, warmup_epochs, lrf, min_warmup_iters):
     for k, v in dict(epochs=epochs, steps_per_epoch=steps_per_epoch).items():
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1: raise ValueError(f"schedule: {k}={v!r}, need an int >= 1")
-    if not warmup_epochs >= 0: raise ValueError(f"schedule: warmup_epochs={warmup_epochs!r}, need >= 0")
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"schedule: {k}={v!r}, need an int >= 1")
+    if not warmup_epochs >= 0:
+        raise ValueError(f"schedule: warmup_epochs={warmup_epochs!r}, need >= 0")
     if not 0 < lrf <= 1: raise ValueError(f"schedule: lrf={lrf!r}, need 0 < lrf <= 1")
-    if not min_warmup_iters >= 0: raise ValueError(f"schedule: min_warmup_iters={min_warmup_iters!r}, need >= 0")
+    if not min_warmup_iters >= 0:
+        raise ValueError(f"schedule: min_warmup_iters={min_warmup_iters!r}, need >= 0")
 
 # %% ../nbs/05_optim.ipynb #45db6e8a
 @patch
 def factor(self:WarmupDecayLR, e:int)->float:
-    "The decay factor of whole epoch `e`: Ultralytics' `lf` (linear, or its `one_cycle` cosine), to the bit."
-    if self.cosine: return max((1 - math.cos(e * math.pi / self.epochs)) / 2, 0) * (self.lrf - 1.0) + 1.0
+    """The decay factor of whole epoch `e`: Ultralytics' `lf` (linear, or its `one_cycle` cosine),
+    to the bit."""
+    if self.cosine:
+        return max((1 - math.cos(e * math.pi / self.epochs)) / 2, 0) * (self.lrf - 1.0) + 1.0
     return max(1 - e / self.epochs, 0) * (1.0 - self.lrf) + self.lrf
 
 @patch
 def values(self:WarmupDecayLR, it:int)->tuple[list[float], list[float|None]]:
-    "Learning rates and momenta of every group at iteration `it` (0-based); a momentum of None is left as it is."
+    """Learning rates and momenta of every group at iteration `it` (0-based); a momentum of None is
+    left as it is."""
     f = self.factor(it // self.steps_per_epoch)
     lrs = [b * f for b in self.lr0]
     if not self.warmup_iters: return lrs, [None] * len(lrs)
     if it > self.warmup_iters: return lrs, list(self.momentum0)          # where the warm-up left it
-    lrs = [_interp(it, self.warmup_iters, self.warmup_bias_lr if bias else 0.0, lr) for lr, bias in zip(lrs, self.is_bias)]
+    lrs = [_interp(it, self.warmup_iters, self.warmup_bias_lr if bias else 0.0, lr)
+                   for lr, bias in zip(lrs, self.is_bias)]
     return lrs, [_interp(it, self.warmup_iters, self.warmup_momentum, m) for m in self.momentum0]
 
 @patch
@@ -350,12 +401,14 @@ def build_schedule(
     momentum:float|None=None,        # where the momentum warm-up ends; None: each group's own
 )->WarmupDecayLR:                    # step it every iteration (Lightning: `interval='step'`)
     "Ultralytics' warm-up + linear/cosine decay schedule, stepped per iteration."
-    return WarmupDecayLR(optimizer, epochs, steps_per_epoch, warmup_epochs, warmup_bias_lr, warmup_momentum, lrf,
+    return WarmupDecayLR(optimizer, epochs, steps_per_epoch, warmup_epochs, warmup_bias_lr,
+                         warmup_momentum, lrf,
                          cosine, min_warmup_iters, momentum)
 
 # %% ../nbs/05_optim.ipynb #dc4f8fb6
 class CapturedUpdate:
-    "An optimiser's update split into a host `refresh()` of 0-dim scheduled values and a recordable device `run(grads)`."
+    """An optimiser's update split into a host `refresh()` of 0-dim scheduled values and a
+    recordable device `run(grads)`."""
     def __init__(self,
                  opt:torch.optim.Optimizer,  # the optimiser, with its state created
                  params:list[list[Tensor]]): # per group, the parameters that get a gradient
@@ -365,13 +418,17 @@ class CapturedUpdate:
     def settings(self)->tuple: return ()
     def refresh(self): pass
     def run(self, grads:list[Tensor]): raise NotImplementedError
-    def blocker(self)->str|None: return None         # why no graph can replay this update (`06b_recorder` then runs it natively)
+    def blocker(self)->str|None:
+        return None   # why no graph can replay this update (`06b_recorder` then runs it natively)
     def state(self)->list[Tensor]:
         "Every device tensor `run` writes: the parameters, then their state tensors."
-        return self.flat + [v for p in self.flat for k, v in sorted(self.opt.state[p].items()) if k not in self.counter_keys]
+        return (self.flat
+                + [v for p in self.flat for k, v in sorted(self.opt.state[p].items())
+                   if k not in self.counter_keys])
     def counters(self)->list[Tensor]:
         "Host-side state tensors `refresh` writes (AdamW's step counts)."
-        return [v for p in self.flat for k, v in sorted(self.opt.state[p].items()) if k in self.counter_keys]
+        return [v for p in self.flat for k, v in sorted(self.opt.state[p].items())
+                if k in self.counter_keys]
     def pointers(self)->tuple:
         "Addresses of everything the recorded `run` reads or writes."
         return tuple(t.data_ptr() for t in self.state() + self.tensors())
@@ -386,20 +443,23 @@ class MuSGDUpdate(CapturedUpdate):
     def settings(self)->tuple:
         o = self.opt
         return (o.ns_steps, o.ns_dtype, *((g['nesterov'], g['use_muon']) for g in o.param_groups))
-    def tensors(self)->list[Tensor]: return [g[k] for g in self.opt.param_groups for k in HYPERPARAMS]
+    def tensors(self)->list[Tensor]:
+        return [g[k] for g in self.opt.param_groups for k in HYPERPARAMS]
     def run(self, grads:list[Tensor]): self.opt.update(self.params, self.per_group(grads))
 
 # %% ../nbs/05_optim.ipynb #eb7b04e4
 def _scalar(dev)->Tensor: return torch.zeros((), dtype=torch.float32, device=dev)
 
 class SGDUpdate(CapturedUpdate):
-    "torch's `SGD` step with lr and momentum read from 0-dim tensors (`fill_`ed from the groups by `refresh`)."
+    """torch's `SGD` step with lr and momentum read from 0-dim tensors (`fill_`ed from the groups by
+    `refresh`)."""
     def __init__(self, opt, params):
         super().__init__(opt, params)
         self.neg_lr = [_scalar(ps[0].device) if ps else None for ps in params]
         self.mom = [_scalar(ps[0].device) if ps else None for ps in params]
     def settings(self)->tuple:
-        return tuple((g['weight_decay'], g['dampening'], g['nesterov'], g['momentum'] != 0) for g in self.opt.param_groups)
+        return tuple((g['weight_decay'], g['dampening'], g['nesterov'], g['momentum'] != 0)
+                      for g in self.opt.param_groups)
     def tensors(self)->list[Tensor]: return [t for t in self.neg_lr + self.mom if t is not None]
     def refresh(self):
         for g, lr, mom in zip(self.opt.param_groups, self.neg_lr, self.mom):
@@ -408,35 +468,45 @@ class SGDUpdate(CapturedUpdate):
                 mom.fill_(g['momentum'])
     @torch.no_grad()
     def run(self, grads:list[Tensor]):
-        for g, ps, gs, neg_lr, mom in zip(self.opt.param_groups, self.params, self.per_group(grads), self.neg_lr, self.mom):
+        for g, ps, gs, neg_lr, mom in zip(self.opt.param_groups, self.params, self.per_group(grads),
+                                          self.neg_lr, self.mom):
             for p, d in zip(ps, gs):
                 if g['weight_decay'] != 0: d = d.add(p, alpha=g['weight_decay'])
                 if g['momentum'] != 0:
                     buf = self.opt.state[p]['momentum_buffer']
                     buf.mul_(mom).add_(d, alpha=1 - g['dampening'])
-                    d = torch.addcmul(d, buf, mom) if g['nesterov'] else buf   # d + μ·buf, one rounding
-                p.addcmul_(d, neg_lr)                                          # p - η·d, one rounding
+                    # d + μ·buf, one rounding
+                    d = torch.addcmul(d, buf, mom) if g['nesterov'] else buf
+                p.addcmul_(d, neg_lr)   # p - η·d, one rounding
 
 # %% ../nbs/05_optim.ipynb #c40aeb38
 class AdamWUpdate(CapturedUpdate):
-    "torch's `AdamW` step (not `capturable`) with lr, β₁ and the bias corrections read from 0-dim tensors."
+    """torch's `AdamW` step (not `capturable`) with lr, β₁ and the bias corrections read from 0-dim
+    tensors."""
     counter_keys = ('step',)
     def __init__(self, opt, params):
         super().__init__(opt, params)
-        self.parts = self.partition()        # per group, which parameters share a step count (usually all)
-        scalars = lambda dev: dict(decay=_scalar(dev), w1=_scalar(dev), bc2=_scalar(dev), neg_step=_scalar(dev))
-        self.sets = [[scalars(ps[0].device) for _ in range(max(part, default=-1) + 1)] for ps, part in zip(params, self.parts)]
+        # per group, which parameters share a step count (usually all)
+        self.parts = self.partition()
+        scalars = lambda dev: dict(decay=_scalar(dev), w1=_scalar(dev), bc2=_scalar(dev),
+                                   neg_step=_scalar(dev))
+        self.sets = [[scalars(ps[0].device) for _ in range(max(part, default=-1) + 1)]
+                      for ps, part in zip(params, self.parts)]
         self.t = [[sets[i] for i in part] for sets, part in zip(self.sets, self.parts)]
     def partition(self)->tuple:
-        "Per group, for each parameter the index of its step count among the group's distinct counts."
+        """Per group, for each parameter the index of its step count among the group's distinct
+        counts."""
         out = []
         for ps in self.params:
             seen = {}
-            out.append(tuple(seen.setdefault(float(self.opt.state[p]['step']), len(seen)) for p in ps))
+            out.append(tuple(seen.setdefault(float(self.opt.state[p]['step']), len(seen))
+                                             for p in ps))
         return tuple(out)
     def settings(self)->tuple:
-        return (*((g['weight_decay'], g['betas'][1], g['eps']) for g in self.opt.param_groups), self.partition())
-    def tensors(self)->list[Tensor]: return [v for sets in self.sets for t in sets for v in t.values()]
+        return (*((g['weight_decay'], g['betas'][1], g['eps']) for g in self.opt.param_groups),
+                self.partition())
+    def tensors(self)->list[Tensor]:
+        return [v for sets in self.sets for t in sets for v in t.values()]
     def refresh(self):
         "Count the step on the host as torch does, and write each step-count set's values once."
         for g, ps, part, sets in zip(self.opt.param_groups, self.params, self.parts, self.sets):
@@ -462,8 +532,10 @@ class AdamWUpdate(CapturedUpdate):
                 s['exp_avg'].lerp_(d, t['w1'])
                 s['exp_avg_sq'].mul_(b2).addcmul_(d, d, value=1 - b2)
                 denom = (s['exp_avg_sq'].sqrt() / t['bc2']).add_(eps)
-                if p.is_cuda: p.addcmul_(s['exp_avg'] / denom, t['neg_step'])  # as the CUDA kernel: fma(-step_size, m/denom, p)
-                else: p.addcdiv_(s['exp_avg'] * t['neg_step'], denom)          # as the CPU kernel: (-step_size·m)/denom + p
+                # as the CUDA kernel: fma(-step_size, m/denom, p)
+                if p.is_cuda: p.addcmul_(s['exp_avg'] / denom, t['neg_step'])
+                # as the CPU kernel: (-step_size·m)/denom + p
+                else: p.addcdiv_(s['exp_avg'] * t['neg_step'], denom)
 
 # %% ../nbs/05_optim.ipynb #1534ebe2
 def update_blocker(opt:torch.optim.Optimizer)->str|None:
@@ -476,15 +548,19 @@ def update_blocker(opt:torch.optim.Optimizer)->str|None:
             if g.get(k): return f"{name} with {k}=True is not covered"
         if any(isinstance(g.get(k), Tensor) for k in ('lr', 'momentum')) and type(opt) is not MuSGD:
             return f"{name} with a tensor lr or momentum is not covered"
-        if any(p.is_sparse or p.is_complex() for p in g['params']): return f"{name} of sparse or complex parameters is not covered"
+        if any(p.is_sparse or p.is_complex() for p in g['params']):
+            return f"{name} of sparse or complex parameters is not covered"
     return None
 
 def captured_update(opt:torch.optim.Optimizer, params:list[list[Tensor]])->CapturedUpdate:
     "The `CapturedUpdate` of `opt` (see `update_blocker`)."
-    return {MuSGD: MuSGDUpdate, torch.optim.SGD: SGDUpdate, torch.optim.AdamW: AdamWUpdate}[type(opt)](opt, params)
+    return {MuSGD: MuSGDUpdate, torch.optim.SGD: SGDUpdate,
+            torch.optim.AdamW: AdamWUpdate}[type(opt)](opt, params)
 
 def state_ready(opt:torch.optim.Optimizer, params:list[Tensor])->bool:
-    "Whether every parameter has its optimiser state (torch creates it lazily at the first step; MuSGD on demand)."
+    """Whether every parameter has its optimiser state (torch creates it lazily at the first step;
+    MuSGD on demand)."""
     if isinstance(opt, MuSGD): opt.init_state(); return True
-    need = ('momentum_buffer',) if isinstance(opt, torch.optim.SGD) else ('step', 'exp_avg', 'exp_avg_sq')
+    need = (('momentum_buffer',) if isinstance(opt, torch.optim.SGD)
+            else ('step', 'exp_avg', 'exp_avg_sq'))
     return all(all(opt.state[p].get(k) is not None for k in need) for p in params)

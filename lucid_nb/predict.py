@@ -34,7 +34,8 @@ __all__ = ['OUTPUT_NAMES', 'ONNX_NEEDS', 'EXPORTER_LOGS', 'ONNX_FILE_LIMIT', 'Pr
 
 # %% ../nbs/09_predict.ipynb #2705249e
 class Predictor:
-    "The EMA network of a `lucid` checkpoint with what inference needs: class names, COCO category ids, image size."
+    """The EMA network of a `lucid` checkpoint with what inference needs: class names, COCO category
+    ids, image size."""
     def __init__(self,
                  net:nn.Module,            # `yolo` network (eval mode: decoded outputs)
                  class_names:list,         # name of each contiguous class
@@ -48,12 +49,15 @@ class Predictor:
                 ):
         self.net, self.class_names, self.cat_ids = net.eval(), list(class_names), list(cat_ids)
         self.task = get_task(task if task is not None else getattr(net, 'config', {}).get('task'))
-        self.imgsz, self.conf, self.iou, self.max_det, self.rules = imgsz, conf, iou, max_det, check_rules(rules)
+        self.imgsz, self.conf, self.iou, self.max_det, self.rules = (
+            imgsz, conf, iou, max_det, check_rules(rules))
         self.weak = None   # why its detections will mean little (`runs.weak_checkpoint`), or None
 
     @property
     def device(self)->torch.device: return next(self.net.parameters()).device
-    def __repr__(self): return f"Predictor({self.task.name}, {len(self.class_names)} classes, imgsz {self.imgsz}, conf {self.conf}, {self.rules} rules, {self.device})"
+    def __repr__(self):
+        return (f"Predictor({self.task.name}, {len(self.class_names)} classes, imgsz {self.imgsz}, "
+                f"conf {self.conf}, {self.rules} rules, {self.device})")
 
 # %% ../nbs/09_predict.ipynb #e926beac
 def load(path,                      # a `lucid` checkpoint (`last.ckpt`, `best.ckpt`) or an Ultralytics YOLO11-seg or detect one (`yolo11n-seg.pt`, `yolo11n.pt`)
@@ -62,16 +66,21 @@ def load(path,                      # a `lucid` checkpoint (`last.ckpt`, `best.c
          conf:float|None=None,      # score threshold, taken as given; None: `lucid predict`'s, `predict_conf` of the checkpoint's `--model.conf`
          option:str='lucid_nb.load',   # how error messages name the file's source
         )->Predictor:
-    "A `Predictor` from a checkpoint file: `lucid_nb.load('best.ckpt').predict(images)`; read by `03a_checkpoints`' safe reader."
+    """A `Predictor` from a checkpoint file: `lucid_nb.load('best.ckpt').predict(images)`; read by
+    `03a_checkpoints`' safe reader."""
     w = read_weights(path, option)
-    w.check_lucid_task(option)   # a pose or OBB file has no branch of ours for its third: refused in one line naming its task
-    net, (cat_ids, names) = yolo(w.scale, w.num_classes, w.task), w.classes   # `lucid predict --model.weights` reports the same classes
+    # a pose or OBB file has no branch of ours for its third: refused in one line naming its task
+    w.check_lucid_task(option)
+    # `lucid predict --model.weights` reports the same classes
+    net, (cat_ids, names) = yolo(w.scale, w.num_classes, w.task), w.classes
     if w.kind == 'ultralytics':   # its own network, whole; ids 0..K-1
         if not (report := load_weights(net, w)).complete: note(report.line)
     else: net.load_state_dict(w.state)
     hp = w.ckpt.get('hyper_parameters') or {}   # {} for an Ultralytics file: the defaults
-    if conf is None: conf = predict_conf(hp.get('conf'))   # the threshold `lucid predict` applies to this checkpoint
-    p = Predictor(net.requires_grad_(False).to(device or 'cpu'), names, cat_ids, imgsz or w.imgsz, conf,
+    # the threshold `lucid predict` applies to this checkpoint
+    if conf is None: conf = predict_conf(hp.get('conf'))
+    p = Predictor(net.requires_grad_(False).to(device or 'cpu'), names, cat_ids, imgsz or w.imgsz,
+                  conf,
                   hp.get('iou', 0.7), hp.get('max_det', 300), w.rules, w.task)
     p.weak = weak_checkpoint(w.ckpt)
     return p
@@ -81,21 +90,28 @@ def load(path,                      # a `lucid` checkpoint (`last.ckpt`, `best.c
 # %% ../nbs/09_predict.ipynb #5463e053
 class Detections:
     "One image's detections in its original pixels; `plot()` draws them."
-    def __init__(self, image:np.ndarray, boxes:np.ndarray, scores:np.ndarray, class_ids:np.ndarray, class_names:list,
+    def __init__(self, image:np.ndarray, boxes:np.ndarray, scores:np.ndarray, class_ids:np.ndarray,
+                 class_names:list,
                  category_ids:np.ndarray, masks:np.ndarray|None, source=None):
-        self.image, self.boxes, self.scores, self.class_ids = image, boxes, scores, class_ids   # (H,W,3), (n,4), (n,), (n,)
+        # (H,W,3), (n,4), (n,), (n,)
+        self.image, self.boxes, self.scores, self.class_ids = image, boxes, scores, class_ids
         self.names = [class_names[c] for c in class_ids]
-        self.category_ids, self.masks, self.source = category_ids, masks, source                # (n,), (n,H,W) bool or None
+        # (n,), (n,H,W) bool or None
+        self.category_ids, self.masks, self.source = category_ids, masks, source
     def __len__(self): return len(self.scores)
     def __repr__(self):
         names = sorted(set(self.names))
-        return f"Detections({len(self)} on {self.image.shape[1]}x{self.image.shape[0]}: {', '.join(names[:6])}{', ...' if len(names) > 6 else ''})"
+        return (f"Detections({len(self)} on {self.image.shape[1]}x{self.image.shape[0]}: "
+                f"{', '.join(names[:6])}{', ...' if len(names) > 6 else ''})")
 
     def plot(self, pil:bool=False):
-        "The image with masks, boxes, class names and scores drawn: (H,W,3) uint8, or a PIL image with `pil`."
+        """The image with masks, boxes, class names and scores drawn: (H,W,3) uint8, or a PIL image
+        with `pil`."""
         order = np.argsort(self.scores, kind='stable')          # the best drawn last, on top
-        out = draw_instances(self.image, self.boxes[order], [f"{self.names[i]} {self.scores[i]:.2f}" for i in order],
-                             self.class_ids[order].tolist(), None if self.masks is None else self.masks[order])
+        out = draw_instances(self.image, self.boxes[order],
+                             [f"{self.names[i]} {self.scores[i]:.2f}" for i in order],
+                             self.class_ids[order].tolist(), None if self.masks is None
+                             else self.masks[order])
         return Image.fromarray(out) if pil else out
 
 # %% ../nbs/09_predict.ipynb #7567266c
@@ -114,8 +130,11 @@ def to_detections(results:list, img:np.ndarray, cat_ids:list, class_names:list, 
     "One image's COCO results (xywh, compressed RLE) as `Detections`."
     lut = {c: k for k, c in enumerate(cat_ids)}
     H, W = img.shape[:2]
-    boxes = np.array([(x, y, x + w, y + h) for x, y, w, h in (r['bbox'] for r in results)], np.float32).reshape(-1, 4)
-    if masks: masks = np.array([mask_utils.decode(r['segmentation']) for r in results], bool).reshape(-1, H, W)
+    boxes = np.array([(x, y, x + w, y + h) for x, y, w, h in (r['bbox'] for r in results)],
+                     np.float32).reshape(-1, 4)
+    if masks:
+        masks = np.array([mask_utils.decode(r['segmentation']) for r in results],
+                         bool).reshape(-1, H, W)
     else: masks = None
     cats = np.array([r['category_id'] for r in results], np.int64)
     return Detections(img, boxes, np.array([r['score'] for r in results], np.float32),
@@ -124,26 +143,33 @@ def to_detections(results:list, img:np.ndarray, cat_ids:list, class_names:list, 
 # %% ../nbs/09_predict.ipynb #4ce67ce8
 @patch
 def predict(self:Predictor, images, batch_size:int=8, conf:float|None=None)->list[Detections]:
-    "Detections of each image (files, PIL images or (H,W,3) uint8 RGB arrays), in order; by Ultralytics' rules one image at a time, each of its own shape."
+    """Detections of each image (files, PIL images or (H,W,3) uint8 RGB arrays), in order; by
+    Ultralytics' rules one image at a time, each of its own shape."""
     if isinstance(images, (str, Path, Image.Image, np.ndarray)): images = [images]
     out, batch_size = [], 1 if self.rules == 'ultralytics' else batch_size
     for i in range(0, len(images), batch_size):
         srcs = images[i:i + batch_size]
         imgs = [as_rgb(x) for x in srcs]
         batch = image_batch(imgs, self.imgsz, rules=self.rules)
-        v = Validator(self.cat_ids, conf=self.conf if conf is None else conf, iou=self.iou, max_det=self.max_det, masks=self.task.masks,
+        v = Validator(self.cat_ids, conf=self.conf if conf is None else conf, iou=self.iou,
+                      max_det=self.max_det, masks=self.task.masks,
                       rules=self.rules, predict=True)
         with torch.no_grad(): v.update(self.net(batch['img'].to(self.device).float() / 255), batch)
         for k, (img, src) in enumerate(zip(imgs, srcs)):
-            out.append(to_detections([r for r in v.results if r['image_id'] == k], img, self.cat_ids, self.class_names,
-                                     src if isinstance(src, (str, Path)) else None, self.task.masks))
+            out.append(to_detections([r for r in v.results if r['image_id'] == k], img,
+                                     self.cat_ids, self.class_names,
+                                     src if isinstance(src, (str, Path)) else None,
+                                     self.task.masks))
     return out
 
 # %% ../nbs/09_predict.ipynb #3f480035
-OUTPUT_NAMES = get_task('segment').outputs   # a segmentation network's; a detector's are the first two
+# a segmentation network's; a detector's are the first two
+OUTPUT_NAMES = get_task('segment').outputs
 
 class ExportNet(nn.Module):
-    "The network with its eval outputs as a tuple (`outputs`: its task's, `Predictor.task.outputs`), for export; in eval mode, itself included (the exporter warns of a module in training mode)."
+    """The network with its eval outputs as a tuple (`outputs`: its task's,
+    `Predictor.task.outputs`), for export; in eval mode, itself included (the exporter warns of a
+    module in training mode)."""
     def __init__(self, net:nn.Module, outputs:tuple=OUTPUT_NAMES):
         super().__init__()
         self.net, self.outputs = net, tuple(outputs)
@@ -153,17 +179,21 @@ class ExportNet(nn.Module):
         return tuple(out[k] for k in self.outputs)
 
 def export_input(imgsz:int, image=TEST_IMG)->Tensor:
-    "A real image letterboxed as the exported network expects it: (1,3,imgsz,imgsz) float32 in [0,1]."
+    """A real image letterboxed as the exported network expects it: (1,3,imgsz,imgsz) float32 in
+    [0,1]."""
     return image_batch([as_rgb(image)], imgsz)['img'].float() / 255
 
 # %% ../nbs/09_predict.ipynb #a1f89dcf
-ONNX_NEEDS = ('onnx', 'onnxscript')   # `torch.onnx.export` imports them; onnxruntime only runs the check
+# `torch.onnx.export` imports them; onnxruntime only runs the check
+ONNX_NEEDS = ('onnx', 'onnxscript')
 
-EXPORTER_LOGS = ('torch.onnx', 'torch.export', 'torch._dynamo', 'torch.fx', 'onnxscript')   # where the exporters log
+# where the exporters log
+EXPORTER_LOGS = ('torch.onnx', 'torch.export', 'torch._dynamo', 'torch.fx', 'onnxscript')
 
 @contextlib.contextmanager
 def exporter_quiet(verbose:bool=False):
-    "The exporters' progress lines (stdout), warnings and log records held back inside, unless `verbose`: `lucid export` prints its own lines only."
+    """The exporters' progress lines (stdout), warnings and log records held back inside, unless
+    `verbose`: `lucid export` prints its own lines only."""
     if verbose: yield; return
     logs = [logging.getLogger(n) for n in EXPORTER_LOGS]
     levels = [l.level for l in logs]
@@ -176,43 +206,62 @@ def exporter_quiet(verbose:bool=False):
         for l, v in zip(logs, levels): l.setLevel(v)
 
 def export_model(p:Predictor, fmt:str, path, verbose:bool=False)->Path:
-    "Write `p`'s network as ONNX (`torch.onnx.export`, dynamo first; any batch size, `onnx_metadata` in it) or TorchScript (`torch.jit.trace`); the exporters' own lines only when `verbose`."
-    net, x, path, outputs = ExportNet(p.net, p.task.outputs).cpu(), export_input(p.imgsz), Path(path), p.task.outputs
-    if fmt == 'onnx' and (missing := [m for m in ONNX_NEEDS if importlib.util.find_spec(m) is None]):
-        raise ValueError(f"--format onnx needs {' and '.join(missing)}, which are not installed: pip install 'lucid_nb[export]'")
+    """Write `p`'s network as ONNX (`torch.onnx.export`, dynamo first; any batch size,
+    `onnx_metadata` in it) or TorchScript (`torch.jit.trace`); the exporters' own lines only when
+    `verbose`."""
+    net, x, path, outputs = (ExportNet(p.net, p.task.outputs).cpu(), export_input(p.imgsz),
+                             Path(path), p.task.outputs)
+    if (fmt == 'onnx'
+            and (missing := [m for m in ONNX_NEEDS if importlib.util.find_spec(m) is None])):
+        raise ValueError(f"--format onnx needs {' and '.join(missing)}, which are not installed: "
+                         "pip install 'lucid_nb[export]'")
     with torch.no_grad():
         if fmt == 'torchscript':
             with exporter_quiet(verbose): torch.jit.trace(net, x).save(str(path))
         elif fmt == 'onnx':
-            onnx_data(path).unlink(missing_ok=True)   # an earlier export's weights: the new file would not read them
+            # an earlier export's weights: the new file would not read them
+            onnx_data(path).unlink(missing_ok=True)
             names = dict(input_names=['img'], output_names=list(outputs))
-            apart = sum(t.numel() * t.element_size() for t in (*net.parameters(), *net.buffers())) > ONNX_FILE_LIMIT   # else one file
+            # else one file
+            apart = sum(t.numel()
+                        * t.element_size() for t in (*net.parameters(),
+                                                     *net.buffers())) > ONNX_FILE_LIMIT
             try:
-                with exporter_quiet(verbose): torch.onnx.export(net, (x,), str(path), dynamo=True, external_data=apart,
-                                                                dynamic_shapes=({0: torch.export.Dim('batch', min=1, max=4096)},), **names)
+                with exporter_quiet(verbose):
+                    torch.onnx.export(net, (x,), str(path), dynamo=True, external_data=apart,
+                                      dynamic_shapes=(
+                                          {0: torch.export.Dim('batch', min=1, max=4096)},),
+                                      **names)
             except Exception as e:   # an op the dynamo exporter cannot take
-                note(f"export: the dynamo ONNX exporter failed ({type(e).__name__}); using the classic one")
-                with exporter_quiet(verbose): torch.onnx.export(net, (x,), str(path), dynamo=False, opset_version=17, **names,
-                                                                dynamic_axes={n: {0: 'batch'} for n in ('img', *outputs)})
+                note(f"export: the dynamo ONNX exporter failed ({type(e).__name__}); using the "
+                     "classic one")
+                with exporter_quiet(verbose):
+                    torch.onnx.export(net, (x,), str(path), dynamo=False, opset_version=17, **names,
+                                      dynamic_axes={n: {0: 'batch'} for n in ('img', *outputs)})
             add_onnx_metadata(path, onnx_metadata(p))
         else: raise ValueError(f"--format {fmt!r}: use onnx or torchscript")
     return path
 
-# %% ../nbs/09_predict.ipynb #ed6f7188
-ONNX_FILE_LIMIT = 2**31 - 2**26   # protobuf's 2 GiB, less room for the graph: larger weights go into a `.data` file beside it
+# %% ../nbs/09_predict.ipynb #3d0cff7c
+# protobuf's 2 GiB, less room for the graph: larger weights go into a `.data` file beside it
+ONNX_FILE_LIMIT = 2**31 - 2**26
 
 def onnx_data(path)->Path:
     "Where the ONNX exporter puts the weights of `path`: `<path>.data` beside it."
     return Path(path).with_name(Path(path).name + '.data')
 
 def onnx_metadata(p:Predictor)->dict:
-    "What an ONNX file's user needs besides the network (`metadata_props`, strings): class names, COCO ids, input size, task, outputs."
-    return dict(names=json.dumps(p.class_names), category_ids=json.dumps(p.cat_ids), imgsz=str(p.imgsz), task=p.task.name,
-                input='img: (batch,3,imgsz,imgsz) float32 RGB in [0,1], letterboxed', outputs=','.join(p.task.outputs),
+    """What an ONNX file's user needs besides the network (`metadata_props`, strings): class names,
+    COCO ids, input size, task, outputs."""
+    return dict(names=json.dumps(p.class_names), category_ids=json.dumps(p.cat_ids),
+                imgsz=str(p.imgsz), task=p.task.name,
+                input='img: (batch,3,imgsz,imgsz) float32 RGB in [0,1], letterboxed',
+                outputs=','.join(p.task.outputs),
                 producer='lucid_nb')
 
 def add_onnx_metadata(path, props:dict):
-    "Set `props` as the ONNX file's `metadata_props`; the weights stay where they are (in it, or in its `.data` file)."
+    """Set `props` as the ONNX file's `metadata_props`; the weights stay where they are (in it, or
+    in its `.data` file)."""
     import onnx
     m = onnx.load(str(path), load_external_data=False)
     old = {e.key: e.value for e in m.metadata_props}
@@ -231,7 +280,8 @@ def run_exported(path, fmt:str, x:Tensor)->list[np.ndarray]|None:
     return sess.run(None, {sess.get_inputs()[0].name: x.numpy()})
 
 def export_check(p:Predictor, path, fmt:str, image=TEST_IMG)->tuple[float,float]|None:
-    "Largest absolute difference between the exported file and PyTorch on a real image, and the largest relative to each output's range (None: no runtime to check)."
+    """Largest absolute difference between the exported file and PyTorch on a real image, and the
+    largest relative to each output's range (None: no runtime to check)."""
     x = export_input(p.imgsz, image)
     with torch.no_grad(): ref = [t.numpy() for t in ExportNet(p.net, p.task.outputs).cpu()(x)]
     got = run_exported(path, fmt, x)
@@ -241,7 +291,8 @@ def export_check(p:Predictor, path, fmt:str, image=TEST_IMG)->tuple[float,float]
 
 # %% ../nbs/09_predict.ipynb #exportopts0cd
 def untrained_predictor(imgsz:int|None=None, task:str='segment')->Predictor:
-    "`--model.weights none`: a nano network of `task` initialised with seed 0, the embedded coco128's classes, `imgsz` (640 unless given)."
+    """`--model.weights none`: a nano network of `task` initialised with seed 0, the embedded
+    coco128's classes, `imgsz` (640 unless given)."""
     cat_ids, names = coco_categories(load_coco_json(EMBEDDED_ANNOTATIONS))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
@@ -249,52 +300,82 @@ def untrained_predictor(imgsz:int|None=None, task:str='segment')->Predictor:
     return Predictor(net.requires_grad_(False), names, cat_ids, imgsz or 640)
 
 def check_export_options(imgsz:int|None, out:Path, image=TEST_IMG, source:tuple|None=None):
-    "`lucid export`'s options, checked before anything is read or built: the checkpoint `source` (path, option) there, `imgsz` a positive multiple of 32, `out` a file this process can write, `image` an image it can read."
+    """`lucid export`'s options, checked before anything is read or built: the checkpoint `source`
+    (path, option) there, `imgsz` a positive multiple of 32, `out` a file this process can write,
+    `image` an image it can read."""
     if source is not None and not (src := local_file(*source)).is_file():
-        raise FileNotFoundError(f"{source[1]} {src}: {'a folder, not a file' if src.is_dir() else 'no such file'}")
+        raise FileNotFoundError(f"{source[1]} {src}: "
+                                f"{'a folder, not a file' if src.is_dir() else 'no such file'}")
     if imgsz is not None and (imgsz < 32 or imgsz % 32):
-        raise ValueError(f"--imgsz {imgsz}: the input side must be a positive multiple of 32, the network's largest stride "
+        raise ValueError(f"--imgsz {imgsz}: the input side must be a positive multiple of 32, the "
+                         "network's largest stride "
                          f"(e.g. {max(32, round(imgsz / 32) * 32)})")
     try:
-        with tempfile.NamedTemporaryFile(dir=Path(out).parent, prefix=f'.{Path(out).name}.', suffix='.probe'): pass
-    except OSError as e: raise OSError(f"lucid export: cannot write {out}: {e.strerror or e}") from None
+        with tempfile.NamedTemporaryFile(dir=Path(out).parent, prefix=f'.{Path(out).name}.',
+                                         suffix='.probe'):
+            pass
+    except OSError as e:
+        raise OSError(f"lucid export: cannot write {out}: {e.strerror or e}") from None
     try: load_rgb(image)
-    except ValueError as e: raise ValueError(f"--image {e}") from None   # `BadInputError`: the file and why
+    # `BadInputError`: the file and why
+    except ValueError as e: raise ValueError(f"--image {e}") from None
 
 # %% ../nbs/09_predict.ipynb #15193b43
 def export_main(argv:list[str]|None=None)->Path:
-    "`lucid export`: write a checkpoint's network as ONNX or TorchScript and check it against PyTorch on a real image."
-    ap = OneLineArgumentParser(prog='lucid export', allow_abbrev=False, description="Write a checkpoint's network (EMA weights) "
-                               "as ONNX or TorchScript and check it against PyTorch on a real image.")
+    """`lucid export`: write a checkpoint's network as ONNX or TorchScript and check it against
+    PyTorch on a real image."""
+    ap = OneLineArgumentParser(prog='lucid export', allow_abbrev=False,
+                               description="Write a checkpoint's network (EMA weights) "
+                               "as ONNX or TorchScript and check it against PyTorch on a real "
+                               "image.")
     ap.add_argument('--ckpt_path', help='a lucid checkpoint (last.ckpt, best.ckpt)')
-    ap.add_argument('--model.weights', dest='weights', help='an Ultralytics YOLO11-seg or detect checkpoint (yolo11n-seg.pt, yolo11n.pt) '
-                    'or a lucid checkpoint; none: an untrained network')
-    ap.add_argument('--model.task', dest='task', choices=list(TASKS), default=None, help="the untrained network's task (with --model.weights none; "
+    ap.add_argument('--model.weights', dest='weights',
+                    help='an Ultralytics YOLO11-seg or detect checkpoint (yolo11n-seg.pt, '
+                    'yolo11n.pt) or a lucid checkpoint; none: an untrained network')
+    ap.add_argument('--model.task', dest='task', choices=list(TASKS), default=None,
+                    help="the untrained network's task (with --model.weights none; "
                     "default segment); a file's task is its own, and another one given is refused")
-    ap.add_argument('--format', choices=('onnx', 'torchscript'), default='onnx', help='file format (default: onnx)')
-    ap.add_argument('--imgsz', type=int, default=None, help="input side (default: the checkpoint's training size)")
-    ap.add_argument('--output', default=None, help='file to write (default: beside the checkpoint, .onnx or .torchscript)')
-    ap.add_argument('--image', default=str(TEST_IMG), help='image of the check against PyTorch (default: one embedded COCO image)')
-    ap.add_argument('--verbose', type=bool_value, default=False, help="also print the exporter's own lines and warnings (true or false)")
+    ap.add_argument('--format', choices=('onnx', 'torchscript'), default='onnx',
+                    help='file format (default: onnx)')
+    ap.add_argument('--imgsz', type=int, default=None,
+                    help="input side (default: the checkpoint's training size)")
+    ap.add_argument('--output', default=None,
+                    help='file to write (default: beside the checkpoint, .onnx or .torchscript)')
+    ap.add_argument('--image', default=str(TEST_IMG),
+                    help='image of the check against PyTorch (default: one embedded COCO image)')
+    ap.add_argument('--verbose', type=bool_value, default=False,
+                    help="also print the exporter's own lines and warnings (true or false)")
     a = ap.parse_args(argv)
-    if a.ckpt_path and a.weights: ap.error('--ckpt_path and --model.weights both name the network: give one')
+    if a.ckpt_path and a.weights:
+        ap.error('--ckpt_path and --model.weights both name the network: give one')
     untrained = a.weights is not None and untrained_asked(a.weights)
     if not (a.ckpt_path or a.weights): raise ValueError(no_weights_line('export'))
     path, option = (a.ckpt_path, '--ckpt_path') if a.ckpt_path else (a.weights, '--model.weights')
-    out = Path(a.output or (Path(f'untrained.{a.format}') if untrained else local_file(path, option).with_suffix(f'.{a.format}')))
+    out = Path(a.output
+               or (Path(f'untrained.{a.format}') if untrained
+                   else local_file(path, option).with_suffix(f'.{a.format}')))
     check_export_options(a.imgsz, out, a.image, None if untrained else (path, option))
-    p = untrained_predictor(a.imgsz, a.task or 'segment') if untrained else load(path, imgsz=a.imgsz, option=option)
+    p = (untrained_predictor(a.imgsz, a.task or 'segment') if untrained
+         else load(path, imgsz=a.imgsz, option=option))
     if a.task and p.task.name != a.task:
-        raise ValueError(f"--model.task {a.task}: {option} {path} holds a {p.task.name} network; leave --model.task out to export it")
-    if untrained: note("export of an untrained network (--model.weights none): its outputs mean nothing")
+        raise ValueError(f"--model.task {a.task}: {option} {path} holds a {p.task.name} network; "
+                         "leave --model.task out to export it")
+    if untrained:
+        note("export of an untrained network (--model.weights none): its outputs mean nothing")
     if p.weak: note(f"warning: {p.weak}")
     t0 = time.perf_counter()
     export_model(p, a.format, out, a.verbose)
     files = [f for f in (out, onnx_data(out)) if f.is_file()] if a.format == 'onnx' else [out]
-    print(f"export: wrote {' and '.join(map(str, files))} ({sum(f.stat().st_size for f in files) / 2**20:.1f} MiB in "
-          f"{time.perf_counter() - t0:.1f} s; {a.format}, input ({'batch' if a.format == 'onnx' else 1},3,{p.imgsz},{p.imgsz}) "
-          f"float32 RGB 0..1, {p.task.name} outputs {', '.join(p.task.outputs)})")
+    print(f"export: wrote {' and '.join(map(str, files))} "
+          f"({sum(f.stat().st_size for f in files) / 2**20:.1f} MiB in "
+          f"{time.perf_counter() - t0:.1f} s; {a.format}, input "
+          f"({'batch' if a.format == 'onnx' else 1},3,{p.imgsz},{p.imgsz}) float32 RGB 0..1, "
+          f"{p.task.name} outputs {', '.join(p.task.outputs)})")
     diff = export_check(p, out, a.format, a.image)
-    if diff is None: print("export: check skipped: onnxruntime is not installed (pip install 'lucid_nb[export]' or pip install onnxruntime)")
-    else: print(f"export: max abs difference vs PyTorch on {Path(a.image).name}: {diff[0]:.3g} ({diff[1]:.2g} of the output's largest value)")
+    if diff is None:
+        print("export: check skipped: onnxruntime is not installed (pip install 'lucid_nb[export]' "
+              "or pip install onnxruntime)")
+    else:
+        print(f"export: max abs difference vs PyTorch on {Path(a.image).name}: {diff[0]:.3g} "
+              f"({diff[1]:.2g} of the output's largest value)")
     return out

@@ -24,25 +24,34 @@ __all__ = ['MIN_TORCH', 'log', 'fit_blocker', 'precision_blocker', 'head_fit_blo
 # %% ../nbs/06b_recorder.ipynb #d014a40b
 MIN_TORCH = (2, 9)
 
-def _torch_version()->tuple[int,int]: return tuple(int(v) for v in torch.__version__.split('+')[0].split('.')[:2])
+def _torch_version()->tuple[int,int]:
+    return tuple(int(v) for v in torch.__version__.split('+')[0].split('.')[:2])
 
 def fit_blocker(trainer, module, backend=None)->str|None:
     "Why this fit can record no region (checked once, at fit start), or None."
     if _torch_version() < MIN_TORCH:
         return f"torch {torch.__version__} is older than {'.'.join(map(str, MIN_TORCH))}"
-    if trainer.world_size > 1 or trainer.num_devices > 1:   # DDP: each process records its own regions
+    # DDP: each process records its own regions
+    if trainer.world_size > 1 or trainer.num_devices > 1:
         n = max(trainer.world_size, trainer.num_devices)
-        if type(trainer.strategy).__name__ != 'DDPStrategy': return f"the run uses {n} devices with {type(trainer.strategy).__name__}; the recorder covers one device or DDP"
-        if backend is None: return f"the run uses {n} devices (DDP); CUDA-graph replay under DDP is not verified yet"
+        if type(trainer.strategy).__name__ != 'DDPStrategy':
+            return (f"the run uses {n} devices with {type(trainer.strategy).__name__}; the "
+                    "recorder covers one device or DDP")
+        if backend is None:
+            return (f"the run uses {n} devices (DDP); CUDA-graph replay under DDP is not verified "
+                    "yet")
     device = trainer.strategy.root_device
-    if backend is None and device.type != 'cuda': return f"the run trains on {device.type}; the recorder needs a CUDA GPU"
+    if backend is None and device.type != 'cuda':
+        return f"the run trains on {device.type}; the recorder needs a CUDA GPU"
     if not module.automatic_optimization: return "the module uses manual optimisation"
     if trainer.accumulate_grad_batches > 1:
-        return f"--trainer.accumulate_grad_batches={trainer.accumulate_grad_batches}; the recorder covers 1"
+        return (f"--trainer.accumulate_grad_batches={trainer.accumulate_grad_batches}; the "
+                "recorder covers 1")
     return None
 
 def precision_blocker(trainer, module, backend=None)->str|None:
-    "Why this fit cannot record a region that replays forward and backward (the regions' checks, then the precision), or None."
+    """Why this fit cannot record a region that replays forward and backward (the regions' checks,
+    then the precision), or None."""
     if why := fit_blocker(trainer, module, backend): return why
     if trainer.precision != 'bf16-mixed':
         return f"--trainer.precision={trainer.precision}; the recorder covers bf16-mixed"
@@ -56,29 +65,34 @@ def head_fit_blocker(trainer, module, head:nn.Module, backend=None)->str|None:
 log = logging.getLogger('lucid_nb.recorder')
 
 class Region:
-    "One named region of the training step that a `Recorder` records and replays: counts, reasons, the backend."
+    """One named region of the training step that a `Recorder` records and replays: counts, reasons,
+    the backend."""
     option, what = '', ''              # the command-line option, and what runs natively ('the head', 'the update')
     say_blocked = True                 # False: the `Recorder` says why the fit cannot record, for all its regions at once
     def __init__(self,
                  backend=None,         # None: `CudaGraphs()` when the fit can record; `EagerGraphs()` for tests
                  max_records:int=3):   # recordings per fit before moved tensors make it give up
         self.backend, self.max_records = backend, max_records
-        self.shared = None             # a `CudaGraphs` the Recorder shares between regions (one memory pool)
+        self.shared = None   # a `CudaGraphs` the Recorder shares between regions (one memory pool)
         self.graphs, self.blocked = None, None
         self.reset_stats()
-    def reset_stats(self): self.replayed, self.native, self.reasons, self.recordings, self.record_error = 0, 0, {}, [], None
+    def reset_stats(self):
+        self.replayed, self.native, self.reasons, self.recordings, self.record_error = 0, 0, {}, [], None
     def note(self, reason:str):
         "Count a reason for a native call; say it the first time."
-        if reason not in self.reasons: log.warning(f"{self.option}: {self.what} runs natively: {reason}")
+        if reason not in self.reasons:
+            log.warning(f"{self.option}: {self.what} runs natively: {reason}")
         self.reasons[reason] = self.reasons.get(reason, 0) + 1
     def begin(self, blocked:str|None=None):
-        "Forget any recording and statistics; record at the next call unless `blocked` says why not."
+        """Forget any recording and statistics; record at the next call unless `blocked` says why
+        not."""
         self.release()
         self.reset_stats()
         self.blocked = blocked
         self.backend_ = self.backend or ((self.shared or CudaGraphs()) if blocked is None else None)
         if blocked and self.say_blocked: self.note(blocked)
-        if blocked: self.reasons[blocked] = 0  # said once (here or by the Recorder); counted per call later
+        # said once (here or by the Recorder); counted per call later
+        if blocked: self.reasons[blocked] = 0
 
 # %% ../nbs/06b_recorder.ipynb #49b8b2ac
 @patch
@@ -89,30 +103,36 @@ def failed(self:Region, e:Exception)->str:
 
 @patch
 def record_graphs(self:Region, make)->str|None:
-    "Record with `make(alias_params)`: plainly, else differentiating parameter aliases; return why neither worked, or None."
+    """Record with `make(alias_params)`: plainly, else differentiating parameter aliases; return why
+    neither worked, or None."""
     errors, before = [], spent(self.backend_)
     for alias_params in (False, True):
         try:
             self.graphs = make(alias_params)
             break
-        except Exception as e: errors.append(self.failed(e))  # the whole chain is kept: the first error matters
+        # the whole chain is kept: the first error matters
+        except Exception as e: errors.append(self.failed(e))
     else:
         self.blocked = f"recording failed ({errors[0]})"
         return self.blocked
-    self.recordings.append(dict(seconds=self.graphs.seconds, reserved_mib=self.graphs.reserved_bytes / 2**20,
-                                parameter_aliases=alias_params, first_attempt_error=errors[0] if errors else None,
+    self.recordings.append(dict(seconds=self.graphs.seconds,
+                                reserved_mib=self.graphs.reserved_bytes / 2**20,
+                                parameter_aliases=alias_params, first_attempt_error=errors[0]
+                                if errors else None,
                                 **spent_since(self.backend_, before)))
     return None
 
 # %% ../nbs/06b_recorder.ipynb #af6d4da9
 @patch
 def new_batch(self:Region):
-    "A new training batch: a replayed forward whose backward never ran (e.g. a skipped step) is given up."
+    """A new training batch: a replayed forward whose backward never ran (e.g. a skipped step) is
+    given up."""
     if self.graphs is not None: self.graphs.pending = False
 
 @patch
 def report(self:Region)->dict:
-    return dict(backend=getattr(self.backend_, 'name', None), blocked=self.blocked, native_reasons=dict(self.reasons),
+    return dict(backend=getattr(self.backend_, 'name', None), blocked=self.blocked,
+                native_reasons=dict(self.reasons),
                 recordings=list(self.recordings), record_error=self.record_error)
 
 @patch
@@ -123,7 +143,8 @@ def release(self:Region):
 
 # %% ../nbs/06b_recorder.ipynb #e339fe30
 class HeadRegion(Region):
-    "The segment head's prediction calls and backward: recorded at the first training batch, replayed every step."
+    """The segment head's prediction calls and backward: recorded at the first training batch,
+    replayed every step."""
     graphs_type, option, what = HeadGraphs, 'capture_segment_heads', 'the head'
     def __init__(self, backend=None, head:str='model.head', max_records:int=3):  # head: attribute path in the module
         super().__init__(backend, max_records)
@@ -140,11 +161,13 @@ class HeadRegion(Region):
         self.start(head, head_fit_blocker(trainer, module, head, self.backend))
     def report(self)->dict:
         "What the head region did in this fit."
-        backwards = self.native_backwards + (self.graphs.native_backwards if self.graphs is not None else 0)
+        backwards = (self.native_backwards
+                     + (self.graphs.native_backwards if self.graphs is not None else 0))
         return dict(super().report(), replayed_calls=self.replayed, layout_probe_calls=self.probes,
                     native_calls=self.native, native_backwards_of_replayed_calls=backwards)
     def summary(self)->str:
-        return (f"{self.replayed} head calls replayed, {self.probes} native to learn gradient layouts, "
+        return (f"{self.replayed} head calls replayed, {self.probes} native to learn gradient "
+                "layouts, "
                 f"{self.native} native fallbacks")
     def release(self):
         if self.graphs is not None: self.native_backwards += self.graphs.native_backwards
@@ -158,10 +181,12 @@ def predict(self:HeadRegion, head:nn.Module, feats:list[Tensor])->dict[str,Tenso
     if why is None and self.graphs is not None:
         why = self.graphs.mismatch(feats)
         if why is None and self.graphs.current_pointers() != self.graphs.pointers:
-            log.warning("capture_segment_heads: the head's parameters or buffers were replaced; recording again")
+            log.warning("capture_segment_heads: the head's parameters or buffers were replaced; "
+                        "recording again")
             self.release()
     if why is None and self.graphs is None:
-        if not self.probed or self.probe_signature != input_signature(feats): return self.probe(head, feats)
+        if not self.probed or self.probe_signature != input_signature(feats):
+            return self.probe(head, feats)
         why = self.record(head, feats)
     if why is not None:
         self.note(why)
@@ -173,7 +198,8 @@ def predict(self:HeadRegion, head:nn.Module, feats:list[Tensor])->dict[str,Tenso
 # %% ../nbs/06b_recorder.ipynb #f32cc758
 @patch
 def probe(self:HeadRegion, head:nn.Module, feats:list[Tensor])->dict[str,Tensor]:
-    "Run the head natively and learn, during its backward, the layout of each output's gradient (for `record`)."
+    """Run the head natively and learn, during its backward, the layout of each output's gradient
+    (for `record`)."""
     self.probes, self.probed, self.probe_signature = self.probes + 1, False, input_signature(feats)
     raw = head.predict(feats)
     self.layouts = layouts = [None] * len(raw)
@@ -190,14 +216,17 @@ def _learn_layout(self:HeadRegion, layouts:list, i:int, grad:Tensor):
 def record(self:HeadRegion, head:nn.Module, feats:list[Tensor])->str|None:
     "Record the head on `feats`; return why it could not, or None."
     if len(self.recordings) >= self.max_records:
-        self.blocked = f"the head's parameters kept moving; stopped after {self.max_records} recordings"
+        self.blocked = (f"the head's parameters kept moving; stopped after {self.max_records} "
+                        "recordings")
         return self.blocked
-    return self.record_graphs(lambda alias_params: self.graphs_type(head, feats, self.backend_, self.layouts, alias_params))
+    return self.record_graphs(lambda alias_params: self.graphs_type(
+        head, feats, self.backend_, self.layouts, alias_params))
 
 # %% ../nbs/06b_recorder.ipynb #1b7e203f
 def record_checked(region:Region, update:CapturedUpdate, grads:list[Tensor], pattern:tuple, native,
                    moving:str)->bool:  # moving: what keeps moving when recordings run out ("the optimiser's tensors")
-    "Record `update` in `region` (unless its `blocker()` says why not), checked against `native()`, which is applied either way; whether it replays from now on."
+    """Record `update` in `region` (unless its `blocker()` says why not), checked against
+    `native()`, which is applied either way; whether it replays from now on."""
     why = update.blocker()
     if why is None and len(region.recordings) >= region.max_records:
         why = f"{moving} kept moving; stopped after {region.max_records} recordings"
@@ -216,47 +245,56 @@ def record_checked(region:Region, update:CapturedUpdate, grads:list[Tensor], pat
         region.native += 1
         return False
     region.graphs = graphs
-    region.recordings.append(dict(seconds=graphs.seconds, reserved_mib=graphs.reserved_bytes / 2**20,
+    region.recordings.append(dict(seconds=graphs.seconds,
+                                  reserved_mib=graphs.reserved_bytes / 2**20,
                                   **spent_since(region.backend_, before)))
     return True
 
 # %% ../nbs/06b_recorder.ipynb #9130d27b
-def _grad_pattern(opt)->tuple: return tuple(p.grad is not None for g in opt.param_groups for p in g['params'])
+def _grad_pattern(opt)->tuple:
+    return tuple(p.grad is not None for g in opt.param_groups for p in g['params'])
 
 def update_fit_blocker(trainer, module, backend=None)->str|None:
     "Why this fit cannot record the optimiser update, or None."
     if why := fit_blocker(trainer, module, backend): return why
     if trainer.precision not in ('32-true', 'bf16-mixed', 'bf16-true'):
-        return f"--trainer.precision={trainer.precision}; the recorded update covers 32-true and bf16 (no grad scaler)"
+        return (f"--trainer.precision={trainer.precision}; the recorded update covers 32-true and "
+                "bf16 (no grad scaler)")
     return None
 
 def _hook_blocker(opt)->str|None:
     from torch.optim import optimizer as _o
     if opt._optimizer_step_pre_hooks or opt._optimizer_step_post_hooks or _o._global_optimizer_pre_hooks \
-       or _o._global_optimizer_post_hooks: return "optimizer step hooks are registered; they would not run on replay"
+       or _o._global_optimizer_post_hooks:
+        return "optimizer step hooks are registered; they would not run on replay"
     return None
 
 # %% ../nbs/06b_recorder.ipynb #c2c6b8a7
 class UpdateRegion(Region):
-    "The optimiser's update: recorded at the first step that has optimiser state, replayed every step."
+    """The optimiser's update: recorded at the first step that has optimiser state, replayed every
+    step."""
     option, what = 'capture_optimizer_step', 'the update'
     def reset_stats(self):
         super().reset_stats()
         self.state_steps, self.recorded = 0, 0
     def start(self, blocked:str|None=None): self.begin(blocked)
-    def fit_start(self, trainer, module): self.start(update_fit_blocker(trainer, module, self.backend))
+    def fit_start(self, trainer, module):
+        self.start(update_fit_blocker(trainer, module, self.backend))
     def report(self)->dict:
         "What the update region did in this fit."
         return dict(super().report(), replayed_steps=self.replayed, recorded_steps=self.recorded,
                     native_steps=self.native, first_steps_creating_state=self.state_steps)
     def summary(self)->str:
-        return (f"{self.replayed} optimiser updates replayed, {self.recorded} recorded (checked against the native "
-                f"step), {self.state_steps} native creating the state, {self.native} native fallbacks")
+        return (f"{self.replayed} optimiser updates replayed, {self.recorded} recorded (checked "
+                "against the native "
+                f"step), {self.state_steps} native creating the state, {self.native} native "
+                "fallbacks")
 
 # %% ../nbs/06b_recorder.ipynb #141046bd
 @patch
 def step(self:UpdateRegion, opt, closure=None, native=None):
-    "One optimiser step: the closure natively, then the update replayed when possible, else `native` (opt's step)."
+    """One optimiser step: the closure natively, then the update replayed when possible, else
+    `native` (opt's step)."""
     native = native or opt.step
     why = self.blocked or update_blocker(opt) or _hook_blocker(opt)
     if why is not None:
@@ -291,8 +329,10 @@ def step(self:UpdateRegion, opt, closure=None, native=None):
 # %% ../nbs/06b_recorder.ipynb #59cbf83d
 @patch
 def record(self:UpdateRegion, opt, params, grads, pattern, native):
-    "Record the update on this step's gradients; the step is applied either way (natively if recording fails)."
-    if record_checked(self, captured_update(opt, params), grads, pattern, native, "the optimiser's tensors"):
+    """Record the update on this step's gradients; the step is applied either way (natively if
+    recording fails)."""
+    if record_checked(self, captured_update(opt, params), grads, pattern, native,
+                      "the optimiser's tensors"):
         self.recorded += 1
 
 # %% ../nbs/06b_recorder.ipynb #d026fa9a
@@ -302,12 +342,14 @@ def step_fit_blocker(trainer, module, model:nn.Module, backend=None)->str|None:
 
 # %% ../nbs/06b_recorder.ipynb #da5687ba
 class StepRegion(Region):
-    "The whole training forward and backward: recorded at the first batch of each set of shapes, replayed every step."
+    """The whole training forward and backward: recorded at the first batch of each set of shapes,
+    replayed every step."""
     option, what = 'capture_train_step', 'the step'
     def __init__(self, backend=None, model:str='model', max_records:int=3, # model: attribute path in the module
                  max_shapes:int=16):   # recordings of different batch shapes kept at once
         super().__init__(backend, max_records)
-        self.model_path, self.model, self.max_shapes, self.shapes, self.moves = model, None, max_shapes, {}, 0
+        self.model_path, self.model, self.max_shapes, self.shapes, self.moves = (
+            model, None, max_shapes, {}, 0)
     def reset_stats(self):
         super().reset_stats()
         self.seen = set()   # the batch shapes recorded in this fit
@@ -320,8 +362,11 @@ class StepRegion(Region):
         self.start(model, step_fit_blocker(trainer, module, model, self.backend))
     def report(self)->dict:
         "What the step region did in this fit."
-        return dict(super().report(), replayed_steps=self.replayed, native_steps=self.native, shapes=len(self.seen))
-    def summary(self)->str: return f"{self.replayed} training steps replayed ({len(self.seen)} batch shapes recorded), {self.native} native"
+        return dict(super().report(), replayed_steps=self.replayed, native_steps=self.native,
+                    shapes=len(self.seen))
+    def summary(self)->str:
+        return (f"{self.replayed} training steps replayed ({len(self.seen)} batch shapes "
+                f"recorded), {self.native} native")
     def release(self):
         "Drop every recording (idempotent)."
         for g in self.shapes.values(): g.release()
@@ -331,17 +376,20 @@ class StepRegion(Region):
 # %% ../nbs/06b_recorder.ipynb #163b35b3
 @patch
 def select(self:StepRegion, model:nn.Module, step_fn, batch:dict)->str|None:
-    "Make the recording for `batch`'s shapes current, recording it if they are new; why it cannot, or None."
+    """Make the recording for `batch`'s shapes current, recording it if they are new; why it cannot,
+    or None."""
     sig = input_signature(list(step_inputs(batch).values()))
     g = self.shapes.get(sig)
     if g is not None and g.current_pointers() != g.pointers:
-        log.warning("capture_train_step: the model's parameters or buffers were replaced; recording again")
+        log.warning("capture_train_step: the model's parameters or buffers were replaced; "
+                    "recording again")
         self.release()
         self.moves += 1
         g = None
     if g is None:
         if len(self.shapes) >= self.max_shapes:
-            return f"the batch's shapes took more than {self.max_shapes} values (now {describe_batch(sig, batch)}); such steps run natively"
+            return (f"the batch's shapes took more than {self.max_shapes} values (now "
+                    f"{describe_batch(sig, batch)}); such steps run natively")
         if why := self.record(model, step_fn, batch): return why
         g = self.shapes[sig] = self.graphs
         self.seen.add(sig)
@@ -349,9 +397,12 @@ def select(self:StepRegion, model:nn.Module, step_fn, batch:dict)->str|None:
     return None
 
 @patch
-def losses(self:StepRegion, model:nn.Module, step_fn, batch:dict, native_fn=None)->tuple[dict,Tensor]:
-    "The step's loss terms and total: replayed when possible, else `native_fn(batch)` (default `step_fn`)."
-    why = self.blocked or step_call_blocker(model, self.model, self.graphs) or self.select(model, step_fn, batch)
+def losses(self:StepRegion, model:nn.Module, step_fn, batch:dict,
+           native_fn=None)->tuple[dict,Tensor]:
+    """The step's loss terms and total: replayed when possible, else `native_fn(batch)` (default
+    `step_fn`)."""
+    why = (self.blocked or step_call_blocker(model, self.model, self.graphs)
+           or self.select(model, step_fn, batch))
     if why is not None:
         self.note(why)
         self.native += 1
@@ -365,20 +416,24 @@ def losses(self:StepRegion, model:nn.Module, step_fn, batch:dict, native_fn=None
 def record(self:StepRegion, model:nn.Module, step_fn, batch:dict)->str|None:
     "Record the step on `batch`; return why it could not, or None."
     if self.moves >= self.max_records:
-        self.blocked = f"the model's parameters kept moving; stopped after {self.max_records} recordings"
+        self.blocked = (f"the model's parameters kept moving; stopped after {self.max_records} "
+                        "recordings")
         return self.blocked
-    return self.record_graphs(lambda alias_params: StepGraphs(model, step_fn, batch, self.backend_, alias_params))
+    return self.record_graphs(lambda alias_params: StepGraphs(
+        model, step_fn, batch, self.backend_, alias_params))
 
 # %% ../nbs/06b_recorder.ipynb #35b6a279
 class EmaRegion(Region):
-    "The EMA update after each optimiser step: recorded at the first update (checked against it), replayed every step."
+    """The EMA update after each optimiser step: recorded at the first update (checked against it),
+    replayed every step."""
     option, what = 'capture_train_step', 'the EMA update'
     def start(self, blocked:str|None=None): self.begin(blocked)
     def fit_start(self, trainer, module): self.start(fit_blocker(trainer, module, self.backend))
     def report(self)->dict:
         return dict(super().report(), replayed_updates=self.replayed, native_updates=self.native)
     def summary(self)->str:
-        return f"{self.replayed} EMA updates replayed, {len(self.recordings)} recorded (checked), {self.native} native"
+        return (f"{self.replayed} EMA updates replayed, {len(self.recordings)} recorded (checked), "
+                f"{self.native} native")
 
 # %% ../nbs/06b_recorder.ipynb #3214d4d4
 @patch
@@ -400,14 +455,17 @@ def update(self:EmaRegion, ema, model:nn.Module):
 
 @patch
 def record(self:EmaRegion, ema, model:nn.Module):
-    "Record the update; it is applied either way (natively if it cannot be recorded, or the recording differs)."
-    record_checked(self, ema.recordable(model), [], (), lambda: ema.update(model), "the EMA's tensors")
+    """Record the update; it is applied either way (natively if it cannot be recorded, or the
+    recording differs)."""
+    record_checked(self, ema.recordable(model), [], (), lambda: ema.update(model),
+                   "the EMA's tensors")
 
 # %% ../nbs/06b_recorder.ipynb #ab346b42
 class Recorder(Callback):
-    "Records named regions of the training step ('head', 'optimizer', 'step', 'ema') at their first use in a fit; replays them."
+    """Records named regions of the training step ('head', 'optimizer', 'step', 'ema') at their
+    first use in a fit; replays them."""
     def __init__(self,
-                 backend=None,             # None: `CudaGraphs()` per region when training on a CUDA device
+                 backend=None,   # None: `CudaGraphs()` per region when training on a CUDA device
                  head:bool=True,           # record the head's prediction calls and backward
                  optimizer:bool=False,     # record the optimiser update
                  step:bool=False,          # record the whole forward, loss and backward, and the EMA update (implies both above)
@@ -415,8 +473,10 @@ class Recorder(Callback):
                  model_path:str='model',   # attribute path of the trained network in the LightningModule
                  max_records:int=3):       # recordings per region and fit before moved tensors make it give up
         self.regions = {}
-        self.options = 'capture_train_step' if step else ' and '.join(   # what the user asked for, to name in lines
-            o for o, on in (('capture_segment_heads', head), ('capture_optimizer_step', optimizer)) if on)
+        # what the user asked for, to name in lines
+        self.options = 'capture_train_step' if step else ' and '.join(
+            o for o, on in (('capture_segment_heads', head), ('capture_optimizer_step', optimizer))
+            if on)
         if head or step: self.regions['head'] = HeadRegion(backend, head_path, max_records)
         if optimizer or step: self.regions['optimizer'] = UpdateRegion(backend, max_records)
         if step:
@@ -427,10 +487,12 @@ class Recorder(Callback):
         r = self.regions.get('head')
         return head.predict(feats) if r is None else r.predict(head, feats)
     def train_step(self, model:nn.Module, step_fn, batch:dict)->tuple[dict,Tensor]:
-        "`step_fn(batch, recorder)`'s loss terms and total: through the 'step' region if there is one, else natively with this recorder's head region."
+        """`step_fn(batch, recorder)`'s loss terms and total: through the 'step' region if there is
+        one, else natively with this recorder's head region."""
         native = lambda b: step_fn(b, self)
         r = self.regions.get('step')
-        return native(batch) if r is None else r.losses(model, lambda b: step_fn(b, None), batch, native)
+        return (native(batch) if r is None
+                else r.losses(model, lambda b: step_fn(b, None), batch, native))
     def ema_update(self, ema, model:nn.Module):
         "One EMA update towards `model`, through the 'ema' region if there is one."
         r = self.regions.get('ema')
@@ -441,10 +503,12 @@ class Recorder(Callback):
 @patch
 @contextlib.contextmanager
 def stepping(self:Recorder, opt:torch.optim.Optimizer):
-    "While the block runs, `opt.step` goes through the 'optimizer' region (its previous `step` is put back after)."
+    """While the block runs, `opt.step` goes through the 'optimizer' region (its previous `step` is
+    put back after)."""
     r = self.regions.get('optimizer')
     if r is None: yield; return
-    own, native = vars(opt).get('step'), opt.step   # an LR scheduler keeps its own wrapper on the instance
+    # an LR scheduler keeps its own wrapper on the instance
+    own, native = vars(opt).get('step'), opt.step
     opt.step = lambda closure=None: r.step(opt, closure, native)
     try: yield
     finally:
@@ -454,10 +518,12 @@ def stepping(self:Recorder, opt:torch.optim.Optimizer):
 # %% ../nbs/06b_recorder.ipynb #55c5cb15
 @patch
 def on_fit_start(self:Recorder, trainer, module):
-    if 'step' in self.regions:   # one memory pool for the graphs replayed one after the other in every step
+    # one memory pool for the graphs replayed one after the other in every step
+    if 'step' in self.regions:
         shared = CudaGraphs()
         for name in ('step', 'optimizer', 'ema'): self.regions[name].shared = shared
-    verbose = getattr(trainer, 'lucid_verbose', False)   # `lucid --verbose true`: each region's own line
+    # `lucid --verbose true`: each region's own line
+    verbose = getattr(trainer, 'lucid_verbose', False)
     for r in self.regions.values():
         r.say_blocked = verbose
         r.fit_start(trainer, module)
@@ -466,13 +532,16 @@ def on_fit_start(self:Recorder, trainer, module):
 
 @patch
 def blocked_lines(self:Recorder)->list[str]:
-    "Why this fit cannot record, one line per reason: the option, what runs natively instead, and why."
+    """Why this fit cannot record, one line per reason: the option, what runs natively instead, and
+    why."""
     why = {}
     for r in self.regions.values():
         if r.blocked: why.setdefault(r.blocked, []).append(r.what)
-    whole = len(why) == 1 and 'step' in self.regions and all(r.blocked for r in self.regions.values())
+    whole = (len(why) == 1 and 'step' in self.regions
+             and all(r.blocked for r in self.regions.values()))
     return [f"{self.options}: the whole training step runs natively: {reason}" if whole else
-            f"{self.options}: {' and '.join(what)} run{'s' if len(what) == 1 else ''} natively: {reason}"
+            f"{self.options}: {' and '.join(what)} run{'s' if len(what) == 1 else ''} natively: "
+            f"{reason}"
             for reason, what in why.items()]
 
 @patch
@@ -485,7 +554,8 @@ def on_load_checkpoint(self:Recorder, trainer, module, checkpoint): self.release
 
 @patch
 def lending(self:Recorder):
-    "Where validation runs: while the whole step replays from CUDA graphs, in their pool (`CudaGraphs.lending`)."
+    """Where validation runs: while the whole step replays from CUDA graphs, in their pool
+    (`CudaGraphs.lending`)."""
     r = self.regions.get('step')
     lend = getattr(r.backend_, 'lending', None) if r is not None and r.graphs is not None else None
     return contextlib.nullcontext() if lend is None else lend()
@@ -499,22 +569,26 @@ def report(self:Recorder)->dict:
 @patch
 def on_fit_end(self:Recorder, trainer, module):
     for line in self.summary_lines(getattr(trainer, 'lucid_verbose', False)): rank_zero_info(line)
-    run = trainer.log_dir or trainer.default_root_dir   # asked on every process: under DDP `log_dir` is a collective
+    # asked on every process: under DDP `log_dir` is a collective
+    run = trainer.log_dir or trainer.default_root_dir
     if trainer.is_global_zero and run:
         atomic_write(Path(run)/'recorder.json',
                      json.dumps(self.report(), indent=1, sort_keys=True).encode())
     self.release()
 
 def _recorded(rec:list)->str:
-    return f"; recorded in {sum(x['seconds'] for x in rec):.2f} s, {sum(x['reserved_mib'] for x in rec):.0f} MiB more reserved" if rec else ''
+    return (f"; recorded in {sum(x['seconds'] for x in rec):.2f} s, "
+            f"{sum(x['reserved_mib'] for x in rec):.0f} MiB more reserved" if rec else '')
 
 @patch
 def summary_lines(self:Recorder, verbose:bool=False)->list[str]:
-    "What the regions did in this fit: one line, only when something was recorded, of the regions that ran; `verbose`: a line per region."
+    """What the regions did in this fit: one line, only when something was recorded, of the regions
+    that ran; `verbose`: a line per region."""
     rs = list(self.regions.values())
     if verbose: return [f"{r.option}: {r.summary()}{_recorded(r.recordings)}" for r in rs]
     rec = [x for r in rs for x in r.recordings]
-    ran = [r.summary() for r in rs if r.replayed or r.native or r.recordings]   # the whole step's head region may never run
+    # the whole step's head region may never run
+    ran = [r.summary() for r in rs if r.replayed or r.native or r.recordings]
     return [f"{self.options}: {'; '.join(ran)}{_recorded(rec)}"] if rec else []
 
 @patch

@@ -18,7 +18,8 @@ from .messages import close_bars, epoch_line, note, say, young_run_line
 from .coco import PROBLEMS_FILE, BadInputError
 from .checkpoints import HASH_KEY
 from .metrics import class_rows, class_table, speed_line, write_results
-from .draw import draw_train_batch, draw_val_batch, plot_curves, plot_labels, save_figure, save_jpeg, save_val_plots, val_labels_grid
+from .draw import (draw_train_batch, draw_val_batch, plot_curves, plot_labels, save_figure,
+                           save_jpeg, save_val_plots, val_labels_grid)
 from .run_folder import ensure_run_folder
 from .saving import SIGINT_HOLD, AtomicCheckpoint, wait_for_checkpoints
 
@@ -29,7 +30,8 @@ __all__ = ['BEST_FIELDS', 'write_predictions', 'gather_objects', 'rank_state_has
 
 # %% ../nbs/08c_run_artifacts.ipynb #9c1f0075
 def write_predictions(trainer, module)->list|None:
-    "The COCO results of the fit's last validation into the run folder's `predictions.json` (once); them, or None."
+    """The COCO results of the fit's last validation into the run folder's `predictions.json`
+    (once); them, or None."""
     results = getattr(module, 'pending_predictions', None)
     if results is None: return None
     write_results(ensure_run_folder(trainer)/'predictions.json', results)
@@ -44,31 +46,40 @@ def gather_objects(obj)->list:
     return out
 
 def rank_state_hashes(trainer, module)->dict:
-    "Under DDP `{'ranks': [...]}`: every process's model, optimiser, scheduler and EMA hashes (they must agree); {} on one process."
+    """Under DDP `{'ranks': [...]}`: every process's model, optimiser, scheduler and EMA hashes
+    (they must agree); {} on one process."""
     if trainer.world_size == 1: return {}
-    mine = {k: v for k, v in fit_state_hashes(trainer, module).items() if k in ('model', 'optimizer', 'scheduler', 'ema')}
+    mine = {k: v for k, v in fit_state_hashes(trainer, module).items()
+            if k in ('model', 'optimizer', 'scheduler', 'ema')}
     ranks = gather_objects(mine)
     if differ := [k for k in mine if len({r[k] for r in ranks}) > 1]:
-        note(f"the {len(ranks)} processes end with different {', '.join(differ)} hashes (state_hashes.json 'ranks'); DDP should keep them equal")
+        note(f"the {len(ranks)} processes end with different {', '.join(differ)} hashes "
+             "(state_hashes.json 'ranks'); DDP should keep them equal")
     return {'ranks': ranks}
 
 # %% ../nbs/08c_run_artifacts.ipynb #3aa39449
-BEST_FIELDS = ('state_dict', 'optimizer_states', 'lr_schedulers', 'epoch', 'global_step')   # what makes `best.ckpt` the best epoch's
+# what makes `best.ckpt` the best epoch's
+BEST_FIELDS = ('state_dict', 'optimizer_states', 'lr_schedulers', 'epoch', 'global_step')
 
 def best_checkpoint_hashes(trainer)->dict|None:
-    "The `digest` of each of `BEST_FIELDS` of the run's `best.ckpt` (its stored hashes where it has them), or None without one."
+    """The `digest` of each of `BEST_FIELDS` of the run's `best.ckpt` (its stored hashes where it
+    has them), or None without one."""
     ck = next((c for c in trainer.callbacks if isinstance(c, AtomicCheckpoint)), None)
     path = Path(ck.best_model_path) if ck is not None and ck.best_model_path else None
     if path is None or not path.is_file(): return None
-    state = torch.load(path, map_location='cpu', weights_only=True, mmap=True)   # written by this run: its hashes are checked when read back
+    # written by this run: its hashes are checked when read back
+    state = torch.load(path, map_location='cpu', weights_only=True, mmap=True)
     stored = state.get(HASH_KEY) or {}
     return {k: stored.get(k) or digest(state[k]) for k in BEST_FIELDS if k in state}
 
 def fit_state_hashes(trainer, module)->dict:
-    "Byte hashes of everything a resumed or replayed run must reproduce, `best.ckpt`'s state among them."
+    """Byte hashes of everything a resumed or replayed run must reproduce, `best.ckpt`'s state among
+    them."""
     sched = trainer.lr_scheduler_configs[0].scheduler if trainer.lr_scheduler_configs else None
-    h = state_hashes(model=module.model, optimizer=trainer.optimizers[0] if trainer.optimizers else None,
-                     scheduler=sched, ema=module.ema, loss=module.last_losses, best=best_checkpoint_hashes(trainer))
+    h = state_hashes(model=module.model, optimizer=trainer.optimizers[0] if trainer.optimizers
+                     else None,
+                     scheduler=sched, ema=module.ema, loss=module.last_losses,
+                     best=best_checkpoint_hashes(trainer))
     preds = ensure_run_folder(trainer)/'predictions.json'
     if preds.exists(): h['predictions'] = hashlib.sha256(preds.read_bytes()).hexdigest()
     return h
@@ -85,13 +96,16 @@ def synced_now(trainer)->float:
     return time.perf_counter()
 
 def data_wait(trainer)->float|None:
-    "Seconds the training loop has waited for batches so far (from `YoloLoader.wait_seconds`), None if unknown."
+    """Seconds the training loop has waited for batches so far (from `YoloLoader.wait_seconds`),
+    None if unknown."""
     return getattr(trainer.train_dataloader, 'wait_seconds', None)
 
 def val_data_wait(trainer)->float:
     "Seconds validation has waited for batches so far (its loaders' `wait_seconds`)."
     loaders = trainer.val_dataloaders
-    return sum(getattr(ld, 'wait_seconds', 0.) for ld in (loaders if isinstance(loaders, (list, tuple)) else [loaders]) if ld is not None)
+    return sum(getattr(ld, 'wait_seconds', 0.)
+                       for ld in (loaders if isinstance(loaders, (list, tuple)) else [loaders])
+               if ld is not None)
 
 def checkpoint_seconds(trainer)->float:
     "Seconds the run's `AtomicCheckpoint`s have spent writing checkpoints so far."
@@ -100,34 +114,46 @@ def checkpoint_seconds(trainer)->float:
 def process_age()->float|None:
     "Seconds since this process started (Linux, 10 ms resolution), None where `/proc` cannot tell."
     try:
-        started = int(Path('/proc/self/stat').read_text().rsplit(')', 1)[1].split()[19]) / os.sysconf('SC_CLK_TCK')
+        started = (int(Path('/proc/self/stat').read_text().rsplit(')', 1)[1].split()[19])
+                   / os.sysconf('SC_CLK_TCK'))
         return float(Path('/proc/uptime').read_text().split()[0]) - started
     except (OSError, ValueError, IndexError): return None
 
 def write_input_problems(trainer)->Path|None:
-    "Every input problem the data has met so far (`DataReport.write`) into the run folder's `PROBLEMS_FILE` (rank 0); the file, or None."
+    """Every input problem the data has met so far (`DataReport.write`) into the run folder's
+    `PROBLEMS_FILE` (rank 0); the file, or None."""
     dm = trainer.datamodule
-    if not trainer.is_global_zero or dm is None or not getattr(getattr(dm, 'report', None), 'problems', None): return None
+    if (not trainer.is_global_zero or dm is None
+            or not getattr(getattr(dm, 'report', None), 'problems', None)):
+        return None
     return dm.report.write(ensure_run_folder(trainer)/PROBLEMS_FILE)
 
 def start_labels_grid(trainer)->concurrent.futures.Future|None:
-    "`val_labels_grid` of the fit's `YoloData` drawn in a thread (rank 0), so it is ready at the fit's end; None without one."
+    """`val_labels_grid` of the fit's `YoloData` drawn in a thread (rank 0), so it is ready at the
+    fit's end; None without one."""
     dm = trainer.datamodule
-    if not trainer.is_global_zero or not callable(getattr(dm, 'val_coco', None)): return None   # a `YoloData`, by what it does
+    # a `YoloData`, by what it does
+    if not trainer.is_global_zero or not callable(getattr(dm, 'val_coco', None)): return None
     try: dm.val_coco()   # built here, so the thread only reads it
     except RuntimeError: return None   # not set up: nothing to draw
-    pool, run = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix='lucid_nb-drawing'), ensure_run_folder(trainer)
+    pool, run = (concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix='lucid_nb-drawing'),
+                 ensure_run_folder(trainer))
     try:
-        if trainer.state.fn == 'fit': pool.submit(lambda: save_figure(plot_labels(dm.train_records, dm.class_names), run/'labels.jpg'))
+        if trainer.state.fn == 'fit':
+            pool.submit(lambda: save_figure(plot_labels(dm.train_records, dm.class_names),
+                                            run/'labels.jpg'))
         return pool.submit(val_labels_grid, dm)
     finally: pool.shutdown(wait=False)   # the thread ends with its tasks
 
 # %% ../nbs/08c_run_artifacts.ipynb #e31b3a54
 class RunArtifacts(Callback):
-    "State hashes, a phase-by-phase timing, curves and sample predictions written to the run folder at the end of fit; the data's input problems at every command's start."
-    def setup(self, trainer, module, stage): write_input_problems(trainer)   # every command that reads data: its problems listed
+    """State hashes, a phase-by-phase timing, curves and sample predictions written to the run
+    folder at the end of fit; the data's input problems at every command's start."""
+    def setup(self, trainer, module, stage):
+        write_input_problems(trainer)   # every command that reads data: its problems listed
     def on_fit_start(self, trainer, module):
-        self.t_fit, self.epochs, self.validations, self.startup, self.ended = synced_now(trainer), [], [], None, None
+        self.t_fit, self.epochs, self.validations, self.startup, self.ended = (
+            synced_now(trainer), [], [], None, None)
         self.t_first, self.first_step = None, None
         age = process_age()
         self.t_process = None if age is None else time.perf_counter() - age
@@ -139,7 +165,8 @@ class RunArtifacts(Callback):
         self.ckpt0, self.vwait0 = checkpoint_seconds(trainer), val_data_wait(trainer)
 
     def _close_epoch(self, trainer, t:float):
-        "The last epoch's checkpoint writes (at its validation's end and its own end) and its end to `t` (the next start or fit end)."
+        """The last epoch's checkpoint writes (at its validation's end and its own end) and its end
+        to `t` (the next start or fit end)."""
         if self.ended is None: return
         t_end, ckpt0 = self.ended
         self.ended = None
@@ -171,7 +198,7 @@ class RunArtifacts(Callback):
             self.validations[-1].update(epoch=trainer.current_epoch, data_wait=val_data_wait(trainer) - self.vwait0)
             e['validation'] = self.validations[-1]
         self.epochs.append(e)
-        self.ended = (t, self.ckpt0)   # `_close_epoch` adds `boundary_seconds`, `checkpoint_seconds`
+        self.ended = (t, self.ckpt0)  # `_close_epoch` adds `boundary_seconds`, `checkpoint_seconds`
 
     def on_exception(self, trainer, module, exception):
         "A fit that fails or is stopped keeps its last validation's predictions, and the list of its input problems."
@@ -197,55 +224,77 @@ def on_fit_end(self:RunArtifacts, trainer, module):
         parts[name], t = now - t, now
     results = write_predictions(trainer, module)
     part('predictions')   # before the hashes, which include its bytes
-    write_input_problems(trainer)   # with those met during training (an image unreadable since set-up)
-    write_json_atomic(run/'state_hashes.json', dict(**fit_state_hashes(trainer, module), **ranks, env=env_info()))
+    # with those met during training (an image unreadable since set-up)
+    write_input_problems(trainer)
+    write_json_atomic(run/'state_hashes.json',
+                      dict(**fit_state_hashes(trainer, module), **ranks, env=env_info()))
     part('state_hashes')
     csv_path = run/'metrics.csv'
-    if csv_path.exists(): plt.close(save_figure(plot_curves(csv_path), run/'curves.png', tight=False))
+    if csv_path.exists():
+        plt.close(save_figure(plot_curves(csv_path), run/'curves.png', tight=False))
     part('curves')
-    stats = getattr(module, 'last_val_stats', None)   # the last validation's curves and confusion matrix
-    if stats is not None: save_val_plots(run, stats, getattr(trainer.datamodule, 'class_names', None))
+    # the last validation's curves and confusion matrix
+    stats = getattr(module, 'last_val_stats', None)
+    if stats is not None:
+        save_val_plots(run, stats, getattr(trainer.datamodule, 'class_names', None))
     part('val_plots')
     preds = run/'predictions.json'
-    if results is None and preds.exists(): results = json.loads(preds.read_text())   # a fit that did not validate
+    # a fit that did not validate
+    if results is None and preds.exists(): results = json.loads(preds.read_text())
     if results is not None:
         labels = getattr(self, 'labels', None)
-        try: images, grid = labels.result() if labels is not None else val_labels_grid(trainer.datamodule)
-        except BadInputError as e: note(f"val_batch_labels.jpg and val_batch_pred.jpg not drawn: {e}")   # not worth a fit's end
+        try:
+            images, grid = (labels.result() if labels is not None
+                            else val_labels_grid(trainer.datamodule))
+        except BadInputError as e:
+            # not worth a fit's end
+            note(f"val_batch_labels.jpg and val_batch_pred.jpg not drawn: {e}")
         else:
             save_jpeg(grid, run/'val_batch_labels.jpg')
-            save_jpeg(draw_val_batch(trainer.datamodule, results, n=len(images), images=images), run/'val_batch_pred.jpg')
+            save_jpeg(draw_val_batch(trainer.datamodule, results, n=len(images), images=images),
+                      run/'val_batch_pred.jpg')
     part('val_drawings')
     dm = trainer.datamodule
     write_json_atomic(run/'timing.json', dict(
         process_start_to_fit_start=None if self.t_process is None else self.t_fit - self.t_process,
         data_setup_seconds=getattr(dm, 'setup_seconds', None), startup_seconds=self.startup,
-        first_step_seconds=self.first_step, fit_seconds=t_end - self.t_fit, fit_end_seconds=time.perf_counter() - t_end, fit_end_parts=parts,
+        first_step_seconds=self.first_step, fit_seconds=t_end - self.t_fit,
+        fit_end_seconds=time.perf_counter() - t_end, fit_end_parts=parts,
         epochs=self.epochs, peak_reserved_mib=mem))
 
 # %% ../nbs/08c_run_artifacts.ipynb #52ce82d3
 class EpochSummary(Callback):
-    "Prints `epoch_line` at the end of every training epoch, and the per-class table, the speed and the run folder after fit."
-    def on_train_epoch_start(self, trainer, module): self.t0, self.validated = time.perf_counter(), False
+    """Prints `epoch_line` at the end of every training epoch, and the per-class table, the speed
+    and the run folder after fit."""
+    def on_train_epoch_start(self, trainer, module):
+        self.t0, self.validated = time.perf_counter(), False
     @rank_zero_only
     def on_train_epoch_end(self, trainer, module):
-        line = f"{epoch_line(trainer, getattr(self, 'validated', True))}  {time.perf_counter() - getattr(self, 't0', time.perf_counter()):.1f} s"
+        line = (f"{epoch_line(trainer, getattr(self, 'validated', True))}  "
+                f"{time.perf_counter() - getattr(self, 't0', time.perf_counter()):.1f} s")
         ckpt = next((c for c in trainer.callbacks if isinstance(c, AtomicCheckpoint)), None)
         if ckpt is None: say(trainer, line); return
         SIGINT_HOLD.begin_epoch()   # until its checkpoints are queued
-        ckpt.hold_line(trainer, line)   # said once they are on disk: a printed epoch is a saved epoch
-    def on_exception(self, trainer, module, exception): close_bars(trainer)   # the stop or error line after it starts a line
+        # said once they are on disk: a printed epoch is a saved epoch
+        ckpt.hold_line(trainer, line)
+    def on_exception(self, trainer, module, exception):
+        close_bars(trainer)   # the stop or error line after it starts a line
     def on_validation_end(self, trainer, module):
         self.validated = getattr(self, 'validated', False) or not trainer.sanity_checking
-        if trainer.state.fn == 'validate' and trainer.is_global_zero: print(f"Results saved to {ensure_run_folder(trainer)}", flush=True)
+        if trainer.state.fn == 'validate' and trainer.is_global_zero:
+            print(f"Results saved to {ensure_run_folder(trainer)}", flush=True)
     def on_test_end(self, trainer, module):
-        if trainer.is_global_zero: print(f"Results saved to {ensure_run_folder(trainer)}", flush=True)   # `lucid test`'s table and files
+        if trainer.is_global_zero:
+            # `lucid test`'s table and files
+            print(f"Results saved to {ensure_run_folder(trainer)}", flush=True)
     @rank_zero_only
     def on_fit_end(self, trainer, module):
         wait_for_checkpoints(trainer)   # "Results saved" only when they are
         run, stats = ensure_run_folder(trainer), getattr(module, 'last_val_stats', None)
-        if stats is not None and trainer.datamodule is not None:   # the last validation's own COCOeval, not another
+        # the last validation's own COCOeval, not another
+        if stats is not None and trainer.datamodule is not None:
             print(class_table(class_rows(stats, trainer.datamodule.class_names)))
-            if (speed := getattr(module, 'last_val_speed', None)) is not None: print(speed_line(speed))
+            if (speed := getattr(module, 'last_val_speed', None)) is not None:
+                print(speed_line(speed))
             if line := young_run_line(trainer, module, stats.summary()): print(line)
         print(f"Results saved to {run}", flush=True)

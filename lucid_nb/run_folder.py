@@ -16,11 +16,15 @@ __all__ = ['LOCK_NAME', 'run_folder', 'ensure_run_folder', 'RunFolderInUse', 're
 
 # %% ../nbs/08b_run_folder.ipynb #caee68f7
 def run_folder(trainer)->Path:
-    "Where the run's files go: `trainer.lucid_run_dir` once `DistributedRun` has set it up, else the run logger's version folder (`lucid_csv`, see `10a_command`), else `trainer.log_dir`, else `default_root_dir`."
+    """Where the run's files go: `trainer.lucid_run_dir` once `DistributedRun` has set it up, else
+    the run logger's version folder (`lucid_csv`, see `10a_command`), else `trainer.log_dir`, else
+    `default_root_dir`."""
     if d := getattr(trainer, 'lucid_run_dir', None): return d   # see `DistributedRun`
     csv = getattr(trainer, 'lucid_csv', None)
-    # Lightning's `fast_dev_run` swaps the loggers for a `DummyLogger`, whose `log_dir` is None: its run would write into `default_root_dir`, the working directory
-    if csv is not None: return Path(trainer.strategy.broadcast(csv.log_dir))   # a collective under DDP, as `trainer.log_dir` is
+    # Lightning's `fast_dev_run` swaps the loggers for a `DummyLogger`, whose `log_dir` is None: its
+    # run would write into `default_root_dir`, the working directory
+    # a collective under DDP, as `trainer.log_dir` is
+    if csv is not None: return Path(trainer.strategy.broadcast(csv.log_dir))
     return Path(trainer.log_dir or trainer.default_root_dir)
 
 def ensure_run_folder(trainer)->Path:
@@ -48,16 +52,19 @@ def lock_owner_alive(owner:dict)->bool:
     return True
 
 # %% ../nbs/08b_run_folder.ipynb #c3fb1cc1
-def _holder(owner:dict)->str: return f"pid {owner.get('pid')} on {owner.get('host')}, started {owner.get('started')}"
+def _holder(owner:dict)->str:
+    return f"pid {owner.get('pid')} on {owner.get('host')}, started {owner.get('started')}"
 
 def acquire_run_lock(run:Path,
                      elsewhere:str='', # the options that give this run another folder (`10a_command`'s `other_run_folder`), for the refusal
                     )->dict:
-    "Create `run/lucid.lock` naming this process, taking over a lock whose process is gone; returns what it wrote."
+    """Create `run/lucid.lock` naming this process, taking over a lock whose process is gone;
+    returns what it wrote."""
     run.mkdir(parents=True, exist_ok=True)
     lock, tmp = run/LOCK_NAME, run/f'{LOCK_NAME}.{os.getpid()}.tmp'
     me = dict(pid=os.getpid(), host=socket.gethostname(), command=' '.join(sys.argv),
-              started=datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M:%S UTC'))
+              started=datetime.datetime.now(datetime.timezone.utc).strftime(
+                  '%Y-%m-%d %H:%M:%S UTC'))
     tmp.write_text(json.dumps(me))
     try:
         for _ in range(3):
@@ -66,8 +73,10 @@ def acquire_run_lock(run:Path,
                 return me
             except FileExistsError: owner = read_lock(lock)
             if lock_owner_alive(owner):
-                raise RunFolderInUse(f"{run} is in use by another run ({_holder(owner)}): wait for it to end, or give this run "
-                                     f"another folder{f' ({elsewhere})' if elsewhere else ''}; if that run is gone, delete {lock}")
+                raise RunFolderInUse(f"{run} is in use by another run ({_holder(owner)}): wait for "
+                                     "it to end, or give this run "
+                                     f"another folder{f' ({elsewhere})' if elsewhere else ''}; if "
+                                     f"that run is gone, delete {lock}")
             note(f"{run}: taking over the lock of a run that is gone ({_holder(owner)})")
             lock.unlink(missing_ok=True)
         raise RunFolderInUse(f"{run}: another run keeps taking its lock {lock}")
@@ -75,7 +84,8 @@ def acquire_run_lock(run:Path,
 
 @contextlib.contextmanager
 def run_lock(run:Path, elsewhere:str=''):
-    "Hold the lock of the run folder `run` for the `with` block (`elsewhere`: see `acquire_run_lock`); released also on exceptions and signals."
+    """Hold the lock of the run folder `run` for the `with` block (`elsewhere`: see
+    `acquire_run_lock`); released also on exceptions and signals."""
     me = acquire_run_lock(run, elsewhere)
     try: yield me
     finally:
@@ -83,9 +93,11 @@ def run_lock(run:Path, elsewhere:str=''):
 
 # %% ../nbs/08b_run_folder.ipynb #7ecc86e5
 def remove_leftovers(folder:Path)->list[Path]:
-    "Remove the `*.ckpt.tmp` that a killed run left in `folder`, a run folder's `checkpoints/` that no live run holds (its `lucid.lock`); the files removed."
+    """Remove the `*.ckpt.tmp` that a killed run left in `folder`, a run folder's `checkpoints/`
+    that no live run holds (its `lucid.lock`); the files removed."""
     folder = Path(folder)
-    if folder.name != 'checkpoints' or lock_owner_alive(read_lock(folder.parent/LOCK_NAME)): return []
+    if folder.name != 'checkpoints' or lock_owner_alive(read_lock(folder.parent/LOCK_NAME)):
+        return []
     gone, size = [], 0
     for p in sorted(folder.glob('*.ckpt.tmp')):
         try:
@@ -94,5 +106,7 @@ def remove_leftovers(folder:Path)->list[Path]:
         except OSError: continue   # gone meanwhile, or not ours to remove
         gone.append(p)
         size += n
-    if gone: note(f"removed {len(gone)} unfinished checkpoint file(s) ({size / 2**20:.0f} MB) that a stopped run left in {folder}")
+    if gone:
+        note(f"removed {len(gone)} unfinished checkpoint file(s) ({size / 2**20:.0f} MB) that a "
+             f"stopped run left in {folder}")
     return gone

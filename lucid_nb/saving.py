@@ -39,24 +39,39 @@ class AtomicCheckpoint(ModelCheckpoint):
         super().__init__(*args, enable_version_counter=enable_version_counter, **kwargs)
 
     def _save_checkpoint(self, trainer, filepath):
-        with SIGINT_HOLD(): self._save_held(trainer, filepath)   # a Ctrl-C waits until this step's write is queued
+        # a Ctrl-C waits until this step's write is queued
+        with SIGINT_HOLD(): self._save_held(trainer, filepath)
 
     def _save_held(self, trainer, filepath):
         t0, tmp = time.perf_counter(), f"{filepath}.tmp"
         self._raise_error()
-        twin = self._last_checkpoint_saved if self._last_global_step_saved == trainer.global_step else ''
-        if twin and twin != filepath:   # the state of this step is written already (`best`, then `last`): link it
-            if trainer.is_global_zero: self._submit(lambda: link_or_copy(twin, tmp), tmp, filepath, lambda: os.path.getsize(twin))
-        elif type(trainer.strategy).save_checkpoint is not Strategy.save_checkpoint:   # a strategy with its own saving
-            trainer.save_checkpoint(tmp, self.save_weights_only)   # written here; only the rename is queued
+        twin = (self._last_checkpoint_saved if self._last_global_step_saved == trainer.global_step
+                else '')
+        # the state of this step is written already (`best`, then `last`): link it
+        if twin and twin != filepath:
+            if trainer.is_global_zero:
+                self._submit(lambda: link_or_copy(twin, tmp), tmp,
+                             filepath, lambda: os.path.getsize(twin))
+        # a strategy with its own saving
+        elif type(trainer.strategy).save_checkpoint is not Strategy.save_checkpoint:
+            # written here; only the rename is queued
+            trainer.save_checkpoint(tmp, self.save_weights_only)
             if trainer.is_global_zero: self._submit(lambda: None, tmp, filepath)
         else:   # as `Trainer.save_checkpoint`, the file written in the background
-            state = trainer._checkpoint_connector.dump_checkpoint(self.save_weights_only)   # every process: its hooks
+            # every process: its hooks
+            state = trainer._checkpoint_connector.dump_checkpoint(self.save_weights_only)
             if trainer.is_global_zero:
-                state = apply_to_collection(state, Tensor, lambda t: t.detach().to('cpu', copy=True))   # this step's values
-                io = trainer.strategy.checkpoint_io   # Lightning's own stages the file in $TMPDIR: written here, beside its name
-                save = write_checkpoint_file if type(io).save_checkpoint is TorchCheckpointIO.save_checkpoint else io.save_checkpoint
-                self._submit(lambda: save(with_hashes(state), tmp), tmp, filepath, lambda: tensor_bytes_of(state))   # hashed in the writer's thread too
+                # this step's values
+                state = apply_to_collection(state,
+                                            Tensor, lambda t: t.detach().to('cpu', copy=True))
+                # Lightning's own stages the file in $TMPDIR: written here, beside its name
+                io = trainer.strategy.checkpoint_io
+                save = (write_checkpoint_file
+                        if type(io).save_checkpoint is TorchCheckpointIO.save_checkpoint
+                        else io.save_checkpoint)
+                # hashed in the writer's thread too
+                self._submit(lambda: save(with_hashes(state), tmp), tmp,
+                             filepath, lambda: tensor_bytes_of(state))
             trainer.strategy.barrier("AtomicCheckpoint")
         self._last_global_step_saved, self._last_checkpoint_saved = trainer.global_step, filepath
         if trainer.is_global_zero:
@@ -70,27 +85,33 @@ class AtomicCheckpoint(ModelCheckpoint):
     def setup(self, trainer, module, stage):
         # Lightning puts checkpoints into the first logger's folder; under `fast_dev_run` (a DummyLogger, no folder) into
         # `default_root_dir`, the working directory: they go into the run folder as in any run (`run_folder`)
-        if self.dirpath is None and trainer.fast_dev_run and getattr(trainer, 'lucid_csv', None) is not None:
+        if (self.dirpath is None and trainer.fast_dev_run
+                and getattr(trainer, 'lucid_csv', None) is not None):
             self.dirpath = str(run_folder(trainer)/'checkpoints')
         super().setup(trainer, module, stage)
 
 # %% ../nbs/08b_saving.ipynb #2d3025f8
 @patch
 def _submit(self:AtomicCheckpoint, write, tmp:str, filepath:str, size=lambda: None):
-    "Queue `write` (which makes `tmp`, about `size()` bytes) and the rename onto `filepath`; one at a time, in order."
+    """Queue `write` (which makes `tmp`, about `size()` bytes) and the rename onto `filepath`; one
+    at a time, in order."""
     def job():
         free = need = None
         try:
-            for old in Path(filepath).parent.glob('*.ckpt.tmp'):   # a killed run's leftovers; no write of ours is open
+            # a killed run's leftovers; no write of ours is open
+            for old in Path(filepath).parent.glob('*.ckpt.tmp'):
                 if str(old) != tmp: old.unlink(missing_ok=True)
-            free, need = disk_free(Path(filepath).parent), size()   # before the write: a failed one is deleted below
+            # before the write: a failed one is deleted below
+            free, need = disk_free(Path(filepath).parent), size()
             write()
             os.replace(tmp, filepath)
             fsync_folder(Path(filepath).parent)   # the rename too, on the disk
         except BaseException as e:   # the first failure is the one to tell
             self._error = self._error or (e, Path(filepath).name, need, free)
             Path(tmp).unlink(missing_ok=True)
-    if self._writer is None: self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix='lucid_nb-checkpoint')
+    if self._writer is None:
+        self._writer = concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix='lucid_nb-checkpoint')
     self._writer.submit(job)
 
 @patch
@@ -109,10 +130,12 @@ def _raise_error(self:AtomicCheckpoint):
 
 # %% ../nbs/08b_saving.ipynb #8238f358
 @patch
-def on_train_batch_start(self:AtomicCheckpoint, trainer, module, batch, batch_idx): self._raise_error()   # a failed write stops the fit at once
+def on_train_batch_start(self:AtomicCheckpoint, trainer, module, batch, batch_idx):
+    self._raise_error()   # a failed write stops the fit at once
 
 @patch
-def on_validation_start(self:AtomicCheckpoint, trainer, module): self.wait()   # the last epoch's file is on disk before this epoch can end
+def on_validation_start(self:AtomicCheckpoint, trainer, module):
+    self.wait()   # the last epoch's file is on disk before this epoch can end
 
 @patch
 def on_fit_end(self:AtomicCheckpoint, trainer, module): self.wait()
@@ -125,12 +148,14 @@ def teardown(self:AtomicCheckpoint, trainer, module, stage):
 @patch
 def on_exception(self:AtomicCheckpoint, trainer, module, exception):
     SIGINT_HOLD.release()   # an epoch's hold cut short by the error: Ctrl-C works again
-    self.say_line_when_saved()   # an epoch that ended before the stop: its line, after its checkpoint
+    # an epoch that ended before the stop: its line, after its checkpoint
+    self.say_line_when_saved()
     try: self.wait()   # the finished epochs' checkpoints land before the run ends
     except CheckpointWriteError as e: note(str(e))
 
 # %% ../nbs/08b_saving.ipynb #4e26c45d
-class CheckpointWriteError(OSError): "A checkpoint could not be written (a user's problem: the disk, the folder)."
+class CheckpointWriteError(OSError):
+    "A checkpoint could not be written (a user's problem: the disk, the folder)."
 
 def tensor_bytes_of(state)->int:
     "Bytes of the tensors in the collection `state`: about what its checkpoint file takes."
@@ -139,12 +164,14 @@ def tensor_bytes_of(state)->int:
     return sum(n)
 
 def checkpoint_epoch(path)->int|None:
-    "The epoch (0-based) a checkpoint file holds, read from it (memory-mapped, tensors not read); None if it cannot be read."
+    """The epoch (0-based) a checkpoint file holds, read from it (memory-mapped, tensors not read);
+    None if it cannot be read."""
     try: return int(torch.load(path, map_location='cpu', weights_only=True, mmap=True)['epoch'])
     except Exception: return None
 
 def _os_error(e:BaseException)->OSError|None:
-    "The first `OSError` with an errno in `e`'s chain: torch reports a failed write as 'unexpected pos', the system's error is its context."
+    """The first `OSError` with an errno in `e`'s chain: torch reports a failed write as 'unexpected
+    pos', the system's error is its context."""
     seen = set()
     while e is not None and id(e) not in seen:
         if isinstance(e, OSError) and e.errno: return e
@@ -153,19 +180,25 @@ def _os_error(e:BaseException)->OSError|None:
     return None
 
 def write_failure(folder, name:str, e:BaseException, need:int|None, free:int|None)->str:
-    "The one true line of a checkpoint write that failed: why (no space: how much it takes and was free before the write), and what the folder's `last.ckpt` holds now."
+    """The one true line of a checkpoint write that failed: why (no space: how much it takes and was
+    free before the write), and what the folder's `last.ckpt` holds now."""
     err, mb = _os_error(e), lambda b: f"{b / 2**20:.0f} MB"
-    if err.errno == errno.ENOSPC if err is not None else (free is not None and need is not None and free < need):
-        why = 'no space left on device' + (f": a checkpoint takes about {mb(need)}, {mb(free)} were free before the write" if need and free is not None else '')
+    if (err.errno == errno.ENOSPC if err is not None
+            else (free is not None and need is not None and free < need)):
+        why = ('no space left on device'
+               + (f": a checkpoint takes about {mb(need)}, {mb(free)} were free before the write"
+                  if need and free is not None else ''))
     else: why = (err.strerror or str(err)) if err is not None else one_line(e)
     last = Path(folder)/'last.ckpt'
     epoch = checkpoint_epoch(last) if last.is_file() else None
-    held = f"last.ckpt holds epoch {epoch + 1}" if epoch is not None else 'no checkpoint was written'
+    held = (f"last.ckpt holds epoch {epoch + 1}" if epoch is not None
+            else 'no checkpoint was written')
     return f"writing {name} into {folder} failed: {why}; the fit stopped, {held}"
 
 # %% ../nbs/08b_saving.ipynb #031c3064
 def write_checkpoint_file(state:dict, path):
-    "`torch.save` of `state` into the file `path` (its folder made if need be), flushed to the disk."
+    """`torch.save` of `state` into the file `path` (its folder made if need be), flushed to the
+    disk."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     with open(path, 'wb') as f:
         torch.save(state, f)
@@ -173,7 +206,8 @@ def write_checkpoint_file(state:dict, path):
         os.fsync(f.fileno())
 
 def wait_for_checkpoints(trainer):
-    "Block until the run's checkpoints are on disk; raise `CheckpointWriteError` if one could not be written."
+    """Block until the run's checkpoints are on disk; raise `CheckpointWriteError` if one could not
+    be written."""
     for cb in trainer.callbacks:
         if isinstance(cb, AtomicCheckpoint): cb.wait()
 
@@ -187,29 +221,37 @@ def link_or_copy(src, dst):
 def on_train_epoch_end(self:AtomicCheckpoint, trainer, module):
     try:
         ModelCheckpoint.on_train_epoch_end(self, trainer, module)
-        if self.save_last and not self._should_skip_saving_checkpoint(trainer):  # skipped: this step is saved already
+        # skipped: this step is saved already
+        if self.save_last and not self._should_skip_saving_checkpoint(trainer):
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
     finally:
-        SIGINT_HOLD.end_epoch()   # the epoch's writes are queued: a Ctrl-C held since its line is let through
+        # the epoch's writes are queued: a Ctrl-C held since its line is let through
+        SIGINT_HOLD.end_epoch()
         if getattr(self, '_line', None) is not None: self._line = (*self._line[:2], True)
 
 @patch
 def hold_line(self:AtomicCheckpoint, trainer, line:str):
-    "Keep the epoch's `line` until the epoch's checkpoints and records are on disk (`say_line_when_saved`)."
+    """Keep the epoch's `line` until the epoch's checkpoints and records are on disk
+    (`say_line_when_saved`)."""
     self._line = (trainer, line, False)   # False: its checkpoints are not queued yet
 
 @patch
 def say_line_when_saved(self:AtomicCheckpoint):
-    "The run logger's rows written; then the held line printed once every checkpoint queued so far is on disk, from the writer's thread after the last one."
+    """The run logger's rows written; then the held line printed once every checkpoint queued so far
+    is on disk, from the writer's thread after the last one."""
     if getattr(self, '_line', None) is None: return
     (trainer, line, queued), self._line = self._line, None
-    if (csv_logger := getattr(trainer, 'lucid_csv', None)) is not None: csv_logger.save()   # the epoch's metrics.csv rows
-    def job(): say(trainer, line + ('' if queued and not self._error else '  (its checkpoint was not written)'))
+    # the epoch's metrics.csv rows
+    if (csv_logger := getattr(trainer, 'lucid_csv', None)) is not None: csv_logger.save()
+    def job():
+        say(trainer,
+            line + ('' if queued and not self._error else '  (its checkpoint was not written)'))
     if self._writer is None: job()
     else: self._writer.submit(job)
 
 @patch
-def on_train_epoch_start(self:AtomicCheckpoint, trainer, module): self.say_line_when_saved()   # the last epoch's rows are logged by now
+def on_train_epoch_start(self:AtomicCheckpoint, trainer, module):
+    self.say_line_when_saved()   # the last epoch's rows are logged by now
 
 @patch
 def on_train_end(self:AtomicCheckpoint, trainer, module):
@@ -218,7 +260,8 @@ def on_train_end(self:AtomicCheckpoint, trainer, module):
 
 # %% ../nbs/08b_saving.ipynb #9a833f79
 class SigintHold:
-    "Ctrl-C held, not raised, inside: counted, then passed in order to the handler that was there before when the last hold ends (main thread only)."
+    """Ctrl-C held, not raised, inside: counted, then passed in order to the handler that was there
+    before when the last hold ends (main thread only)."""
     def __init__(self): self.depth, self.held, self.before, self.epoch = 0, 0, None, False
     def _count(self, signum, frame): self.held += 1
     def begin(self)->bool:
@@ -227,14 +270,16 @@ class SigintHold:
         self.depth += 1
         return True
     def end(self):
-        "End one hold; the last one puts the handler back and passes it each Ctrl-C held (`StopSignals`: the first sets the stop flag, a second raises)."
+        """End one hold; the last one puts the handler back and passes it each Ctrl-C held
+        (`StopSignals`: the first sets the stop flag, a second raises)."""
         if self.depth == 0: return
         self.depth -= 1
         if self.depth: return
         signal.signal(signal.SIGINT, self.before)
         held, self.held = self.held, 0
         for _ in range(held):
-            if callable(self.before): self.before(signal.SIGINT, None)   # may raise: `KeyboardInterrupt`
+            # may raise: `KeyboardInterrupt`
+            if callable(self.before): self.before(signal.SIGINT, None)
             elif self.before == signal.SIG_DFL: signal.raise_signal(signal.SIGINT)
     @contextlib.contextmanager
     def __call__(self):
@@ -258,38 +303,52 @@ SIGINT_HOLD = SigintHold()   # the process's one hold: SIGINT has one handler
 
 # %% ../nbs/08b_saving.ipynb #7cea11be
 def carry_best(best:str|None, src:Path, dst:Path):
-    "The best checkpoint named `best` (in `src`, the resumed run's folder) linked into `dst`, the new folder a resumed fit writes to (rank 0)."
+    """The best checkpoint named `best` (in `src`, the resumed run's folder) linked into `dst`, the
+    new folder a resumed fit writes to (rank 0)."""
     if not best or rank_zero_only.rank != 0 or not (src/Path(best).name).is_file(): return
     dst.mkdir(parents=True, exist_ok=True)
     if not (dst/Path(best).name).exists(): link_or_copy(src/Path(best).name, dst/Path(best).name)
-    note(f"this fit continues the run of {src.parent} in {dst.parent}: its {Path(best).name} and score come along")
+    note(f"this fit continues the run of {src.parent} in {dst.parent}: its {Path(best).name} and "
+         "score come along")
 
 @patch
 def on_load_checkpoint(self:AtomicCheckpoint, trainer, module, checkpoint:dict):
-    "Refuse to resume a fit from a checkpoint of its last epoch; remember where the resumed checkpoint lies."
+    """Refuse to resume a fit from a checkpoint of its last epoch; remember where the resumed
+    checkpoint lies."""
     if trainer.state.fn != 'fit': return
     self._resumed_from = trainer.ckpt_path
-    if trainer.is_global_zero and trainer.ckpt_path and Path(trainer.ckpt_path).parent != Path(self.dirpath or ''):
-        remove_leftovers(Path(trainer.ckpt_path).parent)   # a new version folder: the old one's are not swept by our saves
-    elif trainer.is_global_zero and trainer.ckpt_path: continue_run_records(trainer, checkpoint.get('epoch', -1))   # the same folder
-    current = checkpoint.get('loops', {}).get('fit_loop', {}).get('epoch_progress', {}).get('current', {})
-    done = current.get('processed', checkpoint.get('epoch', -2) + 1)   # epochs finished (saved at an epoch's end)
+    if (trainer.is_global_zero and trainer.ckpt_path
+            and Path(trainer.ckpt_path).parent != Path(self.dirpath or '')):
+        # a new version folder: the old one's are not swept by our saves
+        remove_leftovers(Path(trainer.ckpt_path).parent)
+    elif trainer.is_global_zero and trainer.ckpt_path:
+        continue_run_records(trainer, checkpoint.get('epoch', -1))   # the same folder
+    current = checkpoint.get('loops', {}).get('fit_loop',
+                                              {}).get('epoch_progress', {}).get('current', {})
+    # epochs finished (saved at an epoch's end)
+    done = current.get('processed', checkpoint.get('epoch', -2) + 1)
     if trainer.max_epochs is not None and trainer.max_epochs >= 1 and done >= trainer.max_epochs:
-        raise ValueError(f"--ckpt_path {trainer.ckpt_path}: the run is complete: {done} epochs; give --trainer.max_epochs {done + 1} "
-                         f"or more to continue it, or start a new run from it with --model.weights {trainer.ckpt_path}")
+        raise ValueError(f"--ckpt_path {trainer.ckpt_path}: the run is complete: {done} epochs; "
+                         f"give --trainer.max_epochs {done + 1} or more to continue it, or start a "
+                         f"new run from it with --model.weights {trainer.ckpt_path}")
 
 @patch
 def load_state_dict(self:AtomicCheckpoint, state_dict:dict):
-    "Lightning's, the run's best kept: in a run folder moved since the state was saved, and in a new folder a resumed fit writes to (its best checkpoint linked there, one line says so)."
+    """Lightning's, the run's best kept: in a run folder moved since the state was saved, and in a
+    new folder a resumed fit writes to (its best checkpoint linked there, one line says so)."""
     old, here, src = state_dict.get('dirpath'), self.dirpath, self._resumed_from
     if old and here and old != here and src:
-        srcdir = Path(src).resolve().parent   # the resumed checkpoint's folder: its best lies beside it
-        if srcdir != Path(here).resolve(): carry_best(state_dict.get('best_model_path'), srcdir, Path(here))
+        # the resumed checkpoint's folder: its best lies beside it
+        srcdir = Path(src).resolve().parent
+        if srcdir != Path(here).resolve():
+            carry_best(state_dict.get('best_model_path'), srcdir, Path(here))
         move = lambda p: str(Path(here)/Path(p).name) if p and Path(p).is_relative_to(old) else p
-        state_dict = dict(state_dict, dirpath=here, best_model_path=move(state_dict.get('best_model_path')),
+        state_dict = dict(state_dict, dirpath=here,
+                          best_model_path=move(state_dict.get('best_model_path')),
                           kth_best_model_path=move(state_dict.get('kth_best_model_path')),
                           last_model_path=move(state_dict.get('last_model_path')),
-                          best_k_models={move(k): v for k, v in state_dict.get('best_k_models', {}).items()})
+                          best_k_models={move(k): v
+                                         for k, v in state_dict.get('best_k_models', {}).items()})
     ModelCheckpoint.load_state_dict(self, state_dict)
 
 
@@ -303,8 +362,10 @@ def metrics_csv_rows(path)->tuple[list,list]:
         return list(reader.fieldnames or []), list(reader)
 
 def write_metrics_csv(logger, header:list, rows:list):
-    "`rows` as the CSV logger's `metrics.csv`, and its writer told their columns: the rows it logs next are appended under them."
-    writer = logger.experiment   # Lightning's writer: made now (if not before), it deletes an existing file (2.6)
+    """`rows` as the CSV logger's `metrics.csv`, and its writer told their columns: the rows it logs
+    next are appended under them."""
+    # Lightning's writer: made now (if not before), it deletes an existing file (2.6)
+    writer = logger.experiment
     with open(writer.metrics_file_path, 'w', newline='') as f:
         out = csv.DictWriter(f, fieldnames=sorted(header))
         out.writeheader()
@@ -312,17 +373,21 @@ def write_metrics_csv(logger, header:list, rows:list):
     writer.metrics_keys = sorted(header)
 
 def reopen_metrics_csv(logger):
-    "Start the CSV logger of a run that continues in its folder, its `metrics.csv` kept (`10a_command`, before Lightning's start deletes it)."
+    """Start the CSV logger of a run that continues in its folder, its `metrics.csv` kept
+    (`10a_command`, before Lightning's start deletes it)."""
     header, rows = metrics_csv_rows(Path(logger.log_dir)/'metrics.csv')
     if header: write_metrics_csv(logger, header, rows)
 
 def continue_run_records(trainer, epoch:int):
-    "The run folder's records up to `epoch` (the resumed checkpoint's), for a fit that continues in it: later lines of `val_metrics.jsonl` and rows of `metrics.csv` dropped."
+    """The run folder's records up to `epoch` (the resumed checkpoint's), for a fit that continues
+    in it: later lines of `val_metrics.jsonl` and rows of `metrics.csv` dropped."""
     run = run_folder(trainer)
     jl = run/'val_metrics.jsonl'
     if jl.is_file():
-        lines = [l for l in jl.read_text().splitlines() if l.strip() and json.loads(l).get('epoch', -1) <= epoch]
+        lines = [l for l in jl.read_text().splitlines() if l.strip()
+                 and json.loads(l).get('epoch', -1) <= epoch]
         atomic_write(jl, ''.join(l + '\n' for l in lines).encode())
     header, rows = metrics_csv_rows(run/'metrics.csv')
     if header and (logger := getattr(trainer, 'lucid_csv', None)) is not None:
-        write_metrics_csv(logger, header, [r for r in rows if not r.get('epoch') or float(r['epoch']) <= epoch])
+        write_metrics_csv(logger, header,
+                          [r for r in rows if not r.get('epoch') or float(r['epoch']) <= epoch])

@@ -15,25 +15,31 @@ __all__ = ['md_text', 'default_text', 'type_text', 'params_rows', 'params_table'
 
 # %% ../nbs/12_showdoc.ipynb #3b95a81a
 def md_text(s:str)->str:
-    "`s` as one line of Markdown that shows as written: `*`, `_`, `<`, `>` and `|` escaped (`|` in code spans too)."
+    """`s` as one line of Markdown that shows as written: `*`, `_`, `<`, `>` and `|` escaped (`|` in
+    code spans too)."""
     parts = re.split(r'(`+[^`]*?`+)', ' '.join(s.split()))
-    return ''.join(p.replace('|', r'\|') if i % 2 else re.sub(r'([*_<>|])', r'\\\1', p) for i, p in enumerate(parts))
+    return ''.join(p.replace('|', r'\|') if i % 2
+                   else re.sub(r'([*_<>|])', r'\\\1', p) for i, p in enumerate(parts))
 
 # %% ../nbs/12_showdoc.ipynb #ce3e9063
 def _package_roots(module:str|None)->list:
-    "The folders that hold `lucid_nb` and the top-level package of `module`, each with a trailing separator."
-    files = [getattr(sys.modules.get(m), '__file__', None) for m in ('lucid_nb', (module or '').split('.')[0])]
+    """The folders that hold `lucid_nb` and the top-level package of `module`, each with a trailing
+    separator."""
+    files = [getattr(sys.modules.get(m), '__file__', None)
+                     for m in ('lucid_nb', (module or '').split('.')[0])]
     return list(dict.fromkeys(str(Path(f).parent.parent) + os.sep for f in files if f))
 
 def default_text(o, module:str|None=None, width:int=60)->str:
-    "A default value as the docs show it: `repr` on one line, `os.environ` by name, the package's folder left out."
+    """A default value as the docs show it: `repr` on one line, `os.environ` by name, the package's
+    folder left out."""
     if o is os.environ: return 'os.environ'
     s = ' '.join(repr(o).split())
     for root in _package_roots(module): s = s.replace(root, '')
     return s if len(s) <= width else s[:width - 1] + '…'
 
 def type_text(anno)->str:
-    "An annotation as written: a string one as it is, a class by its name, others without `typing.`."
+    """An annotation as written: a string one as it is, a class by its name, others without
+    `typing.`."""
     if anno is inspect.Parameter.empty: return ''
     if isinstance(anno, str): return anno
     if isinstance(anno, type): return anno.__name__
@@ -41,7 +47,8 @@ def type_text(anno)->str:
 
 # %% ../nbs/12_showdoc.ipynb #fde8d021
 def _sections(doc:str)->list:
-    "A docstring split into (title, body) at NumPy section underlines; the part before any section has title ''."
+    """A docstring split into (title, body) at NumPy section underlines; the part before any section
+    has title ''."""
     parts = re.split(r'(?m)^[ \t]*([A-Z][\w ]*)\n[ \t]*-{3,}[ \t]*\n', inspect.cleandoc(doc or ''))
     return [('', parts[0])] + list(zip(parts[1::2], parts[2::2]))
 
@@ -52,21 +59,26 @@ def _numpy_params(o)->dict:
     return {k: (p.type, ' '.join(p.desc)) for k, p in ps.items()}
 
 def _docments(sym, sig)->dict:
-    "nbdev's docments of `sym`; a default that `!=` answers with an array (numpy's) is taken as None for the asking."
+    """nbdev's docments of `sym`; a default that `!=` answers with an array (numpy's) is taken as
+    None for the asking."""
     try: return docments(sym, full=True)
     except Exception:
         if not hasattr(sym, '__code__'): return {}
-    f = types.FunctionType(sym.__code__, sym.__globals__, sym.__name__)   # the same source, so the same comments
-    f.__signature__ = sig.replace(parameters=[p if isinstance(p.default != p.empty, bool) else p.replace(default=None)
+    # the same source, so the same comments
+    f = types.FunctionType(sym.__code__, sym.__globals__, sym.__name__)
+    f.__signature__ = sig.replace(parameters=[p if isinstance(p.default != p.empty, bool)
+                                              else p.replace(default=None)
                                               for p in sig.parameters.values()])
     try: return docments(f, full=True)
     except Exception: return {}
 
 def params_rows(sym)->list:
-    "(name, type, default, text) of each parameter of `sym` (`self` left out), then ('return', type, '', text) if documented."
+    """(name, type, default, text) of each parameter of `sym` (`self` left out), then ('return',
+    type, '', text) if documented."""
     sig = inspect.signature(sym)
     dm = _docments(sym, sig)
-    np_docs = {**(_numpy_params(sym.__init__) if inspect.isclass(sym) else {}), **_numpy_params(sym)}
+    np_docs = {**(_numpy_params(sym.__init__) if inspect.isclass(sym) else {}),
+               **_numpy_params(sym)}
     module, rows = getattr(sym, '__module__', None), []
     for name, p in sig.parameters.items():
         if name == 'self': continue
@@ -83,18 +95,22 @@ def params_table(rows:list, rows_open:int=3, chars_open:int=240)->str:
     """A two-column Markdown table of `params_rows`: `name: type = default`, then the text; '' when no parameter has a
     text. Folded (`<details>`, its summary the count) unless at most `rows_open` rows of at most `chars_open` characters."""
     if not any(r[3] for r in rows): return ''
-    code = lambda s: '`' + s.replace('|', r'\|') + '`'   # in a code span only `|` needs escaping (it would end the cell)
+    # in a code span only `|` needs escaping (it would end the cell)
+    code = lambda s: '`' + s.replace('|', r'\|') + '`'
     def head(r):
         if r[0] == 'return': return '**Returns**' + (' ' + code(r[1]) if r[1] else '')
         return code(r[0] + (f': {r[1]}' if r[1] else '') + (f' = {r[2]}' if r[2] else ''))
-    table = '\n'.join(['| Parameter | Details |', '|---|---|'] + [f'| {head(r)} | {md_text(r[3])} |' for r in rows])
+    table = '\n'.join(['| Parameter | Details |', '|---|---|']
+                      + [f'| {head(r)} | {md_text(r[3])} |' for r in rows])
     n = sum(r[0] != 'return' for r in rows)
     if len(rows) <= rows_open and sum(len(r[3]) for r in rows) <= chars_open: return table
-    return f'<details class="params">\n<summary>{n} parameter{"s" * (n != 1)}</summary>\n\n{table}\n\n</details>'
+    return (f'<details class="params">\n<summary>{n} '
+            f'parameter{"s" * (n != 1)}</summary>\n\n{table}\n\n</details>')
 
 # %% ../nbs/12_showdoc.ipynb #c661ebeb
 def signature_text(sym, name:str, maxline:int=70)->str:
-    "`def name(...)`: the parameters with their annotations and defaults, no comments; one line, or lines of at most `maxline`."
+    """`def name(...)`: the parameters with their annotations and defaults, no comments; one line,
+    or lines of at most `maxline`."""
     try: sig = inspect.signature(sym)
     except (TypeError, ValueError): return f'{name}(...)'
     module, parts, star = getattr(sym, '__module__', None), [], False
@@ -106,8 +122,11 @@ def signature_text(sym, name:str, maxline:int=70)->str:
         if p.kind == p.VAR_POSITIONAL: star = True
         pre = '*' if p.kind == p.VAR_POSITIONAL else '**' if p.kind == p.VAR_KEYWORD else ''
         anno = f':{type_text(p.annotation)}' if p.annotation is not p.empty else ''
-        parts.append(pre + p.name + anno + ('' if p.default is p.empty else '=' + default_text(p.default, module)))
-        if p.kind == p.POSITIONAL_ONLY and (i + 1 == len(ps) or ps[i + 1].kind != p.POSITIONAL_ONLY): parts.append('/')
+        parts.append(pre + p.name + anno
+                     + ('' if p.default is p.empty else '=' + default_text(p.default, module)))
+        if (p.kind == p.POSITIONAL_ONLY
+                and (i + 1 == len(ps) or ps[i + 1].kind != p.POSITIONAL_ONLY)):
+            parts.append('/')
     ret = f'->{type_text(sig.return_annotation)}' if sig.return_annotation is not sig.empty else ''
     one = f'def {name}({", ".join(parts)}){ret}:'
     if len(one) <= maxline: return one
@@ -122,7 +141,8 @@ def signature_text(sym, name:str, maxline:int=70)->str:
     return f'def {name}(\n' + '\n'.join('    ' + l for l in lines) + f'\n){ret}:'
 
 def docstring_text(doc:str)->str:
-    "The docstring without its NumPy `Parameters` section; other sections keep their title, in bold."
+    """The docstring without its NumPy `Parameters` section; other sections keep their title, in
+    bold."""
     out = []
     for title, body in _sections(doc):
         if title == 'Parameters' or not body.strip(): continue
@@ -136,10 +156,12 @@ def _unwrap(sym):
     return sym if hasattr(sym, '__signature__') else getattr(sym, '__wrapped__', sym)
 
 class ParamsDoc:
-    "Markdown for `show_doc`: source link, heading, signature, docstring, then the parameters as a table."
+    """Markdown for `show_doc`: source link, heading, signature, docstring, then the parameters as a
+    table."""
     def __init__(self, sym, name:str|None=None, title_level:int=3, maxline:int=70):
         self.sym, self.title_level, self.maxline = _unwrap(sym), title_level, maxline
-        self.nm = name or getattr(self.sym, '__qualname__', None) or getattr(self.sym, '__name__', repr(self.sym))
+        self.nm = (name or getattr(self.sym, '__qualname__', None)
+                   or getattr(self.sym, '__name__', repr(self.sym)))
         self.fn = f'{getattr(self.sym, "__module__", "")}.{self.nm}'.lstrip('.')
 
     def source_link(self)->str:
@@ -149,17 +171,21 @@ class ParamsDoc:
             src = NbdevLookup().code(self.fn)
         except Exception: return ''
         if src: src = src.removesuffix('#LNone')   # nbdev found the file but not the line
-        return f'[source]({src}){{target="_blank" style="float:right; font-size:smaller"}}\n\n' if src else ''
+        return (f'[source]({src}){{target="_blank" style="float:right; font-size:smaller"}}\n\n'
+                if src else '')
 
     def rows(self)->list:
         try: return params_rows(self.sym) if callable(self.sym) else []
         except (TypeError, ValueError): return []
 
     def _repr_markdown_(self)->str:
-        doc = docstring_text(inspect.getdoc(self.sym) or '') if callable(self.sym) or inspect.isclass(self.sym) else ''
+        doc = (docstring_text(inspect.getdoc(self.sym) or '') if callable(self.sym)
+               or inspect.isclass(self.sym) else '')
         head = f"{'#' * self.title_level} {md_text(self.nm)} {{#{self.nm.lower()}}}"
-        parts = [f'---\n\n{self.source_link()}{head}', f'```python\n{signature_text(self.sym, self.nm, self.maxline)}\n```']
-        if doc: parts.append(re.sub(r'^(\s*)(.+)', r'\1*\2*', doc, count=1))   # the first line in italics, as nbdev
+        parts = [f'---\n\n{self.source_link()}{head}',
+                 f'```python\n{signature_text(self.sym, self.nm, self.maxline)}\n```']
+        if doc:
+            parts.append(re.sub(r'^(\s*)(.+)', r'\1*\2*', doc, count=1))   # the first line in italics, as nbdev
         table = params_table(self.rows())
         if table: parts.append(table)
         return '\n\n'.join(parts)

@@ -22,19 +22,27 @@ class Task:
     @property
     def iou_types(self)->tuple: return ('bbox', 'segm') if self.masks else ('bbox',)   # COCOeval's
     @property
-    def monitor(self)->str: return 'mAP50-95(M)' if self.masks else 'mAP50-95(B)'      # what the best checkpoint is best at
+    def monitor(self)->str:
+        return 'mAP50-95(M)' if self.masks else 'mAP50-95(B)'  # what the best checkpoint is best at
     @property
     def loss_terms(self)->tuple: return ('box', 'cls', 'dfl') + (('seg',) if self.masks else ())
     @property
-    def outputs(self)->tuple: return ('boxes', 'scores') + (('coef', 'proto') if self.masks else ())   # of the eval-mode network
-    def title(self, scale:str)->str: return f"YOLO11{scale}{self.suffix}"   # Ultralytics' name of the model of size `scale`
+    def outputs(self)->tuple:
+        # of the eval-mode network
+        return ('boxes', 'scores') + (('coef', 'proto') if self.masks else ())
+    def title(self, scale:str)->str:
+        return f"YOLO11{scale}{self.suffix}"   # Ultralytics' name of the model of size `scale`
 
-TASKS = {t.name: t for t in (Task('segment', True, 'Segment', '-seg'), Task('detect', False, 'Detect', ''))}
-DEFAULT_TASK = 'segment'   # `lucid`'s task when none is named, and that of a checkpoint written before there were two
+TASKS = {t.name: t
+         for t in (Task('segment', True, 'Segment', '-seg'), Task('detect', False, 'Detect', ''))}
+# `lucid`'s task when none is named, and that of a checkpoint written before there were two
+DEFAULT_TASK = 'segment'
 
 def get_task(task:str|Task|None=None)->Task:
-    "The `Task` named `task` (None: `DEFAULT_TASK`, the task of a checkpoint that names none), or `task` itself."
+    """The `Task` named `task` (None: `DEFAULT_TASK`, the task of a checkpoint that names none), or
+    `task` itself."""
     if isinstance(task, Task): return task
     if task is None: return TASKS[DEFAULT_TASK]
-    if task not in TASKS: raise ValueError(f"--model.task {task!r} is not a task; allowed values: {', '.join(TASKS)}")
+    if task not in TASKS:
+        raise ValueError(f"--model.task {task!r} is not a task; allowed values: {', '.join(TASKS)}")
     return TASKS[task]

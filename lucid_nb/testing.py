@@ -28,21 +28,29 @@ __all__ = ['TINY', 'DAMAGE', 'UL_CLASSES', 'FAMILIES', 'UNCOUNTED', 'OVERWRITES'
            'young_head']
 
 # %% ../nbs/11_testing.ipynb #15784748
-TINY = ['--trainer.accelerator', 'cpu', '--trainer.num_sanity_val_steps', '0', '--trainer.limit_train_batches', '2',
+TINY = ['--trainer.accelerator', 'cpu', '--trainer.num_sanity_val_steps', '0',
+        '--trainer.limit_train_batches', '2',
         '--trainer.enable_progress_bar', 'false', '--trainer.enable_model_summary', 'false',
-        '--data.imgsz', '64', '--data.batch_size', '2', '--data.val_count', '2', '--data.close_mosaic', '1',
-        '--model.warmup_epochs', '0', '--model.clip_grad_norm', '0', '--model.max_det', '20', '--seed_everything', '0']
+        '--data.imgsz', '64', '--data.batch_size', '2', '--data.val_count', '2',
+        '--data.close_mosaic', '1',
+        '--model.warmup_epochs', '0', '--model.clip_grad_norm', '0', '--model.max_det', '20',
+        '--seed_everything', '0']
 
-def tiny(tmp: Path, *extra: str, sub: str = 'fit', epochs: int = 2, version: str | None = None) -> list:
-    "Arguments of a tiny `lucid` run logging to `tmp/runs/tiny/<version>` (the next `version_N` when None)."
+def tiny(tmp: Path, *extra: str, sub: str = 'fit', epochs: int = 2,
+         version: str | None = None) -> list:
+    """Arguments of a tiny `lucid` run logging to `tmp/runs/tiny/<version>` (the next `version_N`
+    when None)."""
     logger = ['--trainer.logger', json.dumps({'class_path': 'lightning.pytorch.loggers.CSVLogger',
-                                              'init_args': {'save_dir': str(tmp / 'runs'), 'name': 'tiny', 'version': version}})]
+                                              'init_args': {
+                                                  'save_dir': str(tmp / 'runs'), 'name': 'tiny',
+                                                  'version': version}})]
     return [sub, *TINY, '--trainer.max_epochs', str(epochs), *logger, *extra]
 
 # %% ../nbs/11_testing.ipynb #449b49b4
-def fit(tmp: Path, *extra, callbacks=(), ckpt=None, epochs: int = 2, version: str | None = None, recorder=None):
+def fit(tmp: Path, *extra, callbacks=(), ckpt=None, epochs: int = 2, version: str | None = None,
+        recorder=None):
     cli = cli_main(tiny(tmp, *extra, epochs=epochs, version=version)[1:], run=False)
-    if recorder is not None: cli.model.recorder = recorder   # e.g. `Recorder(backend=EagerGraphs())`
+    if recorder is not None: cli.model.recorder = recorder  # e.g. `Recorder(backend=EagerGraphs())`
     cli.trainer.callbacks.extend(callbacks)
     cli.trainer.fit(cli.model, cli.datamodule, ckpt_path=ckpt)
     run = Path(cli.trainer.log_dir)
@@ -55,14 +63,18 @@ def train_trace(model:nn.Module,                 # trained in place
                 batches:list[dict],              # batches in the padded format (`img` uint8)
                 recorder=None,                   # a `HeadRegion` or a `StepRegion`; None: native
                 lr:float=0.01,
-                loss_fn=None,                    # default: the loss of the model's task, `task_loss`
+                loss_fn=None,   # default: the loss of the model's task, `task_loss`
                 set_to_none:bool=True,           # `zero_grad(set_to_none=...)`
                )->dict:
-    "Per-step loss bytes and gradient digests (None for a None grad), and final state hashes, of a short SGD run."
+    """Per-step loss bytes and gradient digests (None for a None grad), and final state hashes, of a
+    short SGD run."""
     dev = next(model.parameters()).device
-    loss_fn = loss_fn or task_loss(getattr(model, 'config', {}).get('task', 'segment'), model.head.num_classes)
+    loss_fn = (loss_fn
+               or task_loss(getattr(model, 'config', {}).get('task', 'segment'),
+                            model.head.num_classes))
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, nesterov=True)
-    whole = callable(getattr(recorder, 'losses', None))   # a `StepRegion` (duck-typed: notebooks define their own class)
+    # a `StepRegion` (duck-typed: notebooks define their own class)
+    whole = callable(getattr(recorder, 'losses', None))
     head = None if whole else recorder
     def step_fn(b):
         losses = loss_fn(model_outputs(model, b['img'], head), b)
@@ -78,42 +90,51 @@ def train_trace(model:nn.Module,                 # trained in place
             losses, loss = recorder.losses(model, step_fn, b) if whole else step_fn(b)
         opt.zero_grad(set_to_none=set_to_none)
         loss.backward()
-        steps.append(dict(loss=digest(loss.detach()), terms=digest({k: v.detach() for k, v in losses.items()}),
-                          grads={n: None if p.grad is None else digest(p.grad) for n, p in model.named_parameters()}))
+        steps.append(dict(loss=digest(loss.detach()),
+                          terms=digest({k: v.detach() for k, v in losses.items()}),
+                          grads={n: None if p.grad is None
+                                 else digest(p.grad) for n, p in model.named_parameters()}))
         opt.step()
-        del loss, losses  # as Lightning does: the next step's recording must not see this step's autograd graph
+        # as Lightning does: the next step's recording must not see this step's autograd graph
+        del loss, losses
     if recorder is not None: recorder.release()
     return dict(steps=steps, state=state_hashes(model=model, optimizer=opt))
 
 def test_traces_equal(a:dict, b:dict):
-    "Fail unless two `train_trace` results are identical; the message names the first step and tensor that differ."
+    """Fail unless two `train_trace` results are identical; the message names the first step and
+    tensor that differ."""
     for i, (sa, sb) in enumerate(zip(a['steps'], b['steps'])):
         assert sa['loss'] == sb['loss'], f"step {i}: loss bytes differ"
         assert sa['terms'] == sb['terms'], f"step {i}: loss terms differ"
         for n in sa['grads']:
             ga, gb = sa['grads'][n], sb['grads'][n]
-            assert (ga is None) == (gb is None), f"step {i}: {n}.grad is {ga and 'set'} vs {gb and 'set'}"
+            assert (ga is None) == (gb is None), (f"step {i}: {n}.grad is {ga and 'set'} vs "
+                                                  f"{gb and 'set'}")
             assert ga == gb, f"step {i}: {n}.grad bytes differ"
     assert len(a['steps']) == len(b['steps']), "traces have different lengths"
     assert a['state'] == b['state'], f"final state hashes differ: {a['state']} vs {b['state']}"
 
 # %% ../nbs/11_testing.ipynb #e1ad5473
 def flip_a_tensor_byte(src, dst)->Path:
-    "A copy of the torch archive `src` with one byte of its largest tensor's storage flipped: still a loadable archive (for tests)."
+    """A copy of the torch archive `src` with one byte of its largest tensor's storage flipped:
+    still a loadable archive (for tests)."""
     shutil.copyfile(src, dst)
     with zipfile.ZipFile(dst) as z:
         info = max((i for i in z.infolist() if '/data/' in i.filename), key=lambda i: i.file_size)
     with open(dst, 'r+b') as f:
         f.seek(info.header_offset + 26)
         name_len, extra_len = struct.unpack('<HH', f.read(4))
-        at = info.header_offset + 30 + name_len + extra_len + info.file_size // 2   # the middle of the tensor's bytes
+        # the middle of the tensor's bytes
+        at = info.header_offset + 30 + name_len + extra_len + info.file_size // 2
         f.seek(at)
         b = f.read(1)
         f.seek(at)
         f.write(bytes([b[0] ^ 0x10]))
     return Path(dst)
 
-DAMAGE = ('a tensor byte', 'a data.pkl byte', 'the zip directory', 'a zip directory name', 'cut short')   # what `damaged_copy` can do to an archive
+# what `damaged_copy` can do to an archive
+DAMAGE = ('a tensor byte', 'a data.pkl byte', 'the zip directory', 'a zip directory name',
+          'cut short')
 
 def damaged_copy(src, dst, damage:str)->Path:
     "A copy of the torch archive `src` with one of `DAMAGE` done to it (for tests)."
@@ -121,67 +142,89 @@ def damaged_copy(src, dst, damage:str)->Path:
     b = bytearray(Path(src).read_bytes())
     with zipfile.ZipFile(src) as z:
         pkl, cd = next(i for i in z.infolist() if i.filename.endswith('data.pkl')), z.start_dir
-    if damage == 'a data.pkl byte': b[pkl.header_offset + 30 + len(pkl.filename.encode()) + len(pkl.extra) + pkl.file_size // 2] ^= 0x10
-    elif damage == 'the zip directory': b[cd] ^= 0x10   # the first central-directory record's signature
-    elif damage == 'a zip directory name': b[cd + 46 + 2] ^= 0x01   # a letter of the first record's file name: the CRCs still match
+    if damage == 'a data.pkl byte':
+        b[pkl.header_offset + 30 + len(pkl.filename.encode()) + len(pkl.extra) + pkl.file_size
+          // 2] ^= 0x10
+    # the first central-directory record's signature
+    elif damage == 'the zip directory': b[cd] ^= 0x10
+    # a letter of the first record's file name: the CRCs still match
+    elif damage == 'a zip directory name': b[cd + 46 + 2] ^= 0x01
     elif damage == 'cut short': b = b[:len(b) // 2]
     else: raise ValueError(f"damage {damage!r}: one of {DAMAGE}")
     Path(dst).write_bytes(bytes(b))
     return Path(dst)
 
 def reordered_copy(src, dst)->Path:
-    "A copy of the zip archive `src` with its members in reverse order, each byte for byte (a tool that rewrote the zip; for tests)."
+    """A copy of the zip archive `src` with its members in reverse order, each byte for byte (a tool
+    that rewrote the zip; for tests)."""
     with zipfile.ZipFile(src) as z, zipfile.ZipFile(dst, 'w') as out:
         for info in reversed(z.infolist()): out.writestr(info, z.read(info.filename))
     return Path(dst)
 
 # %% ../nbs/11_testing.ipynb #4702a88b
-UL_CLASSES = {'Conv': 'conv', 'Concat': 'conv', 'C3k2': 'block', 'C3k': 'block', 'Bottleneck': 'block', 'SPPF': 'block',
-              'C2PSA': 'block', 'PSABlock': 'block', 'Attention': 'block', 'Proto': 'block', 'DFL': 'block'}
+UL_CLASSES = {'Conv': 'conv', 'Concat': 'conv', 'C3k2': 'block', 'C3k': 'block',
+              'Bottleneck': 'block', 'SPPF': 'block',
+              'C2PSA': 'block', 'PSABlock': 'block', 'Attention': 'block', 'Proto': 'block',
+              'DFL': 'block'}
 
 def _record(m:nn.Module, name:str, children:dict, params=None, buffers=None)->StandIn:
     rec = stand_in(name)()
-    rec.__setstate__({'training': False, '_parameters': params if params is not None else dict(m._parameters),
+    rec.__setstate__({'training': False, '_parameters': params if params is not None
+                      else dict(m._parameters),
                       '_buffers': buffers if buffers is not None else dict(m._buffers),
-                      '_non_persistent_buffers_set': set(getattr(m, '_non_persistent_buffers_set', ())), '_modules': children})
+                      '_non_persistent_buffers_set': set(
+                          getattr(m, '_non_persistent_buffers_set', ())), '_modules': children})
     return rec
 
 def _ul_name(m:nn.Module)->str:
     c = type(m).__name__
     if type(m).__module__.startswith('torch.nn'): return f'{type(m).__module__}.{c}'
-    if c in ('SegHead', 'DetectHead'): return f"ultralytics.nn.modules.head.{'Segment' if c == 'SegHead' else 'Detect'}"
+    if c in ('SegHead', 'DetectHead'):
+        return f"ultralytics.nn.modules.head.{'Segment' if c == 'SegHead' else 'Detect'}"
     return f"ultralytics.nn.modules.{UL_CLASSES.get(c, 'block')}.{c}"
 
 def _tree(m:nn.Module)->StandIn:
     return _record(m, _ul_name(m), {k: _tree(c) for k, c in m.named_children()})
 
 def _fuse(rec:StandIn):
-    "Fold every `bn` of the record tree into the `conv` beside it, as Ultralytics' `model.fuse()` does (a bias added, the `bn` gone)."
+    """Fold every `bn` of the record tree into the `conv` beside it, as Ultralytics' `model.fuse()`
+    does (a bias added, the `bn` gone)."""
     mods = vars(rec)['_modules']
     if 'conv' in mods and 'bn' in mods:
-        c, b = vars(mods['conv'])['_parameters'], {**vars(mods['bn'])['_parameters'], **vars(mods['bn'])['_buffers']}
+        c, b = (vars(mods['conv'])['_parameters'],
+                {**vars(mods['bn'])['_parameters'], **vars(mods['bn'])['_buffers']})
         scale = b['weight'].float() / (b['running_var'].float() + 1e-3).sqrt()
-        c['bias'] = nn.Parameter((b['bias'].float() - b['running_mean'].float() * scale).half(), requires_grad=False)
-        c['weight'] = nn.Parameter((c['weight'].float() * scale.view(-1, 1, 1, 1)).half(), requires_grad=False)
+        c['bias'] = nn.Parameter((b['bias'].float() - b['running_mean'].float() * scale).half(),
+                                 requires_grad=False)
+        c['weight'] = nn.Parameter((c['weight'].float() * scale.view(-1, 1, 1, 1)).half(),
+                                   requires_grad=False)
         del mods['bn']
     for sub in mods.values(): _fuse(sub)
 
 # %% ../nbs/11_testing.ipynb #208915f9
 def _ul_state(net:nn.Module, task:str)->dict:
-    "`net`'s state dict by Ultralytics' names, floats in fp16; for 'pose', the third branch's last convolutions of 51 channels."
-    sd = {ultralytics_key(k): v.detach().half() if v.is_floating_point() else v.detach() for k, v in net.state_dict().items()}
-    if task == 'pose':   # the third branch predicts 17 keypoints (x, y, visibility): 51 channels, not the 32 mask coefficients
+    """`net`'s state dict by Ultralytics' names, floats in fp16; for 'pose', the third branch's last
+    convolutions of 51 channels."""
+    sd = {ultralytics_key(k): v.detach().half() if v.is_floating_point()
+          else v.detach() for k, v in net.state_dict().items()}
+    # the third branch predicts 17 keypoints (x, y, visibility): 51 channels, not the 32 mask
+    # coefficients
+    if task == 'pose':
         for i in range(3):
             w = sd[f'model.23.cv4.{i}.2.weight']
-            sd[f'model.23.cv4.{i}.2.weight'], sd[f'model.23.cv4.{i}.2.bias'] = torch.zeros(51, *w.shape[1:]).half(), torch.zeros(51).half()
+            sd[f'model.23.cv4.{i}.2.weight'], sd[f'model.23.cv4.{i}.2.bias'] = (
+                torch.zeros(51, *w.shape[1:]).half(), torch.zeros(51).half())
     return sd
 
 def _ul_layers(net:nn.Module)->dict:
-    "Ultralytics' 24 layers as records: ours, and its upsamplings and concatenations, which hold no tensor."
+    """Ultralytics' 24 layers as records: ours, and its upsamplings and concatenations, which hold
+    no tensor."""
     layers = {}
     for i in range(24):
-        if i in (11, 14): layers[str(i)] = _record(nn.Upsample(), 'torch.nn.modules.upsampling.Upsample', {})
-        elif i in (12, 15, 18, 21): layers[str(i)] = _record(nn.Module(), 'ultralytics.nn.modules.conv.Concat', {})
+        if i in (11, 14):
+            layers[str(i)] = _record(nn.Upsample(), 'torch.nn.modules.upsampling.Upsample', {})
+        elif i in (12, 15, 18, 21):
+            layers[str(i)] = _record(nn.Module(), 'ultralytics.nn.modules.conv.Concat', {})
         else:
             mod = net.get_submodule(UL_LAYERS[i])
             layers[str(i)] = _tree(mod)
@@ -193,11 +236,13 @@ def _fill(rec:StandIn, pre:str, sd:dict):
     for k, v in d['_parameters'].items():
         if v is not None: d['_parameters'][k] = nn.Parameter(sd[pre + k], requires_grad=False)
     for k, v in d['_buffers'].items():
-        if v is not None and k not in d['_non_persistent_buffers_set']: d['_buffers'][k] = sd[pre + k]
+        if v is not None and k not in d['_non_persistent_buffers_set']:
+            d['_buffers'][k] = sd[pre + k]
     for k, sub in d['_modules'].items(): _fill(sub, f'{pre}{k}.', sd)
 
 def _ul_head(layers:dict, task:str, sd:dict):
-    "Layer 23 as Ultralytics names it: its branches' names, its class for `task`, and its fixed DFL convolution (in `sd` too)."
+    """Layer 23 as Ultralytics names it: its branches' names, its class for `task`, and its fixed
+    DFL convolution (in `sd` too)."""
     head = layers['23']
     hm = vars(head)['_modules']
     drop = {'segment': (), 'detect': ('coef', 'proto'), 'pose': ('proto',)}[task]
@@ -208,19 +253,24 @@ def _ul_head(layers:dict, task:str, sd:dict):
         layers['23'] = head = new
     dfl_conv = nn.Conv2d(16, 1, 1, bias=False)
     vars(head)['_modules']['dfl'] = _record(nn.Module(), 'ultralytics.nn.modules.block.DFL',
-                                            {'conv': _record(dfl_conv, 'torch.nn.modules.conv.Conv2d', {})})
+                                            {'conv': _record(
+                                                dfl_conv, 'torch.nn.modules.conv.Conv2d', {})})
     sd['model.23.dfl.conv.weight'] = torch.arange(16.).view(1, 16, 1, 1).half()
 
 # %% ../nbs/11_testing.ipynb #f926439f
 def _ul_model(net:nn.Module, task:str, fused:bool, layers:dict, sd:dict)->StandIn:
-    "The `...Model` record of `task` holding `layers` as its `model` Sequential, the tensors of `sd` filled in."
+    """The `...Model` record of `task` holding `layers` as its `model` Sequential, the tensors of
+    `sd` filled in."""
     seq = _record(nn.Module(), 'torch.nn.modules.container.Sequential', layers)
-    model = _record(nn.Module(), f"ultralytics.nn.tasks.{dict(segment='Segmentation', detect='Detection', pose='Pose')[task]}Model", {'model': seq})
+    model = _record(nn.Module(),
+                    f"ultralytics.nn.tasks.{dict(segment='Segmentation', detect='Detection', pose='Pose')[task]}Model", {'model': seq})
     for i, rec in layers.items(): _fill(rec, f'model.{i}.', sd)
     if fused: _fuse(model)
     s = net.config.get('scale', 'n')
-    vars(model).update(yaml={'nc': net.head.num_classes, 'scale': s}, names={i: f'class{i}' for i in range(net.head.num_classes)},
-                       args={'task': task, 'imgsz': 640}, stride=torch.tensor([8., 16., 32.]), task=task)
+    vars(model).update(yaml={'nc': net.head.num_classes, 'scale': s},
+                       names={i: f'class{i}' for i in range(net.head.num_classes)},
+                       args={'task': task, 'imgsz': 640}, stride=torch.tensor([8., 16., 32.]),
+                       task=task)
     return model
 
 def _walk(rec:StandIn):
@@ -229,7 +279,8 @@ def _walk(rec:StandIn):
 
 @contextlib.contextmanager
 def _importable(model:StandIn):
-    "Inside, every class of the record tree `model` is importable by its module and name (pickle needs it): empty modules of those names, for the length of the save."
+    """Inside, every class of the record tree `model` is importable by its module and name (pickle
+    needs it): empty modules of those names, for the length of the save."""
     classes = {type(r) for r in _walk(model)}
     added, replaced = {}, []
     for c in classes:
@@ -237,7 +288,8 @@ def _importable(model:StandIn):
         for j in range(1, len(parts) + 1):
             mn = '.'.join(parts[:j])
             if mn not in sys.modules: added[mn] = sys.modules[mn] = types.ModuleType(mn)
-        mod = sys.modules[c.__module__]   # torch's own modules too: their classes are put back after the save
+        # torch's own modules too: their classes are put back after the save
+        mod = sys.modules[c.__module__]
         replaced.append((mod, c.__qualname__, vars(mod).get(c.__qualname__, replaced)))
         setattr(mod, c.__qualname__, c)
     try: yield
@@ -251,20 +303,25 @@ def write_ultralytics_layout(net:nn.Module, path,
                              task:str|None=None, # None: the network's own; 'detect' (no mask branch), 'pose' (17 keypoints in the third branch, no prototypes)
                              fused:bool=False,   # BatchNorm folded into the convolutions, as `model.fuse()` leaves a model
                             )->Path:
-    "Write a `yolo` network as Ultralytics lays out and pickles a stripped YOLO11 checkpoint of `task` (fp16), for tests."
+    """Write a `yolo` network as Ultralytics lays out and pickles a stripped YOLO11 checkpoint of
+    `task` (fp16), for tests."""
     task = task or get_task(net.config.get('task')).name
     sd, layers = _ul_state(net, task), _ul_layers(net)
     _ul_head(layers, task, sd)
     model = _ul_model(net, task, fused, layers, sd)
     with _importable(model):
-        torch.save({'date': '2025-01-01T00:00:00', 'version': 'lucid layout', 'license': 'AGPL-3.0 License', 'docs': '',
-                    'epoch': -1, 'best_fitness': None, 'model': model, 'ema': None, 'updates': None, 'optimizer': None,
-                    'train_args': {'task': task, 'imgsz': 640}, 'train_metrics': {}, 'train_results': {}}, path)
+        torch.save({'date': '2025-01-01T00:00:00', 'version': 'lucid layout',
+                    'license': 'AGPL-3.0 License', 'docs': '',
+                    'epoch': -1, 'best_fitness': None, 'model': model, 'ema': None, 'updates': None,
+                    'optimizer': None,
+                    'train_args': {'task': task, 'imgsz': 640}, 'train_metrics': {},
+                    'train_results': {}}, path)
     return Path(path)
 
 # %% ../nbs/11_testing.ipynb #659e6687
 class TensorBytes(TorchDispatchMode):
-    "Bytes of the storages operations make under it, each counted until it is freed: alive now (`live`) and at most (`peak`, since the start or the last `reset`)."
+    """Bytes of the storages operations make under it, each counted until it is freed: alive now
+    (`live`) and at most (`peak`, since the start or the last `reset`)."""
     def __init__(self):
         super().__init__()
         self.live = self.peak = 0
@@ -278,12 +335,14 @@ class TensorBytes(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        inputs = {t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)}
+        inputs = {t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0]
+                  if isinstance(t, torch.Tensor)}
         for t in tree_flatten(out)[0]:
             if not isinstance(t, torch.Tensor): continue
             s = t.untyped_storage()
             ptr, n = s.data_ptr(), s.nbytes()
-            if not n or ptr in inputs or ptr in self.counted: continue   # a view, in place, or counted already: nothing new
+            # a view, in place, or counted already: nothing new
+            if not n or ptr in inputs or ptr in self.counted: continue
             self.counted.add(ptr)
             self.live += n
             self.peak = max(self.peak, self.live)
@@ -291,21 +350,29 @@ class TensorBytes(TorchDispatchMode):
         return out
 
 # %% ../nbs/11_testing.ipynb #9805a327
-FAMILIES = ('conv/matmul', 'batch norm', 'casts/copies', 'elementwise', 'reductions', 'indexing/gather', 'other')
+FAMILIES = ('conv/matmul', 'batch norm', 'casts/copies', 'elementwise', 'reductions',
+            'indexing/gather', 'other')
 
-UNCOUNTED = {'_unsafe_view', 'empty', 'empty_like', 'empty_strided', 'new_empty', 'new_empty_strided', 'resize_', 'set_',
-             'size', 'stride', 'sym_size', 'sym_stride', 'sym_numel', 'sym_storage_offset', 'is_same_size', 'is_nonzero', 'dim'}
-OVERWRITES = {'copy_', 'fill_', 'zero_', '_foreach_copy_', '_foreach_zero_', 'normal_', 'uniform_', 'bernoulli_', 'random_',
+UNCOUNTED = {'_unsafe_view', 'empty', 'empty_like', 'empty_strided', 'new_empty',
+             'new_empty_strided', 'resize_', 'set_',
+             'size', 'stride', 'sym_size', 'sym_stride', 'sym_numel', 'sym_storage_offset',
+             'is_same_size', 'is_nonzero', 'dim'}
+OVERWRITES = {'copy_', 'fill_', 'zero_', '_foreach_copy_', '_foreach_zero_', 'normal_', 'uniform_',
+              'bernoulli_', 'random_',
               'exponential_'}   # the mutated tensor is written, not read
-INDEXED_WRITES = {'index_put_', '_index_put_impl_', 'scatter_', 'scatter_add_', 'scatter_reduce_', 'index_add_', 'index_copy_',
+INDEXED_WRITES = {'index_put_', '_index_put_impl_', 'scatter_', 'scatter_add_', 'scatter_reduce_',
+                  'index_add_', 'index_copy_',
                   'index_fill_', 'masked_scatter_', 'put_'}   # writes part of the mutated tensor
-DTYPES = {torch.float32: 'f32', torch.bfloat16: 'bf16', torch.float16: 'f16', torch.float64: 'f64', torch.uint8: 'u8',
+DTYPES = {torch.float32: 'f32', torch.bfloat16: 'bf16', torch.float16: 'f16', torch.float64: 'f64',
+          torch.uint8: 'u8',
           torch.int64: 'i64', torch.int32: 'i32', torch.bool: 'bool', torch.int8: 'i8'}
 
 
 def counted(func) -> bool:
-    "Whether `func` (an `OpOverload`) does device work: not a view, not a metadata query, not a bare allocation."
-    return not (func.is_view or torch.Tag.inplace_view in func.tags or func.overloadpacket.__name__ in UNCOUNTED
+    """Whether `func` (an `OpOverload`) does device work: not a view, not a metadata query, not a
+    bare allocation."""
+    return not (func.is_view or torch.Tag.inplace_view in func.tags
+                or func.overloadpacket.__name__ in UNCOUNTED
                 or func.namespace == 'profiler')   # `record_function` ranges
 
 
@@ -322,32 +389,43 @@ def _tags(name: str) -> set:
     return {t for o in packet.overloads() for t in getattr(packet, o).tags}
 
 # %% ../nbs/11_testing.ipynb #79e9dbb4
-_CONV = re.compile(r'conv(?!ert)|^_?(mm|addmm|bmm|baddbmm|addbmm|matmul|linear|dot|vdot|mv|addmv|_?scaled_mm|_int_mm)$')
-_COPY = re.compile(r'^(_to_copy|copy_|_copy_from|_copy_from_and_resize|clone|lift_fresh_copy|_foreach_copy_|cat|stack|contiguous)$'
+_CONV = re.compile(
+    r'conv(?!ert)|^_?(mm|addmm|bmm|baddbmm|addbmm|matmul|linear|dot|vdot|mv|addmv|_?scaled_mm|_int_mm)$')
+_COPY = re.compile(
+    r'^(_to_copy|copy_|_copy_from|_copy_from_and_resize|clone|lift_fresh_copy|_foreach_copy_|cat|stack|contiguous)$'
                    r'|_copy$|^(select|slice|as_strided|diagonal|unfold)_backward$')
-_FILL = re.compile(r'^(masked_fill|fill|zero|zeros|ones|full|zeros_like|ones_like|full_like|new_zeros|new_ones|new_full|arange'
+_FILL = re.compile(
+    r'^(masked_fill|fill|zero|zeros|ones|full|zeros_like|ones_like|full_like|new_zeros|new_ones|new_full|arange'
                    r'|linspace|scalar_tensor|rand\w*|randn\w*|normal|uniform|bernoulli)_?$|binary_cross_entropy|_loss$')
-_INDEX = re.compile(r'index|gather|scatter|take|masked_select|masked_scatter|nonzero|embedding|^put_?$|unique|searchsorted|bucketize')
-_REDUCE = re.compile(r'softmax|pool|(^|_)(sum|mean|amax|amin|max|min|aminmax|argmax|argmin|topk|sort|argsort|cumsum|cumprod|norm'
+_INDEX = re.compile(
+    r'index|gather|scatter|take|masked_select|masked_scatter|nonzero|embedding|^put_?$|unique|searchsorted|bucketize')
+_REDUCE = re.compile(
+    r'softmax|pool|(^|_)(sum|mean|amax|amin|max|min|aminmax|argmax|argmin|topk|sort|argsort|cumsum|cumprod|norm'
                      r'|var|std|var_mean|std_mean|all|any|prod|logsumexp|median|nanmedian|mode|kthvalue)(_|$)')
 
 
 def family(name: str) -> str:
-    "The family of an aten op name (`convolution_backward`, `aten::copy_`, `_to_copy f32>bf16`): first rule that fits."
+    """The family of an aten op name (`convolution_backward`, `aten::copy_`, `_to_copy f32>bf16`):
+    first rule that fits."""
     n = name.split()[0].removeprefix('aten::')
     if 'batch_norm' in n: return 'batch norm'
     if _CONV.search(n): return 'conv/matmul'
     if _COPY.search(n): return 'casts/copies'
     if _INDEX.search(n): return 'indexing/gather'
     tags = _tags(n)
-    if torch.Tag.pointwise in tags or n.startswith('_foreach_') or _FILL.search(n) or n.endswith(('_backward', '_backward_data')) and \
-            re.match(r'(silu|sigmoid|threshold|hardswish|gelu|relu|tanh|elu|leaky_relu|softplus|mish)', n): return 'elementwise'
+    if torch.Tag.pointwise in tags or n.startswith('_foreach_') or _FILL.search(n) or n.endswith(
+            ('_backward', '_backward_data')) and \
+            re.match(
+                r'(silu|sigmoid|threshold|hardswish|gelu|relu|tanh|elu|leaky_relu|softplus|mish)',
+                n):
+        return 'elementwise'
     if torch.Tag.reduction in tags or _REDUCE.search(n): return 'reductions'
     return 'other'
 
 
 def _nbytes(t: torch.Tensor) -> int:
-    "Bytes a tensor's elements occupy: numel x item size, or the span its strides touch where smaller (broadcast, expand)."
+    """Bytes a tensor's elements occupy: numel x item size, or the span its strides touch where
+    smaller (broadcast, expand)."""
     if t.numel() == 0: return 0
     span = 1 + sum((s - 1) * abs(st) for s, st in zip(t.shape, t.stride()) if s > 1)
     return min(t.numel(), span) * t.element_size()
@@ -370,7 +448,8 @@ def traffic(func, args, kwargs, out) -> tuple[int, int]:
     name = func.overloadpacket.__name__
     read, written, indexed = [], [], []
     schema = func._schema.arguments
-    bound = [(a, v) for a, v in zip(schema, args)] + [(a, kwargs[a.name]) for a in schema if a.name in kwargs]
+    bound = ([(a, v) for a, v in zip(schema, args)]
+             + [(a, kwargs[a.name]) for a in schema if a.name in kwargs])
     for arg, value in bound:
         ts = [t for t in tree_flatten(value)[0] if isinstance(t, torch.Tensor)]
         mutated = arg.alias_info is not None and arg.alias_info.is_write
@@ -380,25 +459,30 @@ def traffic(func, args, kwargs, out) -> tuple[int, int]:
             written += ts
             if name not in OVERWRITES and not arg.is_out: read += ts
     if indexed:   # an indexed write writes what its source holds, at most the destination's size
-        src = _storage_bytes([t for t in read if t.is_floating_point() or t.dtype == torch.bool]) if name != 'index_fill_' else 0
+        src = (_storage_bytes([t for t in read if t.is_floating_point() or t.dtype == torch.bool])
+               if name != 'index_fill_' else 0)
         written_indexed = min(src, _storage_bytes(indexed)) if src else _storage_bytes(indexed)
     else: written_indexed = 0
     mutated_ptrs = {t.untyped_storage().data_ptr() for t in written + indexed}
-    outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in mutated_ptrs]
+    outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)
+            and t.untyped_storage().data_ptr() not in mutated_ptrs]
     return _storage_bytes(read), _storage_bytes(written + outs) + written_indexed
 
 
 def flops(func, args, kwargs, out) -> int:
-    "FLOPs of one call by `torch.utils.flop_counter`'s registered formula (0 where none is registered)."
+    """FLOPs of one call by `torch.utils.flop_counter`'s registered formula (0 where none is
+    registered)."""
     f = flop_registry.get(func.overloadpacket)
     return int(f(*args, **kwargs, out_val=out)) if f is not None else 0
 
 
 class OpCost(TorchDispatchMode):
-    "Calls, bytes read and written, and FLOPs of the aten ops run under it, by (part, op name); `part` is set from outside."
+    """Calls, bytes read and written, and FLOPs of the aten ops run under it, by (part, op name);
+    `part` is set from outside."""
     def __init__(self):
         super().__init__()
-        self.part, self.ops, self.syncs = 'outside', collections.defaultdict(lambda: [0, 0, 0, 0]), collections.Counter()
+        self.part, self.ops, self.syncs = ('outside', collections.defaultdict(lambda: [0, 0, 0, 0]),
+                                           collections.Counter())
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -409,7 +493,8 @@ class OpCost(TorchDispatchMode):
             src, dst = (args[0], out) if name == '_to_copy' else (args[1], args[0])
             if isinstance(src, torch.Tensor) and src.dtype != dst.dtype:
                 name += f' {DTYPES.get(src.dtype, src.dtype)}>{DTYPES.get(dst.dtype, dst.dtype)}'
-        if name == '_local_scalar_dense' or torch.Tag.data_dependent_output in func.tags or torch.Tag.dynamic_output_shape in func.tags:
+        if (name == '_local_scalar_dense' or torch.Tag.data_dependent_output in func.tags
+                or torch.Tag.dynamic_output_shape in func.tags):
             self.syncs[self.part] += 1   # the host waits for the device here
         r, w = traffic(func, args, kwargs, out)
         rec = self.ops[(self.part, name)]
@@ -421,19 +506,23 @@ class OpCost(TorchDispatchMode):
 
 # %% ../nbs/11_testing.ipynb #f6ea7f67
 def young_head(batches, seed=0, K=80, P=32, objects=6, jitter=.03) -> list[dict]:
-    "Head outputs like a young model's (see the module docstring), one dict per batch, on the batches' device."
+    """Head outputs like a young model's (see the module docstring), one dict per batch, on the
+    batches' device."""
     g, out = torch.Generator().manual_seed(seed), []
     for b in batches:
         B, S = b['img'].shape[0], b['img'].shape[-1]
         A = sum((S // s) ** 2 for s in (8, 16, 32))
-        obj = torch.rand(B, objects, 4, generator=g) * torch.tensor([.7 * S, .7 * S, .3 * S, .3 * S]) + 8
-        o = torch.gather(obj, 1, torch.randint(0, objects, (B, A, 1), generator=g).expand(-1, -1, 4))
+        obj = (torch.rand(B, objects, 4, generator=g)
+               * torch.tensor([.7 * S, .7 * S, .3 * S, .3 * S]) + 8)
+        o = torch.gather(obj, 1,
+                         torch.randint(0, objects, (B, A, 1), generator=g).expand(-1, -1, 4))
         xy = o[..., :2] + torch.randn(B, A, 2, generator=g) * o[..., 2:] * jitter
         wh = o[..., 2:] * (1 + torch.randn(B, A, 2, generator=g) * jitter)
         sc = torch.rand(B, A, K, generator=g) * .01 + .0011
         cls = torch.tensor([0, 2, 56, 60])[torch.randint(0, 4, (B, A, 1), generator=g)]
         sc.scatter_(2, cls, torch.rand(B, A, 1, generator=g) * .5 + .1)
-        h = dict(boxes=torch.cat([xy, xy + wh], -1), scores=sc, coef=torch.randn(B, A, P, generator=g),
+        h = dict(boxes=torch.cat([xy, xy + wh], -1), scores=sc,
+                 coef=torch.randn(B, A, P, generator=g),
                  proto=torch.randn(B, P, S // 4, S // 4, generator=g) * 2)
         out.append({k: v.to(b['img'].device) for k, v in h.items()})
     return out

@@ -25,7 +25,8 @@ from .loss import task_loss
 from .optim import NBS, auto_optimizer, build_optimizer, build_schedule
 from .ema import ModelEMA
 from .recorder import Recorder
-from .metrics import Validator, write_results, CocoStats, class_rows, class_table, speed_line, predict_conf
+from .metrics import (Validator, write_results, CocoStats, class_rows, class_table,
+                              speed_line, predict_conf)
 from .draw import draw_results, save_jpeg, save_val_plots
 from .messages import note, say
 from .run_folder import ensure_run_folder, run_folder
@@ -141,32 +142,56 @@ _DOC_WEIGHTS = """
 
 # %% ../nbs/08c_trainer.ipynb #a63aedf8
 class LitYolo(L.LightningModule):
-    __doc__ = _DOC_MODEL + _DOC_OPTIMISER + _DOC_LOSS + _DOC_VALIDATION + _DOC_RECORDING + _DOC_WEIGHTS
-    def __init__(self, size:Literal['n', 's', 'm']='n', num_classes:int=80, optimizer:Literal['sgd', 'adamw', 'musgd', 'auto']='sgd', lr:float=0.01, momentum:float=0.937,
+    __doc__ = (_DOC_MODEL + _DOC_OPTIMISER + _DOC_LOSS + _DOC_VALIDATION + _DOC_RECORDING
+               + _DOC_WEIGHTS)
+    def __init__(self, size:Literal['n', 's', 'm']='n', num_classes:int=80,
+                 optimizer:Literal['sgd', 'adamw', 'musgd', 'auto']='sgd', lr:float=0.01,
+                 momentum:float=0.937,
                  weight_decay:float=5e-4, warmup_epochs:float=3.0, warmup_bias_lr:float=0.1,
-                 warmup_momentum:float=0.8, lrf:float=0.01, cosine:bool=False, clip_grad_norm:float=10.0, box:float=7.5, cls:float=0.5,
-                 dfl:float=1.5, seg:float=7.5, ema_decay:float=0.9999, ema_tau:float=2000.0, conf:float=0.001,
-                 iou:float=0.7, max_det:int=300, val_group_pixels:int|None=None, capture_segment_heads:bool=False,
-                 capture_optimizer_step:bool=False, capture_train_step:bool=False, channels_last:bool=False, weights:str|None=None,
+                 warmup_momentum:float=0.8, lrf:float=0.01, cosine:bool=False,
+                 clip_grad_norm:float=10.0, box:float=7.5, cls:float=0.5,
+                 dfl:float=1.5, seg:float=7.5, ema_decay:float=0.9999, ema_tau:float=2000.0,
+                 conf:float=0.001,
+                 iou:float=0.7, max_det:int=300, val_group_pixels:int|None=None,
+                 capture_segment_heads:bool=False,
+                 capture_optimizer_step:bool=False, capture_train_step:bool=False,
+                 channels_last:bool=False, weights:str|None=None,
                  task:Literal['segment', 'detect']='segment', weights_backbone:bool=False):
         super().__init__()
         self.task = get_task(task)
-        if weights_backbone and not weights: raise ValueError("--model.weights_backbone true: give --model.weights, the file whose backbone and neck to take")
-        if size not in SCALES: raise ValueError(f"--model.size={size!r} is not a model size; allowed values: {', '.join(SCALES)}")
+        if weights_backbone and not weights:
+            raise ValueError("--model.weights_backbone true: give --model.weights, the file whose "
+                             "backbone and neck to take")
+        if size not in SCALES:
+            raise ValueError(f"--model.size={size!r} is not a model size; allowed values: "
+                             f"{', '.join(SCALES)}")
         if val_group_pixels is not None and val_group_pixels < 1:
-            raise ValueError(f"--model.val_group_pixels={val_group_pixels} must be at least 1, or left unset (`default_val_group_pixels`)")
-        for name, value, ok, need in (('lr', lr, lr > 0, 'positive'), ('lrf', lrf, lrf > 0, 'positive'),
-                                      ('momentum', momentum, 0 <= momentum < 1, 'in [0, 1)'), ('weight_decay', weight_decay, weight_decay >= 0, 'at least 0'),
-                                      ('warmup_epochs', warmup_epochs, warmup_epochs >= 0, 'at least 0'), ('clip_grad_norm', clip_grad_norm, clip_grad_norm >= 0, 'at least 0'), ('ema_decay', ema_decay, 0 <= ema_decay < 1, 'in [0, 1)'),
-                                      ('conf', conf, 0 <= conf <= 1, 'in [0, 1]'), ('iou', iou, 0 < iou <= 1, 'in (0, 1]'), ('max_det', max_det, max_det >= 1, 'at least 1')):
+            raise ValueError(f"--model.val_group_pixels={val_group_pixels} must be at least 1, or "
+                             "left unset (`default_val_group_pixels`)")
+        for name, value, ok, need in (('lr', lr, lr > 0, 'positive'),
+                                      ('lrf', lrf, lrf > 0, 'positive'),
+                                      ('momentum', momentum, 0 <= momentum < 1, 'in [0, 1)'),
+                                      ('weight_decay', weight_decay, weight_decay >= 0,
+                                       'at least 0'),
+                                      ('warmup_epochs', warmup_epochs, warmup_epochs >= 0,
+                                       'at least 0'),
+                                      ('clip_grad_norm', clip_grad_norm, clip_grad_norm >= 0,
+                                       'at least 0'),
+                                      ('ema_decay', ema_decay, 0 <= ema_decay < 1, 'in [0, 1)'),
+                                      ('conf', conf, 0 <= conf <= 1, 'in [0, 1]'),
+                                      ('iou', iou, 0 < iou <= 1, 'in (0, 1]'),
+                                      ('max_det', max_det, max_det >= 1, 'at least 1')):
             if not ok: raise ValueError(f"--model.{name}={value} must be {need}")
         self.save_hyperparameters()
         self.model = self.build_model()
-        if weights: self.start_from(weights)   # before the EMA's copy: the average starts from the loaded weights
+        # before the EMA's copy: the average starts from the loaded weights
+        if weights: self.start_from(weights)
         self.ema = ModelEMA(self.model, self.build_model, ema_decay, ema_tau)
         self.loss_fn = task_loss(task, num_classes, box=box, cls=cls, dfl=dfl, seg=seg)
-        self.validator = None   # built at the first validation, when the datamodule's categories are known
-        self.last_losses, self.term_sums, self.term_count = {}, None, 0   # last step's terms; the epoch's sums (`log_train_terms`)
+        # built at the first validation, when the datamodule's categories are known
+        self.validator = None
+        # last step's terms; the epoch's sums (`log_train_terms`)
+        self.last_losses, self.term_sums, self.term_count = {}, None, 0
         self.recorder = None    # a `Recorder` with a capture option on (`configure_callbacks`)
 
 # %% ../nbs/08c_trainer.ipynb #171ede56
@@ -174,16 +199,23 @@ class LitYolo(L.LightningModule):
 def on_load_checkpoint(self:LitYolo, checkpoint:dict):
     "Refuse a checkpoint of another architecture with a message that says which option differs."
     saved = checkpoint.get('hyper_parameters', {})
-    if saved: saved = {**saved, 'task': get_task(saved.get('task')).name}   # none: a segmentation model's
-    diff = [f"{k}={saved[k]!r} (this run: {self.hparams[k]!r})" for k in ('task', 'size', 'num_classes')
+    # none: a segmentation model's
+    if saved: saved = {**saved, 'task': get_task(saved.get('task')).name}
+    diff = [f"{k}={saved[k]!r} (this run: {self.hparams[k]!r})"
+            for k in ('task', 'size', 'num_classes')
             if k in saved and saved[k] != self.hparams[k]]
-    if diff: raise ValueError(f"--ckpt_path: the checkpoint does not match this model: it has {', '.join(diff)}; "
-                              "use the checkpoint's settings (its run folder holds config.yaml) or another checkpoint")
+    if diff:
+        raise ValueError("--ckpt_path: the checkpoint does not match this model: it has "
+                         f"{', '.join(diff)}; "
+                         "use the checkpoint's settings (its run folder holds config.yaml) or "
+                         "another checkpoint")
 
 @patch
 def start_from(self:LitYolo, path)->TransferReport:
-    "Load `--model.weights` into the network (every tensor that fits; the backbone and neck only with `weights_backbone`) and say in one line what was taken."
-    w, backbone = read_weights(path), self.hparams.weights_backbone   # `lucid` read it already: that reading (`weights_read`)
+    """Load `--model.weights` into the network (every tensor that fits; the backbone and neck only
+    with `weights_backbone`) and say in one line what was taken."""
+    # `lucid` read it already: that reading (`weights_read`)
+    w, backbone = read_weights(path), self.hparams.weights_backbone
     w.check_size(self.hparams.size)
     w.check_task(self.task.name, backbone)
     report = load_weights(self.model, w, backbone)
@@ -192,7 +224,8 @@ def start_from(self:LitYolo, path)->TransferReport:
 
 @patch
 def build_model(self:LitYolo)->nn.Module:
-    "A fresh network of this module's task, size and class count (the model, and the EMA's copy), channels-last if asked."
+    """A fresh network of this module's task, size and class count (the model, and the EMA's copy),
+    channels-last if asked."""
     m = yolo(self.hparams.size, self.hparams.num_classes, self.task.name)
     return m.to(memory_format=torch.channels_last) if self.hparams.get('channels_last') else m
 
@@ -204,34 +237,42 @@ def forward(self:LitYolo, img:Tensor)->dict:
 # %% ../nbs/08c_trainer.ipynb #53fde761
 @patch
 def step_loss(self:LitYolo, batch:dict, recorder=None)->tuple[dict,Tensor]:
-    "The loss terms of one padded batch, and their sum scaled by the batch size; the head's calls through `recorder`."
-    img = batch['img'].contiguous(memory_format=torch.channels_last) if self.hparams.get('channels_last') else batch['img']
+    """The loss terms of one padded batch, and their sum scaled by the batch size; the head's calls
+    through `recorder`."""
+    img = (batch['img'].contiguous(memory_format=torch.channels_last)
+           if self.hparams.get('channels_last') else batch['img'])
     losses = self.loss_fn(model_outputs(self.model, img, recorder), batch)
     return losses, sum(losses.values()) * batch['img'].shape[0]
 
 @patch
 def training_step(self:LitYolo, batch:dict, batch_idx:int)->Tensor:
-    "The loss terms of one padded batch (logged), summed and scaled by the batch size; through the recorder if there is one."
-    losses, total = self.step_loss(batch) if self.recorder is None else self.recorder.train_step(self.model, self.step_loss, batch)
+    """The loss terms of one padded batch (logged), summed and scaled by the batch size; through the
+    recorder if there is one."""
+    losses, total = (self.step_loss(batch) if self.recorder is None
+                     else self.recorder.train_step(self.model, self.step_loss, batch))
     self.last_losses = {k: v.detach() for k, v in losses.items()}
     self.log_train_terms(self.last_losses, batch['img'].shape[0], batch_idx)
     return total
 
 @patch
 def log_train_terms(self:LitYolo, terms:dict, B:int, batch_idx:int):
-    "Loss terms to the loggers with no host synchronisation: step values at Lightning's logging steps, epoch means at the epoch's last batch."
+    """Loss terms to the loggers with no host synchronisation: step values at Lightning's logging
+    steps, epoch means at the epoch's last batch."""
     t, named = self._trainer, {f'train/{k}': v for k, v in terms.items()}
     if t is None: return   # a step run by hand, outside a fit
-    if getattr(t._logger_connector, 'should_update_logs', True) or t.fast_dev_run:   # the steps Lightning writes to its loggers
+    # the steps Lightning writes to its loggers
+    if getattr(t._logger_connector, 'should_update_logs', True) or t.fast_dev_run:
         self.log_dict(named, on_step=True, on_epoch=False, batch_size=B)
     sums = torch.stack([v.float() for v in terms.values()]).mul_(B)   # on the device
     if batch_idx == 0 or self.term_sums is None: self.term_sums, self.term_count = sums, B
     else:
         self.term_sums.add_(sums)
         self.term_count += B
-    if batch_idx == t.num_training_batches - 1:   # one logged value: the epoch's mean over its images
+    # one logged value: the epoch's mean over its images
+    if batch_idx == t.num_training_batches - 1:
         means = self.term_sums / self.term_count
-        self.log_dict({f'{k}_epoch': m for k, m in zip(named, means)}, on_step=False, on_epoch=True, batch_size=self.term_count, sync_dist=True)
+        self.log_dict({f'{k}_epoch': m for k, m in zip(named, means)}, on_step=False, on_epoch=True,
+                      batch_size=self.term_count, sync_dist=True)
 
 @patch
 def on_train_batch_end(self:LitYolo, outputs, batch, batch_idx):
@@ -242,45 +283,59 @@ def on_train_batch_end(self:LitYolo, outputs, batch, batch_idx):
 # %% ../nbs/08c_trainer.ipynb #5b97493b
 @patch
 def configure_optimizers(self:LitYolo):
-    "The optimiser over the parameter groups (`auto`: Ultralytics' choice) and the per-step warm-up and decay schedule of `max_epochs`."
+    """The optimiser over the parameter groups (`auto`: Ultralytics' choice) and the per-step
+    warm-up and decay schedule of `max_epochs`."""
     h = self.hparams
     epochs = self.trainer.max_epochs
     if epochs is None or epochs < 1:
-        raise ValueError(f"--trainer.max_epochs={epochs}: the learning-rate schedule needs a fixed number of epochs (>= 1)")
+        raise ValueError(f"--trainer.max_epochs={epochs}: the learning-rate schedule needs a fixed "
+                         "number of epochs (>= 1)")
     steps = max(1, math.ceil(self.trainer.estimated_stepping_batches / epochs))
     name, lr, momentum, bias_lr = h.optimizer, h.lr, h.momentum, h.warmup_bias_lr
-    if name == 'auto': (name, lr, momentum), bias_lr = auto_optimizer(self.auto_iterations(epochs, steps), h.num_classes), 0.0
+    if name == 'auto':
+        (name, lr,
+         momentum), bias_lr = (auto_optimizer(self.auto_iterations(epochs, steps), h.num_classes),
+                               0.0)
     opt = build_optimizer(self.model, name, lr=lr, momentum=momentum, weight_decay=h.weight_decay)
-    sched = build_schedule(opt, epochs=epochs, steps_per_epoch=steps, warmup_epochs=h.warmup_epochs, warmup_bias_lr=bias_lr,
-                           warmup_momentum=h.warmup_momentum, lrf=h.lrf, cosine=h.cosine, momentum=h.momentum)
+    sched = build_schedule(opt, epochs=epochs, steps_per_epoch=steps, warmup_epochs=h.warmup_epochs,
+                           warmup_bias_lr=bias_lr,
+                           warmup_momentum=h.warmup_momentum, lrf=h.lrf, cosine=h.cosine,
+                           momentum=h.momentum)
     return {'optimizer': opt, 'lr_scheduler': {'scheduler': sched, 'interval': 'step'}}
 
 @patch
 def auto_iterations(self:LitYolo, epochs:int, steps:int)->int:
-    "Ultralytics' run length for `optimizer=auto`: ceil(training images / max(batch, NBS)) × epochs (the batch over all devices)."
+    """Ultralytics' run length for `optimizer=auto`: ceil(training images / max(batch, NBS)) ×
+    epochs (the batch over all devices)."""
     loader = self.trainer.train_dataloader
-    batch = getattr(getattr(loader, 'batch_sampler', None), 'batch_size', None) or getattr(loader, 'batch_size', None) or 1
+    batch = (getattr(getattr(loader, 'batch_sampler', None), 'batch_size', None)
+             or getattr(loader, 'batch_size', None) or 1)
     batch *= self.trainer.world_size
     images = len(loader.dataset) if hasattr(loader, 'dataset') else steps * batch
     return math.ceil(images / max(batch, NBS)) * epochs
 
 @patch
-def configure_gradient_clipping(self:LitYolo, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
-    "Ultralytics' clipping before each update: the gradients' total norm at most `clip_grad_norm`, unless the Trainer clips."
+def configure_gradient_clipping(self:LitYolo, optimizer, gradient_clip_val=None,
+                                gradient_clip_algorithm=None):
+    """Ultralytics' clipping before each update: the gradients' total norm at most `clip_grad_norm`,
+    unless the Trainer clips."""
     if gradient_clip_val is not None or not self.hparams.get('clip_grad_norm', 0):
         return self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
     torch.nn.utils.clip_grad_norm_(self.clip_order(), self.hparams.clip_grad_norm)
 
 @patch
 def clip_order(self:LitYolo)->list[Tensor]:
-    "The network's parameters as Ultralytics' `model.parameters()` lists them (its head's prototypes before the mask coefficients): the total norm sums in its order."
+    """The network's parameters as Ultralytics' `model.parameters()` lists them (its head's
+    prototypes before the mask coefficients): the total norm sums in its order."""
     ps = list(self.model.named_parameters())
     part = lambda pre: [p for n, p in ps if n.startswith(pre)]
-    return [p for n, p in ps if not n.startswith(('head.coef.', 'head.proto.'))] + part('head.proto.') + part('head.coef.')
+    return ([p for n, p in ps if not n.startswith(('head.coef.', 'head.proto.'))]
+            + part('head.proto.') + part('head.coef.'))
 
 # %% ../nbs/08c_trainer.ipynb #12760b68
 class StepLossBar(TQDMProgressBar):
-    "Lightning's progress bar, counting epochs from 1 as the epoch lines do, and showing the last loss terms read back from the device once every `log_every_n_steps` steps."
+    """Lightning's progress bar, counting epochs from 1 as the epoch lines do, and showing the last
+    loss terms read back from the device once every `log_every_n_steps` steps."""
     def __init__(self, refresh_rate:int=1):
         super().__init__(refresh_rate)
         self.terms = {}
@@ -291,44 +346,57 @@ class StepLossBar(TQDMProgressBar):
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         losses = getattr(module, 'last_losses', None)
-        if losses and (not self.terms or trainer.global_step % max(1, trainer.log_every_n_steps) == 0):
-            values = torch.stack([v.float() for v in losses.values()]).tolist()   # the one read-back
+        if (losses
+                and (not self.terms
+                     or trainer.global_step % max(1, trainer.log_every_n_steps) == 0)):
+            values = torch.stack([v.float() for v in losses.values()]).tolist()  # the one read-back
             self.terms = {k: f'{v:.3g}' for k, v in zip(losses, values)}
         super().on_train_batch_end(trainer, module, outputs, batch, batch_idx)
 
-    def get_metrics(self, trainer, module)->dict: return {**super().get_metrics(trainer, module), **self.terms}
+    def get_metrics(self, trainer, module)->dict:
+        return {**super().get_metrics(trainer, module), **self.terms}
 
 # %% ../nbs/08c_trainer.ipynb #167e6bd5
 @patch
 def optimizer_step(self:LitYolo, epoch:int, batch_idx:int, optimizer, optimizer_closure=None):
-    "Lightning's step; with `capture_optimizer_step` the recorder replays the update (the closure and clipping stay native)."
-    if self.recorder is None: return super(LitYolo, self).optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
+    """Lightning's step; with `capture_optimizer_step` the recorder replays the update (the closure
+    and clipping stay native)."""
+    if self.recorder is None:
+        return super(LitYolo, self).optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
     with self.recorder.stepping(getattr(optimizer, "optimizer", optimizer)):
         return super(LitYolo, self).optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
 
 # %% ../nbs/08c_trainer.ipynb #686375c5
 def default_val_group_pixels()->int:
-    "Validation's group size without `--model.val_group_pixels`: 2²⁷ pixels where the CUDA allocator has expandable segments, else 2²⁵."
+    """Validation's group size without `--model.val_group_pixels`: 2²⁷ pixels where the CUDA
+    allocator has expandable segments, else 2²⁵."""
     return 2**27 if expandable_segments() else 2**25
 
 @patch
 def make_validator(self:LitYolo, conf:float|None=None, predict:bool=False)->Validator:
-    "A `Validator` with this module's thresholds, group size and task (masks or not) and the datamodule's category ids and inference rules (`00b_core`)."
+    """A `Validator` with this module's thresholds, group size and task (masks or not) and the
+    datamodule's category ids and inference rules (`00b_core`)."""
     h, dm = self.hparams, self.trainer.datamodule
     group = default_val_group_pixels() if h.get('val_group_pixels') is None else h.val_group_pixels
-    return Validator(dm.cat_ids, conf=h.conf if conf is None else conf, iou=h.iou, max_det=h.max_det, masks=self.task.masks,
+    return Validator(dm.cat_ids, conf=h.conf if conf is None else conf, iou=h.iou,
+                     max_det=h.max_det, masks=self.task.masks,
                      group_pixels=group, rules=getattr(dm, 'rules', 'lucid'), predict=predict)
 
 @patch
 def on_validation_epoch_start(self:LitYolo):
-    "A fresh validator and zeroed validation timings; on a GPU, the allocator's cached unused blocks given back first."
+    """A fresh validator and zeroed validation timings; on a GPU, the allocator's cached unused
+    blocks given back first."""
     if self.device.type == 'cuda': torch.cuda.empty_cache()
-    self.validator, self.val_seconds = self.make_validator(), dict(preprocess=None, forward=0., postprocess=0., evaluate=0.)
+    self.validator, self.val_seconds = (self.make_validator(),
+                                        dict(preprocess=None, forward=0., postprocess=0.,
+                                             evaluate=0.))
     self.val_images, self.val_batch_t0, self.val_t0 = 0, None, time.perf_counter()
-    self.val_not_finite = torch.zeros((), dtype=torch.long, device=self.device)   # images with a nan or inf output, read once
+    # images with a nan or inf output, read once
+    self.val_not_finite = torch.zeros((), dtype=torch.long, device=self.device)
 
 # %% ../nbs/08c_trainer.ipynb #c7a64c2a
-SLOW_VALIDATION_SECONDS = 60.   # a shorter validation never says it dominates: a small run's validation is short anyway
+# a shorter validation never says it dominates: a small run's validation is short anyway
+SLOW_VALIDATION_SECONDS = 60.
 
 @patch
 def on_train_epoch_start(self:LitYolo):
@@ -336,43 +404,58 @@ def on_train_epoch_start(self:LitYolo):
     self.epoch_t0 = time.perf_counter()
 
 def validation_dominates(trainer, module)->str|None:
-    "Once a fit: when this validation took longer than the epoch's training and over `SLOW_VALIDATION_SECONDS`, what it cost and the options that shorten it."
-    if getattr(module, 'said_validation_dominates', False) or getattr(module, 'epoch_t0', None) is None: return None
+    """Once a fit: when this validation took longer than the epoch's training and over
+    `SLOW_VALIDATION_SECONDS`, what it cost and the options that shorten it."""
+    if (getattr(module, 'said_validation_dominates', False)
+            or getattr(module, 'epoch_t0', None) is None):
+        return None
     now = time.perf_counter()
     val, train = now - module.val_t0, module.val_t0 - module.epoch_t0
     if val < max(train, SLOW_VALIDATION_SECONDS): return None
     module.said_validation_dominates = True
     s, per_image = module.val_seconds, len(module.validator.results) / max(module.val_images, 1)
-    return (f"validation took {val:.0f} s against the epoch's {train:.0f} s of training (post-processing {s['postprocess']:.0f} s, "
-            f"{per_image:.0f} detections an image; forward {s['forward']:.0f} s): `--trainer.check_val_every_n_epoch N` "
-            "validates every N epochs, `--trainer.limit_val_batches F` scores a share F of the validation images")
+    return (f"validation took {val:.0f} s against the epoch's {train:.0f} s of training "
+            f"(post-processing {s['postprocess']:.0f} s, {per_image:.0f} detections an image; "
+            f"forward {s['forward']:.0f} s): `--trainer.check_val_every_n_epoch N` "
+            "validates every N epochs, `--trainer.limit_val_batches F` scores a share F of the "
+            "validation images")
 
 # %% ../nbs/08c_trainer.ipynb #ebb4ee56
 @patch
 def _on_before_batch_transfer(self:LitYolo, batch, dataloader_idx:int=0):
-    "Lightning's; in validation and test, the clock of the batch's pre-processing starts here (`_validate_batch` stops it)."
+    """Lightning's; in validation and test, the clock of the batch's pre-processing starts here
+    (`_validate_batch` stops it)."""
     # Lightning's loops call this private method of the module before `transfer_batch_to_device` and
-    # `on_after_batch_transfer`, whichever of module and datamodule owns those public hooks (`YoloData` owns the
-    # second; overriding one in both makes Lightning warn and use the datamodule's): the module's one look at a batch
-    # before it moves. Never in training: no synchronisation is added there
+    # `on_after_batch_transfer`, whichever of module and datamodule owns those public hooks
+    # (`YoloData` owns the second; overriding one in both makes Lightning warn and use the
+    # datamodule's): the module's one look at a batch before it moves. Never in training: no
+    # synchronisation is added there
     t = self._trainer
-    if t is not None and (t.validating or t.testing) and not t.sanity_checking: self.val_batch_t0 = synced_now(t)
+    if t is not None and (t.validating or t.testing) and not t.sanity_checking:
+        self.val_batch_t0 = synced_now(t)
     return super(LitYolo, self)._on_before_batch_transfer(batch, dataloader_idx)
 
 @patch
 def validation_step(self:LitYolo, batch:dict, batch_idx:int):
-    "The EMA network on one batch; its detections into COCO results (forward and post-processing timed), in the memory the recorder lends."
-    with contextlib.nullcontext() if self.recorder is None else self.recorder.lending(): self._validate_batch(batch)
+    """The EMA network on one batch; its detections into COCO results (forward and post-processing
+    timed), in the memory the recorder lends."""
+    with contextlib.nullcontext() if self.recorder is None else self.recorder.lending():
+        self._validate_batch(batch)
 
 @patch
 def _validate_batch(self:LitYolo, batch:dict):
-    "`validation_step`'s work; its tensors are freed when it returns, before `lending` checks what stayed allocated."
+    """`validation_step`'s work; its tensors are freed when it returns, before `lending` checks what
+    stayed allocated."""
     t0 = synced_now(self.trainer)
-    if (start := getattr(self, 'val_batch_t0', None)) is not None:   # to the device, to float (`on_after_batch_transfer`)
+    # to the device, to float (`on_after_batch_transfer`)
+    if (start := getattr(self, 'val_batch_t0', None)) is not None:
         self.val_seconds['preprocess'] = (self.val_seconds['preprocess'] or 0.) + t0 - start
         self.val_batch_t0 = None
     out = self.ema.module(batch['img'])
-    self.val_not_finite += (~torch.stack([out[k].float().isfinite().flatten(1).all(1) for k in ('boxes', 'scores')]).all(0)).sum()
+    self.val_not_finite += (
+        ~torch.stack(
+            [out[k].float().isfinite().flatten(1).all(1)
+                                                      for k in ('boxes', 'scores')]).all(0)).sum()
     t1 = synced_now(self.trainer)
     self.validator.update(out, batch)
     self.val_seconds['forward'] += t1 - t0
@@ -381,20 +464,26 @@ def _validate_batch(self:LitYolo, batch:dict):
 
 @patch
 def val_speed(self:LitYolo)->dict:
-    "Milliseconds per image of this validation's pre-processing, inference (the forward) and post-processing (NMS, masks, COCO results), on this process."
+    """Milliseconds per image of this validation's pre-processing, inference (the forward) and
+    post-processing (NMS, masks, COCO results), on this process."""
     s, n = self.val_seconds, max(getattr(self, 'val_images', 0), 1)
-    return {k: None if s[v] is None else 1e3 * s[v] / n for k, v in (('preprocess', 'preprocess'), ('inference', 'forward'), ('postprocess', 'postprocess'))}
+    return {k: None if s[v] is None else 1e3 * s[v] / n
+            for k, v in (('preprocess', 'preprocess'), ('inference', 'forward'),
+                         ('postprocess', 'postprocess'))}
 
 # %% ../nbs/08c_trainer.ipynb #f6b74903
 def append_jsonl(path, obj):
-    "Append `obj` as one JSON line, in one write to a file opened for appending: a killed run leaves whole lines."
-    data, fd = (json.dumps(obj) + '\n').encode(), os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    """Append `obj` as one JSON line, in one write to a file opened for appending: a killed run
+    leaves whole lines."""
+    data, fd = (json.dumps(obj)
+                + '\n').encode(), os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         while data: data = data[os.write(fd, data):]
     finally: os.close(fd)
 
 # `lucid test` scores the validation split (or the given validation set) exactly as validation does
-LitYolo.on_test_epoch_start, LitYolo.test_step = LitYolo.on_validation_epoch_start, LitYolo.validation_step
+LitYolo.on_test_epoch_start, LitYolo.test_step = (LitYolo.on_validation_epoch_start,
+                                                  LitYolo.validation_step)
 
 @patch
 def on_test_epoch_end(self:LitYolo):
@@ -403,25 +492,35 @@ def on_test_epoch_end(self:LitYolo):
 
 @patch
 def on_validation_epoch_end(self:LitYolo):
-    "COCO mAP of the gathered results (logged), a line of `val_metrics.jsonl`, the predictions JSON (in a fit: at its end); outside a fit the per-class table, the speed and the plots."
+    """COCO mAP of the gathered results (logged), a line of `val_metrics.jsonl`, the predictions
+    JSON (in a fit: at its end); outside a fit the per-class table, the speed and the plots."""
     t0 = time.perf_counter()
     metrics = self.score_validation()   # the whole validation set, on one process or several
     self.val_seconds['evaluate'] = time.perf_counter() - t0
-    self.log_dict({k: v for k, v in metrics.summary().items()}, prog_bar=True, sync_dist=True, reduce_fx='max')  # equal on every process
+    # equal on every process
+    self.log_dict({k: v for k, v in metrics.summary().items()}, prog_bar=True, sync_dist=True,
+                  reduce_fx='max')
     if self.trainer.sanity_checking: return
-    if (bad := int(self.val_not_finite)) and not getattr(self, 'said_not_finite', False):   # once a run: nan scores nothing
+    # once a run: nan scores nothing
+    if (bad := int(self.val_not_finite)) and not getattr(self, 'said_not_finite', False):
         self.said_not_finite = True
-        note(f"the network's outputs were not finite (nan or inf) on {bad} of {self.val_images} validation images, so "
-             "nothing was detected there: the training diverged (keep --model.clip_grad_norm on, or lower --model.lr)")
-    self.last_val_stats, self.last_val_speed = metrics, self.val_speed()   # the table and plots at the end of fit
+        note(f"the network's outputs were not finite (nan or inf) on {bad} of {self.val_images} "
+             "validation images, so nothing was detected there: the training diverged (keep "
+             "--model.clip_grad_norm on, or lower --model.lr)")
+    # the table and plots at the end of fit
+    self.last_val_stats, self.last_val_speed = metrics, self.val_speed()
     if not self.trainer.is_global_zero: return   # one process writes the run's files
-    run, line = ensure_run_folder(self.trainer), dict(epoch=self.current_epoch, step=self.global_step)
-    if self.trainer.state.fn == 'fit': self.pending_predictions = self.validator.results   # `write_predictions`, once
+    run, line = (ensure_run_folder(self.trainer),
+                 dict(epoch=self.current_epoch, step=self.global_step))
+    # `write_predictions`, once
+    if self.trainer.state.fn == 'fit': self.pending_predictions = self.validator.results
     else: line['predictions_sha256'] = write_results(run/'predictions.json', self.validator.results)
     dm = self.trainer.datamodule
     rows = class_rows(metrics, getattr(dm, 'class_names', None))
-    append_jsonl(run/'val_metrics.jsonl', dict(**line, **metrics, speed=self.last_val_speed, classes=rows))
-    if self.trainer.state.fn == 'fit':   # a fit prints one line per epoch; its table and plots come at its end
+    append_jsonl(run/'val_metrics.jsonl',
+                 dict(**line, **metrics, speed=self.last_val_speed, classes=rows))
+    # a fit prints one line per epoch; its table and plots come at its end
+    if self.trainer.state.fn == 'fit':
         if (why := validation_dominates(self.trainer, self)): note(why)
         return
     say(self.trainer, class_table(rows))
@@ -431,20 +530,24 @@ def on_validation_epoch_end(self:LitYolo):
 # %% ../nbs/08c_trainer.ipynb #de7b9dbb
 def merge_results(parts:list[tuple],  # per process: (COCO results, image ids, lists of one item per result...) of its images
                   order:list[int],    # image ids in the loader order of one process
-                 )->tuple:            # results, image ids and the lists of one item per result, in that order
-    "Every process's validation results as one process would have made them; an image validated twice is an error."
+                 )->tuple:  # results, image ids and the lists of one item per result, in that order
+    """Every process's validation results as one process would have made them; an image validated
+    twice is an error."""
     ids, seen, twice = [i for _, part, *_ in parts for i in part], set(), set()
     for i in ids: (twice if i in seen else seen).add(i)
     if twice := sorted(twice):
-        raise RuntimeError(f"validation: images {twice[:5]} were validated by more than one process; the score would count them twice")
+        raise RuntimeError(f"validation: images {twice[:5]} were validated by more than one "
+                           "process; the score would count them twice")
     pos = {iid: k for k, iid in enumerate(order)}
-    rows = sorted((row for res, _, *per in parts for row in zip(res, *per, strict=True)), key=lambda row: pos[row[0]['image_id']])
+    rows = sorted((row for res, _, *per in parts for row in zip(res, *per, strict=True)),
+                  key=lambda row: pos[row[0]['image_id']])
     results, *per = [list(c) for c in zip(*rows)] or [[] for _ in range(len(parts[0]) - 1)]
     return results, sorted(ids, key=pos.__getitem__), *per
 
 @patch
 def score_validation(self:LitYolo)->CocoStats:
-    "COCO metrics of every process's validation results together: scored once on rank 0 and sent to every process."
+    """COCO metrics of every process's validation results together: scored once on rank 0 and sent
+    to every process."""
     v, dm = self.validator, self.trainer.datamodule
     parts = gather_objects((v.results, v.image_ids, v.mask_stats))
     if len(parts) == 1: return v.compute(dm.val_coco())
@@ -455,41 +558,54 @@ def score_validation(self:LitYolo)->CocoStats:
 # %% ../nbs/08c_trainer.ipynb #8143446b
 @patch
 def on_save_checkpoint(self:LitYolo, checkpoint:dict):
-    "Store with the weights the classes, the image size and the data (absolute paths), and the scores of the last validation."
+    """Store with the weights the classes, the image size and the data (absolute paths), and the
+    scores of the last validation."""
     dm = self.trainer.datamodule if self._trainer is not None else None
     if dm is None: return
     h, absolute = dm.hparams, lambda p: None if p is None else str(Path(p).absolute())
-    checkpoint['lucid'] = dict(class_names=list(dm.class_names), cat_ids=list(dm.cat_ids), imgsz=h.imgsz, rules='lucid',   # trained by lucid's rules
-                               data={k: absolute(h[k]) for k in DATA_SOURCE[:5]} | dict(val_count=h.val_count))
+    # trained by lucid's rules
+    checkpoint['lucid'] = dict(class_names=list(dm.class_names), cat_ids=list(dm.cat_ids),
+                               imgsz=h.imgsz, rules='lucid',
+                               data={k: absolute(h[k]) for k in DATA_SOURCE[:5]}
+                               | dict(val_count=h.val_count))
     if (stats := getattr(self, 'last_val_stats', None)) is not None:
         checkpoint['lucid']['val'] = {k: float(v) for k, v in stats.summary().items()}
 
 # %% ../nbs/08c_trainer.ipynb #921548c1
 @patch
 def predict_step(self:LitYolo, batch:dict, batch_idx:int)->list:
-    "COCO results of one batch at `predict_conf`'s score threshold (as `lucid_nb.load(...).predict`; `conf_given`: `--model.conf` was asked for), and a `problem` entry for each file that could not be read."
+    """COCO results of one batch at `predict_conf`'s score threshold (as
+    `lucid_nb.load(...).predict`; `conf_given`: `--model.conf` was asked for), and a `problem` entry
+    for each file that could not be read."""
     problems = [{'image_id': i, 'problem': p} for i, p in batch.get('problems', ())]
     if 'img' not in batch: return problems
-    v = self.make_validator(conf=predict_conf(self.hparams.conf, getattr(self, 'conf_given', False)), predict=True)
+    v = self.make_validator(conf=predict_conf(self.hparams.conf,
+                                              getattr(self, 'conf_given', False)), predict=True)
     v.update(self.ema.module(batch['img']), batch)
     return v.results + problems
 
 class PredictionWriter(BasePredictionWriter):
-    "Writes the predictions of `lucid predict` as COCO results JSON (with `file_name`) and one drawn JPEG per image."
+    """Writes the predictions of `lucid predict` as COCO results JSON (with `file_name`) and one
+    drawn JPEG per image."""
     def __init__(self): super().__init__(write_interval='epoch')
     def on_predict_epoch_start(self, trainer, pl_module): self.ran = set()
     def on_predict_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
-        "Note the images this batch ran on: `--trainer.limit_predict_batches` may stop before the last, and only these are written."
-        self.ran |= {int(i) for i in batch.get('image_id', ())} | {i for i, _ in batch.get('problems', ())}
+        """Note the images this batch ran on: `--trainer.limit_predict_batches` may stop before the
+        last, and only these are written."""
+        self.ran |= ({int(i) for i in batch.get('image_id', ())}
+                     | {i for i, _ in batch.get('problems', ())})
         super().on_predict_batch_end(trainer, pl_module, outputs, batch, batch_idx, dataloader_idx)
     def write_on_epoch_end(self, trainer, pl_module, predictions, batch_indices):
         dm = trainer.datamodule
         files = {i: f for i, f in dm.predict_paths.items() if i in self.ran}
-        problems = {r['image_id']: r['problem'] for batch in predictions for r in batch if 'problem' in r}
-        results = [dict(r, file_name=str(files[r['image_id']])) for batch in predictions for r in batch if 'problem' not in r]
+        problems = {r['image_id']: r['problem'] for batch in predictions for r in batch
+                    if 'problem' in r}
+        results = [dict(r, file_name=str(files[r['image_id']])) for batch in predictions
+                   for r in batch if 'problem' not in r]
         out = ensure_run_folder(trainer)/'predict'
         out.mkdir(exist_ok=True)
-        conf = predict_conf(pl_module.hparams.conf, getattr(pl_module, 'conf_given', False))   # the step's threshold: drawn as kept
+        # the step's threshold: drawn as kept
+        conf = predict_conf(pl_module.hparams.conf, getattr(pl_module, 'conf_given', False))
         sha = write_results(out/'predictions.json', results)
         by_image, names = {}, {}
         for r in results: by_image.setdefault(r['image_id'], []).append(r)
@@ -497,14 +613,18 @@ class PredictionWriter(BasePredictionWriter):
             if i in problems: continue
             name = f.stem if f.stem not in names.values() else f"{f.stem}_{f.suffix[1:]}_{i}"
             names[i] = name
-            save_jpeg(draw_results(load_rgb(f), by_image.get(i, []), dm.class_names, dm.cat_ids, min_score=conf), out/f'{name}.jpg')
+            save_jpeg(draw_results(load_rgb(f), by_image.get(i, []), dm.class_names, dm.cat_ids,
+                                   min_score=conf), out/f'{name}.jpg')
         for p in problems.values(): say(trainer, f"predict: skipped {p}")
-        say(trainer, f"predict: {len(results)} detections on {len(files) - len(problems)} images -> {out}/ (predictions.json sha256 {sha[:12]})"
+        say(trainer,
+            f"predict: {len(results)} detections on {len(files) - len(problems)} images -> {out}/ "
+            f"(predictions.json sha256 {sha[:12]})"
                      + (f"; {len(problems)} could not be read (above)" if problems else ''))
 
 # %% ../nbs/08c_trainer.ipynb #4973c3fa
 class FrozenHeap(Callback):
-    "The objects alive at fit start out of the cyclic collector's walks (`gc.freeze`) until fit ends or fails."
+    """The objects alive at fit start out of the cyclic collector's walks (`gc.freeze`) until fit
+    ends or fails."""
     def on_fit_start(self, trainer, module): gc.freeze()
     def on_fit_end(self, trainer, module): gc.unfreeze()
     def on_exception(self, trainer, module, exception): gc.unfreeze()
@@ -515,16 +635,21 @@ def ddp_blocker(trainer, module, stage:str)->str|None:
     if trainer.world_size == 1: return None
     s = trainer.strategy
     if not isinstance(s, DDPStrategy):
-        return f"--trainer.strategy {type(s).__name__}: lucid runs several devices with Lightning's DDP (--trainer.strategy ddp)"
+        return (f"--trainer.strategy {type(s).__name__}: lucid runs several devices with "
+                "Lightning's DDP (--trainer.strategy ddp)")
     if stage == 'predict':
-        return "lucid predict writes one predictions.json and runs on one device: give --trainer.devices 1"
-    if s.root_device.type == 'cpu' and any(isinstance(m, nn.SyncBatchNorm) for m in module.modules()):
-        return "--trainer.sync_batchnorm true: torch's SyncBatchNorm runs on GPUs only; leave it off on the CPU"
+        return ("lucid predict writes one predictions.json and runs on one device: give "
+                "--trainer.devices 1")
+    if (s.root_device.type == 'cpu'
+            and any(isinstance(m, nn.SyncBatchNorm) for m in module.modules())):
+        return ("--trainer.sync_batchnorm true: torch's SyncBatchNorm runs on GPUs only; leave it "
+                "off on the CPU")
     return None
 
 @torch.no_grad()
 def broadcast_buffers(model:nn.Module, src:int=0):
-    "Copy process `src`'s floating-point buffers (BatchNorm running statistics) into `model` on every process, in place."
+    """Copy process `src`'s floating-point buffers (BatchNorm running statistics) into `model` on
+    every process, in place."""
     bufs = [b for b in model.buffers() if b.is_floating_point()]
     for dtype in sorted({b.dtype for b in bufs}, key=str):
         group = [b for b in bufs if b.dtype == dtype]
@@ -533,28 +658,36 @@ def broadcast_buffers(model:nn.Module, src:int=0):
         for b, f in zip(group, flat.split([b.numel() for b in group])): b.copy_(f.view_as(b))
 
 class DistributedRun(Callback):
-    "What several processes need: one run folder, a setup lucid supports, and the same BatchNorm statistics (so the same EMA) on each."
+    """What several processes need: one run folder, a setup lucid supports, and the same BatchNorm
+    statistics (so the same EMA) on each."""
     def setup(self, trainer, module, stage:str):
-        trainer.lucid_run_dir = None     # `trainer.log_dir` asks every process (a collective): ask once, here, where all do
+        # `trainer.log_dir` asks every process (a collective): ask once, here, where all do
+        trainer.lucid_run_dir = None
         trainer.lucid_run_dir = run_folder(trainer)
         if why := ddp_blocker(trainer, module, stage): raise ValueError(why)
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
-        if trainer.world_size > 1: broadcast_buffers(module.model)   # runs before `LitYolo.on_train_batch_end`'s EMA update
+        # runs before `LitYolo.on_train_batch_end`'s EMA update
+        if trainer.world_size > 1: broadcast_buffers(module.model)
 
 
 
 # %% ../nbs/08c_trainer.ipynb #b31efe7c
 def default_callbacks(monitor:str='mAP50-95(M)')->list:   # monitor: what `best.ckpt` is best at (`Task.monitor`)
-    return [AtomicCheckpoint(monitor=monitor, mode='max', filename='best', save_last=True, save_top_k=1),
+    return [AtomicCheckpoint(monitor=monitor, mode='max', filename='best', save_last=True,
+                             save_top_k=1),
             RunArtifacts(), PredictionWriter(), EpochSummary(), DistributedRun(), FrozenHeap()]
 
 @patch
 def configure_callbacks(self:LitYolo):
-    "Checkpoints, run artifacts, the prediction writer, the step-loss progress bar, and the recorder with a `capture_*` option."
+    """Checkpoints, run artifacts, the prediction writer, the step-loss progress bar, and the
+    recorder with a `capture_*` option."""
     h, extra = self.hparams, []
-    if self.recorder is None and (h.capture_segment_heads or h.capture_optimizer_step or h.capture_train_step):
-        self.recorder = Recorder(head=h.capture_segment_heads, optimizer=h.capture_optimizer_step, step=h.capture_train_step)
+    if (self.recorder is None
+            and (h.capture_segment_heads or h.capture_optimizer_step or h.capture_train_step)):
+        self.recorder = Recorder(head=h.capture_segment_heads, optimizer=h.capture_optimizer_step,
+                                 step=h.capture_train_step)
     bar = self._trainer.progress_bar_callback if self._trainer is not None else None
     if type(bar) is TQDMProgressBar: extra.append(StepLossBar(bar.refresh_rate))
-    return default_callbacks(self.task.monitor) + ([self.recorder] if self.recorder is not None else []) + extra
+    return (default_callbacks(self.task.monitor)
+            + ([self.recorder] if self.recorder is not None else []) + extra)

@@ -25,13 +25,17 @@ __all__ = ['UL_LAYERS', 'UL_HEAD', 'UL_HEAD_NAMES', 'UL_TASKS', 'PARTS', 'BACKBO
            'no_weights_line']
 
 # %% ../nbs/03a_weights.ipynb #cc62107b
-UL_LAYERS = {**{i: f'backbone.layers.{i}' for i in range(11)}, 13: 'neck.td4', 16: 'neck.td3', 17: 'neck.down3',
-             19: 'neck.bu4', 20: 'neck.down4', 22: 'neck.bu5', 23: 'head'}   # Ultralytics layer → our module
-UL_HEAD = {'cv2': 'box', 'cv3': 'cls', 'cv4': 'coef', 'proto': 'proto'}      # head branches; `dfl`: no tensor of ours
-UL_HEAD_NAMES = {v: k for k, v in UL_HEAD.items()}                             # our branch → Ultralytics' name
+UL_LAYERS = {**{i: f'backbone.layers.{i}' for i in range(11)}, 13: 'neck.td4', 16: 'neck.td3',
+             17: 'neck.down3',
+             # Ultralytics layer → our module
+             19: 'neck.bu4', 20: 'neck.down4', 22: 'neck.bu5', 23: 'head'}
+# head branches; `dfl`: no tensor of ours
+UL_HEAD = {'cv2': 'box', 'cv3': 'cls', 'cv4': 'coef', 'proto': 'proto'}
+UL_HEAD_NAMES = {v: k for k, v in UL_HEAD.items()}   # our branch → Ultralytics' name
 
 def lucid_key(key:str)->str|None:
-    "Our name of an Ultralytics YOLO11-seg state-dict key (`model.23.cv3.0.2.weight` → `head.cls.0.2.weight`); None: no tensor of ours."
+    """Our name of an Ultralytics YOLO11-seg state-dict key (`model.23.cv3.0.2.weight` →
+    `head.cls.0.2.weight`); None: no tensor of ours."""
     m = re.fullmatch(r'model\.(\d+)\.(.+)', key)
     if not m or int(m[1]) not in UL_LAYERS: return None
     base, rest = UL_LAYERS[int(m[1])], m[2]
@@ -64,71 +68,95 @@ class Weights:
     train_imgsz:int|None = None                           # the image size an Ultralytics file was trained at (its `train_args`)
     @property
     def rules(self)->str:
-        "The inference rules the file's network predicts and validates by (`00b_core`): a `.pt`'s are Ultralytics'; a lucid checkpoint's are the ones it records (`lucid` where it records none)."
-        return 'ultralytics' if self.kind == 'ultralytics' else check_rules((self.ckpt.get('lucid') or {}).get('rules', 'lucid'))
+        """The inference rules the file's network predicts and validates by (`00b_core`): a `.pt`'s
+        are Ultralytics'; a lucid checkpoint's are the ones it records (`lucid` where it records
+        none)."""
+        return ('ultralytics' if self.kind == 'ultralytics'
+                else check_rules((self.ckpt.get('lucid') or {}).get('rules', 'lucid')))
     @property
     def imgsz(self)->int:
-        "The image size the network was trained at: predicting and validating take it unless another is asked for (640 where the file does not say)."
+        """The image size the network was trained at: predicting and validating take it unless
+        another is asked for (640 where the file does not say)."""
         return int(self.train_imgsz or (self.ckpt.get('lucid') or {}).get('imgsz') or 640)
     @property
     def title(self)->str:
-        if self.kind != 'ultralytics': return f"lucid {self.scale}{'' if self.task == 'segment' else ' ' + self.task}, {self.num_classes} classes"
-        name = get_task(self.task).title(self.scale) if self.task in TASKS else f"YOLO11{self.scale}, a {self.task} model"
+        if self.kind != 'ultralytics':
+            return (f"lucid {self.scale}{'' if self.task == 'segment' else ' ' + self.task}, "
+                    f"{self.num_classes} classes")
+        name = (get_task(self.task).title(self.scale) if self.task in TASKS
+                else f"YOLO11{self.scale}, a {self.task} model")
         return f"Ultralytics {name}, {self.num_classes} classes"
     @property
     def classes(self)->tuple[list,list]:
-        "(COCO category ids, names) of the file's classes, as predicting with it reports them: a lucid checkpoint's own; else ids 0..K-1 and the names the file carries."
+        """(COCO category ids, names) of the file's classes, as predicting with it reports them: a
+        lucid checkpoint's own; else ids 0..K-1 and the names the file carries."""
         extra, K = (self.ckpt.get('lucid') or {}) if self.kind == 'lucid' else {}, self.num_classes
-        names = extra.get('class_names') or (self.names if self.names and len(self.names) == K else [str(k) for k in range(K)])
+        names = (extra.get('class_names')
+                 or (self.names if self.names and len(self.names) == K
+                     else [str(k) for k in range(K)]))
         return list(extra.get('cat_ids') or range(K)), list(names)
 
 # %% ../nbs/03a_weights.ipynb #efabce3b
 def module_tensors(m, prefix:str='')->dict:
-    "`state_dict()` of a pickled module tree of `StandIn`s: parameters and persistent buffers, by dotted name."
+    """`state_dict()` of a pickled module tree of `StandIn`s: parameters and persistent buffers, by
+    dotted name."""
     d, out = vars(m), {}
     skip = d.get('_non_persistent_buffers_set') or set()
-    for k, t in [*(d.get('_parameters') or {}).items(), *((k, b) for k, b in (d.get('_buffers') or {}).items() if k not in skip)]:
+    for k, t in [*(d.get('_parameters') or {}).items(),
+                 *((k, b) for k, b in (d.get('_buffers') or {}).items() if k not in skip)]:
         if isinstance(t, Tensor): out[prefix + k] = t
     for k, sub in (d.get('_modules') or {}).items():
         if isinstance(sub, StandIn): out.update(module_tensors(sub, f'{prefix}{k}.'))
     return out
 
 def infer_scale(state:dict, num_classes:int)->str|None:
-    "The size of `SCALES` whose backbone and neck have exactly `state`'s tensors and shapes; None if none has."
+    """The size of `SCALES` whose backbone and neck have exactly `state`'s tensors and shapes; None
+    if none has."""
     mine = {k: tuple(v.shape) for k, v in state.items() if k.startswith(('backbone.', 'neck.'))}
     for s in SCALES:
         with torch.device('meta'): ref = yolo_seg(s, num_classes).state_dict()
-        if mine == {k: tuple(v.shape) for k, v in ref.items() if k.startswith(('backbone.', 'neck.'))}: return s
+        if mine == {k: tuple(v.shape) for k, v in ref.items()
+                    if k.startswith(('backbone.', 'neck.'))}:
+            return s
     return None
 
 def _names(x)->list|None:
-    if isinstance(x, dict) and all(isinstance(k, int) for k in x): return [str(x[k]) for k in sorted(x)]
+    if isinstance(x, dict) and all(isinstance(k, int) for k in x):
+        return [str(x[k]) for k in sorted(x)]
     if isinstance(x, (list, tuple)): return [str(n) for n in x]
     return None
 
 # %% ../nbs/03a_weights.ipynb #7dce0c42
 @patch
 def check_lucid_task(self:Weights, option:str='--model.weights'):
-    "A one-line error unless the file's network is of a task lucid has (`TASKS`): only `fit` may start from another task's file (its backbone, neck, box and class branches)."
+    """A one-line error unless the file's network is of a task lucid has (`TASKS`): only `fit` may
+    start from another task's file (its backbone, neck, box and class branches)."""
     if self.task not in TASKS:
-        raise ValueError(f"{option} {self.path} is an Ultralytics YOLO11{self.scale} {self.task} model, neither a segmentation nor a detection "
-                         f"one: lucid has no {self.task} branch, so it cannot predict, validate or test with it; give a YOLO11 detect "
-                         f"or -seg file (yolo11{self.scale}.pt, yolo11{self.scale}-seg.pt), or train from its backbone and neck with "
+        raise ValueError(f"{option} {self.path} is an Ultralytics YOLO11{self.scale} {self.task} "
+                         "model, neither a segmentation nor a detection "
+                         f"one: lucid has no {self.task} branch, so it cannot predict, validate or "
+                         "test with it; give a YOLO11 detect "
+                         f"or -seg file (yolo11{self.scale}.pt, yolo11{self.scale}-seg.pt), or "
+                         "train from its backbone and neck with "
                          f"lucid fit --model.weights {self.path}")
 
 @patch
 def check_size(self:Weights, size:str):
     "A one-line error unless the file's network is of size `size` (`--model.size`)."
     if self.scale != size:
-        raise ValueError(f"--model.weights {self.path} holds a size {self.scale} network ({self.title}), and --model.size "
-                         f"is {size}: give --model.size {self.scale}, or leave it out to take the file's")
+        raise ValueError(f"--model.weights {self.path} holds a size {self.scale} network "
+                         f"({self.title}), and --model.size is {size}: give --model.size "
+                         f"{self.scale}, or leave it out to take the file's")
 
 @patch
 def check_task(self:Weights, task:str, backbone:bool=False):
-    "A one-line error unless the file's network is of task `task` (`--model.task`), or only its backbone and neck are taken (`backbone`), or it is of a task lucid has not (a start for `fit`: `check_lucid_task`)."
+    """A one-line error unless the file's network is of task `task` (`--model.task`), or only its
+    backbone and neck are taken (`backbone`), or it is of a task lucid has not (a start for `fit`:
+    `check_lucid_task`)."""
     if backbone or self.task == get_task(task).name or self.task not in TASKS: return
-    raise ValueError(f"--model.weights {self.path} holds a {self.task} network ({self.title}), and --model.task is {task}: "
-                     f"give --model.task {self.task}, or leave it out to take the file's; to start a {task} model's backbone "
+    raise ValueError(f"--model.weights {self.path} holds a {self.task} network ({self.title}), and "
+                     f"--model.task is {task}: give --model.task {self.task}, or leave it out to "
+                     f"take the file's; to start a {task} model's backbone "
                      "and neck from it, fit with --model.weights_backbone true")
 
 # %% ../nbs/03a_weights.ipynb #2afb4435
@@ -136,18 +164,22 @@ _read_ahead = {}   # file → its `Weights`, inside `weights_read`
 
 @contextlib.contextmanager
 def weights_read(w:Weights|None):
-    "Inside, `read_weights` of the file `w` came from returns `w`, not read again (`lucid` reads `--model.weights` before it builds the model); None: no change."
+    """Inside, `read_weights` of the file `w` came from returns `w`, not read again (`lucid` reads
+    `--model.weights` before it builds the model); None: no change."""
     key = None if w is None else Path(w.path).resolve()
     if key is not None: _read_ahead[key] = w
     try: yield w
     finally:
         if key is not None: _read_ahead.pop(key, None)
 
-UL_TASKS = ('Segment', 'Pose', 'OBB', 'Classify', 'Detect')   # Ultralytics' head classes (Segment, Pose and OBB heads are Detect heads too)
+# Ultralytics' head classes (Segment, Pose and OBB heads are Detect heads too)
+UL_TASKS = ('Segment', 'Pose', 'OBB', 'Classify', 'Detect')
 
 def ultralytics_task(net:StandIn)->str:
-    "The task of a pickled Ultralytics model: by its head's class (`Segment`, `YOLOESegment`... → 'segment'), else by its `task` record."
-    layers = list((vars(vars(net).get('_modules', {}).get('model') or StandIn()).get('_modules') or {}).values())
+    """The task of a pickled Ultralytics model: by its head's class (`Segment`, `YOLOESegment`... →
+    'segment'), else by its `task` record."""
+    layers = list((vars(vars(net).get('_modules', {}).get('model') or StandIn()).get('_modules')
+                   or {}).values())
     head = type(layers[-1]).__qualname__ if layers and isinstance(layers[-1], StandIn) else ''
     if (t := next((t for t in UL_TASKS if t in head), None)): return t.lower()
     t = vars(net).get('task') or (vars(net).get('args') or {}).get('task')
@@ -155,45 +187,61 @@ def ultralytics_task(net:StandIn)->str:
 
 # %% ../nbs/03a_weights.ipynb #1f3e8bc1
 def read_weights(path, option:str='--model.weights')->Weights:
-    "The network weights of an Ultralytics YOLO11 checkpoint (a segmentation one, or another task's for its backbone and neck) or a `lucid` checkpoint, read by `safe_load`."
+    """The network weights of an Ultralytics YOLO11 checkpoint (a segmentation one, or another
+    task's for its backbone and neck) or a `lucid` checkpoint, read by `safe_load`."""
     p = local_file(path, option)
     if (w := _read_ahead.get(p.resolve())) is not None: return w
     ckpt = safe_load(p, option)
-    if isinstance(ckpt, dict) and isinstance(ckpt.get('state_dict'), dict):   # a lucid (Lightning) checkpoint
+    # a lucid (Lightning) checkpoint
+    if isinstance(ckpt, dict) and isinstance(ckpt.get('state_dict'), dict):
         hp, sd = ckpt.get('hyper_parameters') or {}, ckpt['state_dict']
         pre = 'ema.module.' if any(k.startswith('ema.module.') for k in sd) else 'model.'
         state = {k[len(pre):]: v for k, v in sd.items() if k.startswith(pre)}
-        if not state: raise ValueError(f"{option} {p}: a Lightning checkpoint without a lucid network in it")
+        if not state:
+            raise ValueError(f"{option} {p}: a Lightning checkpoint without a lucid network in it")
         K = hp.get('num_classes') or state['head.cls.0.2.weight'].shape[0]
-        return Weights(state, hp.get('size', 'n'), K, 'lucid', p, (ckpt.get('lucid') or {}).get('class_names'), ckpt,
+        return Weights(state, hp.get('size', 'n'), K, 'lucid', p,
+                       (ckpt.get('lucid') or {}).get('class_names'), ckpt,
                        task=get_task(hp.get('task')).name)
     net = (ckpt.get('ema') or ckpt.get('model')) if isinstance(ckpt, dict) else None
     if not isinstance(net, StandIn):
-        raise ValueError(f"{option} {p}: neither a lucid checkpoint nor an Ultralytics one (no 'state_dict', no 'model' network)")
+        raise ValueError(f"{option} {p}: neither a lucid checkpoint nor an Ultralytics one (no "
+                         "'state_dict', no 'model' network)")
     raw, task = module_tensors(net), ultralytics_task(net)
     if any(k.endswith('.conv.weight') for k in raw) and not any('.bn.' in k for k in raw):
-        raise ValueError(f"{option} {p} is a fused Ultralytics model (its BatchNorm folded into the convolutions, as model.fuse() "
-                         "leaves it): lucid reads unfused weights only, whose BatchNorm layers it trains and averages apart; give "
-                         "the file Ultralytics' training saved (best.pt, last.pt, or the released yolo11n-seg.pt)")
-    own = lambda k: (m := lucid_key(k)) and (task == 'segment' or not m.startswith(('head.coef.', 'head.proto.')))   # another task's third branch (keypoints, angles) is no mask branch
-    state, extra = {lucid_key(k): v.float() for k, v in raw.items() if own(k)}, [k for k in raw if not own(k)]
+        raise ValueError(f"{option} {p} is a fused Ultralytics model (its BatchNorm folded into "
+                         "the convolutions, as model.fuse() leaves it): lucid reads unfused "
+                         "weights only, whose BatchNorm layers it trains and averages apart; give "
+                         "the file Ultralytics' training saved (best.pt, last.pt, or the released "
+                         "yolo11n-seg.pt)")
+    # another task's third branch (keypoints, angles) is no mask branch
+    own = lambda k: (m := lucid_key(k)) and (task == 'segment'
+                                             or not m.startswith(('head.coef.', 'head.proto.')))
+    state, extra = ({lucid_key(k): v.float() for k, v in raw.items() if own(k)},
+                    [k for k in raw if not own(k)])
     cls = state.get('head.cls.0.2.weight')
     K = cls.shape[0] if cls is not None else len(_names(vars(net).get('names')) or []) or 80
     scale = infer_scale(state, K)
     if scale is None:
-        said = (vars(net).get('yaml') or {}).get('scale') if isinstance(vars(net).get('yaml'), dict) else None
+        said = ((vars(net).get('yaml') or {}).get('scale')
+                if isinstance(vars(net).get('yaml'), dict) else None)
         first = raw.get('model.0.conv.weight')
-        raise ValueError(f"{option} {p}: not a YOLO11 network of size {', '.join(SCALES)} (lucid's sizes){f', a {task} model' if task != 'segment' else ''}: "
-                         f"its backbone and neck fit none of them ({len(raw)} tensors, first convolution "
+        raise ValueError(f"{option} {p}: not a YOLO11 network of size {', '.join(SCALES)} (lucid's "
+                         f"sizes){f', a {task} model' if task != 'segment' else ''}: its backbone "
+                         f"and neck fit none of them ({len(raw)} tensors, first convolution "
                          f"{tuple(first.shape) if first is not None else 'missing'}{f', the file says scale {said!r}' if said else ''})")
-    args = ckpt.get('train_args') if isinstance(ckpt.get('train_args'), dict) else vars(net).get('args')
+    args = (ckpt.get('train_args') if isinstance(ckpt.get('train_args'), dict)
+            else vars(net).get('args'))
     size = args.get('imgsz') if isinstance(args, dict) else None
-    return Weights(state, scale, int(K), 'ultralytics', p, _names(vars(net).get('names')), extra=extra,
+    return Weights(state, scale, int(K), 'ultralytics', p, _names(vars(net).get('names')),
+                   extra=extra,
                    train_imgsz=size if isinstance(size, int) and size > 0 else None, task=task)
 
 # %% ../nbs/03a_weights.ipynb #163a09d8
-PARTS = {'backbone': 'backbone', 'neck': 'neck', 'head.box': 'box branch', 'head.cls': 'class branch',
-         'head.coef': 'mask-coefficient branch', 'head.proto': 'mask prototypes'}   # the network's parts, as `TransferReport` names them
+PARTS = {'backbone': 'backbone', 'neck': 'neck', 'head.box': 'box branch',
+         'head.cls': 'class branch',
+         # the network's parts, as `TransferReport` names them
+         'head.coef': 'mask-coefficient branch', 'head.proto': 'mask prototypes'}
 
 @dataclass
 class TransferReport:
@@ -209,12 +257,14 @@ class TransferReport:
     def complete(self)->bool: return len(self.taken) == self.total
     @property
     def parts(self)->dict:
-        "Each part of the network (`PARTS`) → 'loaded' (every tensor taken), 'fresh' (none) or 'partly loaded'."
+        """Each part of the network (`PARTS`) → 'loaded' (every tensor taken), 'fresh' (none) or
+        'partly loaded'."""
         taken, out = set(self.taken), {}
         for k in (*self.taken, *self.differ, *self.missing):
             part = next(p for p in PARTS if k.startswith(p + '.'))
             out.setdefault(part, set()).add(k in taken)
-        return {p: 'loaded' if v == {True} else 'fresh' if v == {False} else 'partly loaded' for p in PARTS if (v := out.get(p))}
+        return {p: 'loaded' if v == {True} else 'fresh' if v == {False} else 'partly loaded'
+                for p in PARTS if (v := out.get(p))}
 
 # %% ../nbs/03a_weights.ipynb #5b05c545
 def _modules_of(keys:list)->str:
@@ -229,27 +279,36 @@ def _modules_of(keys:list)->str:
 
 @patch(as_prop=True)
 def line(self:TransferReport)->str:
-    w, s = self.weights, f"weights: {len(self.taken)} of {self.total} tensors taken from {self.weights.path} ({self.weights.title})"
+    w, s = (self.weights,
+            f"weights: {len(self.taken)} of {self.total} tensors taken from {self.weights.path} "
+            f"({self.weights.title})")
     if self.complete: return s + "; all of them"
-    if w.task != 'segment':   # another task's file: which parts of the network it gave, in words, first
+    # another task's file: which parts of the network it gave, in words, first
+    if w.task != 'segment':
         by = {}
         for p, how in self.parts.items(): by.setdefault(how, []).append(PARTS[p])
-        s += ''.join(f"; {how}: {', '.join(ps)}" for how in ('loaded', 'partly loaded', 'fresh') if (ps := by.get(how)))
+        s += ''.join(f"; {how}: {', '.join(ps)}" for how in ('loaded', 'partly loaded', 'fresh')
+                     if (ps := by.get(how)))
     why = []
     if self.differ:
-        cls = f"{w.num_classes} classes in the file, {self.num_classes} here" if w.num_classes != self.num_classes else "another shape in the file"
+        cls = (f"{w.num_classes} classes in the file, {self.num_classes} here"
+               if w.num_classes != self.num_classes else "another shape in the file")
         why.append(f"shape differs ({cls}): {_modules_of(self.differ)}")
     if self.missing: why.append(f"not in the file: {_modules_of(self.missing)}")
-    if self.left: why.append(f"not taken (--model.weights_backbone: the backbone and neck only): the head")
-    return f"{s}; {len(self.differ) + len(self.missing) + len(self.left)} stay freshly initialised: " + '; '.join(why)
+    if self.left:
+        why.append(f"not taken (--model.weights_backbone: the backbone and neck only): the head")
+    return (f"{s}; {len(self.differ) + len(self.missing) + len(self.left)} stay freshly "
+            "initialised: " + '; '.join(why))
 
 # %% ../nbs/03a_weights.ipynb #6b818bcc
-BACKBONE_PARTS = ('backbone.', 'neck.')   # the tensors both tasks' networks share, key for key (`03_heads`)
+# the tensors both tasks' networks share, key for key (`03_heads`)
+BACKBONE_PARTS = ('backbone.', 'neck.')
 
 @torch.no_grad()
 def load_weights(net:nn.Module, weights:Weights,
                  backbone:bool=False)->TransferReport: # take only the backbone's and neck's tensors
-    "Copy into `net` every tensor of `weights` whose name and shape fit (only `BACKBONE_PARTS` with `backbone`); the others stay as they are."
+    """Copy into `net` every tensor of `weights` whose name and shape fit (only `BACKBONE_PARTS`
+    with `backbone`); the others stay as they are."""
     taken, differ, missing, left, own = [], [], [], [], net.state_dict()
     for k, t in own.items():
         src = weights.state.get(k)
@@ -263,10 +322,13 @@ def load_weights(net:nn.Module, weights:Weights,
     return TransferReport(weights, taken, differ, missing, len(own), K, left)
 
 # %% ../nbs/03a_weights.ipynb #1a2d898a
-PARITY_RTOL = 1e-3   # of each output's largest magnitude: float32 rounding of the two orders above (measured: 2e-5 at most)
+# of each output's largest magnitude: float32 rounding of the two orders above (measured: 2e-5 at
+# most)
+PARITY_RTOL = 1e-3
 
 def parity(net:nn.Module, reference:dict)->dict:
-    "Largest difference of `net`'s raw head outputs and decoded output from a recorded Ultralytics run, relative to each output's largest magnitude."
+    """Largest difference of `net`'s raw head outputs and decoded output from a recorded Ultralytics
+    run, relative to each output's largest magnitude."""
     net = net.eval()
     x = reference['input']
     with torch.no_grad():
@@ -274,7 +336,7 @@ def parity(net:nn.Module, reference:dict)->dict:
         out = net.head.decode(net.head.collect(raw))
     xyxy = out['boxes'].transpose(1, 2)                                          # (1,4,A)
     xywh = torch.cat([(xyxy[:, :2] + xyxy[:, 2:]) / 2, xyxy[:, 2:] - xyxy[:, :2]], 1)
-    coef = [out['coef'].transpose(1, 2)] if 'coef' in out else []               # a detector has none
+    coef = [out['coef'].transpose(1, 2)] if 'coef' in out else []   # a detector has none
     mine = {**raw, 'decoded': torch.cat([xywh, out['scores'].transpose(1, 2), *coef], 1)}
     return {k: float((mine[k] - reference[k]).abs().max() / reference[k].abs().max()) for k in mine}
 
@@ -282,10 +344,13 @@ def parity(net:nn.Module, reference:dict)->dict:
 UNTRAINED_WORDS = ('none', 'null')   # `--model.weights none`: the untrained network, as asked
 
 def untrained_asked(weights)->bool:
-    "Whether a given `--model.weights` value asks for the untrained network: `none` (any case) or a null."
+    """Whether a given `--model.weights` value asks for the untrained network: `none` (any case) or
+    a null."""
     return weights is None or str(weights).strip().lower() in UNTRAINED_WORDS
 
 def no_weights_line(sub:str)->str:
-    "The refusal of `validate`, `test`, `predict` or `export` without a network to run: the options that give one."
-    return (f"lucid {sub} needs trained weights: give --ckpt_path CKPT (a lucid checkpoint, best.ckpt or last.ckpt) or "
+    """The refusal of `validate`, `test`, `predict` or `export` without a network to run: the
+    options that give one."""
+    return (f"lucid {sub} needs trained weights: give --ckpt_path CKPT (a lucid checkpoint, "
+            "best.ckpt or last.ckpt) or "
             f"--model.weights FILE (yolo11n-seg.pt); --model.weights none runs an untrained network")

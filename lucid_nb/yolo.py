@@ -21,16 +21,18 @@ __all__ = ['YAML_KEYS', 'DETECTION_LINE', 'NO_LABEL_FILE', 'NO_LABEL_FILE_SKIPPE
            'load_data_yaml', 'yolo_label_path', 'displayed_hw', 'yolo_annotations', 'yolo_coco', 'yolo_records']
 
 # %% ../nbs/01a_yolo.ipynb #6fa3778a
-YAML_KEYS = ('path', 'train', 'val', 'test', 'names', 'nc', 'skip_if_label_file_missing')   # what `load_data_yaml` reads
+# what `load_data_yaml` reads
+YAML_KEYS = ('path', 'train', 'val', 'test', 'names', 'nc', 'skip_if_label_file_missing')
 
 @dataclass
 class YoloSpec:
-    "A YOLO-seg `data.yaml` (Ultralytics or LightlyTrain), read: where it is, the dataset root, the image folders of each split, the classes."
+    """A YOLO-seg `data.yaml` (Ultralytics or LightlyTrain), read: where it is, the dataset root,
+    the image folders of each split, the classes."""
     path: Path               # the data.yaml
     root: Path               # its `path`, resolved against the yaml's folder when relative
     splits: dict             # 'train', 'val' and, when given, 'test': [folder, ...]
     names: list              # class names, in the order of `keys`
-    keys: list = None        # the number a label line gives for each class, ascending (None: 0..K-1)
+    keys: list = None   # the number a label line gives for each class, ascending (None: 0..K-1)
     skip_missing: bool = False   # `skip_if_label_file_missing`: an image without a label file is left out
     unread: list = field(default_factory=list)   # keys of the data.yaml not read
     def __post_init__(self):
@@ -49,14 +51,17 @@ def _class_key(k)->int|None:
     return k if isinstance(k, int) and k >= 0 else None
 
 def yolo_classes(names, path:Path)->tuple[list[int], list[str]]:
-    "`(keys, names)` of a data.yaml's `names`: a list by position (keys 0..K-1), a dict `{number: name}` by its keys in ascending order."
+    """`(keys, names)` of a data.yaml's `names`: a list by position (keys 0..K-1), a dict `{number: name}`
+    by its keys in ascending order."""
     if isinstance(names, list) and names: return list(range(len(names))), [str(n) for n in names]
     if not (isinstance(names, dict) and names):
-        raise ValueError(f"{path}: 'names' must be a list of class names or a dict {{number: name}}, got {_short(names)}")
+        raise ValueError(f"{path}: 'names' must be a list of class names or a dict {{number: "
+                         f"name}}, got {_short(names)}")
     by = {}
     for k, v in names.items():
         if (c := _class_key(k)) is None:
-            raise ValueError(f"{path}: 'names' key {_short(k, 20)} is not a class number: write each class as N: name, N a whole number ≥ 0")
+            raise ValueError(f"{path}: 'names' key {_short(k, 20)} is not a class number: write "
+                             "each class as N: name, N a whole number ≥ 0")
         if c in by: raise ValueError(f"{path}: 'names' gives class {c} twice: keep one of them")
         by[c] = str(v)
     return sorted(by), [by[c] for c in sorted(by)]
@@ -66,50 +71,77 @@ def _yolo_folders(v, root:Path, path:Path, key:str)->list[Path]:
     "The image folders of split `key`: one folder or a list, relative to `root`."
     out = []
     for s in (v if isinstance(v, list) else [v]):
-        if not isinstance(s, str) or not s: raise ValueError(f"{path}: '{key}' must be a folder of images relative to 'path' (or a list of them), got {_short(s)}")
+        if not isinstance(s, str) or not s:
+            raise ValueError(f"{path}: '{key}' must be a folder of images relative to 'path' (or a "
+                             f"list of them), got {_short(s)}")
         p = root/s
         if p.is_dir(): out.append(p)
-        elif p.is_file(): raise ValueError(f"{path}: '{key}': {s} is a file; only folders of images are read: point '{key}' at a folder (e.g. images/{key})")
-        else: raise FileNotFoundError(f"{path}: '{key}': no folder {s} under 'path': point '{key}' at a folder of images")
+        elif p.is_file():
+            raise ValueError(f"{path}: '{key}': {s} is a file; only folders of images are read: "
+                             f"point '{key}' at a folder (e.g. images/{key})")
+        else:
+            raise FileNotFoundError(f"{path}: '{key}': no folder {s} under 'path': point '{key}' "
+                                    "at a folder of images")
     return out
 
 def _check_counts(cfg:dict, path:Path, keys:list):
     "`nc` (when given) against the classes of `names`, and `skip_if_label_file_missing` a bool."
     nc, K = cfg.get('nc'), len(keys)
     if nc is not None and (isinstance(nc, bool) or nc != K):
-        raise ValueError(f"{path}: nc: {_short(nc, 20)} but 'names' has {K} classes: set nc: {K}, or remove nc")
+        raise ValueError(f"{path}: nc: {_short(nc, 20)} but 'names' has {K} classes: set nc: {K}, "
+                         "or remove nc")
     if not isinstance(s := cfg.get('skip_if_label_file_missing', False), bool):
-        raise ValueError(f"{path}: skip_if_label_file_missing: {_short(s, 20)}: write true or false")
+        raise ValueError(
+            f"{path}: skip_if_label_file_missing: {_short(s, 20)}: write true or false")
 
 # %% ../nbs/01a_yolo.ipynb #52faf51a
 def _yaml_problem(e:Exception)->str:
-    "Where and what a YAML error is, short: `line L, column C: problem` (PyYAML's own text quotes the lines around it)."
-    m, what = getattr(e, 'problem_mark', None), getattr(e, 'problem', None) or ' '.join(str(e).split())
+    """Where and what a YAML error is, short: `line L, column C: problem` (PyYAML's own text quotes
+    the lines around it)."""
+    m, what = (getattr(e, 'problem_mark', None), getattr(e, 'problem', None)
+               or ' '.join(str(e).split()))
     return (f"line {m.line + 1}, column {m.column + 1}: " if m else '') + str(what)[:80]
 
 def load_data_yaml(path:str|Path)->YoloSpec:
-    "Read a YOLO-seg `data.yaml` (`path`, `train`, `val`, `test`, `names`, `nc`, `skip_if_label_file_missing`); anything missing or malformed is one error naming the file, other keys one warning."
+    """Read a YOLO-seg `data.yaml` (`path`, `train`, `val`, `test`, `names`, `nc`,
+    `skip_if_label_file_missing`); anything missing or malformed is one error naming the file, other
+    keys one warning."""
     path = Path(path)
-    if not path.is_file(): raise FileNotFoundError(f"dataset file not found: {path}: give --data.dataset the path of a YOLO data.yaml")
+    if not path.is_file():
+        raise FileNotFoundError(f"dataset file not found: {path}: give --data.dataset the path of "
+                                "a YOLO data.yaml")
     try: cfg = yaml.safe_load(path.read_text())
-    except (yaml.YAMLError, UnicodeDecodeError) as e: raise ValueError(f"{path}: not readable as YAML ({_yaml_problem(e)}): fix it there") from None
-    if not isinstance(cfg, dict): raise ValueError(f"{path}: not a YOLO data.yaml: it needs the keys train, val and names (and path)")
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise ValueError(
+            f"{path}: not readable as YAML ({_yaml_problem(e)}): fix it there") from None
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{path}: not a YOLO data.yaml: it needs the keys train, val and names "
+                         "(and path)")
     for k in ('train', 'val', 'names'):
         if cfg.get(k) is not None: continue
-        near = difflib.get_close_matches(k, [str(u) for u in cfg if u not in YAML_KEYS], 1, .6)   # `valid:`, `name:`: clearly meant
-        raise ValueError(f"{path}: no '{k}': " + (f"rename '{near[0]}' to '{k}'" if near else "add it (a YOLO data.yaml names path, train, val and names)"))
+        # `valid:`, `name:`: clearly meant
+        near = difflib.get_close_matches(k, [str(u) for u in cfg if u not in YAML_KEYS], 1, .6)
+        raise ValueError(f"{path}: no '{k}': "
+                         + (f"rename '{near[0]}' to '{k}'" if near
+                            else "add it (a YOLO data.yaml names path, train, val and names)"))
     keys, names = yolo_classes(cfg['names'], path)
     _check_counts(cfg, path, keys)
     root = path.parent/str(cfg.get('path') or '.')   # an absolute `path` stays as it is
-    if not root.is_dir(): raise FileNotFoundError(f"{path}: 'path': no folder {_short(cfg.get('path'), 60)}: point it at the dataset folder (relative: to this file's)")
-    splits = {k: _yolo_folders(cfg[k], root, path, k) for k in ('train', 'val', 'test') if cfg.get(k) is not None}
+    if not root.is_dir():
+        raise FileNotFoundError(f"{path}: 'path': no folder {_short(cfg.get('path'), 60)}: point "
+                                "it at the dataset folder (relative: to this file's)")
+    splits = {k: _yolo_folders(cfg[k], root, path, k) for k in ('train', 'val', 'test')
+              if cfg.get(k) is not None}
     unread = [str(k) for k in cfg if k not in YAML_KEYS]
-    if unread and rank_zero_only.rank == 0: log.warning(f"{path}: not read: {', '.join(unread)} (lucid reads {', '.join(YAML_KEYS)})")
-    return YoloSpec(path, root, splits, names, keys, cfg.get('skip_if_label_file_missing', False), unread)
+    if unread and rank_zero_only.rank == 0:
+        log.warning(f"{path}: not read: {', '.join(unread)} (lucid reads {', '.join(YAML_KEYS)})")
+    return YoloSpec(path, root, splits, names, keys, cfg.get('skip_if_label_file_missing', False),
+                    unread)
 
 # %% ../nbs/01a_yolo.ipynb #19272975
 def yolo_label_path(img:str|Path)->Path:
-    "The label file of image `img`: its last `images` folder replaced by `labels`, the suffix by `.txt`."
+    """The label file of image `img`: its last `images` folder replaced by `labels`, the suffix by
+    `.txt`."""
     parts = Path(img).parts
     if 'images' in parts[:-1]:
         k = len(parts) - 2 - parts[-2::-1].index('images')
@@ -123,16 +155,19 @@ def displayed_hw(path:str|Path)->tuple:
 
 # %% ../nbs/01a_yolo.ipynb #fcb6d1ea
 def _yolo_class(w:str, keys:list)->int|tuple:
-    "The class (a key of `names`) a label line starts with, or `(reason, detail)` if it is not one of `keys`."
+    """The class (a key of `names`) a label line starts with, or `(reason, detail)` if it is not one
+    of `keys`."""
     try: c = float(w)
     except ValueError: return 'bad class index', f"{w!r} is not a number"
     if not (c.is_integer() and int(c) in keys):
         gaps = '' if keys == list(range(len(keys))) else ' with gaps'
-        return 'unknown class index', f"class {w}, data.yaml names {len(keys)} classes ({keys[0]}..{keys[-1]}{gaps})"
+        return 'unknown class index', (f"class {w}, data.yaml names {len(keys)} classes "
+                                       f"({keys[0]}..{keys[-1]}{gaps})")
     return int(c)
 
 def _yolo_line(v:list, keys:list)->tuple:
-    "The class (a key of `names`) and normalised coordinates of one label line (split into words), or `(reason, detail)` if it is bad."
+    """The class (a key of `names`) and normalised coordinates of one label line (split into words),
+    or `(reason, detail)` if it is bad."""
     if isinstance(c := _yolo_class(v[0], keys), tuple): return c
     try: xy = [float(s) for s in v[1:]]
     except ValueError as e: return 'bad number', str(e)
@@ -140,35 +175,46 @@ def _yolo_line(v:list, keys:list)->tuple:
     if len(xy) < 6: return 'polygon with fewer than 3 points', f"{len(xy) // 2} points"
     if not all(map(math.isfinite, xy)): return 'NaN or infinite number', ' '.join(v[1:])
     if (out := next((s for s, f in zip(v[1:], xy) if not 0 <= f <= 1), None)) is not None:
-        return 'coordinate outside 0..1', f"{out}: YOLO coordinates are normalised by the image's width and height"
+        return 'coordinate outside 0..1', (f"{out}: YOLO coordinates are normalised by the image's "
+                                           "width and height")
     return c, xy
 
 def _yolo_annotation(c:int, xy:list, hw:tuple)->dict|tuple:
-    "A COCO annotation (pixels) of class `c` and normalised polygon `xy` in an (H, W) image, or `(reason, detail)` for a degenerate one."
+    """A COCO annotation (pixels) of class `c` and normalised polygon `xy` in an (H, W) image, or
+    `(reason, detail)` for a degenerate one."""
     H, W = hw
     poly = [f * (W if k % 2 == 0 else H) for k, f in enumerate(xy)]
     x0, y0, x1, y1 = min(poly[::2]), min(poly[1::2]), max(poly[::2]), max(poly[1::2])
-    if not (x1 > x0 and y1 > y0): return 'zero-area box', f"the polygon spans {x1 - x0:g} x {y1 - y0:g} pixels"
+    if not (x1 > x0 and y1 > y0):
+        return 'zero-area box', f"the polygon spans {x1 - x0:g} x {y1 - y0:g} pixels"
     area = float(mask_utils.area(mask_utils.frPyObjects([poly], H, W))[0])
-    return dict(category_id=c, segmentation=[poly], bbox=[x0, y0, x1 - x0, y1 - y0], area=area, iscrowd=0)
+    return dict(category_id=c, segmentation=[poly], bbox=[x0, y0, x1 - x0, y1 - y0], area=area,
+                iscrowd=0)
 
 def _yolo_box(v:list, keys:list, hw:tuple)->dict|tuple:
-    "A COCO annotation (pixels, no segmentation) of a detection line `class cx cy w h` in an (H, W) image, or `(reason, detail)` if it is bad."
+    """A COCO annotation (pixels, no segmentation) of a detection line `class cx cy w h` in an (H,
+    W) image, or `(reason, detail)` if it is bad."""
     if isinstance(c := _yolo_class(v[0], keys), tuple): return c
     try: cx, cy, w, h = (float(s) for s in v[1:])
     except ValueError as e: return 'bad number', str(e)
     if not all(map(math.isfinite, (cx, cy, w, h))): return 'NaN or infinite number', ' '.join(v[1:])
-    if (out := next((s for s, f in zip(v[1:], (cx, cy, w, h)) if not 0 <= f <= 1), None)) is not None:
-        return 'coordinate outside 0..1', f"{out}: YOLO coordinates are normalised by the image's width and height"
+    if (out := next((s for s, f in zip(v[1:], (cx, cy, w, h)) if not 0 <= f <= 1),
+                    None)) is not None:
+        return 'coordinate outside 0..1', (f"{out}: YOLO coordinates are normalised by the image's "
+                                           "width and height")
     (H, W), clip = hw, lambda f: min(max(f, 0.), 1.)
-    x0, y0, x1, y1 = clip(cx - w / 2) * W, clip(cy - h / 2) * H, clip(cx + w / 2) * W, clip(cy + h / 2) * H
-    if not (x1 > x0 and y1 > y0): return 'zero-area box', f"the box spans {x1 - x0:g} x {y1 - y0:g} pixels"
-    return dict(category_id=c, bbox=[x0, y0, x1 - x0, y1 - y0], area=(x1 - x0) * (y1 - y0), iscrowd=0)
+    x0, y0, x1, y1 = (clip(cx - w / 2) * W, clip(cy - h / 2) * H, clip(cx + w / 2) * W,
+                      clip(cy + h / 2) * H)
+    if not (x1 > x0 and y1 > y0):
+        return 'zero-area box', f"the box spans {x1 - x0:g} x {y1 - y0:g} pixels"
+    return dict(category_id=c, bbox=[x0, y0, x1 - x0, y1 - y0], area=(x1 - x0) * (y1 - y0),
+                iscrowd=0)
 
 # %% ../nbs/01a_yolo.ipynb #7cf47875
-DETECTION_LINE = ("a detection label (class cx cy w h: 5 numbers), and this run trains segmentation (--model.task segment), "
-                  "whose every line is a class and a polygon, class x1 y1 x2 y2 x3 y3 … (Ultralytics YOLO-seg format); "
-                  "to train a detector on these labels, give --model.task detect")
+DETECTION_LINE = ("a detection label (class cx cy w h: 5 numbers), and this run trains "
+                  "segmentation (--model.task segment), whose every line is a class and a polygon, "
+                  "class x1 y1 x2 y2 x3 y3 … (Ultralytics YOLO-seg format); to train a detector on "
+                  "these labels, give --model.task detect")
 
 def yolo_annotations(
     txt:Path,             # label file; none there: no annotations
@@ -177,7 +223,8 @@ def yolo_annotations(
     report:DataReport,    # where bad lines go, as `file:line`
     masks:bool=True,      # segmentation: polygon lines only; False (detection): box lines too, and polygons read as their boxes
 )->list[dict]|None:       # COCO annotations (no ids yet) of the good lines; None if the file cannot be read
-    "The annotations of one label file; a detection line for segmentation is a `BadInputError` whatever the policy."
+    """The annotations of one label file; a detection line for segmentation is a `BadInputError`
+    whatever the policy."""
     try: lines = txt.read_text().splitlines()
     except FileNotFoundError: return []
     except (OSError, UnicodeDecodeError) as e:
@@ -200,8 +247,11 @@ NEGATIVES = 'images without annotations (kept as negatives)'
 
 def _split_files(spec:YoloSpec, split:str)->list[Path]:
     "The image files of one split, sorted; none is an error naming the folders."
-    files = sorted({f for d in spec.splits[split] for f in d.rglob('*') if f.suffix.lower() in IMAGE_SUFFIXES and f.is_file()})
-    if not files: raise FileNotFoundError(f"{spec.path}: '{split}': no image files in its folder: point '{split}' at a folder of .jpg/.png images")
+    files = sorted({f for d in spec.splits[split] for f in d.rglob('*')
+                    if f.suffix.lower() in IMAGE_SUFFIXES and f.is_file()})
+    if not files:
+        raise FileNotFoundError(f"{spec.path}: '{split}': no image files in its folder: point "
+                                f"'{split}' at a folder of .jpg/.png images")
     return files
 
 # %% ../nbs/01a_yolo.ipynb #16e66148
@@ -212,14 +262,18 @@ def yolo_coco(
     first_id:int=1,       # id of the split's first image
     masks:bool=True,      # segmentation labels; False: detection (`yolo_annotations`)
 )->dict:                  # COCO instances dict; `file_name`s relative to `spec.root`
-    "One split of a YOLO-seg dataset as a COCO instances dict: images in file order with their displayed sizes, each good label line an annotation of category id = its class key."
+    """One split of a YOLO-seg dataset as a COCO instances dict: images in file order with their
+    displayed sizes, each good label line an annotation of category id = its class key."""
     files, images, anns, readers = _split_files(spec, split), [], [], {}
-    for f in files: readers.setdefault(yolo_label_path(f), []).append(f)   # `a.jpg` and `a.png` both read `a.txt`
+    # `a.jpg` and `a.png` both read `a.txt`
+    for f in files: readers.setdefault(yolo_label_path(f), []).append(f)
     for f in files:
         txt, others = yolo_label_path(f), [g.name for g in readers[yolo_label_path(f)] if g != f]
         if others and txt.is_file():
-            report.problem(str(f), 'label file shared by several images', f"{txt} is also the label file of {', '.join(others)}: "
-                           "whose polygons they are cannot be told; rename the images apart, each with its own label file")
+            report.problem(str(f), 'label file shared by several images',
+                           f"{txt} is also the label file of {', '.join(others)}: "
+                           "whose polygons they are cannot be told; rename the images apart, each "
+                           "with its own label file")
             continue
         if not txt.is_file() and spec.skip_missing: report.note(NO_LABEL_FILE_SKIPPED); continue
         try: hw = displayed_hw(f)
@@ -229,13 +283,16 @@ def yolo_coco(
         if (mine := yolo_annotations(txt, hw, spec.keys, report, masks)) is None: continue
         if not mine: report.note(NEGATIVES if txt.is_file() else NO_LABEL_FILE)
         i = first_id + len(images)
-        images.append(dict(id=i, file_name=str(f.relative_to(spec.root)) if f.is_relative_to(spec.root) else str(f), height=hw[0], width=hw[1]))
+        images.append(dict(id=i, file_name=str(f.relative_to(spec.root))
+                           if f.is_relative_to(spec.root) else str(f), height=hw[0], width=hw[1]))
         anns += [dict(a, id=len(anns) + k, image_id=i) for k, a in enumerate(mine, 1)]
     if not images and spec.skip_missing and not any(yolo_label_path(f).is_file() for f in files):
         where = yolo_label_path(files[0]).parent
-        raise FileNotFoundError(f"{spec.path}: '{split}': no image has a label file in {where.relative_to(spec.root) if where.is_relative_to(spec.root) else where}/: "
+        raise FileNotFoundError(f"{spec.path}: '{split}': no image has a label file in "
+                                f"{where.relative_to(spec.root) if where.is_relative_to(spec.root) else where}/: "
                                 "put the labels there, or set skip_if_label_file_missing: false")
-    return dict(images=images, annotations=anns, categories=[dict(id=k, name=n) for k, n in zip(spec.keys, spec.names)])
+    return dict(images=images, annotations=anns,
+                categories=[dict(id=k, name=n) for k, n in zip(spec.keys, spec.names)])
 
 # %% ../nbs/01a_yolo.ipynb #5f0721b5
 def yolo_records(
@@ -245,7 +302,8 @@ def yolo_records(
     cat_ids:list|None=None, # the classes' category ids (a checkpoint's); None: the keys of `names`
     masks:bool=True,      # segmentation; False: detection, boxes only (`yolo_annotations`, `read_records`)
 )->tuple:                 # (train records, scored records, the scored split's COCO dict)
-    "Train and scored records of a data.yaml (image ids: train first, then the scored split), each category id a class's key."
+    """Train and scored records of a data.yaml (image ids: train first, then the scored split), each
+    category id a class's key."""
     d = yolo_coco(spec, 'train', report, masks=masks)
     e = yolo_coco(spec, scored, report, first_id=len(d['images']) + 1, masks=masks)
     cats = spec.keys if cat_ids is None else cat_ids
