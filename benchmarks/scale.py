@@ -70,7 +70,7 @@ import argparse, contextlib, io, json, multiprocessing, os, shutil, statistics, 
 from pathlib import Path
 
 from common import write_result   # benchmarks/ is sys.path[0] when this file runs
-from reference_run import LUCID, ROOT, run_lucid, spread, ul_importable
+from reference_run import BASE, LUCID, ROOT, arm_cwd, run_lucid, spread, ul_importable
 
 BENCH = Path(__file__).resolve().parent
 RESULTS = BENCH / 'results'
@@ -290,31 +290,72 @@ def fit(a, ds: Path) -> Path:
 
 
 # -------------------------------------------------------------------------------------------------------------- loader
-def loader(a, ds: Path) -> Path:
+def _children_cpu_seconds() -> float:
+    "User + system CPU seconds of this process's live child processes (the loader's workers)."
+    tick, total = os.sysconf('SC_CLK_TCK'), 0.
+    for t in Path(f'/proc/{os.getpid()}/task').iterdir():
+        try: kids = (t / 'children').read_text().split()
+        except OSError: continue   # a thread that ended
+        for c in kids:
+            with contextlib.suppress(OSError):
+                f = Path(f'/proc/{c}/stat').read_text().rsplit(')', 1)[1].split()
+                total += (int(f[11]) + int(f[12])) / tick
+    return total
+
+
+def loader_point(a, ds: Path, workers: int) -> dict:
+    "One loader, `workers` workers: images/s per epoch and, for the epochs after the first, the CPU time per image of the trainer's process and of the workers."
     from lucid_nb.data import YoloData
-    cfg, rows = config_data(a.smoke), []
-    for w in a.workers:
-        dm = YoloData(**{**cfg, 'batch_size': a.batch, 'workers': w, 'close_mosaic': a.close_mosaic, 'max_epochs': a.loader_epochs},
-                      train_images=str(ds / 'train'), train_annotations=str(ds / 'train.json'),
-                      val_images=str(ds / 'val'), val_annotations=str(ds / 'val.json'))
-        t0 = time.perf_counter()
-        with contextlib.redirect_stdout(io.StringIO()): dm.setup('fit')
-        setup, ld, rates = time.perf_counter() - t0, dm.train_dataloader(), []
-        for e in range(a.loader_epochs):
-            ld.set_epoch(e); n, t = 0, time.perf_counter()
-            for b in ld: n += len(b['img'])
-            rates.append(n / (time.perf_counter() - t))
-        dm.teardown()
-        later = rates[1:] or rates
-        rows.append(dict(workers=w, images_per_s=statistics.median(later), images_per_s_each_epoch=rates,
-                         images_per_epoch=n, setup_seconds=setup))
-        print(f"loader: {w:>2} workers, batch {a.batch}: {statistics.median(later):7.1f} images/s after warm-up "
-              f"(epochs {', '.join(f'{x:.0f}' for x in rates)}; setup {setup:.1f} s)", flush=True)
+    dm = YoloData(**{**config_data(a.smoke), 'batch_size': a.batch, 'workers': workers, 'close_mosaic': a.close_mosaic, 'max_epochs': a.loader_epochs},
+                  train_images=str(ds / 'train'), train_annotations=str(ds / 'train.json'),
+                  val_images=str(ds / 'val'), val_annotations=str(ds / 'val.json'))
+    t0 = time.perf_counter()
+    with contextlib.redirect_stdout(io.StringIO()): dm.setup('fit')
+    setup, ld, epochs = time.perf_counter() - t0, dm.train_dataloader(), []
+    for e in range(a.loader_epochs):
+        ld.set_epoch(e); n, t, main, kids = 0, time.perf_counter(), time.process_time(), _children_cpu_seconds()
+        for b in ld: n += len(b['img'])
+        epochs.append(dict(images=n, seconds=time.perf_counter() - t, main_cpu_seconds=time.process_time() - main,
+                           workers_cpu_seconds=_children_cpu_seconds() - kids))
+    dm.teardown()
+    later = epochs[1:] or epochs
+    per_image = lambda k: 1e3 * sum(e[k] for e in later) / sum(e['images'] for e in later)
+    return dict(workers=workers, images_per_s=statistics.median(e['images'] / e['seconds'] for e in later),
+                images_per_s_each_epoch=[e['images'] / e['seconds'] for e in epochs], images_per_epoch=epochs[-1]['images'],
+                main_cpu_ms_per_image=per_image('main_cpu_seconds'), workers_cpu_ms_per_image=per_image('workers_cpu_seconds'),
+                setup_seconds=setup)
+
+
+def loader(a, ds: Path) -> Path:
+    "Each worker count, `--rounds` times; with `--base`, the library in $LUCID_NB_BASELINE alternating with this one (each leading in turn), each run its own process."
+    libs = ['current', 'baseline'] if a.base else ['current']
+    rows = []
+    for r in range(a.rounds):
+        for w in a.workers:
+            for lib in libs if r % 2 == 0 else libs[::-1]:
+                argv = [sys.executable, str(BENCH / 'scale.py'), '_loader_point', '--n', str(a.n), '--root', a.root, '--batch', str(a.batch),
+                        '--workers', str(w), '--loader-epochs', str(a.loader_epochs), '--close-mosaic', str(a.close_mosaic)] + (['--smoke'] if a.smoke else [])
+                cwd = arm_cwd('loader' + BASE) if lib == 'baseline' else ROOT
+                p = subprocess.run(argv, capture_output=True, text=True, cwd=cwd, env={**os.environ, 'PYTHONPATH': str(cwd)})
+                if p.returncode != 0: raise SystemExit(f'loader ({lib}, {w} workers) failed:\n{p.stderr[-3000:]}')
+                row = dict(json.loads(p.stdout.strip().splitlines()[-1]), library=lib, round=r); rows.append(row)
+                print(f"loader {lib:8} round {r}: {w:>2} workers, batch {a.batch}: {row['images_per_s']:7.1f} images/s after warm-up; "
+                      f"CPU ms an image: trainer's process {row['main_cpu_ms_per_image']:.2f}, workers {row['workers_cpu_ms_per_image']:.2f} "
+                      f"(setup {row['setup_seconds']:.1f} s)", flush=True)
+    summary = {f'{lib}_w{w}': {k: spread([x[k] for x in rows if x['library'] == lib and x['workers'] == w])
+                               for k in ('images_per_s', 'main_cpu_ms_per_image', 'workers_cpu_ms_per_image')} for lib in libs for w in a.workers}
+    if a.base:
+        pair = lambda w, k: [c[k] / b[k] for r in range(a.rounds) for c in rows for b in rows if c['round'] == b['round'] == r
+                             and c['workers'] == b['workers'] == w and c['library'] == 'current' and b['library'] == 'baseline']
+        summary['current_over_baseline'] = {f'w{w}': {k: spread(pair(w, k)) for k in ('images_per_s', 'main_cpu_ms_per_image', 'workers_cpu_ms_per_image')}
+                                            for w in a.workers}
     res = dict(what='training loader alone (YoloData.train_dataloader, GPU configuration data settings)', stage='loader',
-               n=a.n, batch_size=a.batch, epochs=a.loader_epochs, close_mosaic=a.close_mosaic, data=cfg,
-               cpu_count=os.cpu_count(), load_average=list(os.getloadavg()), rows=rows,
-               command=' '.join([sys.executable, *sys.argv]))
-    if a.fit: res['fit'] = print_loader_over_fit(loader_over_fit(rows, json.loads(Path(a.fit).read_text())['summary'], a.batch, a.fit))
+               n=a.n, batch_size=a.batch, epochs=a.loader_epochs, rounds=a.rounds, close_mosaic=a.close_mosaic, data=config_data(a.smoke),
+               baseline=os.environ.get('LUCID_NB_BASELINE') and 'LUCID_NB_BASELINE' if a.base else None,
+               cpu_count=os.cpu_count(), load_average=list(os.getloadavg()), rows=rows, summary=summary,
+               command=' '.join([Path(sys.executable).name, *sys.argv]))
+    if a.fit: res['fit'] = print_loader_over_fit(loader_over_fit([x for x in rows if x['library'] == 'current'],
+                                                                 json.loads(Path(a.fit).read_text())['summary'], a.batch, a.fit))
     path = _write_result('scale', res, tag=f'loader_n{a.n}_b{a.batch}{a.tag}'); print(f'-> {path}'); return path
 
 
@@ -527,6 +568,11 @@ def parser() -> argparse.ArgumentParser:
     l.add_argument('--batch', type=int, default=64); l.add_argument('--workers', type=int, nargs='+', default=[8, 16])
     l.add_argument('--loader-epochs', type=int, default=2, help='epochs, the first a warm-up (default 2)')
     l.add_argument('--fit', help="a `fit` result: the loader's images/s over each arm's steady state at this batch")
+    l.add_argument('--rounds', type=int, default=1, help='each worker count this many times (default 1)')
+    l.add_argument('--base', action='store_true', help='also the library in $LUCID_NB_BASELINE, alternating with this one')
+    lp = sub.add_parser('_loader_point', parents=[common])   # one loader, in its own process (loader)
+    lp.add_argument('--batch', type=int, required=True); lp.add_argument('--workers', type=int, required=True)
+    lp.add_argument('--loader-epochs', type=int, required=True)
     m = sub.add_parser('merge', help="join `fit` results of several calls into one (each part's file and env kept)")
     m.add_argument('parts', nargs='+'); m.add_argument('--out-tag', required=True, help='the joined file: scale_<device>_<commit>_<tag>.json')
     q = sub.add_parser('profile', parents=[common])
@@ -571,6 +617,7 @@ def smoke(p: argparse.ArgumentParser):
 def run(a):
     if a.stage == '_cache_point': return cache_point(a)
     if a.stage == '_index_point': return index_point(a)
+    if a.stage == '_loader_point': return print(json.dumps(loader_point(a, Path(a.root) / f'n{a.n}', a.workers), default=float))
     if a.stage == 'cache': a.n = max(json.loads(Path(a.pss_into).read_text())['points'] if a.pss_into else a.points)
     m = make(a.n, Path(a.root), getattr(a, 'processes', None))
     ds = Path(m['folder'])

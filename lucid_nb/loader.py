@@ -21,9 +21,22 @@ from .augment_device import *
 from .cache import *
 
 # %% auto #0
-__all__ = ['collate', 'YoloDataset', 'EpochBatchSampler', 'PieceSampler', 'join_pieces', 'YoloLoader']
+__all__ = ['stacked_images', 'collate', 'YoloDataset', 'EpochBatchSampler', 'PieceSampler', 'join_pieces', 'collate_piece',
+           'YoloLoader']
 
 # %% ../nbs/01c_loader.ipynb #d7b328fe
+def stacked_images(imgs:list[np.ndarray])->Tensor:
+    """(n,3,H,W) uint8 of (H,W,3) images; inside a loader worker in shared memory from the start,
+    so sending it to the trainer's process copies nothing."""
+    (h, w, c), n = imgs[0].shape, len(imgs)
+    out = torch.empty(0, dtype=torch.uint8)
+    if get_worker_info() is not None:   # torch's own collate allocates a worker's batch this way
+        out.set_(torch.UntypedStorage._new_shared(n * c * h * w))
+    out = out.resize_(n, c, h, w)
+    a = out.numpy()
+    for i, x in enumerate(imgs): a[i] = x.transpose(2, 0, 1)
+    return out
+
 def collate(samples:list[dict], max_instances:int=100, pad:bool=True)->dict:
     """Stack samples into the batch format of `core.BATCH_KEYS`, their instances in groups
     (`group_instances`)."""
@@ -32,13 +45,13 @@ def collate(samples:list[dict], max_instances:int=100, pad:bool=True)->dict:
             raise ValueError(f"a sample has {n} instances but max_instances={max_instances}; raise "
                              "max_instances")
     stack = lambda k: np.stack([x[k] for x in samples])
-    img = np.ascontiguousarray(stack('img').transpose(0, 3, 1, 2))
+    img = stacked_images([x['img'] for x in samples])
     out = dict(img=img,
                **group_instances(samples,
                                  (img.shape[-2] // MASK_STRIDE, img.shape[-1] // MASK_STRIDE), pad),
                image_id=np.array([x['image_id'] for x in samples], np.int64),
                orig_hw=stack('orig_hw'), letterbox=stack('letterbox'), hsv=stack('hsv'))
-    return {k: torch.from_numpy(out[k]) for k in BATCH_KEYS if k in out}
+    return {k: out[k] if k == 'img' else torch.from_numpy(out[k]) for k in BATCH_KEYS if k in out}
 
 # %% ../nbs/01c_loader.ipynb #8f3c619f
 def _check_image(rec:ImageRecord, imgsz:int, cache:str, disk:DiskCache|None,
@@ -243,10 +256,11 @@ def _worker_init(worker_id:int):
 
 # %% ../nbs/01c_loader.ipynb #0d64d667
 class PieceSampler:
-    """Each batch of `batches` as up to `pieces` consecutive pieces of nearly equal size, so that as
-    many loader workers build it at once."""
-    def __init__(self, batches, pieces:int):
-        self.batches, self.pieces, self.counts = batches, pieces, []
+    """The first `split` batches of an epoch (None: all) as up to `pieces` consecutive pieces of
+    nearly equal size, so that as many loader workers build each at once; the others whole."""
+    def __init__(self, batches, pieces:int, split:int|None=None):
+        self.batches, self.pieces, self.split_first, self.counts = batches, pieces, split, []
+    def cut(self, i:int)->bool: return self.split_first is None or i < self.split_first
     def split(self, b:list)->list[list]:
         k = min(self.pieces, len(b))
         q, r = divmod(len(b), k)
@@ -254,10 +268,11 @@ class PieceSampler:
         return [b[s:e] for s, e in zip(ends[:-1], ends[1:])]
     def __iter__(self):
         "The epoch's batches are read once, here: `counts` holds how many pieces each has."
-        pieces = [self.split(b) for b in self.batches]
+        pieces = [self.split(b) if self.cut(i) else [b] for i, b in enumerate(self.batches)]
         self.counts = [len(p) for p in pieces]
         return iter([x for p in pieces for x in p])
-    def __len__(self): return sum(min(self.pieces, len(b)) for b in self.batches)
+    def __len__(self):
+        return sum(min(self.pieces, len(b)) if self.cut(i) else 1 for i, b in enumerate(self.batches))
 
 def join_pieces(parts:list[dict])->dict:
     """Batches of consecutive images, unpadded (`collate(pad=False)`), as one: each piece's groups
@@ -267,6 +282,11 @@ def join_pieces(parts:list[dict])->dict:
     shift = np.cumsum([0] + [len(p['img']) for p in parts[:-1]]).tolist()
     return {k: torch.cat([p[k] + s if k == 'owner' else p[k] for p, s in zip(parts, shift)])
                          for k in parts[0]}
+
+def collate_piece(samples:list, collate_fn, batch_size:int, max_instances:int)->dict:
+    """A piece of a batch, collated where it was built: padded when it is a whole batch (the
+    trainer's process has nothing left to do), else unpadded for `join_pieces`."""
+    return collate_fn(samples, max_instances=max_instances, pad=len(samples) == batch_size)
 
 def _joined(it, counts:list):
     """The DataLoader's unpadded pieces from `it` joined back into whole batches (`counts[k]` pieces
@@ -283,7 +303,7 @@ class YoloLoader:
                  ahead_until:int|None=None, # with `prefetch`: when an epoch ends, start the next one's batches, up to this epoch
                  rank:int=0, world:int=1,   # this process among `world` (DDP): see `EpochBatchSampler`
                  pin_device:torch.device|None=None, # with `prefetch`: a CUDA device; the thread pins each batch for it
-                 pieces:int|None=None,      # workers that build one batch together (None: every worker, up to the batch size)
+                 pieces:int|None=None,      # workers that build every batch together (None: an epoch's first batch by every worker, up to the batch size; the others whole)
                 ):
         self.dataset, self.prefetch, self.depth, self._live, self.wait_seconds = dataset, prefetch, depth, [], 0.
         # the epochs' batch iterators made and not yet ended (`close` ends them)
@@ -292,16 +312,19 @@ class YoloLoader:
         self.ahead_until, self._ahead = ahead_until, None
         self.batch_sampler = self.sampler = EpochBatchSampler(
             len(dataset), batch_size, shuffle, drop_last, seed, rank, world)
-        self.pieces = PieceSampler(self.batch_sampler, pieces or max(1, min(workers, batch_size)))
+        self.pieces = PieceSampler(self.batch_sampler, pieces or max(1, min(workers, batch_size)),
+                                   split=None if pieces else 1)
         self.loader = DataLoader(dataset, batch_sampler=self.pieces, num_workers=workers,
                                  worker_init_fn=_worker_init,
-                                 collate_fn=partial(collate_recipes
+                                 collate_fn=partial(collate_piece,
+                                                    collate_fn=collate_recipes
                                                     if getattr(dataset, 'recipes', False)
-                                                    else collate,
-                                                    max_instances=dataset.max_instances, pad=False),
+                                                    else collate, batch_size=batch_size,
+                                                    max_instances=dataset.max_instances),
                                  persistent_workers=workers > 0,
                                  # 2 batches a worker in flight, as whole
-                                 prefetch_factor=2 * self.pieces.pieces if workers else None,
+                                 prefetch_factor=(2 * self.pieces.pieces if pieces else 2)
+                                 if workers else None,
                                  # each iterator draws its seed here, not from torch's global RNG
                                  generator=torch.Generator().manual_seed(seed))
     def _open(self):
