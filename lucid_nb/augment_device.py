@@ -330,13 +330,9 @@ def _axis_images(b:dict, rows:Tensor, canvas:Tensor, S:int)->Tensor:
     px = torch.where(patch[:, 4, None].bool(), patch[:, 2, None] - 1 - px, px)
     inside = (((py >= 0) & (py < patch[:, 3, None]))[:, :, None]
               & ((px >= 0) & (px < patch[:, 2, None]))[:, None, :])
-    out = t.gather(1,
-                   py.clamp(0, S - 1)[:, :, None,
-                                      None].expand(-1, -1, S,
-                                                   3)).gather(
-                                                       2,
-                                                       px.clamp(0, S - 1)[:, None, :, None].expand(
-                                                           -1, S, -1, 3))
+    rows = py.clamp(0, S - 1)[:, :, None, None].expand(-1, -1, S, 3)
+    cols = px.clamp(0, S - 1)[:, None, :, None].expand(-1, S, -1, 3)
+    out = t.gather(1, rows).gather(2, cols)
     return torch.where(inside[..., None], out, 114)
 
 # %% ../nbs/01b_augment_device.ipynb #4361fc68

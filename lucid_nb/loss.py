@@ -133,12 +133,10 @@ def _chunk_inputs(proto, owner, masks, tgt, ebox, s, e):
     b = ebox[s:e, ..., None].to(proto.dtype)   # (n,G,k,4,1)
     c, r = (torch.arange(w, device=b.device, dtype=b.dtype),
             torch.arange(h, device=b.device, dtype=b.dtype))
-    rows, cols = ((r >= b[..., 1, :])
-                  & (r < b[..., 3, :]))[...,
-                                        None], ((c >= b[..., 0, :])
-                                                & (c < b[..., 2, :]))[..., None, :]
-    return proto[owner[s:e]], masks[tgt[s:e]].to(proto.dtype), rows.to(proto.dtype), cols.to(
-        proto.dtype)
+    rows = ((r >= b[..., 1, :]) & (r < b[..., 3, :]))[..., None]
+    cols = ((c >= b[..., 0, :]) & (c < b[..., 2, :]))[..., None, :]
+    to = lambda x: x.to(proto.dtype)
+    return proto[owner[s:e]], to(masks[tgt[s:e]]), to(rows), to(cols)
 
 # %% ../nbs/04_loss.ipynb #b2214211
 class CroppedMaskBCE(torch.autograd.Function):

@@ -252,9 +252,9 @@ def _ul_head(layers:dict, task:str, sd:dict):
         vars(new).update(vars(head))
         layers['23'] = head = new
     dfl_conv = nn.Conv2d(16, 1, 1, bias=False)
+    conv = _record(dfl_conv, 'torch.nn.modules.conv.Conv2d', {})
     vars(head)['_modules']['dfl'] = _record(nn.Module(), 'ultralytics.nn.modules.block.DFL',
-                                            {'conv': _record(
-                                                dfl_conv, 'torch.nn.modules.conv.Conv2d', {})})
+                                            {'conv': conv})
     sd['model.23.dfl.conv.weight'] = torch.arange(16.).view(1, 16, 1, 1).half()
 
 # %% ../nbs/11_testing.ipynb #f926439f
