@@ -18,6 +18,9 @@ run from the repository root; `measure` and `shots` need chromium and PIL).
   private `_name` whose docs nbdev never shows, becomes plain code;
 - cells fold: with `code-fold` in `_quarto.yml` (or a page's front matter) Quarto folds every code cell of the page,
   smalldocs only a cell that says so itself, so each shown code cell gets the option.
+- long parts fold (issue 59: no page over 10 screens): each API entry to one line (name, docstring) with its signature
+  and parameters inside; a Markdown table over 8 rows or 1200 characters and a text output over 12 lines under a
+  summary line. Figures, short tables and outputs stay in view; the notebooks are not touched.
 
 `check` prints its findings one a line and exits 1 when there are any; KEPT lists what is kept, and why.
 """
@@ -159,19 +162,128 @@ def fold_cells(nb: dict, default: str = 'false') -> int:
     return n
 
 
+# What folds when a page would be long (issue 59: a page over 10 screens is split or folded). Measured in headless
+# chromium at 1280x800, the height of the 22 long pages was, in this order: API entries (show_doc: heading,
+# signature, docstring, parameters; 600 of them, ~250 px each), prose, long tables, long outputs. Folded here, in the
+# processed notebooks, so the notebooks stay as they are; a fold inside a collapsed callout is left alone.
+OUTPUT_LINES, OUTPUT_WIDTH = 12, 72   # a text output over 12 lines, a line of 72 characters wrapping, folds
+TABLE_ROWS, TABLE_CHARS = 8, 1200   # a Markdown table over this many rows, or characters, folds under its header
+ANSI = re.compile(r'\x1b\[[0-9;]*[A-Za-z]')
+API = re.compile(r'\A\s*---[ \t]*\n\s*\n(#{2,6} [^\n]+)\n\s*\n((`{3,})[^\n]*\n.*?\n\3)[ \t]*(?:\n|\Z)(.*)\Z', re.S)
+TABLE = re.compile(r'(?m)^(\|.*)\n(\|[-:| ]+\|)[ \t]*\n((?:\|.*(?:\n|\Z))*)((?:[ \t]*\n)?: .*(?:\n|\Z))?')
+FENCED = re.compile(r'(?ms)^(`{3,}|~{3,}).*?^\1[ \t]*$')
+
+
+def plain_text(markdown: str) -> str:
+    "Markdown inline text as plain text, for a summary line: links to their label, code and emphasis marks dropped."
+    text = re.sub(r'\[([^\]]*)\]\([^)]*\)', r'\1', markdown)
+    return ' '.join(re.sub(r'\\(.)', r'\1', re.sub(r'(?<!\\)[`*]', '', text)).split())
+
+
+def fold_api(markdown: str):
+    """A show_doc entry (`---`, heading, signature, docstring, parameters) as a fold whose summary is the heading and the
+    docstring's first paragraph, and whose body is the signature, the rest of the docstring and the parameters (their
+    own fold opened: one click shows them all); None for any other Markdown. The heading, and its anchor, stay in view."""
+    m = API.match(markdown)
+    if not m: return None
+    head, sig, rest = m.group(1), m.group(2), m.group(4).strip('\n')
+    blocks = [b for b in re.split(r'\n[ \t]*\n', rest) if b.strip()] if rest.strip() else []
+    doc = blocks.pop(0) if blocks and blocks[0].startswith('*') else ''
+    body = '\n\n'.join(blocks)
+    body = re.sub(r'<details class="params">\s*<summary>[^<]*</summary>\s*', '', body).replace('</details>', '').strip()
+    rows = [r for r in re.findall(r'(?m)^\|(?![-:| ]+\|\s*$).*', body)][1:]   # the table's rows, its header left out
+    n = sum(not r.startswith('| **Returns**') for r in rows)
+    more = ['signature'] + [f'{n} parameter{"s" * (n != 1)}'] * bool(n) + ['what it returns'] * any(
+        r.startswith('| **Returns**') for r in rows) + ['more'] * bool(re.sub(r'(?m)^\|.*$', '', body).strip())
+    more = ', '.join(more[:-1]) + ' and ' + more[-1] if len(more) > 1 else more[0]
+    return (f'<details class="api">\n<summary>\n\n{head}\n\n' + (f'{doc}\n\n' if doc else '')
+            + f'<p class="api-more">{html.escape(more)}</p>\n\n</summary>\n\n{sig}\n\n' + (f'{body}\n\n' if body else '')
+            + '</details>\n')
+
+
+def fold_tables(markdown: str) -> tuple:
+    "Each long Markdown table (and its `: caption`) in a fold whose summary names its rows and columns; (text, tables folded)."
+    spans = [m.span() for m in FENCED.finditer(markdown)]
+    n = 0
+
+    def fold(m):
+        nonlocal n
+        body = [r for r in m.group(3).splitlines() if r.strip()]
+        inside = markdown[:m.start()].count('<details') > markdown[:m.start()].count('</details>')
+        if (len(body) <= TABLE_ROWS and len(m.group(0)) <= TABLE_CHARS) or inside or any(a <= m.start() < b for a, b in spans):
+            return m.group(0)
+        n += 1
+        cols = [plain_text(c) for c in re.split(r'(?<!\\)\|', m.group(1).strip().strip('|'))]
+        cap = plain_text(m.group(4).strip()[1:]) if m.group(4) else ''
+        what = f'{cap}: ' if cap else ''
+        summary = f'{what}a table of {len(body)} rows ({" · ".join(c for c in cols if c)})'
+        return f'<details class="table">\n<summary>{html.escape(summary)}</summary>\n\n{m.group(0).rstrip()}\n\n</details>\n'
+    return TABLE.sub(fold, markdown), n
+
+
+def fold_output(out: dict):
+    "A text output (a stream, or a result shown as text only) over OUTPUT_LINES lines as a fold; None for any other."
+    data = out.get('data', {})
+    if out.get('output_type') == 'stream': text, kind = out.get('text', ''), out.get('name', 'stdout')
+    elif out.get('output_type') in ('display_data', 'execute_result') and list(data) == ['text/plain']:
+        text, kind = data['text/plain'], 'display'
+    else: return None
+    text = ANSI.sub('', ''.join(text)).rstrip('\n')
+    lines = text.split('\n')
+    if sum(1 + len(l) // OUTPUT_WIDTH for l in lines) <= OUTPUT_LINES: return None   # the lines it shows, wrapped
+    first = next((l.strip() for l in lines if l.strip()), '')
+    first = first if len(first) <= 60 else first[:59] + '…'
+    fold = (f'<details class="output output-{kind}">\n<summary>{len(lines)} lines of output'
+            f'<code>{html.escape(first)}</code></summary>\n<pre><code>{html.escape(text)}</code></pre>\n</details>')
+    return dict(output_type='display_data', metadata={}, data={'text/html': fold, 'text/plain': text})
+
+
+def fold_long(nb: dict) -> dict:
+    """Fold what makes a page long: show_doc entries, Markdown tables over TABLE_ROWS rows or TABLE_CHARS characters,
+    text outputs over OUTPUT_LINES lines; what lies in a collapsed callout is already folded and stays as it is.
+    Returns {what: how many}."""
+    n = dict(entries=0, tables=0, outputs=0)
+    divs = []   # the fenced divs open at this point: True for a collapsed callout
+    for c in nb['cells']:
+        hidden = any(divs)
+        if c['cell_type'] == 'markdown':
+            src = ''.join(c['source'])
+            if not hidden:
+                src, k = fold_tables(src); n['tables'] += k
+                c['source'] = src
+            for l in FENCED.sub('', src).splitlines():
+                if re.match(r'^:{3,}\s*\{', l): divs.append(bool(re.search(r'collapse="?true', l)))
+                elif re.match(r'^:{3,}\s*$', l) and divs: divs.pop()
+        if c['cell_type'] != 'code' or hidden: continue
+        for i, o in enumerate(c.get('outputs', [])):
+            md = o.get('data', {}).get('text/markdown')
+            if md is not None:
+                api = fold_api(''.join(md))
+                if api: o['data']['text/markdown'] = api; n['entries'] += 1; continue
+                o['data']['text/markdown'], k = fold_tables(''.join(md)); n['tables'] += k
+                continue
+            f = fold_output(o)
+            if f: c['outputs'][i] = f; n['outputs'] += 1
+    return n
+
+
 def prepare(proc: Path, nbs: Path = Path('nbs')) -> str:
     "The steps between nbdev-proc-nbs and smalldocs: pages take their output-file names, cells fold as Quarto's would."
     names, note = rename_pages(proc, nbs)
     q = proc / '_quarto.yml'
     m = FOLD.search(q.read_text()) if q.exists() else None
-    folded = 0
+    folded, long = 0, dict(entries=0, tables=0, outputs=0)
     for nb in sorted(proc.glob('*.ipynb')):
         d = json.loads(nb.read_text())
-        k = fold_cells(d, m.group(1) if m else 'false')
-        if k: nb.write_text(json.dumps(d, indent=1, ensure_ascii=False)); folded += k
+        k, more = fold_cells(d, m.group(1) if m else 'false'), fold_long(d)
+        if k or any(more.values()): nb.write_text(json.dumps(d, indent=1, ensure_ascii=False))
+        folded += k
+        for w in long: long[w] += more[w]
     moved = sum('-> #' in n for n in note)
     return (f'docs: {len(names)} pages take their output-file name; of the symbol links to an anchor no page has, '
-            f'{moved} go to their class, {len(note) - moved} (private names) are left as code; {folded} code cells fold')
+            f'{moved} go to their class, {len(note) - moved} (private names) are left as code; {folded} code cells fold\n'
+            f'docs: folded as long: {long["entries"]} API entries (signature and parameters), {long["tables"]} tables over '
+            f'{TABLE_ROWS} rows or {TABLE_CHARS} characters, {long["outputs"]} outputs over {OUTPUT_LINES} lines')
 
 
 # ----------------------------------------------------------------------------------------------------- check
@@ -268,7 +380,7 @@ def measure(site: Path, width: int = 1280, height: int = 800) -> dict:
 
 SHOTS = [  # (file, page, anchor at the top or '', what to open): the index, a parameters table, a page with a figure
     ('index.jpg', 'index.html', '', ''),
-    ('parameters_table.jpg', 'trainer.html', 'lityolo', 'details.params'),
+    ('parameters_table.jpg', 'trainer.html', 'lityolo', 'details.api:has(#lityolo)'),
     ('figure.jpg', 'recorder.html', 'step-time-per-epoch-in-the-reference-runs', '.callout-collapse'),
 ]
 SHOT_JS = """<script>addEventListener('load', () => setTimeout(() => {
