@@ -128,6 +128,17 @@ def test_long_parts_fold_under_a_summary_line():
     assert nb['cells'][1]['outputs'][0] is long and nb['cells'][3]['outputs'][0]['output_type'] == 'display_data'
 
 
+def test_the_height_estimate_leaves_out_what_folds_hide(tmp_path):
+    "CI has no browser: the page-length check estimates a page's height from its HTML, closed folds left out."
+    para = '<p>' + 'word ' * 160 + '</p>'   # 800 characters: 10 lines of 24 px and a margin
+    open_page, folded = f'<main>{para}</main>', f'<main><details><summary>More</summary>{para * 50}</details></main>'
+    assert site.Height(open_page).px == 10 * 24 + 16 and site.Height(folded).px == 24 + 12
+    assert site.Height(f'<main>{para * 50}</main>').px == 50 * 256
+    html_page(tmp_path / 'long.html', f'<main>{para * 50}</main>'); html_page(tmp_path / 'short.html', open_page)
+    assert site.screens(tmp_path) == {'long.html': 16.4, 'short.html': 0.7}
+    assert site.check_screens(tmp_path) == ['long.html: about 16.4 screens, over 10 (fold or split it: issue 59)']
+
+
 def test_every_notebook_names_the_python3_kernel():
     "JupyterLab opens a notebook without a kernelspec with a 'Select Kernel' dialog."
     want = {'display_name': 'python3', 'language': 'python', 'name': 'python3'}
