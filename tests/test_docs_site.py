@@ -85,7 +85,8 @@ def test_prepare_names_pages_relinks_and_folds(tmp_path):
                 '## DFL\n\nThe term.'))
     notebook(proc / 'index.ipynb', raw('---\ncode-fold: false\noutput-file: index.html\n---\n'), code('import lucid_nb'))
     line = site.prepare(proc, nbs)
-    assert line.endswith('1 go to their class, 1 (private names) are left as code; 1 code cells fold'), line
+    assert line.split('\n')[0].endswith('1 go to their class, 1 (private names) are left as code; 1 code cells fold'), line
+    assert line.split('\n')[1].startswith('docs: folded as long: 1 API entries'), line
     assert sorted(p.name for p in proc.glob('*.ipynb')) == ['index.ipynb', 'loss.ipynb', 'model.ipynb']
     cells = json.loads((proc / 'model.ipynb').read_text())['cells']
     assert 'output-file' not in ''.join(cells[0]['source']) and 'title: Model' in ''.join(cells[0]['source'])
@@ -100,6 +101,42 @@ def test_prepare_names_pages_relinks_and_folds(tmp_path):
     notebook(proc / '01_model.ipynb', raw('---\noutput-file: model.html\n---\n'))
     try: site.prepare(proc, nbs); raise AssertionError('two pages named model')
     except SystemExit as e: assert 'two pages would be named model' in str(e)
+
+
+def test_long_parts_fold_under_a_summary_line():
+    "An API entry keeps its heading (and anchor) and docstring in view; long tables and outputs fold; short ones stay."
+    entry = ('---\n\n### in\\_boxes {#in_boxes}\n\n```python\ndef in_boxes(a, b)->T:\n```\n\n*Anchor centres.*\n\n'
+             '<details class="params">\n<summary>2 parameters</summary>\n\n| Parameter | Details |\n|---|---|\n'
+             '| `a` | x |\n| `b` | y |\n| **Returns** `T` | z |\n\n</details>')
+    out = site.fold_api(entry)
+    summary, body = out.split('</summary>')
+    assert summary.startswith('<details class="api">\n<summary>') and '### in\\_boxes {#in_boxes}' in summary
+    assert '*Anchor centres.*' in summary and 'signature, 2 parameters and what it returns' in summary
+    assert 'def in_boxes' in body and '| `b` | y |' in body and 'details class="params"' not in body
+    assert site.fold_api('Some **Markdown** result') is None
+    table = '| a | b |\n|---|---|\n' + ''.join(f'| {i} | `x` |\n' for i in range(9))
+    text, n = site.fold_tables(f'Before.\n\n{table}\nAfter.')
+    assert n == 1 and '<summary>a table of 9 rows (a · b)</summary>' in text and text.endswith('After.')
+    assert site.fold_tables('| a |\n|---|\n| 1 |\n') == ('| a |\n|---|\n| 1 |\n', 0)
+    assert site.fold_tables(f'```\n{table}```\n')[1] == 0   # a table in a code block is code
+    long = dict(output_type='stream', name='stdout', text=[f'epoch {i}\n' for i in range(13)])
+    f = site.fold_output(long)
+    assert f['output_type'] == 'display_data' and '<summary>13 lines of output<code>epoch 0</code>' in f['data']['text/html']
+    assert site.fold_output(dict(output_type='stream', name='stdout', text='one\ntwo\n')) is None
+    nb = dict(cells=[md(':::: {.callout-note collapse="true"}'), code('x', long), md('::::'), code('y', long)])
+    assert site.fold_long(nb) == dict(entries=0, tables=0, outputs=1)   # the one in a collapsed callout is folded already
+    assert nb['cells'][1]['outputs'][0] is long and nb['cells'][3]['outputs'][0]['output_type'] == 'display_data'
+
+
+def test_the_height_estimate_leaves_out_what_folds_hide(tmp_path):
+    "CI has no browser: the page-length check estimates a page's height from its HTML, closed folds left out."
+    para = '<p>' + 'word ' * 160 + '</p>'   # 800 characters: 10 lines of 24 px and a margin
+    open_page, folded = f'<main>{para}</main>', f'<main><details><summary>More</summary>{para * 50}</details></main>'
+    assert site.Height(open_page).px == 10 * 24 + 16 and site.Height(folded).px == 24 + 12
+    assert site.Height(f'<main>{para * 50}</main>').px == 50 * 256
+    html_page(tmp_path / 'long.html', f'<main>{para * 50}</main>'); html_page(tmp_path / 'short.html', open_page)
+    assert site.screens(tmp_path) == {'long.html': 16.4, 'short.html': 0.7}
+    assert site.check_screens(tmp_path) == ['long.html: about 16.4 screens, over 10 (fold or split it: issue 59)']
 
 
 def test_every_notebook_names_the_python3_kernel():
