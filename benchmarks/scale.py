@@ -24,8 +24,11 @@ Stages (each takes `--n N --root DIR`: the data set `<DIR>/n<N>`, made when miss
              at each batch size). Mosaic: `--close-mosaic 0` (default) keeps it on in every epoch for both trainers, the
              state of most of a long training (with E=3 the configuration's default, 10, turns it off for both).
     loader   `YoloData.train_dataloader()` alone, the GPU configuration's data settings (RAM cache, prefetch, mosaic,
-             affine, flip; HSV runs on the device in lucid, so not here), at `--batch` (64) with 8 and 16 workers: images/s
-             of the epochs after a warm-up epoch; with `--fit FIT.json`, over the steady-state images/s of each arm there.
+             affine, flip; HSV runs on the device in lucid, so not here), at `--batch` (64) with 8 and 16 workers, each
+             run its own process: images/s of the epochs after a warm-up epoch, and the CPU ms an image of the trainer's
+             process (receiving batches) and of the workers (building them); `--rounds R`; `--base`: the library in
+             $LUCID_NB_BASELINE alternating with this one, each leading in turn (`current_over_baseline` per round);
+             with `--fit FIT.json`, over the steady-state images/s of each arm there.
     profile  a short `lucid fit` with `profile_fit.KernelProfile` (a callback): warm-up, a timed window, then
              torch.profiler over K steps with forward / loss / backward / optimizer / ema ranges; kernel time per image
              by part and by kernel family (gemm/conv, batchnorm, elementwise, copy/cast, reduction, other), top kernels.
@@ -45,7 +48,7 @@ Stages (each takes `--n N --root DIR`: the data set `<DIR>/n<N>`, made when miss
     python benchmarks/scale.py cache --points 16384 --modes disk --pss-n 0   # the disk cache alone, cold and warm (no workers PSS)
     python benchmarks/scale.py index --n 16384 --baseline <rev>
     python benchmarks/scale.py fit --n 4096 --batch 32 64 [--rounds 1] [--epochs 3] [--arms native,step,ul] [-- lucid args]
-    python benchmarks/scale.py loader --n 4096 [--batch 64] [--workers 8 16] [--fit benchmarks/results/scale_...fit....json]
+    python benchmarks/scale.py loader --n 4096 [--batch 64] [--workers 8 16] [--rounds 3 --base] [--fit ...fit....json]
     python benchmarks/scale.py profile --n 4096 [--batch 64] [--capture]
     python benchmarks/scale.py merge PART.json PART.json --out-tag fit_n4096   # one fit result of several calls' parts
     python benchmarks/scale.py --smoke     # everything tiny on this CPU (8 images, 64 px, batch 2), results in a temp folder
