@@ -364,9 +364,9 @@ MAX_SCREENS = 10                        # issue 59: a page over 10 screens is sp
 LONG = {   # page: (estimated screens allowed, why it is long), measured in chromium after folding
     'command.html': (18, 'prose 13.1 screens (What happens when… alone 5)'),
     'metrics.html': (21, 'prose 13.8 screens'),
-    'recorder.html': (18, 'prose 10.2 screens, headings 1.6'),
+    'recorder.html': (15, 'prose and API entries of the regions and callback; results on recorder_results.html'),
     'trainer.html': (18, 'prose 11.6 screens (The Lightning module alone 5)'),
-    'optim.html': (18, 'prose 10.2 screens'),
+    'optim.html': (15, 'prose of groups, Newton-Schulz, MuSGD, schedule, update; results on optim_results.html'),
     'loss.html': (17, 'prose 9.3 screens, headings 1.1, results 2.1'),
     'heads.html': (14, 'prose 5.7 screens, text results 2.3, headings 1.3, figures 0.8'),
     'data.html': (13, 'prose 6.5 screens, results 2.0, API entries 2.0'),
@@ -489,7 +489,7 @@ def measure(site: Path, width: int = 1280, height: int = 800) -> dict:
 SHOTS = [  # (file, page, anchor at the top or '', what to open): the index, a parameters table, a page with a figure
     ('index.jpg', 'index.html', '', ''),
     ('parameters_table.jpg', 'trainer.html', 'lityolo', 'details.api:has(#lityolo)'),
-    ('figure.jpg', 'recorder.html', 'step-time-per-epoch-in-the-reference-runs', '.callout-collapse'),
+    ('figure.jpg', 'recorder_results.html', 'step-time-per-epoch-in-the-reference-runs', '.callout-collapse'),
 ]
 SHOT_JS = """<script>addEventListener('load', () => setTimeout(() => {
   document.querySelectorAll('%s').forEach(e => e.tagName == 'DETAILS' ? e.open = true : e.classList.add('show'));

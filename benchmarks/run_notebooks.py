@@ -4,7 +4,7 @@
 notebooks weigh megabytes. This runs nbdev's own `test_nb` in a shell whose figures are plain PNGs at the figure's
 own dpi. On the GPU machine (its own torch; missing wheels carried in `.whl/`):
 
-    python3 benchmarks/run_notebooks.py nbs/06b_recorder.ipynb nbs/07b_metrics.ipynb ...
+    python3 benchmarks/run_notebooks.py nbs/06c_recorder_results.ipynb nbs/07b_metrics.ipynb ...
 
 Each notebook is saved only when every cell passed (an output that is both a JPEG and a PNG, as PIL images are,
 keeps only the JPEG); the exit status is 1 if any failed. With `--keep-cuda` (and `--keep-slow`)

@@ -200,12 +200,12 @@ def test_the_index_page_gives_readmes_commands():
     assert len(theirs) >= 6 and [l for l in theirs if l not in ours] == []
 
 
-def test_the_recorder_page_shows_the_reference_run_readme_cites():
-    "One source: the Recorder page reads the series README's Measured table names, and its committed table is that one."
+def test_the_recorder_results_page_shows_the_reference_run_readme_cites():
+    "One source: the recorder results page reads the series README's Measured table names and shows that table."
     readme = (ROOT / 'README.md').read_text()
     tag = re.search(r'benchmarks/results/reference_run_b\{4,16\}_nvidia-h200_(\w+)\.json', readme).group(1)
     for b in (4, 16): assert (ROOT / 'benchmarks' / 'results' / f'reference_run_b{b}_nvidia-h200_{tag}.json').is_file()
-    cells = json.loads((ROOT / 'nbs' / '06b_recorder.ipynb').read_text())['cells']
+    cells = json.loads((ROOT / 'nbs' / '06c_recorder_results.ipynb').read_text())['cells']
     cell = next(c for c in cells if c['cell_type'] == 'code' and 'LATEST =' in ''.join(c['source']))
     assert "read_text().split('reference_run_b{4,16}_nvidia-h200')" in ''.join(cell['source'])
     first = ''.join(cell['outputs'][0]['data']['text/markdown'])
