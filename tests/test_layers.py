@@ -7,9 +7,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PKG = ROOT / 'lucid_nb'
 PACKAGE = 'lucid_nb'
-# allocator → core → arguments → tasks → coco → yolo → augment → augment_device → cache → loader → images → data → data_command | model → heads → checkpoints → weights → yolo26 → loss / optim / masks → metrics / ema / graphs →
+# allocator → core → arguments → tasks → coco → yolo → augment → augment_device → cache → loader → images → data → data_command | model → heads → checkpoints → weights → yolo26 → loss / optim / masks → loss26 → metrics / ema / graphs →
 # recorder → draw → messages → run_folder → saving → run_artifacts → trainer → predict → command → cli → testing → showdoc (the docs' renderer)
-LAYER = dict(allocator=-1, core=0, arguments=0.25, tasks=0.5, coco=1, yolo=1.1, augment=1.25, augment_device=1.375, cache=1.45, loader=1.5, images=1.6, data=1.75, data_command=1.8, model=1, heads=2, checkpoints=2.25, weights=2.5, yolo26=2.75, loss=3, optim=3,
+LAYER = dict(allocator=-1, core=0, arguments=0.25, tasks=0.5, coco=1, yolo=1.1, augment=1.25, augment_device=1.375, cache=1.45, loader=1.5, images=1.6, data=1.75, data_command=1.8, model=1, heads=2, checkpoints=2.25, weights=2.5, yolo26=2.75, loss=3, loss26=3.25, optim=3,
              masks=3, metrics=3.5, ema=3.5, graphs=3.5, recorder=4, draw=4.5, messages=4.6, run_folder=4.65, saving=4.7, run_artifacts=4.75, trainer=5, predict=6,
              command=6.5, cli=7, testing=8, showdoc=9)
 IMPORTERS = {'import_module', '__import__'}
