@@ -20,10 +20,10 @@ from .weights import TransferReport, UL_LAYERS, Weights, load_weights, lucid_key
 from .weights import module_tensors, read_weights, ultralytics_task
 
 # %% auto #0
-__all__ = ['FAMILIES', 'DEFAULT_FAMILY', 'SPPF26', 'C3k2PSA', 'box_distances', 'one2one_decode', 'add_one2one', 'DetectHead26',
-           'Proto26', 'SegHead26', 'Family', 'get_family', 'family_of', 'yolo26', 'build_yolo', 'layer_params',
-           'yolo26_key', 'ultralytics_family', 'checkpoint_family', 'Weights26', 'infer_scale26', 'read_weights26',
-           'load_family_weights', 'parity26', 'end2end_detections', 'kept_detections']
+__all__ = ['FAMILIES', 'DEFAULT_FAMILY', 'SPPF26', 'C3k2PSA', 'box_distances', 'one2one_decode', 'add_one2one', 'predict_end2end',
+           'DetectHead26', 'Proto26', 'SegHead26', 'Family', 'get_family', 'family_of', 'yolo26', 'build_yolo',
+           'layer_params', 'yolo26_key', 'ultralytics_family', 'checkpoint_family', 'Weights26', 'infer_scale26',
+           'read_weights26', 'load_family_weights', 'parity26', 'end2end_detections', 'kept_detections']
 
 # %% ../nbs/03b_yolo26.ipynb #dfcfe330
 class SPPF26(SPPF):
@@ -63,6 +63,17 @@ def add_one2one(head:nn.Module, branches:tuple):
     "Give `head` a deep copy `one2one_{b}` of each branch `b`, as Ultralytics' `end2end` heads do."
     for b in branches: setattr(head, f'one2one_{b}', copy.deepcopy(getattr(head, b)))
 
+def predict_end2end(head:nn.Module, feats:list[Tensor])->dict[str,Tensor]:
+    """`head`'s prediction calls in native order; in training the one-to-one branches read the maps
+    detached, so their loss trains them alone, not the backbone and neck (Ultralytics' `x_detach`)."""
+    if len(feats) != head.num_levels:
+        raise ValueError(f"expected {head.num_levels} feature maps, got {len(feats)}")
+    cut = [f.detach() for f in feats] if head.training else feats
+    def inputs(name:str, level:int|None):
+        maps = cut if name.startswith('one2one_') else feats
+        return maps if level is None else maps[level]
+    return {name: m(inputs(name, i)) for name, m, i in head.prediction_calls()}
+
 # %% ../nbs/03b_yolo26.ipynb #0ff1e12d
 class DetectHead26(DetectHead):
     "`DetectHead` at reg_max 1 plus one-to-one copies of its branches, which eval mode decodes."
@@ -74,6 +85,7 @@ class DetectHead26(DetectHead):
                  strides:tuple=(8, 16, 32)): # stride of each level in pixels
         super().__init__(ch, num_classes, reg_max, strides)
         add_one2one(self, ('box', 'cls'))   # copied after `bias_init`: the same prior biases
+    def predict(self, feats:list[Tensor])->dict[str,Tensor]: return predict_end2end(self, feats)
     def decode(self, out:dict)->dict: return one2one_decode(out, self.strides, self.reg_max)
 
 # %% ../nbs/03b_yolo26.ipynb #d63c71dd
@@ -103,10 +115,7 @@ class SegHead26(SegHead):
     def prediction_calls(self)->list[tuple[str,nn.Module,int|None]]:
         "The branches level by level, then `proto` on every level (level None)."
         return DetectHead.prediction_calls(self) + [('proto', self.proto, None)]
-    def predict(self, feats:list[Tensor])->dict[str,Tensor]:
-        if len(feats) != self.num_levels:
-            raise ValueError(f"expected {self.num_levels} feature maps, got {len(feats)}")
-        return {name: m(feats if i is None else feats[i]) for name, m, i in self.prediction_calls()}
+    def predict(self, feats:list[Tensor])->dict[str,Tensor]: return predict_end2end(self, feats)
     def collect(self, raw:dict)->dict:
         "Training output: every branch per level, `proto`, and `semseg` (B,K,S/8,S/8)."
         out = super().collect(raw)
