@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 # %% auto #0
-__all__ = ['REGISTRY', 'DETECT', 'SEGMENT', 'TASKS', 'TaskName', 'DEFAULT_TASK', 'register', 'Task', 'get_task', 'weights_task']
+__all__ = ['REGISTRY', 'DETECT', 'SEGMENT', 'TASKS', 'TaskName', 'DEFAULT_TASK', 'register', 'registered', 'Task', 'get_task',
+           'weights_task']
 
 # %% ../nbs/00c_tasks.ipynb #5582ec32
 # the heads' builders and the losses, by name: `03_heads` and `04_loss` register theirs, a `Task`
@@ -21,6 +22,12 @@ def register(f):
     "Decorator: `f` (a head's builder, a loss class) in `REGISTRY` under its name, for a `Task`."
     REGISTRY[f.__name__] = f
     return f
+
+def registered(name:str)->object:
+    "The head builder or loss `register`ed as `name`; a clear error where its module is not imported."
+    if name not in REGISTRY:
+        raise KeyError(f"{name!r} is not registered: import the module that defines it (`register`)")
+    return REGISTRY[name]
 
 @dataclass(frozen=True)
 class Task:
@@ -43,10 +50,10 @@ class Task:
         return f"YOLO11{scale}{self.suffix}"   # Ultralytics' name of the model of size `scale`
     def build_head(self, *args, **kwargs):
         "The head `self.head` builds (`03_heads`' `yolo` passes the arguments)."
-        return REGISTRY[self.head](*args, **kwargs)
+        return registered(self.head)(*args, **kwargs)
     def build_loss(self, *args, **kwargs):
         "The loss `self.loss` (`04_loss`' `task_loss` passes the arguments)."
-        return REGISTRY[self.loss](*args, **kwargs)
+        return registered(self.loss)(*args, **kwargs)
 
 
 # %% ../nbs/00c_tasks.ipynb #7c1e0a52
