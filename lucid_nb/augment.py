@@ -14,6 +14,7 @@ from pycocotools import mask as mask_utils
 from torch import Tensor
 from .core import *
 from .coco import *
+from .tasks import Task, get_task
 
 # %% auto #0
 __all__ = ['HSV_CHUNK_PIXELS', 'translate', 'letterbox_params', 'random_affine', 'resize_linear', 'letterbox_cv2',
@@ -363,7 +364,7 @@ def build_sample(
     mosaic:bool=False,           # lay out `ps` as a mosaic
     xy_centre:tuple=(0, 0),      # mosaic centre on the 2S canvas
     max_instances:int=100,       # slots M; the largest instances are kept
-    masks:bool=True,             # the instances' masks; False: none, no `masks` key (detection)
+    task:str|Task|None=None,     # whose `instance_keys` the sample holds: `masks` where it has them (None: `DEFAULT_TASK`)
 )->dict:                         # img (S,S,3) uint8, boxes (n,4), cls (n,), masks (n,S/4,S/4), meta
     "One sample: letterbox, or mosaic + random affine + flip, with instances filtered consistently."
     plan = sample_plan(ps, size, rng, aug, mosaic, xy_centre, max_instances)
@@ -371,9 +372,10 @@ def build_sample(
     img = (warp_image(paste_canvas(placed, size), A, size) if plan['mosaic']
            else warp_image(p0.img, A @ placed[0][1], size))
     inst = dict(boxes=plan['boxes'], cls=plan['cls'])
-    if masks: inst['masks'] = np.concatenate([rasterise_instances(p, A @ T, crop, size, g[2], ks)
-                                              for (p, T, crop, _), g, ks in zip(
-                                                      placed, plan['geo'], kept_by_placed(plan))])
+    if 'masks' in get_task(task).instance_keys:
+        inst['masks'] = np.concatenate([rasterise_instances(p, A @ T, crop, size, g[2], ks)
+                                        for (p, T, crop, _), g, ks in zip(
+                                                placed, plan['geo'], kept_by_placed(plan))])
     return dict(img=img, **inst, image_id=p0.image_id, orig_hw=np.array(p0.orig_hw, np.int64),
                 letterbox=plan['letterbox'], hsv=plan['hsv'], dropped=plan['dropped'])
 

@@ -200,7 +200,7 @@ def collate_recipes(recipes:list[dict], max_instances:int=100, pad:bool=True)->d
             raise ValueError(f"a sample has {n} instances but max_instances={max_instances}; raise "
                              "max_instances")
     S, B, P = recipes[0]['size'], len(recipes), max(len(r['place']) for r in recipes)
-    out = group_instances(recipes, S // MASK_STRIDE, pad, masks=False)
+    out = group_instances(recipes, S // MASK_STRIDE, pad)
     slots, imgs = {}, []
     for r in recipes:
         for i, im in zip(r['ids'], r['imgs']):

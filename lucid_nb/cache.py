@@ -16,6 +16,7 @@ from fastcore.basics import patch
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from .core import *
 from .coco import *
+from .tasks import Task, get_task
 
 # %% auto #0
 __all__ = ['CACHE_MODES', 'CACHE_FORMAT', 'RAM_SHARE', 'DISK_SHARE', 'GB', 'INDEX_FORMAT', 'INDEX_MIN_BYTES', 'source_hash',
@@ -267,21 +268,22 @@ class _Recording:
         self.report.note(*a, **k)
 
 def label_index_path(images:str|Path, annotations:str|Path, cache_dir:str|Path|None=None,
-                     masks:bool=True)->Path:
+                     task:str|Task|None=None)->Path:
     """The label index file of one images folder and JSON: `<images>-<json>-<hash>.labels.npz`
     beside the disk cache folders (`.boxes.npz`: detection's, without `masks`)."""
     name, _, key = cache_name(images, annotations, 0).rsplit('-', 2)
     return ((Path(cache_dir) if cache_dir else default_cache_dir(images, annotations, 0).parent)
-            /f"{name}-{key}.{'labels' if masks else 'boxes'}.npz")
+            /f"{name}-{key}.{'labels' if get_task(task).masks else 'boxes'}.npz")
 
 def _index_key(images:Path, annotations:Path, data:bytes, cat_ids:list|None, source:str,
-               masks:bool=True)->dict:
+               task:str|Task|None=None)->dict:
     """What an index must have been read from to be used: this JSON file, whose bytes are `data`,
     these images and classes, with or without masks."""
     return dict(format=INDEX_FORMAT, json=str(annotations.resolve()), sha256=source_hash(data),
                 images=str(images.resolve()),
                 cat_ids=None if cat_ids is None else [int(c) for c in cat_ids], source=source,
-                masks=masks)
+                # the key's bytes as when it was a flag: indexes written before stay valid
+                masks=get_task(task).masks)
 
 # %% ../nbs/01c_cache.ipynb #b61dd685
 def save_label_index(path:Path, key:dict, idx:LabelIndex, files:list[str]):
@@ -358,7 +360,7 @@ def label_index(annotations:str|Path, images:str|Path, report:DataReport, cat_id
                 cache_dir:str|Path|None=None, # folder of the index (None: beside the default disk cache folders)
                 check=None,   # called with the JSON's (cat_ids, names) before its records are read
                 parsed:dict|None=None,        # the JSON, when it was already read
-                masks:bool=True,   # `read_records`' masks: False reads boxes only (detection)
+                task:str|Task|None=None, # `read_records`' task: detection reads boxes only
                )->tuple[LabelIndex, dict|None]:
     """The records of `annotations` with `cat_ids` (None: its own), from the cached index when it is
     this JSON's; and the JSON dict when it was read."""
@@ -367,8 +369,8 @@ def label_index(annotations:str|Path, images:str|Path, report:DataReport, cat_id
     if cache and annotations.is_file() and annotations.stat().st_size >= INDEX_MIN_BYTES:
         # hashed for the key, parsed below if the index is not this JSON's
         data = annotations.read_bytes()
-        path, key = (label_index_path(images, annotations, cache_dir, masks),
-                     _index_key(images, annotations, data, cat_ids, source, masks))
+        path, key = (label_index_path(images, annotations, cache_dir, task),
+                     _index_key(images, annotations, data, cat_ids, source, task))
         if (idx := load_label_index(path, key, images)) is not None:
             if check: check(idx.categories)
             for what, a, k in idx.calls: getattr(report, what)(*a, **k)
@@ -378,7 +380,7 @@ def label_index(annotations:str|Path, images:str|Path, report:DataReport, cat_id
     if check: check(cats)
     rec = _Recording(report)
     recs = read_records(d, images, cats[0] if cat_ids is None else cat_ids, rec, source,
-                        masks=masks)
+                        task=task)
     idx = LabelIndex(recs, cats,
                      [str(e.get('file_name')) if isinstance(e, dict) else '' for e in d['images']],
                      rec.calls)
@@ -387,14 +389,14 @@ def label_index(annotations:str|Path, images:str|Path, report:DataReport, cat_id
     return idx, d
 
 def cached_categories(annotations:str|Path, images:str|Path, cache_dir:str|Path|None=None,
-                      masks:bool=True)->tuple|None:
+                      task:str|Task|None=None)->tuple|None:
     """`(cat_ids, names)` of `annotations` from its cached label index when it is this JSON's
     (nothing parsed but the index's header), else None."""
     annotations, images = Path(annotations), Path(images)
     if not annotations.is_file() or annotations.stat().st_size < INDEX_MIN_BYTES: return None
-    key = _index_key(images, annotations, annotations.read_bytes(), None, annotations.name, masks)
+    key = _index_key(images, annotations, annotations.read_bytes(), None, annotations.name, task)
     try:
-        with np.load(label_index_path(images, annotations, cache_dir, masks),
+        with np.load(label_index_path(images, annotations, cache_dir, task),
                      allow_pickle=False) as z:
             meta = json.loads(z['meta'].tobytes())
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile): return None

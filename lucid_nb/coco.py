@@ -17,6 +17,7 @@ from PIL import Image
 from pycocotools import mask as mask_utils
 from pycocotools.coco import COCO
 from .core import atomic_write
+from .tasks import SEGMENT, Task, get_task
 
 # %% auto #0
 __all__ = ['log', 'BAD_INPUT_POLICIES', 'PROBLEMS_FILE', 'ORIENTATION_TAG', 'ORIENTATIONS', 'IMAGE_ERRORS', 'IMAGE_SUFFIXES',
@@ -158,14 +159,14 @@ class ImageRecord:
     entry: int = -1          # index of the JSON 'images' entry it was read from
 
 # %% ../nbs/01a_coco.ipynb #483cdeab
-def _non_finite(a:dict, masks:bool=True)->str|None:
-    """The first field of annotation `a` (bbox, area, a polygon where `masks` are read) holding NaN
+def _non_finite(a:dict, keys:tuple=SEGMENT.instance_keys)->str|None:
+    """The first field of annotation `a` (bbox, area, a polygon where `keys` has `masks`) holding NaN
     or an infinity, as `name value`; None if there is none."""
     def bad(v)->bool:   # a float, or a string that `float` reads (as `_instance` does): 'nan', 'inf', 'Infinity'
         try: return isinstance(v, (float, str)) and not math.isfinite(float(v))
         # a string that is no number: the checks in `_instance` name it
         except ValueError: return False
-    seg = a.get('segmentation') if masks else None
+    seg = a.get('segmentation') if 'masks' in keys else None
     fields = [('bbox', a.get('bbox')), ('area', a.get('area'))] + [
         (f'segmentation polygon {k}', p)
          for k, p in enumerate(seg if isinstance(seg, list) else [])]
@@ -173,12 +174,12 @@ def _non_finite(a:dict, masks:bool=True)->str|None:
         if bad(v) or (isinstance(v, list) and any(map(bad, v))): return f"{name} {v}"
     return None
 
-def _instance(a:dict, hw:tuple, lut:dict, masks:bool=True)->Instance|tuple|None:
-    """An `Instance`, None for a crowd region, or `(reason, detail)` for a bad annotation; without
-    `masks`, its class and box only."""
+def _instance(a:dict, hw:tuple, lut:dict, keys:tuple=SEGMENT.instance_keys)->Instance|tuple|None:
+    """An `Instance`, None for a crowd region, or `(reason, detail)` for a bad annotation; its class
+    and box only where the instance keys `keys` have no `masks`."""
     H, W = hw
     # NaN passes every comparison below
-    if (where := _non_finite(a, masks)): return 'NaN or infinite number', where
+    if (where := _non_finite(a, keys)): return 'NaN or infinite number', where
     if a.get('iscrowd', 0): return None
     if a.get('category_id') not in lut:
         return 'unknown category id', f"category_id {a.get('category_id')!r}"
@@ -189,7 +190,7 @@ def _instance(a:dict, hw:tuple, lut:dict, masks:bool=True)->Instance|tuple|None:
     if box[2] - box[0] <= 0 or box[3] - box[1] <= 0:
         return 'box outside the image', f"bbox {a['bbox']} in {W}x{H}"
     seg, inst = a.get('segmentation'), Instance(a.get('id'), lut[a['category_id']], box)
-    if not masks: return inst
+    if 'masks' not in keys: return inst
     if isinstance(seg, list) and seg:
         if any(not isinstance(p, list) or len(p) < 6 for p in seg):
             return 'polygon with fewer than 3 points', ''
@@ -237,10 +238,11 @@ def read_records(
     report:DataReport,        # where problems and notes go
     source:str='annotations', # name of the JSON in messages
     negatives:str|None='images without annotations (kept as negatives)', # the note counting images without annotations (None: the caller counts them)
-    masks:bool=True,          # read and check each annotation's `segmentation`; False: boxes only (detection)
+    task:str|Task|None=None,  # what an instance carries: with `masks`, each `segmentation` is read and checked
 )->list[ImageRecord]:         # every usable image entry, in JSON order
     "Check each image entry and annotation of `d` under `report`'s policy."
     images, lut, recs, by_id, anns = Path(images), {c: k for k, c in enumerate(cat_ids)}, [], {}, {}
+    keys = get_task(task).instance_keys
     for k, e in enumerate(d['images']):
         i = coco_id(e.get('id')) if isinstance(e, dict) else None
         if i is None and isinstance(e, dict) and e.get('id') is not None:
@@ -273,7 +275,7 @@ def read_records(
     for rec in recs:
         mine = anns.get(rec.image_id, [])
         for j, a in mine:
-            inst = _instance(a, rec.hw, lut, masks)
+            inst = _instance(a, rec.hw, lut, keys)
             if inst is None: report.note('crowd regions (evaluation only)')
             elif isinstance(inst, tuple):
                 report.problem(f"{rec.path.name} annotation {a.get('id')}", *inst)
@@ -281,7 +283,7 @@ def read_records(
             else: rec.instances.append(inst)
         if not mine and negatives: report.note(negatives)
         # what a cached image holds differs
-        key = [[a for _, a in mine], list(cat_ids), rec.hw] + ([] if masks else ['boxes only'])
+        key = [[a for _, a in mine], list(cat_ids), rec.hw] + ([] if 'masks' in keys else ['boxes only'])
         rec.ann_hash = hashlib.sha256(json.dumps(key, sort_keys=True,
                                                  default=str).encode()).hexdigest()
     return recs

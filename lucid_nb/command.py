@@ -30,7 +30,7 @@ from .run_folder import (LOCK_NAME, RunFolderInUse, lock_owner_alive, read_lock,
 from .saving import (CheckpointWriteError, checkpoint_epoch, reopen_metrics_csv,
                              wait_for_checkpoints)
 from .trainer import LitYolo
-from .tasks import TASKS
+from .tasks import TASKS, weights_task
 from .metrics import conf_line, predict_conf
 
 # %% auto #0
@@ -691,7 +691,7 @@ def _weights_to_run(self:LucidCLI, sub:str, path, w, cfg):
             self.config = self.parser.parse_object({sub: {'data': {'imgsz': w.imgsz}}}, self.config)
             cfg = self.config[sub]
         note(f"{sub} by Ultralytics' rules (OpenCV's resize, its "
-             f"letterbox{' and masks' if w.task == 'segment' else ''}) at "
+             f"letterbox{' and masks' if weights_task(w.task).masks else ''}) at "
              f"imgsz={cfg.data.imgsz}{'' if 'imgsz' in self.given_data_options else ', the size the file was trained at'}")
     return cfg
 

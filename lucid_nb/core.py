@@ -43,11 +43,11 @@ def group_instances(images:list[dict], # per image: boxes (n,4), cls (n,), and m
                     s:int|tuple,        # mask side S/4, or (height, width) for non-square images
                     pad:bool=True,      # pad the groups to `group_bucket` of their number
                     G:int=INSTANCE_GROUP,
-                    masks:bool|None=None, # None: masks when the images have them; False: none (made later on the device: `01b_augment_device`)
                    )->dict[str,np.ndarray]:
     """`boxes` (Q,G,4), `cls` (Q,G), `valid` (Q,G), `masks` (Q,G,s,s) if there are masks, `owner`
     (Q,) of the images' instances, in image order."""
-    if masks is None: masks = all('masks' in x for x in images)
+    # masks when the images have them (device recipes have none: made later, `01b_augment_device`)
+    masks = all('masks' in x for x in images)
     n = [len(x['cls']) for x in images]
     q = [-(-k // G) for k in n]
     Q = group_bucket(sum(q)) if pad else sum(q)

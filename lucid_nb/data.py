@@ -16,7 +16,7 @@ from lightning.fabric.utilities.rank_zero import rank_zero_only
 from pycocotools.coco import COCO
 from torch.utils.data import DataLoader
 from .core import *
-from .tasks import get_task
+from .tasks import TaskName, get_task
 from .coco import *
 from .yolo import *
 from .augment import *
@@ -112,7 +112,7 @@ class YoloData(L.LightningDataModule):
                  hsv_s:float=.7, hsv_v:float=.4,
                  augment_on:Literal['cpu', 'device']='cpu', seed:int=0, max_epochs:int|None=None,
                  predict_images:str|None=None,
-                 task:Literal['segment', 'detect']='segment'):
+                 task:TaskName='segment'):
         super().__init__()
         _check_options(dict(locals()))
         self.aug = AugSettings(fliplr=fliplr, degrees=degrees, translate=translate, scale=scale,
@@ -234,7 +234,7 @@ def _coco_categories(self:YoloData)->tuple:
     "The training JSON's categories (from its cached label index when there is one)."
     if self._json_categories is None:
         h, (images, annotations) = self.hparams, self._paths()
-        c = (cached_categories(annotations, images, h.cache_dir, self.task.masks)
+        c = (cached_categories(annotations, images, h.cache_dir, self.task)
              if h.cache != 'none' and self._json is None else None)
         self._json_categories = c or coco_categories(self._train_json())
     return self._json_categories
@@ -280,7 +280,7 @@ def _yolo_records(self:YoloData, stage:str|None=None)->tuple:
     spec = self._yolo_spec()
     self.scored = 'test' if stage == 'test' and 'test' in spec.splits else 'val'
     tr, va, self._val_json = yolo_records(spec, self.report, self.scored, self.cat_ids,
-                                          self.task.masks)
+                                          self.task)
     return tr, va, (spec.splits['train'][0],
                     spec.path), (spec.splits[self.scored][0],
                                  spec.path), f"the {self.scored} images of {spec.path}"
@@ -339,7 +339,7 @@ def _dataset(self:YoloData, recs:list, images:Path, annotations:Path, augment:bo
         disk = self._disks[folder]
     return YoloDataset(recs, h.imgsz, self.cache_mode, disk, self.report, augment, self.aug, h.seed,
                        h.max_instances, h.threads, h.augment_on,
-                       self.task.masks)
+                       self.task)
 
 @patch
 def _plan_cache(self:YoloData, recs:list, images:Path, annotations:Path)->str:
@@ -378,7 +378,7 @@ def _coco_records(self:YoloData, stage:str|None=None)->tuple:
                                     f"{'not a folder' if Path(folder).exists() else 'no such folder'} (the folder the file_names of {k.replace('images', 'annotations')} are read from)")
     on = h.cache != 'none'   # the label index is cached when images are
     idx, d = label_index(annotations, images, self.report, cache=on, cache_dir=h.cache_dir,
-                         parsed=self._json, masks=self.task.masks)
+                         parsed=self._json, task=self.task)
     self._json, self._json_categories = self._json or d, idx.categories
     # the parsed training JSON (GBs at COCO's size) is not needed again
     if h.val_images is not None: self._json = None
@@ -391,7 +391,7 @@ def _coco_records(self:YoloData, stage:str|None=None)->tuple:
             if list(cats[0]) != cat_ids:
                 raise ValueError(f"{vann}: its categories differ from {annotations}'s")
         vidx, self._val_json = label_index(vann, vimages, self.report, cat_ids, vann.name, on,
-                                           h.cache_dir, check=same, masks=self.task.masks)
+                                           h.cache_dir, check=same, task=self.task)
         tr, va = recs, vidx.records
     vsrc = (f"{h.val_annotations}" if h.val_images
             else f"the last {h.val_count} images of {annotations.name} (by file name)")

@@ -11,11 +11,12 @@ import torch, torch.nn as nn
 from torch import Tensor
 from .core import autocast_state
 from .model import Backbone, Conv, DWConv, Neck, YoloModel, get_scale
-from .tasks import get_task
+from .tasks import get_task, register
 
 # %% auto #0
 __all__ = ['make_anchors', 'dist2bbox', 'bbox2dist', 'dfl_expectation', 'decode_boxes', 'DFL', 'flatten_levels', 'DetectHead',
-           'Proto', 'SegHead', 'yolo', 'yolo_seg', 'yolo_detect', 'head_autocast', 'model_outputs']
+           'Proto', 'SegHead', 'detect_head', 'seg_head', 'yolo', 'yolo_seg', 'yolo_detect', 'head_autocast',
+           'model_outputs']
 
 # %% ../nbs/03_heads.ipynb #d5ac6ec7
 def make_anchors(
@@ -189,6 +190,17 @@ class SegHead(DetectHead):
                 'proto': out['proto'].float()}
 
 # %% ../nbs/03_heads.ipynb #ca0faa74
+@register
+def detect_head(ch:tuple, num_classes:int, sc, reg_max:int=16, **_)->DetectHead:
+    "The head of task 'detect' (`00c_tasks`), as `yolo` builds it at scale `sc`."
+    return DetectHead(ch, num_classes, reg_max=reg_max)
+
+@register
+def seg_head(ch:tuple, num_classes:int, sc, reg_max:int=16, num_protos:int=32)->SegHead:
+    "The head of task 'segment', as `yolo` builds it: `sc.ch(256)` hidden prototype channels."
+    return SegHead(ch, num_classes, num_protos=num_protos, proto_channels=sc.ch(256),
+                   reg_max=reg_max)
+
 def yolo(
     scale:str='n',        # model scale: one of `SCALES` ('n', 's', 'm')
     num_classes:int=80,   # K
@@ -196,20 +208,16 @@ def yolo(
     num_protos:int=32,    # P, prototypes and mask coefficients (segmentation)
     reg_max:int=16,       # R, bins of the box distribution
 )->YoloModel:
-    """A YOLO11-style model of the given scale for `task`: the Segment head where its instances
-    carry masks, else the Detect head."""
+    "A YOLO11-style model of the given scale for `task`, with the head the task names."
     sc, t = get_scale(scale), get_task(task)
     if not isinstance(num_classes, int) or num_classes < 1:
         raise ValueError(f"num_classes={num_classes!r}: need an int >= 1")
     bb = Backbone(sc)
     nk = Neck(sc, bb.channels)
-    if t.masks:
-        head = SegHead(nk.channels, num_classes, num_protos=num_protos, proto_channels=sc.ch(256),
-                       reg_max=reg_max)
-    else: head = DetectHead(nk.channels, num_classes, reg_max=reg_max)
-    return YoloModel(bb, nk, head,
-                     dict(task=t.name, scale=scale, num_classes=num_classes, reg_max=reg_max,
-                                        **({'num_protos': num_protos} if t.masks else {})))
+    head = t.build_head(nk.channels, num_classes, sc, reg_max=reg_max, num_protos=num_protos)
+    protos = {'num_protos': head.num_protos} if hasattr(head, 'num_protos') else {}
+    return YoloModel(bb, nk, head, dict(task=t.name, scale=scale, num_classes=num_classes,
+                                        reg_max=reg_max, **protos))
 
 def yolo_seg(scale:str='n', num_classes:int=80, num_protos:int=32, reg_max:int=16)->YoloModel:
     "A YOLO11-style instance-segmentation model of the given scale (`yolo` of task 'segment')."

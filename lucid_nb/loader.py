@@ -16,6 +16,7 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 from .core import *
 from .coco import *
+from .tasks import Task, get_task
 from .augment import *
 from .augment_device import *
 from .cache import *
@@ -87,9 +88,9 @@ class YoloDataset(Dataset):
                  max_instances:int=100,
                  threads:int|None=None, # threads that check the images at setup and build a batch's samples outside loader workers (None: up to 8, the CPU count)
                  augment_on:str='cpu',  # 'device': augmented samples are `device_recipe`s, made into pixels on the batch's device (`01b_augment_device`)
-                 masks:bool=True):      # samples with their masks; False: without (detection)
-        self.imgsz, self.cache, self.disk, self.augment, self.aug, self.masks = (
-            imgsz, cache, disk, augment, aug or AugSettings(), masks)
+                 task:str|Task|None=None): # whose instance keys the samples hold (None: `DEFAULT_TASK`)
+        self.imgsz, self.cache, self.disk, self.augment, self.aug, self.task = (
+            imgsz, cache, disk, augment, aug or AugSettings(), get_task(task))
         # what `__getitem__` gives: recipes, or built samples
         self.recipes = augment and augment_on == 'device'
         self.seed, self.max_instances, self.mosaic_until = seed, max_instances, None
@@ -161,7 +162,7 @@ def __getitem__(self:YoloDataset, key:tuple|int)->dict:
     epoch, i = key if isinstance(key, tuple) else (0, int(key))
     if not self.augment:
         return build_sample([self.prepared(i)], self.imgsz, max_instances=self.max_instances,
-                            masks=self.masks)
+                            task=self.task)
     rng = np.random.default_rng([self.seed, epoch, i])
     use = (rng.random() < self.aug.mosaic
            and (self.mosaic_until is None or epoch < self.mosaic_until))
@@ -170,7 +171,7 @@ def __getitem__(self:YoloDataset, key:tuple|int)->dict:
     ids = [i] + ([int(j) for j in others] if use else [])
     ps, args = ([self.prepared(j) for j in ids],
                 (self.imgsz, rng, self.aug, use, tuple(int(c) for c in centre), self.max_instances))
-    s = device_recipe(ps, ids, *args) if self.recipes else build_sample(ps, *args, masks=self.masks)
+    s = device_recipe(ps, ids, *args) if self.recipes else build_sample(ps, *args, task=self.task)
     if s['dropped'] and rank_zero_only.rank == 0:
         log.warning(f"sample {i} of epoch {epoch} (a mosaic) had {s['dropped']} instances over "
                     f"max_instances={self.max_instances}; kept the largest")

@@ -12,7 +12,7 @@ from torch import nn, Tensor
 from torch.autograd.function import once_differentiable
 from fastcore.basics import patch
 from .core import *
-from .tasks import get_task
+from .tasks import get_task, register
 from .heads import make_anchors, bbox2dist, flatten_levels, decode_boxes
 
 # %% auto #0
@@ -241,6 +241,7 @@ def mask_loss(
     return (per * wt).sum() / a.fg.sum().clamp_min(1)
 
 # %% ../nbs/04_loss.ipynb #c9e5e5f5
+@register
 class DetectLoss(nn.Module):
     """YOLOv8-style detection loss: a dict of gain-weighted 0-dim terms `box`, `cls`, `dfl`; no host
     syncs."""
@@ -259,6 +260,7 @@ class DetectLoss(nn.Module):
         self.gains = dict(box=box, cls=cls, dfl=dfl)
         self.topk, self.alpha, self.beta = topk, alpha, beta
 
+@register
 class SegLoss(DetectLoss):
     """YOLOv8-style segmentation loss: `DetectLoss`'s terms and the mask term `seg`, on the same
     assignment."""
@@ -346,14 +348,14 @@ def extra_terms(self:SegLoss, out:dict, batch:dict, assigned:Assigned)->dict:
     return dict(seg=mask_loss(coef, proto, assigned.a, assigned.gt_boxes, masks, assigned.img_hw,
                               owner))
 
-def task_loss(task:str='segment', # a task of `TASKS` (`00c_tasks`)
+def task_loss(task:str|None=None,  # a task of `TASKS` (`00c_tasks`); None: `DEFAULT_TASK`
               num_classes:int=80, box:float=7.5, cls:float=0.5, dfl:float=1.5,
               seg:float=7.5,      # the mask term's gain; not used without masks
               **kwargs)->DetectLoss:  # further `DetectLoss` arguments (reg_max, strides, topk, alpha, beta)
-    "The loss of `task`: `SegLoss` where its instances carry masks, else `DetectLoss`."
-    if get_task(task).masks:
-        return SegLoss(num_classes, box=box, cls=cls, dfl=dfl, seg=seg, **kwargs)
-    return DetectLoss(num_classes, box=box, cls=cls, dfl=dfl, **kwargs)
+    "The loss `task` names (`SegLoss`, `DetectLoss`), with the gains of its terms."
+    t, gains = get_task(task), dict(box=box, cls=cls, dfl=dfl, seg=seg)
+    return t.build_loss(num_classes, **{k: v for k, v in gains.items() if k in t.loss_terms},
+                        **kwargs)
 
 # %% ../nbs/04_loss.ipynb #7a3638d4
 def synth_head_out(

@@ -17,6 +17,7 @@ from ultrafast_pycocotools.coco import COCO as FastCOCO
 from ultrafast_pycocotools.cocoeval import COCOeval as FastCOCOeval
 from .core import *
 from .masks import *
+from .tasks import Task, get_task
 
 # %% auto #0
 __all__ = ['COCO80_IDS', 'STAT_NAMES', 'SUMMARY_NAMES', 'CONF_GRID', 'PREDICT_CONF', 'greedy_in_order', 'greedy_keep', 'nms',
@@ -540,13 +541,14 @@ class Validator:
                  max_det:int=300,        # detections per image
                  max_nms:int=30000,      # candidates per image entering NMS
                  multi_label:bool=True,  # a detection per (anchor, class) above `conf`
-                 masks:bool=True,        # also build and encode masks (needs `coef` and `proto`)
+                 task:str|Task|None=None, # its `iou_types`; masks made where it has them (needs `coef`, `proto`)
                  group_pixels:int=2**25, # pixels of the images whose masks, runs and strings are made at once (`_group_masks`)
                  rules:str='lucid',      # the checkpoint's inference rules (`00b_core`): 'ultralytics' takes `_update_ultralytics`
                  predict:bool=False,     # predicting, not validating (Ultralytics' rules differ between the two)
                  scored:int|None=100):   # validating by lucid's rules: only each image's best this many of a class (COCOeval's `maxDets`; `class_top`); None: all
-        self.cat_ids, self.masks, self.group_pixels, self.scored = (
-            cat_ids, masks, group_pixels, scored)
+        self.cat_ids, self.task, self.group_pixels, self.scored = (
+            cat_ids, get_task(task), group_pixels, scored)
+        self.masks = self.task.masks
         self.rules, self.predict = check_rules(rules), predict
         # Ultralytics: one label per box predicting, several validating
         if rules == 'ultralytics': multi_label = not predict
@@ -571,7 +573,7 @@ class Validator:
     def compute(self, coco_gt:COCO)->CocoStats:
         "COCO metrics of everything added since the last `reset`."
         return coco_evaluate(coco_gt, self.results, self.image_ids, self.mask_stats, self.cat_ids,
-                             ('bbox', 'segm') if self.masks else ('bbox',))
+                             self.task.iou_types)
 
     def write(self, path)->str:
         "Write `results` as the predictions JSON (atomically); return its sha256."

@@ -18,7 +18,7 @@ from .coco import coco_categories, load_coco_json
 from .arguments import OneLineArgumentParser, bool_value
 from .coco import load_rgb
 from .images import image_batch, pil_rgb
-from .tasks import TASKS, get_task
+from .tasks import SEGMENT, TASKS, Task, get_task
 from .heads import yolo
 from .metrics import PREDICT_CONF, Validator, predict_conf
 from .draw import draw_instances
@@ -126,16 +126,14 @@ def as_rgb(x)->np.ndarray:
     return np.ascontiguousarray(a[..., :3])
 
 def to_detections(results:list, img:np.ndarray, cat_ids:list, class_names:list, source=None,
-                  masks:bool=True)->Detections:   # masks: the results have masks (segmentation); False: `masks` None
+                  task:str|Task|None=None)->Detections:   # the results' task: without masks, `masks` None
     "One image's COCO results (xywh, compressed RLE) as `Detections`."
     lut = {c: k for k, c in enumerate(cat_ids)}
     H, W = img.shape[:2]
     boxes = np.array([(x, y, x + w, y + h) for x, y, w, h in (r['bbox'] for r in results)],
                      np.float32).reshape(-1, 4)
-    if masks:
-        masks = np.array([mask_utils.decode(r['segmentation']) for r in results],
-                         bool).reshape(-1, H, W)
-    else: masks = None
+    masks = (np.array([mask_utils.decode(r['segmentation']) for r in results],
+                      bool).reshape(-1, H, W) if get_task(task).masks else None)
     cats = np.array([r['category_id'] for r in results], np.int64)
     return Detections(img, boxes, np.array([r['score'] for r in results], np.float32),
                       np.array([lut[c] for c in cats], np.int64), class_names, cats, masks, source)
@@ -152,19 +150,19 @@ def predict(self:Predictor, images, batch_size:int=8, conf:float|None=None)->lis
         imgs = [as_rgb(x) for x in srcs]
         batch = image_batch(imgs, self.imgsz, rules=self.rules)
         v = Validator(self.cat_ids, conf=self.conf if conf is None else conf, iou=self.iou,
-                      max_det=self.max_det, masks=self.task.masks,
+                      max_det=self.max_det, task=self.task,
                       rules=self.rules, predict=True)
         with torch.no_grad(): v.update(self.net(batch['img'].to(self.device).float() / 255), batch)
         for k, (img, src) in enumerate(zip(imgs, srcs)):
             out.append(to_detections([r for r in v.results if r['image_id'] == k], img,
                                      self.cat_ids, self.class_names,
                                      src if isinstance(src, (str, Path)) else None,
-                                     self.task.masks))
+                                     self.task))
     return out
 
 # %% ../nbs/09_predict.ipynb #3f480035
 # a segmentation network's; a detector's are the first two
-OUTPUT_NAMES = get_task('segment').outputs
+OUTPUT_NAMES = SEGMENT.outputs
 
 class ExportNet(nn.Module):
     """The network with its eval outputs as a tuple (`outputs`: its task's,
@@ -290,7 +288,7 @@ def export_check(p:Predictor, path, fmt:str, image=TEST_IMG)->tuple[float,float]
     return max(d for d, _ in diffs), max(d / m for d, m in diffs)
 
 # %% ../nbs/09_predict.ipynb #exportopts0cd
-def untrained_predictor(imgsz:int|None=None, task:str='segment')->Predictor:
+def untrained_predictor(imgsz:int|None=None, task:str|None=None)->Predictor:
     """`--model.weights none`: a nano network of `task` initialised with seed 0, the embedded
     coco128's classes, `imgsz` (640 unless given)."""
     cat_ids, names = coco_categories(load_coco_json(EMBEDDED_ANNOTATIONS))
@@ -355,7 +353,7 @@ def export_main(argv:list[str]|None=None)->Path:
                or (Path(f'untrained.{a.format}') if untrained
                    else local_file(path, option).with_suffix(f'.{a.format}')))
     check_export_options(a.imgsz, out, a.image, None if untrained else (path, option))
-    p = (untrained_predictor(a.imgsz, a.task or 'segment') if untrained
+    p = (untrained_predictor(a.imgsz, a.task) if untrained
          else load(path, imgsz=a.imgsz, option=option))
     if a.task and p.task.name != a.task:
         raise ValueError(f"--model.task {a.task}: {option} {path} holds a {p.task.name} network; "

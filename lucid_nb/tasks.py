@@ -7,34 +7,65 @@ Docs: https://lucid-nb.github.io/lucid_nb/tasks.html.md"""
 # %% ../nbs/00c_tasks.ipynb #5fae4cc3
 from __future__ import annotations
 from dataclasses import dataclass
+from typing import Literal
 
 # %% auto #0
-__all__ = ['TASKS', 'DEFAULT_TASK', 'Task', 'get_task']
+__all__ = ['REGISTRY', 'DETECT', 'SEGMENT', 'TASKS', 'TaskName', 'DEFAULT_TASK', 'register', 'registered', 'Task', 'get_task',
+           'weights_task']
 
 # %% ../nbs/00c_tasks.ipynb #5582ec32
+# the heads' builders and the losses, by name: `03_heads` and `04_loss` register theirs, a `Task`
+# names its own (this module imports neither)
+REGISTRY = {}
+
+def register(f):
+    "Decorator: `f` (a head's builder, a loss class) in `REGISTRY` under its name, for a `Task`."
+    REGISTRY[f.__name__] = f
+    return f
+
+def registered(name:str)->object:
+    "The head builder or loss `register`ed as `name`; a clear error where its module is not imported."
+    if name not in REGISTRY:
+        raise KeyError(f"{name!r} is not registered: import the module that defines it (`register`)")
+    return REGISTRY[name]
+
 @dataclass(frozen=True)
 class Task:
-    "A task in plain values: segmentation is detection whose instances also carry masks."
-    name:str           # the value of `--model.task`
-    masks:bool         # instances carry masks: read from the data, held by batches, predicted by the head, scored as `segm`
-    ultralytics:str    # the class name of Ultralytics' head for this task: how its weight files say what they hold
-    suffix:str         # what Ultralytics adds to the model name of this task: `yolo11n-seg.pt`, `yolo11n.pt`
+    "A task in plain values: what its instances carry, what its network predicts, how it is scored."
+    name:str              # the value of `--model.task`
+    instance_keys:tuple   # what an instance carries: read from the data, held by samples and batches
+    iou_types:tuple       # COCOeval's
+    monitor:str           # what the best checkpoint is best at
+    loss_terms:tuple      # the loss's named terms
+    outputs:tuple         # of the eval-mode network
+    branches:tuple        # the head's parts, `head.<branch>.` keys: those a weights file of the task holds
+    head:str              # the builder of its head in `REGISTRY` (`03_heads`)
+    loss:str              # its loss in `REGISTRY` (`04_loss`)
+    ultralytics:str       # the class name of Ultralytics' head for this task: how its weight files say what they hold
+    ultralytics_model:str # Ultralytics' model class, less `Model`: `SegmentationModel`
+    suffix:str            # what Ultralytics adds to the model name of this task: `yolo11n-seg.pt`, `yolo11n.pt`
     @property
-    def iou_types(self)->tuple: return ('bbox', 'segm') if self.masks else ('bbox',)   # COCOeval's
-    @property
-    def monitor(self)->str:
-        return 'mAP50-95(M)' if self.masks else 'mAP50-95(B)'  # what the best checkpoint is best at
-    @property
-    def loss_terms(self)->tuple: return ('box', 'cls', 'dfl') + (('seg',) if self.masks else ())
-    @property
-    def outputs(self)->tuple:
-        # of the eval-mode network
-        return ('boxes', 'scores') + (('coef', 'proto') if self.masks else ())
+    def masks(self)->bool: return 'masks' in self.instance_keys  # the one place that asks
     def title(self, scale:str)->str:
         return f"YOLO11{scale}{self.suffix}"   # Ultralytics' name of the model of size `scale`
+    def build_head(self, *args, **kwargs):
+        "The head `self.head` builds (`03_heads`' `yolo` passes the arguments)."
+        return registered(self.head)(*args, **kwargs)
+    def build_loss(self, *args, **kwargs):
+        "The loss `self.loss` (`04_loss`' `task_loss` passes the arguments)."
+        return registered(self.loss)(*args, **kwargs)
 
-TASKS = {t.name: t
-         for t in (Task('segment', True, 'Segment', '-seg'), Task('detect', False, 'Detect', ''))}
+
+# %% ../nbs/00c_tasks.ipynb #7c1e0a52
+DETECT = Task('detect', ('boxes', 'cls'), ('bbox',), 'mAP50-95(B)', ('box', 'cls', 'dfl'),
+              ('boxes', 'scores'), ('box', 'cls'), 'detect_head', 'DetectLoss',
+              'Detect', 'Detection', '')
+SEGMENT = Task('segment', DETECT.instance_keys + ('masks',), ('bbox', 'segm'), 'mAP50-95(M)',
+               DETECT.loss_terms + ('seg',), DETECT.outputs + ('coef', 'proto'),
+               DETECT.branches + ('coef', 'proto'), 'seg_head', 'SegLoss',
+               'Segment', 'Segmentation', '-seg')
+TASKS = {t.name: t for t in (SEGMENT, DETECT)}
+TaskName = Literal['segment', 'detect']   # `--model.task`'s type: the names of `TASKS`
 # `lucid`'s task when none is named, and that of a checkpoint written before there were two
 DEFAULT_TASK = 'segment'
 
@@ -46,3 +77,9 @@ def get_task(task:str|Task|None=None)->Task:
     if task not in TASKS:
         raise ValueError(f"--model.task {task!r} is not a task; allowed values: {', '.join(TASKS)}")
     return TASKS[task]
+
+def weights_task(name:str)->Task:
+    """The task whose parts a weights file of task `name` holds: its own; detection's for an
+    Ultralytics task lucid has not ('pose', 'obb': their third branch is no mask branch)."""
+    return TASKS.get(name, DETECT)
+

@@ -14,7 +14,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 from .core import digest, state_hashes
-from .tasks import get_task
+from .tasks import TASKS, get_task
 from .checkpoints import StandIn, stand_in
 from .weights import UL_HEAD_NAMES, UL_LAYERS, ultralytics_key
 from .loss import task_loss
@@ -22,10 +22,10 @@ from .heads import model_outputs
 from .command import cli_main
 
 # %% auto #0
-__all__ = ['TINY', 'DAMAGE', 'UL_CLASSES', 'FAMILIES', 'UNCOUNTED', 'OVERWRITES', 'INDEXED_WRITES', 'DTYPES', 'tiny', 'fit',
-           'hashes_only', 'train_trace', 'test_traces_equal', 'flip_a_tensor_byte', 'damaged_copy', 'reordered_copy',
-           'write_ultralytics_layout', 'TensorBytes', 'counted', 'op_name', 'family', 'traffic', 'flops', 'OpCost',
-           'young_head']
+__all__ = ['TINY', 'DAMAGE', 'UL_CLASSES', 'UL_LAYOUTS', 'FAMILIES', 'UNCOUNTED', 'OVERWRITES', 'INDEXED_WRITES', 'DTYPES',
+           'tiny', 'fit', 'hashes_only', 'train_trace', 'test_traces_equal', 'flip_a_tensor_byte', 'damaged_copy',
+           'reordered_copy', 'write_ultralytics_layout', 'TensorBytes', 'counted', 'op_name', 'family', 'traffic',
+           'flops', 'OpCost', 'young_head']
 
 # %% ../nbs/11_testing.ipynb #15784748
 TINY = ['--trainer.accelerator', 'cpu', '--trainer.num_sanity_val_steps', '0',
@@ -70,7 +70,7 @@ def train_trace(model:nn.Module,                 # trained in place
     short SGD run."""
     dev = next(model.parameters()).device
     loss_fn = (loss_fn
-               or task_loss(getattr(model, 'config', {}).get('task', 'segment'),
+               or task_loss(getattr(model, 'config', {}).get('task'),
                             model.head.num_classes))
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, nesterov=True)
     # a `StepRegion` (duck-typed: notebooks define their own class)
@@ -179,8 +179,6 @@ def _record(m:nn.Module, name:str, children:dict, params=None, buffers=None)->St
 def _ul_name(m:nn.Module)->str:
     c = type(m).__name__
     if type(m).__module__.startswith('torch.nn'): return f'{type(m).__module__}.{c}'
-    if c in ('SegHead', 'DetectHead'):
-        return f"ultralytics.nn.modules.head.{'Segment' if c == 'SegHead' else 'Detect'}"
     return f"ultralytics.nn.modules.{UL_CLASSES.get(c, 'block')}.{c}"
 
 def _tree(m:nn.Module)->StandIn:
@@ -202,18 +200,23 @@ def _fuse(rec:StandIn):
     for sub in mods.values(): _fuse(sub)
 
 # %% ../nbs/11_testing.ipynb #208915f9
+# how Ultralytics lays out a file of each task: its model's and head's classes, the branches of
+# ours it holds, and its third branch's output channels where they are not ours
+UL_LAYOUTS = {**{t.name: (t.ultralytics_model, t.ultralytics, t.branches, None)
+                 for t in TASKS.values()},
+              # 17 keypoints (x, y, visibility) in the third branch, no prototypes
+              'pose': ('Pose', 'Pose', ('box', 'cls', 'coef'), 51)}
+
 def _ul_state(net:nn.Module, task:str)->dict:
-    """`net`'s state dict by Ultralytics' names, floats in fp16; for 'pose', the third branch's last
-    convolutions of 51 channels."""
+    """`net`'s state dict by Ultralytics' names, floats in fp16; the third branch's last convolutions
+    of the channels `task` has there (`UL_LAYOUTS`: 51 for 'pose')."""
     sd = {ultralytics_key(k): v.detach().half() if v.is_floating_point()
           else v.detach() for k, v in net.state_dict().items()}
-    # the third branch predicts 17 keypoints (x, y, visibility): 51 channels, not the 32 mask
-    # coefficients
-    if task == 'pose':
+    if (n := UL_LAYOUTS[task][3]):   # another third branch: not the 32 mask coefficients
         for i in range(3):
             w = sd[f'model.23.cv4.{i}.2.weight']
             sd[f'model.23.cv4.{i}.2.weight'], sd[f'model.23.cv4.{i}.2.bias'] = (
-                torch.zeros(51, *w.shape[1:]).half(), torch.zeros(51).half())
+                torch.zeros(n, *w.shape[1:]).half(), torch.zeros(n).half())
     return sd
 
 def _ul_layers(net:nn.Module)->dict:
@@ -245,12 +248,13 @@ def _ul_head(layers:dict, task:str, sd:dict):
     DFL convolution (in `sd` too)."""
     head = layers['23']
     hm = vars(head)['_modules']
-    drop = {'segment': (), 'detect': ('coef', 'proto'), 'pose': ('proto',)}[task]
-    vars(head)['_modules'] = {UL_HEAD_NAMES.get(k, k): v for k, v in hm.items() if k not in drop}
-    if task != 'segment':   # the head's own class: `Detect`, `Pose`
-        new = stand_in(f"ultralytics.nn.modules.head.{task.capitalize()}")()
-        vars(new).update(vars(head))
-        layers['23'] = head = new
+    _, cls, branches, _ = UL_LAYOUTS[task]
+    vars(head)['_modules'] = {UL_HEAD_NAMES.get(k, k): v for k, v in hm.items()
+                              if k not in UL_HEAD_NAMES or k in branches}
+    # the head's own class: `Segment`, `Detect`, `Pose`
+    new = stand_in(f"ultralytics.nn.modules.head.{cls}")()
+    vars(new).update(vars(head))
+    layers['23'] = head = new
     dfl_conv = nn.Conv2d(16, 1, 1, bias=False)
     conv = _record(dfl_conv, 'torch.nn.modules.conv.Conv2d', {})
     vars(head)['_modules']['dfl'] = _record(nn.Module(), 'ultralytics.nn.modules.block.DFL',
@@ -263,7 +267,7 @@ def _ul_model(net:nn.Module, task:str, fused:bool, layers:dict, sd:dict)->StandI
     `sd` filled in."""
     seq = _record(nn.Module(), 'torch.nn.modules.container.Sequential', layers)
     model = _record(nn.Module(),
-                    f"ultralytics.nn.tasks.{dict(segment='Segmentation', detect='Detection', pose='Pose')[task]}Model", {'model': seq})
+                    f"ultralytics.nn.tasks.{UL_LAYOUTS[task][0]}Model", {'model': seq})
     for i, rec in layers.items(): _fill(rec, f'model.{i}.', sd)
     if fused: _fuse(model)
     s = net.config.get('scale', 'n')

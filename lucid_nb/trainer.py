@@ -18,7 +18,7 @@ from fastcore.basics import patch
 from .allocator import expandable_segments
 from .data import DATA_SOURCE, load_rgb
 from .model import SCALES
-from .tasks import get_task
+from .tasks import TaskName, get_task
 from .heads import model_outputs, yolo
 from .weights import TransferReport, load_weights, read_weights
 from .loss import task_loss
@@ -156,7 +156,7 @@ class LitYolo(L.LightningModule):
                  capture_segment_heads:bool=False,
                  capture_optimizer_step:bool=False, capture_train_step:bool=False,
                  channels_last:bool=False, weights:str|None=None,
-                 task:Literal['segment', 'detect']='segment', weights_backbone:bool=False):
+                 task:TaskName='segment', weights_backbone:bool=False):
         super().__init__()
         self.task = get_task(task)
         if weights_backbone and not weights:
@@ -379,7 +379,7 @@ def make_validator(self:LitYolo, conf:float|None=None, predict:bool=False)->Vali
     h, dm = self.hparams, self.trainer.datamodule
     group = default_val_group_pixels() if h.get('val_group_pixels') is None else h.val_group_pixels
     return Validator(dm.cat_ids, conf=h.conf if conf is None else conf, iou=h.iou,
-                     max_det=h.max_det, masks=self.task.masks,
+                     max_det=h.max_det, task=self.task,
                      group_pixels=group, rules=getattr(dm, 'rules', 'lucid'), predict=predict)
 
 @patch

@@ -14,7 +14,7 @@ import torch
 from torch import nn, Tensor
 from .core import *
 from .model import SCALES
-from .tasks import TASKS, get_task
+from .tasks import DEFAULT_TASK, TASKS, get_task, weights_task
 from .heads import yolo, yolo_seg
 from .checkpoints import StandIn, local_file, safe_load
 
@@ -81,7 +81,7 @@ class Weights:
     @property
     def title(self)->str:
         if self.kind != 'ultralytics':
-            return (f"lucid {self.scale}{'' if self.task == 'segment' else ' ' + self.task}, "
+            return (f"lucid {self.scale}{'' if self.task == DEFAULT_TASK else ' ' + self.task}, "
                     f"{self.num_classes} classes")
         name = (get_task(self.task).title(self.scale) if self.task in TASKS
                 else f"YOLO11{self.scale}, a {self.task} model")
@@ -215,8 +215,9 @@ def read_weights(path, option:str='--model.weights')->Weights:
                          "the file Ultralytics' training saved (best.pt, last.pt, or the released "
                          "yolo11n-seg.pt)")
     # another task's third branch (keypoints, angles) is no mask branch
-    own = lambda k: (m := lucid_key(k)) and (task == 'segment'
-                                             or not m.startswith(('head.coef.', 'head.proto.')))
+    branches = weights_task(task).branches
+    own = lambda k: (m := lucid_key(k)) and (not m.startswith('head.')
+                                             or m.split('.')[1] in branches)
     state, extra = ({lucid_key(k): v.float() for k, v in raw.items() if own(k)},
                     [k for k in raw if not own(k)])
     cls = state.get('head.cls.0.2.weight')
@@ -227,7 +228,7 @@ def read_weights(path, option:str='--model.weights')->Weights:
                 if isinstance(vars(net).get('yaml'), dict) else None)
         first = raw.get('model.0.conv.weight')
         raise ValueError(f"{option} {p}: not a YOLO11 network of size {', '.join(SCALES)} (lucid's "
-                         f"sizes){f', a {task} model' if task != 'segment' else ''}: its backbone "
+                         f"sizes){f', a {task} model' if task != DEFAULT_TASK else ''}: its backbone "
                          f"and neck fit none of them ({len(raw)} tensors, first convolution "
                          f"{tuple(first.shape) if first is not None else 'missing'}{f', the file says scale {said!r}' if said else ''})")
     args = (ckpt.get('train_args') if isinstance(ckpt.get('train_args'), dict)
@@ -284,7 +285,7 @@ def line(self:TransferReport)->str:
             f"({self.weights.title})")
     if self.complete: return s + "; all of them"
     # another task's file: which parts of the network it gave, in words, first
-    if w.task != 'segment':
+    if set(UL_HEAD.values()) - set(weights_task(w.task).branches):
         by = {}
         for p, how in self.parts.items(): by.setdefault(how, []).append(PARTS[p])
         s += ''.join(f"; {how}: {', '.join(ps)}" for how in ('loaded', 'partly loaded', 'fresh')

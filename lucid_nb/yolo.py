@@ -15,6 +15,7 @@ from PIL import Image
 from pycocotools import mask as mask_utils
 from .core import *
 from .coco import *
+from .tasks import Task, get_task
 
 # %% auto #0
 __all__ = ['YAML_KEYS', 'DETECTION_LINE', 'NO_LABEL_FILE', 'NO_LABEL_FILE_SKIPPED', 'NEGATIVES', 'YoloSpec', 'yolo_classes',
@@ -221,10 +222,11 @@ def yolo_annotations(
     hw:tuple,             # (H, W) of its image as displayed
     keys:list,            # the class numbers of `names`
     report:DataReport,    # where bad lines go, as `file:line`
-    masks:bool=True,      # segmentation: polygon lines only; False (detection): box lines too, and polygons read as their boxes
+    task:str|Task|None=None, # with masks: polygon lines only; without (detect): box lines too, polygons read as boxes
 )->list[dict]|None:       # COCO annotations (no ids yet) of the good lines; None if the file cannot be read
     """The annotations of one label file; a detection line for segmentation is a `BadInputError`
     whatever the policy."""
+    masks = get_task(task).masks
     try: lines = txt.read_text().splitlines()
     except FileNotFoundError: return []
     except (OSError, UnicodeDecodeError) as e:
@@ -260,7 +262,7 @@ def yolo_coco(
     split:str,            # 'train', 'val' or 'test'
     report:DataReport,    # where problems and notes go
     first_id:int=1,       # id of the split's first image
-    masks:bool=True,      # segmentation labels; False: detection (`yolo_annotations`)
+    task:str|Task|None=None, # whose labels (`yolo_annotations`); None: `DEFAULT_TASK`
 )->dict:                  # COCO instances dict; `file_name`s relative to `spec.root`
     """One split of a YOLO-seg dataset as a COCO instances dict: images in file order with their
     displayed sizes, each good label line an annotation of category id = its class key."""
@@ -280,7 +282,7 @@ def yolo_coco(
         except IMAGE_ERRORS as e:
             report.problem(str(f), 'unreadable image', f"{type(e).__name__}: {e}")
             continue
-        if (mine := yolo_annotations(txt, hw, spec.keys, report, masks)) is None: continue
+        if (mine := yolo_annotations(txt, hw, spec.keys, report, task)) is None: continue
         if not mine: report.note(NEGATIVES if txt.is_file() else NO_LABEL_FILE)
         i = first_id + len(images)
         images.append(dict(id=i, file_name=str(f.relative_to(spec.root))
@@ -300,12 +302,12 @@ def yolo_records(
     report:DataReport,    # where problems and notes go
     scored:str='val',     # the split that validates: 'val' or 'test'
     cat_ids:list|None=None, # the classes' category ids (a checkpoint's); None: the keys of `names`
-    masks:bool=True,      # segmentation; False: detection, boxes only (`yolo_annotations`, `read_records`)
+    task:str|Task|None=None, # whose labels and instances (`yolo_annotations`, `read_records`)
 )->tuple:                 # (train records, scored records, the scored split's COCO dict)
     """Train and scored records of a data.yaml (image ids: train first, then the scored split), each
     category id a class's key."""
-    d = yolo_coco(spec, 'train', report, masks=masks)
-    e = yolo_coco(spec, scored, report, first_id=len(d['images']) + 1, masks=masks)
+    d = yolo_coco(spec, 'train', report, task=task)
+    e = yolo_coco(spec, scored, report, first_id=len(d['images']) + 1, task=task)
     cats = spec.keys if cat_ids is None else cat_ids
-    return (read_records(d, spec.root, cats, report, 'train', negatives=None, masks=masks),
-            read_records(e, spec.root, cats, report, scored, negatives=None, masks=masks), e)
+    return (read_records(d, spec.root, cats, report, 'train', negatives=None, task=task),
+            read_records(e, spec.root, cats, report, scored, negatives=None, task=task), e)

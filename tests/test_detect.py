@@ -133,9 +133,9 @@ def test_bad_box_line_is_named_by_file_and_line(tmp_path, line, reason):
     txt = tmp_path / 'a.txt'
     txt.write_text(f"0 0.5 0.5 0.2 0.2\n{line}\n")
     rep = DataReport('skip')
-    anns = yolo_annotations(txt, (100, 200), list(range(80)), rep, masks=False)
+    anns = yolo_annotations(txt, (100, 200), list(range(80)), rep, task='detect')
     assert len(anns) == 1 and rep.problems == [(f'{txt}:2', reason, 'skipped')]
-    with pytest.raises(BadInputError, match=rf'{txt}:2: {reason}'): yolo_annotations(txt, (100, 200), list(range(80)), DataReport('error'), masks=False)
+    with pytest.raises(BadInputError, match=rf'{txt}:2: {reason}'): yolo_annotations(txt, (100, 200), list(range(80)), DataReport('error'), task='detect')
 
 
 def test_segmentation_refuses_box_labels_in_one_line_naming_the_task(ddata, tmp_path, monkeypatch, capsys):
@@ -285,7 +285,7 @@ def test_predict_export_and_load_with_the_detect_file(tmp_path, monkeypatch, cap
     try: got = model.predict(files)
     finally: torch.set_num_threads(threads)
     for f, d in zip(files, got):
-        want = to_detections([x for x in cli if x['file_name'] == str(f)], d.image, model.cat_ids, model.class_names, masks=False)
+        want = to_detections([x for x in cli if x['file_name'] == str(f)], d.image, model.cat_ids, model.class_names, task='detect')
         assert d.masks is None and len(d) == len(want) > 0
         for k in ('boxes', 'scores', 'class_ids', 'category_ids'): np.testing.assert_array_equal(getattr(d, k), getattr(want, k))
     fmt = 'onnx' if importlib.util.find_spec('onnxscript') and importlib.util.find_spec('onnx') else 'torchscript'
