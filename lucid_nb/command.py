@@ -327,28 +327,6 @@ def quiet_lightning(verbose:bool=False, sub:str|None=None):
     for msg in QUIET_WARNINGS:
         warnings.filterwarnings('default' if verbose else 'ignore', message=msg)
 
-# %% ../nbs/10a_command.ipynb #51c4de9c
-EXPORT_HELP = ("Write a checkpoint's network as ONNX or TorchScript and check it (`lucid export "
-               "--help` lists its options).")
-
-@patch
-def _add_subcommands(self:LucidCLI, parser, **kwargs):
-    """Lightning's subcommands, then `export` in the list that `lucid --help` and a wrong
-    subcommand's error give (`lucid_nb.cli` sends `lucid export` to `export_main` before this
-    parser)."""
-    LightningCLI._add_subcommands(self, parser, **kwargs)
-    parser._subcommands_action.add_subcommand('export', self.init_parser(description=EXPORT_HELP),
-                                              help=EXPORT_HELP)
-
-@patch
-def _prepare_subcommand_kwargs(self:LucidCLI, subcommand:str)->dict:
-    """Lightning's arguments of the subcommand; `validate` and `test` pass `lucid`'s `--verbose` on:
-    Lightning's metric box after `lucid`'s table only when asked."""
-    kw = LightningCLI._prepare_subcommand_kwargs(self, subcommand)
-    if subcommand in ('validate', 'test'):
-        kw['verbose'] = bool(self.config[subcommand].get('verbose'))
-    return kw
-
 # %% ../nbs/10a_command.ipynb #7c2e4a02
 def model_line(net:nn.Module, size:int)->str:
     """The network in one line: parameters, GFLOPs of one (1,3,size,size) forward, megabytes of its
@@ -375,6 +353,28 @@ def quiet_trainer(trainer, verbose:bool=False):
     tables = [c for c in trainer.callbacks if type(c) in (ModelSummary, RichModelSummary)]
     if tables and not verbose: trainer.callbacks = [c for c in trainer.callbacks if c not in tables]
     if tables: trainer.callbacks.append(ModelLine())
+
+# %% ../nbs/10a_command.ipynb #51c4de9c
+EXPORT_HELP = ("Write a checkpoint's network as ONNX or TorchScript and check it (`lucid export "
+               "--help` lists its options).")
+
+@patch
+def _add_subcommands(self:LucidCLI, parser, **kwargs):
+    """Lightning's subcommands, then `export` in the list that `lucid --help` and a wrong
+    subcommand's error give (`lucid_nb.cli` sends `lucid export` to `export_main` before this
+    parser)."""
+    LightningCLI._add_subcommands(self, parser, **kwargs)
+    parser._subcommands_action.add_subcommand('export', self.init_parser(description=EXPORT_HELP),
+                                              help=EXPORT_HELP)
+
+@patch
+def _prepare_subcommand_kwargs(self:LucidCLI, subcommand:str)->dict:
+    """Lightning's arguments of the subcommand; `validate` and `test` pass `lucid`'s `--verbose` on:
+    Lightning's metric box after `lucid`'s table only when asked."""
+    kw = LightningCLI._prepare_subcommand_kwargs(self, subcommand)
+    if subcommand in ('validate', 'test'):
+        kw['verbose'] = bool(self.config[subcommand].get('verbose'))
+    return kw
 
 # %% ../nbs/10a_command.ipynb #30d045dc
 def resume_hint(trainer)->str:
