@@ -208,6 +208,10 @@ def read_weights(path, option:str='--model.weights')->Weights:
         raise ValueError(f"{option} {p}: neither a lucid checkpoint nor an Ultralytics one (no "
                          "'state_dict', no 'model' network)")
     raw, task = module_tensors(net), ultralytics_task(net)
+    if any('.one2one_' in k for k in raw):   # an end-to-end head: YOLO26's layout, not YOLO11's
+        raise ValueError(f"{option} {p} holds an Ultralytics YOLO26 network (an end-to-end head); "
+                         "lucid's commands build YOLO11 today: give a YOLO11 file (yolo11n-seg.pt), "
+                         "or load it in Python with lucid_nb.yolo26 (load_family_weights)")
     if any(k.endswith('.conv.weight') for k in raw) and not any('.bn.' in k for k in raw):
         raise ValueError(f"{option} {p} is a fused Ultralytics model (its BatchNorm folded into "
                          "the convolutions, as model.fuse() leaves it): lucid reads unfused "
@@ -242,7 +246,10 @@ def read_weights(path, option:str='--model.weights')->Weights:
 PARTS = {'backbone': 'backbone', 'neck': 'neck', 'head.box': 'box branch',
          'head.cls': 'class branch',
          # the network's parts, as `TransferReport` names them
-         'head.coef': 'mask-coefficient branch', 'head.proto': 'mask prototypes'}
+         'head.coef': 'mask-coefficient branch', 'head.proto': 'mask prototypes',
+         # YOLO26's end-to-end heads (`03b_yolo26`)
+         'head.one2one_box': 'one-to-one box branch', 'head.one2one_cls': 'one-to-one class branch',
+         'head.one2one_coef': 'one-to-one mask-coefficient branch'}
 
 @dataclass
 class TransferReport:
