@@ -18,7 +18,7 @@ from .augment import build_sample, letterbox_cv2, rect_batches, val_resized_hw
 from .loader import collate
 
 # %% auto #0
-__all__ = ['image_files', 'pil_rgb', 'prepare_image', 'ultralytics_sample', 'image_batch', 'ImageFiles', 'collate_images',
+__all__ = ['image_files', 'pil_rgb', 'prepare_image', 'ultralytics_sample', 'collate_images', 'image_batch', 'ImageFiles',
            'RectImages']
 
 # %% ../nbs/01c_plain_images.ipynb #d7dca9c4
@@ -61,14 +61,24 @@ def ultralytics_sample(img:np.ndarray, imgsz:int, image_id:int=0, shape=None)->d
                 letterbox=rp[[1, 2, 3]].astype(np.float32),
                 hsv=np.ones(3, np.float32), dropped=0, ratio_pad=rp)
 
+def collate_images(samples:list[dict])->dict:
+    """`ImageFiles` samples as a batch of the good ones (no `img` when none is), with `problems`:
+    (image_id, message) of the bad files; `ratio_pad` (B,4) by Ultralytics' rules."""
+    good = [s for s in samples if 'problem' not in s]
+    batch = collate(good, max_instances=1) if good else {}
+    if good and 'ratio_pad' in good[0]:
+        batch['ratio_pad'] = torch.from_numpy(np.stack([s['ratio_pad'] for s in good]))
+    batch['problems'] = [(s['image_id'], s['problem']) for s in samples if 'problem' in s]
+    return batch
+
 def image_batch(imgs:list[np.ndarray], imgsz:int, first_id:int=0, rules:str='lucid')->dict:
     """Letterboxed images as a batch in the format of `collate` (`image_id` counts from `first_id`);
     by Ultralytics' rules, images of one shape."""
     if check_rules(rules) == 'ultralytics':
         return collate_images([ultralytics_sample(a, imgsz, first_id + i)
-                                                  for i, a in enumerate(imgs)])
+                               for i, a in enumerate(imgs)])
     return collate([build_sample([prepare_image(a, imgsz, first_id + i)], imgsz, max_instances=1)
-                                 for i, a in enumerate(imgs)], 1)
+                    for i, a in enumerate(imgs)], 1)
 
 # %% ../nbs/01c_plain_images.ipynb #8a2c35bf
 class ImageFiles(Dataset):
@@ -85,16 +95,6 @@ class ImageFiles(Dataset):
         if self.rules == 'ultralytics': return ultralytics_sample(img, self.imgsz, self.ids[i])
         return build_sample([prepare_image(img, self.imgsz, self.ids[i])], self.imgsz,
                             max_instances=1)
-
-def collate_images(samples:list[dict])->dict:
-    """`ImageFiles` samples as a batch of the good ones (no `img` when none is), with `problems`:
-    (image_id, message) of the bad files; `ratio_pad` (B,4) by Ultralytics' rules."""
-    good = [s for s in samples if 'problem' not in s]
-    batch = collate(good, max_instances=1) if good else {}
-    if good and 'ratio_pad' in good[0]:
-        batch['ratio_pad'] = torch.from_numpy(np.stack([s['ratio_pad'] for s in good]))
-    batch['problems'] = [(s['image_id'], s['problem']) for s in samples if 'problem' in s]
-    return batch
 
 class RectImages(Dataset):
     """Validation records as samples by Ultralytics' validation rules: in `rect_batches`' order,
