@@ -16,7 +16,7 @@ from .tasks import get_task, register
 from .heads import make_anchors, bbox2dist, flatten_levels, decode_boxes
 
 # %% auto #0
-__all__ = ['MASK_CHUNK_ELEMENTS', 'dfl_loss', 'Assignment', 'in_boxes', 'assign', 'chunk_grad', 'CroppedMaskBCE',
+__all__ = ['MASK_CHUNK_ELEMENTS', 'dfl_loss', 'Assignment', 'in_boxes', 'assign', 'chunk_grad', 'chunk_inputs', 'CroppedMaskBCE',
            'exclusive_masks', 'mask_loss', 'DetectLoss', 'SegLoss', 'Assigned', 'task_loss', 'synth_head_out']
 
 # %% ../nbs/04_loss.ipynb #ca19813e
@@ -126,7 +126,7 @@ def chunk_grad(x, t, rows, cols):
     (n,G,k,h,1) and columns (n,G,k,1,w), 0/1; ∂ loss/∂x is this times the incoming gradient."""
     return torch.sigmoid_(x).sub_(t).mul_(rows).mul_(cols)
 
-def _chunk_inputs(proto, owner, masks, tgt, ebox, s, e):
+def chunk_inputs(proto, owner, masks, tgt, ebox, s, e):
     """Groups s..e-1: their images' prototypes (n,P,h,w); each entry's target mask (n,G,k,h,w) and
     its box's rows and columns, 0/1 floats."""
     h, w = proto.shape[-2:]
@@ -147,7 +147,7 @@ class CroppedMaskBCE(torch.autograd.Function):
         ctx.save_for_backward(c, proto, owner, masks, tgt, ebox)
         ctx.chunk = chunk
         return torch.cat([_cropped_bce_sum(c[s:s + chunk],
-                                           *_chunk_inputs(
+                                           *chunk_inputs(
                                                proto, owner, masks, tgt, ebox, s, s + chunk))
                           for s in range(0, len(c), chunk)])
 
@@ -164,7 +164,7 @@ class CroppedMaskBCE(torch.autograd.Function):
             for s in range(0, len(c), ctx.chunk):
                 e = s + ctx.chunk
                 n = len(c[s:e])
-                cs, (ps, ts, rs, cl) = c[s:e], _chunk_inputs(proto, owner, masks, tgt, ebox, s, e)
+                cs, (ps, ts, rs, cl) = c[s:e], chunk_inputs(proto, owner, masks, tgt, ebox, s, e)
                 # (σ(x) − t)·inside, in x's memory
                 d = chunk_grad(torch.einsum('qgkp,qphw->qgkhw', cs, ps), ts, rs,
                                cl).view(n, G * k, h * w)

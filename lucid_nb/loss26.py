@@ -14,7 +14,7 @@ from .core import bbox_iou
 from .tasks import get_task
 from .heads import dist2bbox, flatten_levels, make_anchors
 from .loss import Assigned, Assignment, DetectLoss, MASK_CHUNK_ELEMENTS, exclusive_masks
-from .loss import _chunk_inputs, in_boxes, mask_loss
+from .loss import chunk_inputs, in_boxes, mask_loss
 from .yolo26 import box_distances
 
 # %% auto #0
@@ -137,7 +137,7 @@ def mask_ious(
     slot = torch.arange(Q * G, device=top.device).view(Q, G, 1).expand(Q, G, k)
     chunk, out = max(1, MASK_CHUNK_ELEMENTS // (G * k * h * w)), []
     for s in range(0, Q, chunk):   # (n,P,h,w), (n,G,k,h,w), crop rows (n,G,k,h,1), cols (n,G,k,1,w)
-        ps, gt, rows, cols = _chunk_inputs(m.proto, owner, m.gt.reshape(Q * G, h, w), slot, box, s,
+        ps, gt, rows, cols = chunk_inputs(m.proto, owner, m.gt.reshape(Q * G, h, w), slot, box, s,
                                            s + chunk)
         pm = (torch.einsum('qgkp,qphw->qgkhw', c[s:s + chunk], ps) > 0).to(ps.dtype) * rows * cols
         inter = (pm * gt).sum((-2, -1))

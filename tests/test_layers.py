@@ -78,3 +78,11 @@ def test_notebooks_sort_in_layer_order():
     late = [f"{nbs[m]} ({m}) imports {d}, whose {nbs[d]} sorts after it" for m in LAYER
             for d in imported((PKG / f'{m}.py').read_text()) - {m, PACKAGE} if nbs[d] > nbs[m]]
     assert not late, late
+
+
+def test_no_module_imports_another_modules_private_name():
+    "A name another module needs is public (`from .x import _y` hides a dependency the docs and `__all__` miss)."
+    private = [f"{p.stem} imports {node.module}.{a.name}" for p in sorted(PKG.glob('*.py'))
+               for node in ast.walk(ast.parse(p.read_text())) if isinstance(node, ast.ImportFrom) and node.level
+               for a in node.names if a.name.startswith('_') and not a.name.startswith('__')]
+    assert not private, private
