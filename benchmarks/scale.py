@@ -296,13 +296,10 @@ def fit(a, ds: Path) -> Path:
 def _children_cpu_seconds() -> float:
     "User + system CPU seconds of this process's live child processes (the loader's workers)."
     tick, total = os.sysconf('SC_CLK_TCK'), 0.
-    for t in Path(f'/proc/{os.getpid()}/task').iterdir():
-        try: kids = (t / 'children').read_text().split()
-        except OSError: continue   # a thread that ended
-        for c in kids:
-            with contextlib.suppress(OSError):
-                f = Path(f'/proc/{c}/stat').read_text().rsplit(')', 1)[1].split()
-                total += (int(f[11]) + int(f[12])) / tick
+    for c in _children(os.getpid()):
+        with contextlib.suppress(OSError):   # a worker that ended meanwhile
+            f = Path(f'/proc/{c}/stat').read_text().rsplit(')', 1)[1].split()
+            total += (int(f[11]) + int(f[12])) / tick
     return total
 
 
@@ -354,7 +351,7 @@ def loader(a, ds: Path) -> Path:
                                             for w in a.workers}
     res = dict(what='training loader alone (YoloData.train_dataloader, GPU configuration data settings)', stage='loader',
                n=a.n, batch_size=a.batch, epochs=a.loader_epochs, rounds=a.rounds, close_mosaic=a.close_mosaic, data=config_data(a.smoke),
-               baseline=os.environ.get('LUCID_NB_BASELINE') and 'LUCID_NB_BASELINE' if a.base else None,
+               baseline='$LUCID_NB_BASELINE' if a.base else None,   # its folder is this machine's
                cpu_count=os.cpu_count(), load_average=list(os.getloadavg()), rows=rows, summary=summary,
                command=' '.join([Path(sys.executable).name, *sys.argv]))
     if a.fit: res['fit'] = print_loader_over_fit(loader_over_fit([x for x in rows if x['library'] == 'current'],
@@ -403,7 +400,11 @@ def _pss_kib(pid: int) -> int:
 
 
 def _children(pid: int) -> list:
-    return [int(c) for t in Path(f'/proc/{pid}/task').iterdir() for c in (t / 'children').read_text().split()]
+    "The child processes of `pid`'s threads (a thread that ends meanwhile has none)."
+    out = []
+    for t in Path(f'/proc/{pid}/task').iterdir():
+        with contextlib.suppress(OSError): out += [int(c) for c in (t / 'children').read_text().split()]
+    return out
 
 
 def cache_point(a):
