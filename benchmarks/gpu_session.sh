@@ -12,7 +12,8 @@
 #   startup               profile_fit.py startup: the seconds before the first step, by stage, under cProfile
 #   learns                it_learns.py: 100 epochs from scratch on the 128 images (about 5 minutes on the H200), each arm of
 #                         $LEARNS_ARMS at each seed of $LEARNS_SEEDS, side by side (default segment, 0; detect: the detector;
-#                         segment@base: the library in $LUCID_NB_BASELINE, whose commit its file COMMIT names). A seed moves
+#                         segment@base: the library in $LUCID_NB_BASELINE, whose commit its file COMMIT names; ul-segment,
+#                         ul-detect: Ultralytics' own trainer, its last.pt scored by lucid's COCOeval). A seed moves
 #                         the result more than most changes do: compare libraries by the median over >= 5 seeds
 #   hooks                 a 4-epoch fit under Lightning's SimpleProfiler (its report to $OUT/results)
 # e.g. LUCID_NB_COMMIT=$(git rev-parse --short HEAD) ARMS=native,step,ul bash benchmarks/gpu_session.sh warm tests ref4x2@0
@@ -58,12 +59,13 @@ for stage in "$@"; do
     startup) python3 benchmarks/profile_fit.py startup --out "$OUT/results" 2>&1 | grep -E " s$|->" || status=1 ;;
     learns) pids=()   # the arms of $LEARNS_ARMS side by side (mostly CPU-bound: loader and COCOeval)
             for arm in ${LEARNS_ARMS:-segment}; do for seed in ${LEARNS_SEEDS:-0}; do
-              task=${arm%@base} pp=$PYTHONPATH commit=$LUCID_NB_COMMIT tag=
-              if [ "$task" != "$arm" ]; then   # the library in $LUCID_NB_BASELINE (its commit in COMMIT there), the data of this checkout
+              task=${arm%@base} pp=$PYTHONPATH commit=$LUCID_NB_COMMIT tag= lib=lucid
+              case $task in ul-*) task=${task#ul-} lib=ultralytics ;; esac
+              if [ "${arm%@base}" != "$arm" ]; then   # the library in $LUCID_NB_BASELINE (its commit in COMMIT there), the data of this checkout
                 [ -e "$LUCID_NB_BASELINE/lucid_nb/embedded" ] || ln -s "$PWD/lucid_nb/embedded" "$LUCID_NB_BASELINE/lucid_nb/embedded"
                 pp=$LUCID_NB_BASELINE:$PYTHONPATH commit=$(cat "$LUCID_NB_BASELINE/COMMIT" 2>/dev/null || echo base) tag=base
               fi
-              PYTHONPATH=$pp LUCID_NB_COMMIT=$commit python3 benchmarks/it_learns.py --out "$OUT/results" --task "$task" --tag "$tag" \
+              PYTHONPATH=$pp LUCID_NB_COMMIT=$commit python3 benchmarks/it_learns.py --out "$OUT/results" --task "$task" --tag "$tag" --library "$lib" \
                 --seed "$seed" > "$OUT/results/it_learns_${arm/@/_}_$seed.log" 2>&1 & pids+=($!)
             done; done
             for pid in "${pids[@]}"; do wait "$pid" || status=1; done

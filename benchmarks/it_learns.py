@@ -8,6 +8,8 @@ and the wall time.
         # box mAP50 from 0.01 to 0.37 (nbs/08c_trainer), so libraries are compared by the median over five seeds or more
     PYTHONPATH=DIR python benchmarks/it_learns.py --tag cpu_base -- --trainer.accelerator cpu ...   # on the CPU, reduced;
         # DIR holds another revision's exported lucid_nb/ (`git archive REV lucid_nb | tar -x -C DIR`): before and after
+    python benchmarks/it_learns.py --library ultralytics --seed 3 [--task detect]   # Ultralytics' own trainer, same protocol:
+        # it_learns_<device>_<commit>_ultralytics[_detect]_seed3.json, its last.pt scored by lucid's COCOeval
     OMP_NUM_THREADS=1 python benchmarks/it_learns.py --young --ultralytics-python /tmp/ulvenv/bin/python \
         --ultralytics-pythonpath /tmp/tvstub     # it_learns_cpu_<commit>_young.json: issue 57's CPU proxy, both libraries
         # (--into benchmarks/results/it_learns_nvidia-h100-80gb-hbm3_fa65bad_seeds.json: as that file's key young_cpu)
@@ -26,7 +28,7 @@ Writes `it_learns_<device>_<commit>.json` (every validation's 24 COCO numbers, w
 environment; `common.write_result`) and the same name `.png` (mAP per epoch). Nothing is tuned to a target: the settings are the defaults of
 `configs/coco128-seg-n.yaml` apart from batch 16 and the epoch count.
 """
-import argparse, csv, json, os, shlex, subprocess, sys, tempfile, time
+import argparse, csv, json, os, shlex, shutil, subprocess, sys, tempfile, time
 from pathlib import Path
 
 import matplotlib
@@ -49,12 +51,16 @@ def main(argv=None):
     p.add_argument('--tag', default='', help='appended to the result file name (e.g. cpu_before)')
     p.add_argument('--young', action='store_true', help="issue 57's CPU proxy: 160 px, batch 8, 10 epochs, lucid's split, loss per epoch")
     p.add_argument('--seeds', type=int, nargs='+', default=[0, 1, 2, 3, 4], help='--young: the seeds (default 0-4)')
-    p.add_argument('--ultralytics-python', help="--young: an interpreter with Ultralytics 8.4.190, to run its trainer beside lucid")
+    p.add_argument('--ultralytics-python', help="--young, --library ultralytics: an interpreter with Ultralytics 8.4.190, to run its trainer beside lucid")
     p.add_argument('--ultralytics-pythonpath', default='', help="--young: prepended to that interpreter's PYTHONPATH (e.g. a torchvision stub)")
     p.add_argument('--into', help="--young: put the result, as its key `young_cpu`, into this existing it_learns JSON instead of a file of its own")
+    p.add_argument('--library', default='lucid', choices=('lucid', 'ultralytics'),
+                   help="ultralytics: its own trainer (`ultralytics_run.py`) on the same protocol, its last.pt then scored by lucid's COCOeval")
+    p.add_argument('--imgsz', type=int, default=640, help='--library ultralytics: both its training and the scoring (default 640; a CPU smoke run: less)')
     p.add_argument('extra', nargs='*', help='further `lucid fit` arguments, after --')
     a = p.parse_args(argv)
     if a.young: return young(a, argv)
+    if a.library == 'ultralytics': return ultralytics_learns(a, argv)
     from lucid_nb.core import EMBEDDED_ANNOTATIONS, EMBEDDED_IMAGES
     from lucid_nb.command import cli_main
     run_root = Path(a.run_root or tempfile.mkdtemp()) / 'runs'
@@ -91,6 +97,54 @@ def main(argv=None):
     masks = f", mask mAP50 {last['segm/mAP50']:.3f} mAP50-95 {last['segm/mAP50-95']:.3f}" if 'segm/mAP50' in last else ''
     print(f"wall {wall:.0f} s; last validation (epoch {last['epoch'] + 1}): box mAP50 {last['bbox/mAP50']:.3f} "
           f"mAP50-95 {last['bbox/mAP50-95']:.3f}{masks} -> {path}")
+
+
+def ultralytics_learns(a, argv) -> Path:
+    """The it-learns protocol with Ultralytics' own trainer (`ultralytics_run.py`: its defaults, `val=False`, so it
+    validates the last epoch only) on the same 128 images as train and val, epochs, batch and 640 px, at `--seed`; its
+    `last.pt` (the EMA weights, stripped as it strips them) is then scored by `lucid validate`, the COCOeval lucid's
+    runs are scored by, so both libraries' numbers come from one evaluator. Its own final mAP and each epoch's loss terms
+    (`results.csv`) are kept beside."""
+    from lucid_nb.core import EMBEDDED_ANNOTATIONS, EMBEDDED_IMAGES
+    from lucid_nb.command import cli_main
+    root = Path(a.run_root or tempfile.mkdtemp(prefix='learns_ul_'))
+    seed = 0 if a.seed is None else a.seed
+    args = ['--data', str(Path(EMBEDDED_IMAGES).parent), '--val-count', '0', '--batch', str(a.batch_size),
+            '--epochs', str(a.epochs), '--workers', str(a.workers), '--seed', str(seed), '--no-val', '--imgsz', str(a.imgsz),
+            '--model', 'yolo11n-seg.yaml' if a.task == 'segment' else 'yolo11n.yaml', '--project', str(root / 'ul')]
+    envs = dict(os.environ, PYTHONPATH=os.pathsep.join(x for x in (a.ultralytics_pythonpath, os.environ.get('PYTHONPATH', '')) if x))
+    t0 = time.perf_counter()
+    subprocess.run([a.ultralytics_python or sys.executable, str(Path(__file__).with_name('ultralytics_run.py')), *args,
+                    '--json', str(root / 'ul.json')], check=True, stdout=subprocess.DEVNULL, env=envs)
+    wall = time.perf_counter() - t0
+    ul = json.loads((root / 'ul.json').read_text())
+    weights = root / 'ul' / 'r' / 'weights' / 'last.pt'
+    scored = ['validate', '--config', str(REFERENCE_CONFIG), '--model.weights', str(weights),
+              '--data.val_images', str(EMBEDDED_IMAGES), '--data.val_annotations', str(EMBEDDED_ANNOTATIONS),
+              '--data.batch_size', str(a.batch_size), '--data.imgsz', str(a.imgsz), '--model.max_det', '100',
+              '--trainer.enable_progress_bar', 'false',
+              *(['--model.task', a.task] if a.task != 'segment' else []),
+              '--trainer.logger.init_args.save_dir', str(root / 'runs'), *a.extra]
+    cli = cli_main(scored)
+    val = json.loads((Path(cli.trainer.log_dir) / 'val_metrics.jsonl').read_text().splitlines()[-1])
+    val['epoch'] = a.epochs - 1
+    last = ul['results'][-1] if ul['results'] else {}
+    result = dict(what=f"Ultralytics' yolo11n {a.task} trainer from scratch, the it-learns protocol, its last.pt scored by lucid's COCOeval",
+                  task=a.task, library='ultralytics', version=ul['ultralytics'],
+                  command='python benchmarks/it_learns.py ' + ' '.join(map(shlex.quote, argv or sys.argv[1:])),
+                  ultralytics_args=args, lucid_validate_args=scored, epochs=a.epochs, batch_size=a.batch_size,
+                  wall_seconds=round(wall, 1), env=env(), validations=[val],
+                  ultralytics_own_final={k: v for k, v in last.items() if k.startswith('metrics/')},
+                  ultralytics_epochs=[dict(epoch=int(r['epoch']), **{t: r[f'train/{t}_loss'] for t in TERMS if f'train/{t}_loss' in r})
+                                      for r in ul['results']],
+                  ultralytics_peak_reserved_mib=ul['peak_reserved_mib'])
+    path = write_result('it_learns', nameless(result, a), out=a.out,
+                        tag='_'.join(t for t in ('ultralytics', a.task if a.task != 'segment' else '', a.tag, f'seed{seed}') if t))
+    masks = f", mask mAP50 {val['segm/mAP50']:.3f} mAP50-95 {val['segm/mAP50-95']:.3f}" if 'segm/mAP50' in val else ''
+    print(f"wall {wall:.0f} s; last validation (epoch {a.epochs}): box mAP50 {val['bbox/mAP50']:.3f} "
+          f"mAP50-95 {val['bbox/mAP50-95']:.3f}{masks} -> {path}")
+    if not a.run_root: shutil.rmtree(root, ignore_errors=True)
+    return path
 
 
 YOUNG = ['--data.imgsz', '160', '--data.batch_size', '8', '--trainer.accelerator', 'cpu', '--trainer.enable_progress_bar', 'false',

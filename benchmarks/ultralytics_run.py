@@ -70,7 +70,8 @@ def coco_to_yolo(folder: Path, work: Path, val_count: int) -> Path:
     coco = json.loads(next(ann.glob('*.json')).read_text())
     names = [c['name'] for c in sorted(coco['categories'], key=lambda c: c['id'])]
     files = sorted(i['file_name'] for i in coco['images'])
-    for split, part in (('train', files[:-val_count]), ('val', files[-val_count:])):
+    splits = (('train', files[:-val_count]), ('val', files[-val_count:])) if val_count else (('train', files), ('val', files))
+    for split, part in splits:
         (work / 'ds' / 'images' / split).mkdir(parents=True); (work / 'ds' / 'labels' / split).mkdir(parents=True)
         for f in part:
             (work / 'ds' / 'images' / split / f).symlink_to((folder / 'images' / f).resolve())
@@ -114,7 +115,8 @@ def main(argv=None):
     p.add_argument('--json', required=True, help='the result file to write')
     p.add_argument('--batch', type=int, default=4); p.add_argument('--epochs', type=int, default=10)
     p.add_argument('--imgsz', type=int, default=640); p.add_argument('--workers', type=int, default=8)
-    p.add_argument('--val-count', type=int, default=32, help='a COCO folder: the last N images by file name validate (default 32)')
+    p.add_argument('--val-count', type=int, default=32, help='a COCO folder: the last N images by file name validate (default 32; '
+                   '0: every image trains and validates, the it-learns protocol)')
     p.add_argument('--close-mosaic', type=int, default=10, help="epochs at the end without mosaic (Ultralytics' default 10)")
     p.add_argument('--cache', default='none', choices=('none', 'ram', 'disk'), help="Ultralytics' image cache (default none, its own)")
     p.add_argument('--model', default='yolo11n-seg.yaml')
@@ -123,7 +125,7 @@ def main(argv=None):
     p.add_argument('--device', help='default: GPU 0 where CUDA is, else cpu')
     p.add_argument('--seed', type=int, default=0, help="Ultralytics' seed= (default 0)")
     p.add_argument('--no-val', action='store_true', help="Ultralytics' val=False: it validates the last epoch only")
-    p.add_argument('--project', help='folder of its run (default: a temporary one)')
+    p.add_argument('--project', help='folder of its run, kept (default: a temporary one, removed); its weights: <project>/r/weights/')
     a = p.parse_args(argv)
     offline()
     if importlib.util.find_spec('polars') is None: sys.modules['polars'] = polars_stand_in()
