@@ -23,7 +23,8 @@ from .core import *
 from .data import DATA_SOURCE, YoloData
 from .model import model_summary
 from .checkpoints import SafeCheckpointIO, local_file, read_checkpoint, weak_checkpoint
-from .weights import no_weights_line, read_weights, untrained_asked, weights_read
+from .weights import no_weights_line, untrained_asked, weights_read
+from .yolo26 import DEFAULT_FAMILY, read_model_weights
 from .messages import note
 from .run_folder import (LOCK_NAME, RunFolderInUse, lock_owner_alive, read_lock, run_folder,
                                  run_lock)
@@ -668,7 +669,7 @@ def _weights_options(self:LucidCLI):
         self.config = self.parser.parse_object(wrap({'model': {'weights': None}}), self.config)
         return
     # handed to `LitYolo.start_from` (`instantiate_classes`): read once
-    w = self.model_weights = read_weights(path)
+    w = self.model_weights = read_model_weights(path)
     if sub in ('validate', 'test', 'predict'): cfg = self._weights_to_run(sub, path, w, cfg)
     self._weights_network(sub, path, w, cfg, wrap)
 
@@ -705,10 +706,12 @@ def _weights_network(self:LucidCLI, sub:str|None, path, w, cfg, wrap):
         raise ValueError("--model.weights_backbone true is for fit (a start from a file's "
                          f"backbone and neck); lucid {sub} runs the network of --model.weights "
                          f"{path} whole: leave it out")
-    for k, mine, check in (('task', w.task, lambda t: w.check_task(t, backbone)),
+    for k, mine, check in (('family', w.family, w.check_family),
+                           ('task', w.task, lambda t: w.check_task(t, backbone)),
                            ('size', w.scale, w.check_size)):
-        # a pose or OBB file: fit keeps the task asked for
-        if mine == cfg.model[k] or (k == 'task' and mine not in TASKS): continue
+        # a pose or OBB file: fit keeps the task asked for; unset family: the default's file says nothing new
+        if (mine == cfg.model[k] or (k == 'task' and mine not in TASKS)
+                or (k == 'family' and cfg.model[k] is None and mine == DEFAULT_FAMILY)): continue
         # refused, or a backbone start of another task
         if k in self.given_model_options: check(cfg.model[k]); continue
         self.config = self.parser.parse_object(wrap({'model': {k: mine}}), self.config)

@@ -188,6 +188,8 @@ def draw_instances(img:np.ndarray,          # (H,W,3) uint8 RGB
     for (x1, y1, x2, y2), label, k in zip(np.asarray(boxes, np.float32).reshape(-1, 4).tolist(),
                                           labels, colours):
         c = PALETTE[k % len(PALETTE)]
+        # a young end-to-end network (YOLO26) can predict a box whose corners cross: its span
+        x1, x2, y1, y2 = min(x1, x2), max(x1, x2), min(y1, y2), max(y1, y2)
         d.rectangle((x1, y1, x2, y2), outline=c, width=lw)
         if label:
             l, t, r, b = d.textbbox((x1, y1), label)

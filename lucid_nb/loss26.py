@@ -14,12 +14,12 @@ from .core import bbox_iou
 from .tasks import get_task
 from .heads import dist2bbox, flatten_levels, make_anchors
 from .loss import Assigned, Assignment, DetectLoss, MASK_CHUNK_ELEMENTS, exclusive_masks
-from .loss import chunk_inputs, in_boxes, mask_loss
-from .yolo26 import box_distances
+from .loss import chunk_inputs, in_boxes, mask_loss, task_loss
+from .yolo26 import Family, box_distances, get_family
 
 # %% auto #0
 __all__ = ['branch_gains', 'pair_scores', 'resolve', 'owned', 'assign26', 'MaskInputs', 'mask_ious', 'mask_aware', 'l1_term',
-           'DetectLoss26', 'semantic_targets', 'bce_dice', 'SegLoss26', 'one2one_out', 'E2ELoss26']
+           'DetectLoss26', 'semantic_targets', 'bce_dice', 'SegLoss26', 'one2one_out', 'E2ELoss26', 'family_loss']
 
 # %% ../nbs/04b_loss26.ipynb #bae83b9e
 def branch_gains(
@@ -289,8 +289,9 @@ class E2ELoss26(nn.Module):
         self.epochs, self.start, self.final = epochs, start, final
         self.register_buffer('weights', torch.tensor(branch_gains(0, epochs, start, final)),
                              persistent=False)
-    def set_epoch(self, epoch:int):
-        "The branch weights of `epoch` (from 0), written in place."
+    def set_epoch(self, epoch:int, epochs:int|None=None):
+        "The branch weights of `epoch` (from 0) of a run of `epochs` (None: as built), in place."
+        if epochs is not None: self.epochs = epochs
         self.weights.copy_(torch.tensor(branch_gains(epoch, self.epochs, self.start, self.final)))
     def branch_terms(self, out:dict, batch:dict)->dict[str,dict]:
         "Each branch's gain-weighted terms, before its branch weight."
@@ -301,3 +302,18 @@ class E2ELoss26(nn.Module):
         t, (w_m, w_o) = self.branch_terms(out, batch), self.weights
         return ({f'o2m_{k}': v * w_m for k, v in t['one2many'].items()}
                 | {f'o2o_{k}': v * w_o for k, v in t['one2one'].items()})
+
+# %% ../nbs/04b_loss26.ipynb #490d2c57
+def family_loss(
+    family:str|Family|None=None,  # a family of `FAMILIES` (`03b_yolo26`); None: `DEFAULT_FAMILY`
+    task:str|None=None,           # a task of `TASKS`; None: `DEFAULT_TASK`
+    num_classes:int=80,
+    box:float=7.5, cls:float=0.5,
+    dfl:float=1.5,                # DFL's gain; YOLO26's L1 distance term's (Ultralytics' `dfl`)
+    seg:float=7.5,                # the mask term's gain; not used without masks
+)->nn.Module:
+    "The training loss of a `family` network for `task`: `task_loss`, or an end-to-end `E2ELoss26`."
+    if not get_family(family).end2end:
+        return task_loss(task, num_classes, box=box, cls=cls, dfl=dfl, seg=seg)
+    masks = dict(seg=seg, sem=box) if get_task(task).masks else {}
+    return E2ELoss26(get_task(task).name, num_classes, box=box, cls=cls, dfl=dfl, **masks)

@@ -21,10 +21,10 @@ from .tasks import Task, get_task
 
 # %% auto #0
 __all__ = ['COCO80_IDS', 'STAT_NAMES', 'SUMMARY_NAMES', 'CONF_GRID', 'PREDICT_CONF', 'greedy_in_order', 'greedy_keep', 'nms',
-           'class_top', 'nms_reference', 'quiet', 'load_coco', 'coco_results', 'results_bytes', 'write_results',
-           'CocoStats', 'at_scores', 'f1_score', 'operating_point', 'class_eval', 'no_detections_eval', 'gt_counts',
-           'match_boxes', 'confusion_matrix', 'coco_evaluate', 'class_rows', 'class_table', 'speed_line', 'Validator',
-           'anchor_masks', 'predict_conf', 'conf_line']
+           'class_top', 'top_pairs', 'nms_reference', 'quiet', 'load_coco', 'coco_results', 'results_bytes',
+           'write_results', 'CocoStats', 'at_scores', 'f1_score', 'operating_point', 'class_eval', 'no_detections_eval',
+           'gt_counts', 'match_boxes', 'confusion_matrix', 'coco_evaluate', 'class_rows', 'class_table', 'speed_line',
+           'Validator', 'anchor_masks', 'predict_conf', 'conf_line']
 
 # %% ../nbs/07b_metrics.ipynb #a0b7cb8a
 def _candidates(scores:Tensor, conf:float, multi_label:bool, max_nms:int)->tuple[Tensor,Tensor,Tensor]: # (B,n) each
@@ -178,6 +178,30 @@ def class_top(
     ok = valid & (rank < most)
     pos = torch.where(ok, ok.cumsum(1) - 1, n)   # slots of those left; the others to a bin
     return keep.new_zeros(B, n + 1).scatter_(1, pos, keep)[:, :n], ok.sum(1)
+
+# %% ../nbs/07b_metrics.ipynb #f1877c9a
+def top_pairs(
+    boxes:Tensor,            # (B,A,4) xyxy in pixels of the letterboxed input
+    scores:Tensor,           # (B,A,K) class probabilities
+    conf:float=0.001,        # pairs score above this
+    max_det:int=300,         # detections per image
+    per_class:int|None=None, # only each image's first this many of a class (`class_top`); None: all
+)->list[dict]:               # `nms`'s: per image `boxes`, `scores`, `classes`, `anchors`, best first
+    "An end-to-end network's detections, no NMS: the best (anchor, class) pairs of the best anchors."
+    boxes, scores = boxes.float(), scores.float()
+    B, A, K = scores.shape
+    k = min(max_det, A)
+    anchor = scores.amax(-1).topk(k, 1).indices                                   # (B,k)
+    top, j = scores.gather(1, anchor[..., None].expand(-1, -1, K)).flatten(1).topk(k, 1)
+    anchor, cls = anchor.gather(1, j // K), j % K
+    keep, count = torch.arange(k, device=top.device).expand(B, -1), (top > conf).sum(1)
+    if per_class is not None: keep, count = class_top(keep, count, cls, per_class)
+    out = []
+    for i, c in enumerate(count.tolist()):
+        r = keep[i, :c]
+        out.append(dict(boxes=boxes[i, anchor[i, r]], scores=top[i, r], classes=cls[i, r],
+                        anchors=anchor[i, r]))
+    return out
 
 # %% ../nbs/07b_metrics.ipynb #e6a989ef
 def nms_reference(boxes:Tensor, scores:Tensor, conf:float=0.001, iou:float=0.7, max_det:int=300,
@@ -545,7 +569,8 @@ class Validator:
                  group_pixels:int=2**25, # pixels of the images whose masks, runs and strings are made at once (`_group_masks`)
                  rules:str='lucid',      # the checkpoint's inference rules (`00b_core`): 'ultralytics' takes `_update_ultralytics`
                  predict:bool=False,     # predicting, not validating (Ultralytics' rules differ between the two)
-                 scored:int|None=100):   # validating by lucid's rules: only each image's best this many of a class (COCOeval's `maxDets`; `class_top`); None: all
+                 scored:int|None=100,    # validating by lucid's rules: only each image's best this many of a class (COCOeval's `maxDets`; `class_top`); None: all
+                 end2end:bool=False):    # an end-to-end network's output (YOLO26): its top pairs (`top_pairs`), no NMS
         self.cat_ids, self.task, self.group_pixels, self.scored = (
             cat_ids, get_task(task), group_pixels, scored)
         self.masks = self.task.masks
@@ -554,6 +579,7 @@ class Validator:
         if rules == 'ultralytics': multi_label = not predict
         self.nms_kw = dict(conf=conf, iou=iou, max_det=max_det, max_nms=max_nms,
                            multi_label=multi_label)
+        self.end2end = end2end
         self.reset()
 
     def reset(self):
@@ -579,14 +605,21 @@ class Validator:
         "Write `results` as the predictions JSON (atomically); return its sha256."
         return write_results(path, self.results)
 
+    def select(self, eval_out:dict, per_class:int|None=None)->list[dict]:
+        "Each image's detections: `nms`, or an end-to-end network's `top_pairs`."
+        if self.end2end:
+            kw = self.nms_kw
+            return top_pairs(eval_out['boxes'], eval_out['scores'], kw['conf'], kw['max_det'],
+                             per_class)
+        return nms(eval_out['boxes'], eval_out['scores'], **self.nms_kw, per_class=per_class)
+
 # %% ../nbs/07b_metrics.ipynb #63379421
 @patch
 def _update(self:Validator, eval_out:dict, batch:dict):
     """`update` by lucid's rules: NMS, boxes back to the images, one copy to the host, and the masks
     (`_group_masks`)."""
     eval_out = {k: v.float() for k, v in eval_out.items()}   # the branches' outputs may be bf16
-    dets = nms(eval_out['boxes'], eval_out['scores'], **self.nms_kw, per_class=None if self.predict
-               else self.scored)
+    dets = self.select(eval_out, per_class=None if self.predict else self.scored)
     ids, hws, lbs = (batch[k].cpu() for k in ('image_id', 'orig_hw', 'letterbox'))
     # the images' pads, on the device
     pads = batch['letterbox'].to(eval_out['boxes'].device).float()[:, [1, 2, 1, 2]]
@@ -686,7 +719,7 @@ def _update_ultralytics(self:Validator, eval_out:dict, batch:dict):
     """`_update` by Ultralytics' rules: boxes by the batch's `ratio_pad`, masks by
     `ultralytics_masks`; predicting, no empty mask."""
     eval_out = {k: v.float() for k, v in eval_out.items()}
-    dets = nms(eval_out['boxes'], eval_out['scores'], **self.nms_kw)
+    dets = self.select(eval_out)
     ids, hws, rps, preds = (batch['image_id'].cpu(), batch['orig_hw'].cpu().tolist(),
                             batch['ratio_pad'].cpu(), [])
     for i, d in enumerate(dets):

@@ -23,7 +23,8 @@ from .heads import yolo
 from .metrics import PREDICT_CONF, Validator, predict_conf
 from .draw import draw_instances
 from .checkpoints import local_file, weak_checkpoint
-from .weights import load_weights, no_weights_line, read_weights, untrained_asked
+from .weights import load_weights, no_weights_line, untrained_asked
+from .yolo26 import build_yolo, family_of, read_model_weights
 from .messages import note
 
 # %% auto #0
@@ -68,11 +69,11 @@ def load(path,                      # a `lucid` checkpoint (`last.ckpt`, `best.c
         )->Predictor:
     """A `Predictor` from a checkpoint file: `lucid_nb.load('best.ckpt').predict(images)`; read by
     `03a_checkpoints`' safe reader."""
-    w = read_weights(path, option)
+    w = read_model_weights(path, option)
     # a pose or OBB file has no branch of ours for its third: refused in one line naming its task
     w.check_lucid_task(option)
     # `lucid predict --model.weights` reports the same classes
-    net, (cat_ids, names) = yolo(w.scale, w.num_classes, w.task), w.classes
+    net, (cat_ids, names) = build_yolo(w.family, w.scale, w.num_classes, w.task), w.classes
     if w.kind == 'ultralytics':   # its own network, whole; ids 0..K-1
         if not (report := load_weights(net, w)).complete: note(report.line)
     else: net.load_state_dict(w.state)
@@ -151,7 +152,7 @@ def predict(self:Predictor, images, batch_size:int=8, conf:float|None=None)->lis
         batch = image_batch(imgs, self.imgsz, rules=self.rules)
         v = Validator(self.cat_ids, conf=self.conf if conf is None else conf, iou=self.iou,
                       max_det=self.max_det, task=self.task,
-                      rules=self.rules, predict=True)
+                      rules=self.rules, predict=True, end2end=family_of(self.net).end2end)
         with torch.no_grad(): v.update(self.net(batch['img'].to(self.device).float() / 255), batch)
         for k, (img, src) in enumerate(zip(imgs, srcs)):
             out.append(to_detections([r for r in v.results if r['image_id'] == k], img,

@@ -19,9 +19,10 @@ from .allocator import expandable_segments
 from .data import DATA_SOURCE, load_rgb
 from .model import SCALES
 from .tasks import TaskName, get_task
-from .heads import model_outputs, yolo
-from .weights import TransferReport, load_weights, read_weights
-from .loss import task_loss
+from .heads import model_outputs
+from .weights import TransferReport, load_weights
+from .yolo26 import build_yolo, get_family, read_model_weights
+from .loss26 import family_loss
 from .optim import NBS, auto_optimizer, build_optimizer, build_schedule
 from .ema import ModelEMA
 from .recorder import Recorder
@@ -133,6 +134,11 @@ _DOC_WEIGHTS = """
         initialised, and one line says which (`03a_weights`). The EMA starts from the loaded weights. A YOLO11 detect
         file (`yolo11n.pt`) is a detector's: its task must be this one's (`lucid` takes it when `--model.task` is not
         given), unless `weights_backbone`. A pose or OBB file gives its backbone, neck, box and class branches.
+        A YOLO26 file (`yolo26n-seg.pt`) starts a YOLO26 network (`family`).
+    family : str | None
+        The model family: yolo11 (YOLO11, NMS at inference) or yolo26 (YOLO26, end-to-end: its one-to-one branch
+        predicts without NMS, and the loss moves weight from the one-to-many branch to it over the epochs;
+        `03b_yolo26`). Unset: the family of `weights`, else yolo11.
     task : str
         segment (instance segmentation: boxes, classes and masks) or detect (object detection: boxes and classes).
     weights_backbone : bool
@@ -156,9 +162,13 @@ class LitYolo(L.LightningModule):
                  capture_segment_heads:bool=False,
                  capture_optimizer_step:bool=False, capture_train_step:bool=False,
                  channels_last:bool=False, weights:str|None=None,
-                 task:TaskName='segment', weights_backbone:bool=False):
+                 task:TaskName='segment', weights_backbone:bool=False,
+                 family:Literal['yolo11', 'yolo26']|None=None):
         super().__init__()
         self.task = get_task(task)
+        # unset: the weights file's (read once: `weights_read`), else the default
+        if family is None and weights: family = read_model_weights(weights).family
+        self.family = get_family(family)
         if weights_backbone and not weights:
             raise ValueError("--model.weights_backbone true: give --model.weights, the file whose "
                              "backbone and neck to take")
@@ -183,11 +193,12 @@ class LitYolo(L.LightningModule):
                                       ('max_det', max_det, max_det >= 1, 'at least 1')):
             if not ok: raise ValueError(f"--model.{name}={value} must be {need}")
         self.save_hyperparameters()
+        self.hparams.family = self.family.name   # in checkpoints: the family built
         self.model = self.build_model()
         # before the EMA's copy: the average starts from the loaded weights
         if weights: self.start_from(weights)
         self.ema = ModelEMA(self.model, self.build_model, ema_decay, ema_tau)
-        self.loss_fn = task_loss(task, num_classes, box=box, cls=cls, dfl=dfl, seg=seg)
+        self.loss_fn = family_loss(self.family, task, num_classes, box=box, cls=cls, dfl=dfl, seg=seg)
         # built at the first validation, when the datamodule's categories are known
         self.validator = None
         # last step's terms; the epoch's sums (`log_train_terms`)
@@ -200,9 +211,10 @@ def on_load_checkpoint(self:LitYolo, checkpoint:dict):
     "Refuse a checkpoint of another architecture with a message that says which option differs."
     saved = checkpoint.get('hyper_parameters', {})
     # none: a segmentation model's
-    if saved: saved = {**saved, 'task': get_task(saved.get('task')).name}
+    if saved: saved = {**saved, 'task': get_task(saved.get('task')).name,
+                       'family': get_family(saved.get('family')).name}
     diff = [f"{k}={saved[k]!r} (this run: {self.hparams[k]!r})"
-            for k in ('task', 'size', 'num_classes')
+            for k in ('family', 'task', 'size', 'num_classes')
             if k in saved and saved[k] != self.hparams[k]]
     if diff:
         raise ValueError("--ckpt_path: the checkpoint does not match this model: it has "
@@ -215,7 +227,8 @@ def start_from(self:LitYolo, path)->TransferReport:
     """Load `--model.weights` into the network (every tensor that fits; the backbone and neck only
     with `weights_backbone`) and say in one line what was taken."""
     # `lucid` read it already: that reading (`weights_read`)
-    w, backbone = read_weights(path), self.hparams.weights_backbone
+    w, backbone = read_model_weights(path), self.hparams.weights_backbone
+    w.check_family(self.family.name)
     w.check_size(self.hparams.size)
     w.check_task(self.task.name, backbone)
     report = load_weights(self.model, w, backbone)
@@ -226,7 +239,7 @@ def start_from(self:LitYolo, path)->TransferReport:
 def build_model(self:LitYolo)->nn.Module:
     """A fresh network of this module's task, size and class count (the model, and the EMA's copy),
     channels-last if asked."""
-    m = yolo(self.hparams.size, self.hparams.num_classes, self.task.name)
+    m = build_yolo(self.family, self.hparams.size, self.hparams.num_classes, self.task.name)
     return m.to(memory_format=torch.channels_last) if self.hparams.get('channels_last') else m
 
 @patch
@@ -380,7 +393,8 @@ def make_validator(self:LitYolo, conf:float|None=None, predict:bool=False)->Vali
     group = default_val_group_pixels() if h.get('val_group_pixels') is None else h.val_group_pixels
     return Validator(dm.cat_ids, conf=h.conf if conf is None else conf, iou=h.iou,
                      max_det=h.max_det, task=self.task,
-                     group_pixels=group, rules=getattr(dm, 'rules', 'lucid'), predict=predict)
+                     group_pixels=group, rules=getattr(dm, 'rules', 'lucid'), predict=predict,
+                     end2end=self.family.end2end)
 
 @patch
 def on_validation_epoch_start(self:LitYolo):
@@ -400,8 +414,10 @@ SLOW_VALIDATION_SECONDS = 60.
 
 @patch
 def on_train_epoch_start(self:LitYolo):
-    "The epoch's clock (`validation_dominates`)."
+    "The epoch's clock (`validation_dominates`); a loss with a schedule over the epochs told the epoch."
     self.epoch_t0 = time.perf_counter()
+    if (set_epoch := getattr(self.loss_fn, 'set_epoch', None)) is not None:   # YOLO26's branch weights
+        set_epoch(self.current_epoch, self.trainer.max_epochs)
 
 def validation_dominates(trainer, module)->str|None:
     """Once a fit: when this validation took longer than the epoch's training and over

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib, re
 from fastcore.basics import patch
 from dataclasses import dataclass, field
+from typing import ClassVar
 from pathlib import Path
 import torch
 from torch import nn, Tensor
@@ -20,7 +21,7 @@ from .checkpoints import StandIn, local_file, safe_load
 
 # %% auto #0
 __all__ = ['UL_LAYERS', 'UL_HEAD', 'UL_HEAD_NAMES', 'UL_TASKS', 'PARTS', 'BACKBONE_PARTS', 'PARITY_RTOL', 'UNTRAINED_WORDS',
-           'lucid_key', 'ultralytics_key', 'Weights', 'module_tensors', 'infer_scale', 'weights_read',
+           'lucid_key', 'ultralytics_key', 'Weights', 'module_tensors', 'infer_scale', 'weights_read', 'read_ahead',
            'ultralytics_task', 'read_weights', 'TransferReport', 'load_weights', 'parity', 'untrained_asked',
            'no_weights_line']
 
@@ -66,6 +67,7 @@ class Weights:
     extra:list = field(default_factory=list)              # file keys with no tensor of ours
     task:str = 'segment'    # the network's task: a lucid task (`00c_tasks`), or an Ultralytics file's other one ('pose', 'obb', ...: `ultralytics_task`)
     train_imgsz:int|None = None                           # the image size an Ultralytics file was trained at (its `train_args`)
+    family:ClassVar[str] = 'yolo11'                       # the model family whose key layout `state` is in (`03b_yolo26`)
     @property
     def rules(self)->str:
         """The inference rules the file's network predicts and validates by (`00b_core`): a `.pt`'s
@@ -172,6 +174,10 @@ def weights_read(w:Weights|None):
     finally:
         if key is not None: _read_ahead.pop(key, None)
 
+def read_ahead(path)->Weights|None:
+    "The `Weights` of the file at `path` that `weights_read` holds now, or None."
+    return _read_ahead.get(Path(path).resolve())
+
 # Ultralytics' head classes (Segment, Pose and OBB heads are Detect heads too)
 UL_TASKS = ('Segment', 'Pose', 'OBB', 'Classify', 'Detect')
 
@@ -190,7 +196,7 @@ def read_weights(path, option:str='--model.weights')->Weights:
     """The network weights of an Ultralytics YOLO11 checkpoint (a segmentation one, or another
     task's for its backbone and neck) or a `lucid` checkpoint, read by `safe_load`."""
     p = local_file(path, option)
-    if (w := _read_ahead.get(p.resolve())) is not None: return w
+    if (w := read_ahead(p)) is not None: return w
     ckpt = safe_load(p, option)
     # a lucid (Lightning) checkpoint
     if isinstance(ckpt, dict) and isinstance(ckpt.get('state_dict'), dict):
@@ -209,9 +215,9 @@ def read_weights(path, option:str='--model.weights')->Weights:
                          "'state_dict', no 'model' network)")
     raw, task = module_tensors(net), ultralytics_task(net)
     if any('.one2one_' in k for k in raw):   # an end-to-end head: YOLO26's layout, not YOLO11's
-        raise ValueError(f"{option} {p} holds an Ultralytics YOLO26 network (an end-to-end head); "
-                         "lucid's commands build YOLO11 today: give a YOLO11 file (yolo11n-seg.pt), "
-                         "or load it in Python with lucid_nb.yolo26 (load_family_weights)")
+        raise ValueError(f"{option} {p} holds an Ultralytics YOLO26 network (an end-to-end head), "
+                         "which read_weights (YOLO11's layout) does not read: "
+                         "lucid_nb.yolo26.read_model_weights reads either family")
     if any(k.endswith('.conv.weight') for k in raw) and not any('.bn.' in k for k in raw):
         raise ValueError(f"{option} {p} is a fused Ultralytics model (its BatchNorm folded into "
                          "the convolutions, as model.fuse() leaves it): lucid reads unfused "

@@ -17,13 +17,15 @@ from .heads import make_anchors, yolo
 from .tasks import get_task
 from .checkpoints import StandIn, local_file, safe_load
 from .weights import TransferReport, UL_LAYERS, Weights, load_weights, lucid_key
-from .weights import module_tensors, read_weights, ultralytics_task
+from .weights import module_tensors, read_ahead, read_weights, ultralytics_task
+from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['FAMILIES', 'DEFAULT_FAMILY', 'SPPF26', 'C3k2PSA', 'box_distances', 'one2one_decode', 'add_one2one', 'predict_end2end',
            'DetectHead26', 'Proto26', 'SegHead26', 'Family', 'get_family', 'family_of', 'yolo26', 'build_yolo',
            'layer_params', 'yolo26_key', 'ultralytics_family', 'checkpoint_family', 'Weights26', 'infer_scale26',
-           'read_weights26', 'load_family_weights', 'parity26', 'end2end_detections', 'kept_detections']
+           'read_weights26', 'read_model_weights', 'load_family_weights', 'parity26', 'end2end_detections',
+           'kept_detections']
 
 # %% ../nbs/03b_yolo26.ipynb #dfcfe330
 class SPPF26(SPPF):
@@ -72,7 +74,13 @@ def predict_end2end(head:nn.Module, feats:list[Tensor])->dict[str,Tensor]:
     def inputs(name:str, level:int|None):
         maps = cut if name.startswith('one2one_') else feats
         return maps if level is None else maps[level]
-    return {name: m(inputs(name, i)) for name, m, i in head.prediction_calls()}
+    raw = {}
+    for name, m, i in head.prediction_calls():
+        out = m(inputs(name, i))
+        # Proto26 in training: prototypes and semantic logits, each its own output (the recorder's are tensors)
+        if isinstance(out, tuple): raw[name], raw['semseg'] = out
+        else: raw[name] = out
+    return raw
 
 # %% ../nbs/03b_yolo26.ipynb #0ff1e12d
 class DetectHead26(DetectHead):
@@ -118,9 +126,7 @@ class SegHead26(SegHead):
     def predict(self, feats:list[Tensor])->dict[str,Tensor]: return predict_end2end(self, feats)
     def collect(self, raw:dict)->dict:
         "Training output: every branch per level, `proto`, and `semseg` (B,K,S/8,S/8)."
-        out = super().collect(raw)
-        if isinstance(out['proto'], tuple): out['proto'], out['semseg'] = out['proto']
-        return out
+        return super().collect(raw) | ({'semseg': raw['semseg']} if 'semseg' in raw else {})
     def decode(self, out:dict)->dict:
         "Eval output: `boxes`, `scores`, `coef` (B,A,P) of the one-to-one branches, `proto`."
         coef = flatten_levels(out['one2one_coef']).float()
@@ -219,10 +225,11 @@ def checkpoint_family(path, option:str='--model.weights')->str:
 # %% ../nbs/03b_yolo26.ipynb #a19b752c
 class Weights26(Weights):
     "`Weights` of a YOLO26 file: in `yolo26`'s key layout."
+    family = 'yolo26'
     @property
     def title(self)->str:
-        name = get_family('yolo26').title(self.scale, self.task)
-        return f"Ultralytics {name}, {self.num_classes} classes"
+        name = get_family(self.family).title(self.scale, self.task)
+        return f"{'Ultralytics' if self.kind == 'ultralytics' else 'lucid'} {name}, {self.num_classes} classes"
 
 def infer_scale26(state:dict, num_classes:int)->str|None:
     "The size of `SCALES` whose YOLO26 backbone and neck have `state`'s shapes; None if none has."
@@ -237,9 +244,12 @@ def read_weights26(path, option:str='--model.weights')->Weights26:
     "The weights of an Ultralytics YOLO26 checkpoint, read by `safe_load`; other families refused."
     p = local_file(path, option)
     ckpt = safe_load(p, option)
+    if isinstance(ckpt, dict) and isinstance(ckpt.get('state_dict'), dict):   # a lucid checkpoint
+        w = read_weights(p, option)
+        return Weights26(**{f.name: getattr(w, f.name) for f in dataclasses.fields(w)})
     net = (ckpt.get('ema') or ckpt.get('model')) if isinstance(ckpt, dict) else None
     if not isinstance(net, StandIn):
-        raise ValueError(f"{option} {p}: not an Ultralytics checkpoint (no 'model' network)")
+        raise ValueError(f"{option} {p}: neither a lucid nor an Ultralytics checkpoint")
     if (fam := ultralytics_family(net)) != 'yolo26':
         raise ValueError(f"{option} {p} holds an Ultralytics {fam.upper()} network, "
                          "not a YOLO26 one: "
@@ -256,15 +266,29 @@ def read_weights26(path, option:str='--model.weights')->Weights26:
                      extra=[k for k in raw if not yolo26_key(k)])
 
 # %% ../nbs/03b_yolo26.ipynb #70fa4a5a
+def read_model_weights(path, option:str='--model.weights')->Weights:
+    """The weights of a checkpoint of either family (`checkpoint_family`): a YOLO26 one as
+    `Weights26`, any other by `read_weights`; the reading `weights_read` holds, if there is one."""
+    if (w := read_ahead(local_file(path, option))) is not None: return w
+    if checkpoint_family(path, option) == 'yolo26': return read_weights26(path, option)
+    return read_weights(path, option)
+
+@patch
+def check_family(self:Weights, family:str|None, option:str='--model.family'):
+    "Refuse, in one line, a file whose network is not of `family` (None: any family will do)."
+    if family is None or get_family(family).name == self.family: return
+    raise ValueError(f"{option} {family}, and --model.weights {self.path} holds a "
+                     f"{self.family.upper()} network: leave {option} out (the file's family is "
+                     f"taken) or give a {get_family(family).name.upper()} file")
+
 def load_family_weights(net:nn.Module, path, option:str='--model.weights')->TransferReport:
     "`load_weights` from the file at `path`; refused in one line where its family is not `net`'s."
-    have, want = checkpoint_family(path, option), family_of(net).name
-    if have != want:
-        raise ValueError(f"{option} {path} holds an Ultralytics {have.upper()} network, "
+    w, want = read_model_weights(path, option), family_of(net).name
+    if w.family != want:
+        raise ValueError(f"{option} {path} holds a {w.family.upper()} network, "
                          f"and the network here is "
-                         f"{want.upper()}: build_yolo('{have}', ...) builds one it fits")
-    read = read_weights26 if want == 'yolo26' else read_weights
-    return load_weights(net, read(path, option))
+                         f"{want.upper()}: build_yolo('{w.family}', ...) builds one it fits")
+    return load_weights(net, w)
 
 # %% ../nbs/03b_yolo26.ipynb #574c9a94
 def parity26(net:YoloModel, ref:dict)->dict:
