@@ -374,6 +374,7 @@ LONG = {   # page: (estimated screens allowed, why it is long), measured in chro
     'weights.html': (11, 'prose 6.1 screens, short outputs of long lines 1.6'),
 }
 VOID = {'area', 'base', 'br', 'col', 'embed', 'hr', 'img', 'input', 'link', 'meta', 'source', 'track', 'wbr'}
+CALLOUT_PX = 75                         # px of a callout's title bar and margins (chromium: 73 to 80)
 TEXT_PX = {'h1': (48, 40), 'h2': (36, 60), 'h3': (30, 36), 'h4': (26, 30), 'summary': (24, 12), 'pre': (20, 24)}
 
 
@@ -397,7 +398,8 @@ def image_px(src: str) -> int:
 class Height(HTMLParser):
     """A page's height in px as the visible content of its main column gives it, with no browser: text wrapped at
     CHARS a line, code and outputs by their lines (at most 30, the CSS's), table rows, pictures by their size; what
-    lies in a closed <details> (its summary aside) or a collapsed callout is not seen. A proxy of `measure`."""
+    lies in a closed <details> (its summary aside) or a collapsed callout (its title bar aside) is not seen.
+    A proxy of `measure`."""
     def __init__(self, text: str):
         super().__init__(convert_charrefs=True)
         self.px, self.main, self.stack, self.hidden, self.text, self.row = 0, 0, [], 0, [], 0
@@ -411,6 +413,7 @@ class Height(HTMLParser):
         hide = bool(self.hidden) or (parent is not None and parent[0] == 'details' and parent[1] and tag != 'summary') or (
             'collapse' in (a.get('class') or '').split() and 'show' not in (a.get('class') or '').split()) or tag in ('script', 'style')
         if tag == 'img' and not hide: self.px += image_px(a.get('src') or '') + 16
+        if 'callout-header' in (a.get('class') or '').split() and not hide: self.px += CALLOUT_PX   # a fold's title bar
         if tag in VOID: return
         closed = tag == 'details' and 'open' not in a
         self.stack.append((tag, closed, hide, 'api' in (a.get('class') or '').split()))
