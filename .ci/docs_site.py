@@ -362,7 +362,6 @@ MAX_SCREENS = 10                        # issue 59: a page over 10 screens is sp
 # Pages still over MAX_SCREENS with all of the above folded, from prose: (estimate allowed, why). Each waits for a split
 # of its notebook (after the code-cell reformat); the estimate may not grow past its number meanwhile.
 LONG = {   # page: (estimated screens allowed, why it is long), measured in chromium after folding
-    'command.html': (18, 'prose 13.1 screens (What happens when… alone 5)'),
     'recorder.html': (15, 'prose and API entries of the regions and callback; results on recorder_results.html'),
     'trainer.html': (18, 'prose 11.6 screens (The Lightning module alone 5)'),
     'optim.html': (15, 'prose of groups, Newton-Schulz, MuSGD, schedule, update; results on optim_results.html'),
