@@ -363,7 +363,6 @@ MAX_SCREENS = 10                        # issue 59: a page over 10 screens is sp
 # of its notebook (after the code-cell reformat); the estimate may not grow past its number meanwhile.
 LONG = {   # page: (estimated screens allowed, why it is long), measured in chromium after folding
     'recorder.html': (15, 'prose and API entries of the regions and callback; results on recorder_results.html'),
-    'trainer.html': (18, 'prose 11.6 screens (The Lightning module alone 5)'),
     'optim.html': (15, 'prose of groups, Newton-Schulz, MuSGD, schedule, update; results on optim_results.html'),
     'loss.html': (17, 'prose 9.3 screens, headings 1.1, results 2.1'),
     'heads.html': (14, 'prose 5.7 screens, text results 2.3, headings 1.3, figures 0.8'),
