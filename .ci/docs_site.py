@@ -364,7 +364,6 @@ MAX_SCREENS = 10                        # issue 59: a page over 10 screens is sp
 LONG = {   # page: (estimated screens allowed, why it is long), measured in chromium after folding
     'recorder.html': (15, 'prose and API entries of the regions and callback; results on recorder_results.html'),
     'optim.html': (15, 'prose of groups, Newton-Schulz, MuSGD, schedule, update; results on optim_results.html'),
-    'loss.html': (17, 'prose 9.3 screens, headings 1.1, results 2.1'),
     'heads.html': (14, 'prose 5.7 screens, text results 2.3, headings 1.3, figures 0.8'),
     'data.html': (13, 'prose 6.5 screens, results 2.0, API entries 2.0'),
     'core.html': (11, 'prose 5.1 screens, API entries 1.9, headings 1.1, short tables 0.8'),
