@@ -362,7 +362,6 @@ MAX_SCREENS = 10                        # issue 59: a page over 10 screens is sp
 # Pages still over MAX_SCREENS with all of the above folded, from prose: (estimate allowed, why). Each waits for a split
 # of its notebook (after the code-cell reformat); the estimate may not grow past its number meanwhile.
 LONG = {   # page: (estimated screens allowed, why it is long), measured in chromium after folding
-    'recorder.html': (15, 'prose and API entries of the regions and callback; results on recorder_results.html'),
     'optim.html': (15, 'prose of groups, Newton-Schulz, MuSGD, schedule, update; results on optim_results.html'),
     'heads.html': (14, 'prose 5.7 screens, text results 2.3, headings 1.3, figures 0.8'),
     'data.html': (13, 'prose 6.5 screens, results 2.0, API entries 2.0'),
