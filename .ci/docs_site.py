@@ -362,18 +362,14 @@ MAX_SCREENS = 10                        # issue 59: a page over 10 screens is sp
 # Pages still over MAX_SCREENS with all of the above folded, from prose: (estimate allowed, why). Each waits for a split
 # of its notebook (after the code-cell reformat); the estimate may not grow past its number meanwhile.
 LONG = {   # page: (estimated screens allowed, why it is long), measured in chromium after folding
-    'command.html': (18, 'prose 13.1 screens (What happens when… alone 5)'),
-    'metrics.html': (21, 'prose 13.8 screens'),
-    'recorder.html': (15, 'prose and API entries of the regions and callback; results on recorder_results.html'),
-    'trainer.html': (18, 'prose 11.6 screens (The Lightning module alone 5)'),
-    'optim.html': (15, 'prose of groups, Newton-Schulz, MuSGD, schedule, update; results on optim_results.html'),
-    'loss.html': (17, 'prose 9.3 screens, headings 1.1, results 2.1'),
+    'optim.html': (12, 'folded to the first paragraphs: prose 4.6, API entries 1.5, outputs 1.2, figures 0.7'),
     'heads.html': (14, 'prose 5.7 screens, text results 2.3, headings 1.3, figures 0.8'),
     'data.html': (13, 'prose 6.5 screens, results 2.0, API entries 2.0'),
     'core.html': (11, 'prose 5.1 screens, API entries 1.9, headings 1.1, short tables 0.8'),
     'weights.html': (11, 'prose 6.1 screens, short outputs of long lines 1.6'),
 }
 VOID = {'area', 'base', 'br', 'col', 'embed', 'hr', 'img', 'input', 'link', 'meta', 'source', 'track', 'wbr'}
+CALLOUT_PX = 75                         # px of a callout's title bar and margins (chromium: 73 to 80)
 TEXT_PX = {'h1': (48, 40), 'h2': (36, 60), 'h3': (30, 36), 'h4': (26, 30), 'summary': (24, 12), 'pre': (20, 24)}
 
 
@@ -397,7 +393,8 @@ def image_px(src: str) -> int:
 class Height(HTMLParser):
     """A page's height in px as the visible content of its main column gives it, with no browser: text wrapped at
     CHARS a line, code and outputs by their lines (at most 30, the CSS's), table rows, pictures by their size; what
-    lies in a closed <details> (its summary aside) or a collapsed callout is not seen. A proxy of `measure`."""
+    lies in a closed <details> (its summary aside) or a collapsed callout (its title bar aside) is not seen.
+    A proxy of `measure`."""
     def __init__(self, text: str):
         super().__init__(convert_charrefs=True)
         self.px, self.main, self.stack, self.hidden, self.text, self.row = 0, 0, [], 0, [], 0
@@ -411,6 +408,7 @@ class Height(HTMLParser):
         hide = bool(self.hidden) or (parent is not None and parent[0] == 'details' and parent[1] and tag != 'summary') or (
             'collapse' in (a.get('class') or '').split() and 'show' not in (a.get('class') or '').split()) or tag in ('script', 'style')
         if tag == 'img' and not hide: self.px += image_px(a.get('src') or '') + 16
+        if 'callout-header' in (a.get('class') or '').split() and not hide: self.px += CALLOUT_PX   # a fold's title bar
         if tag in VOID: return
         closed = tag == 'details' and 'open' not in a
         self.stack.append((tag, closed, hide, 'api' in (a.get('class') or '').split()))
