@@ -167,7 +167,8 @@ def get_scale(scale:str|Scale)->Scale:
 class Backbone(nn.Module):
     "CSP backbone: returns the stride 8, 16 and 32 maps."
     outputs = (4, 6, 10)  # layers whose outputs leave the backbone
-    def __init__(self, scale:str|Scale='n'):
+    def __init__(self, scale:str|Scale='n',
+                 sppf:type=None):   # layer 9's class (default `SPPF`; YOLO26's `SPPF26`), drawn in its place
         super().__init__()
         sc = get_scale(scale)
         c, n = sc.ch, sc.n
@@ -181,7 +182,7 @@ class Backbone(nn.Module):
             C3k2(c(512), c(512), n(2), True),            # 6  → P4
             Conv(c(512), c(1024), 3, 2),                 # 7  stride 32
             C3k2(c(1024), c(1024), n(2), True),          # 8
-            SPPF(c(1024), c(1024), 5),                   # 9
+            (sppf or SPPF)(c(1024), c(1024), 5),         # 9
             C2PSA(c(1024), c(1024), n(2)),               # 10 → P5
         ])
         self.channels = (c(512), c(512), c(1024))
@@ -195,7 +196,9 @@ class Backbone(nn.Module):
 # %% ../nbs/02_model.ipynb #fac68cb1
 class Neck(nn.Module):
     "PAN-FPN over the stride 8/16/32 backbone maps."
-    def __init__(self, scale:str|Scale='n', ch:tuple=None):  # ch: backbone channels (default: `Backbone(scale)`'s)
+    def __init__(self, scale:str|Scale='n',
+                 ch:tuple=None,   # backbone channels (default: `Backbone(scale)`'s)
+                 last=None):      # `(c1, c2) -> module`: the last block (default `C3k2`; YOLO26's), drawn in its place
         super().__init__()
         sc = get_scale(scale)
         c, n = sc.ch, sc.n
@@ -207,7 +210,8 @@ class Neck(nn.Module):
         self.down3 = Conv(c(256), c(256), 3, 2)
         self.bu4 = C3k2(c(256) + c(512), c(512), n(2), sc.c3k)  # bottom-up, stride 16 → N4
         self.down4 = Conv(c(512), c(512), 3, 2)
-        self.bu5 = C3k2(c(512) + c5, c(1024), n(2), True)    # bottom-up, stride 32 → N5
+        last = last or (lambda c1, c2: C3k2(c1, c2, n(2), True))
+        self.bu5 = last(c(512) + c5, c(1024))                # bottom-up, stride 32 → N5
         self.channels = (c(256), c(512), c(1024))
     def forward(self, feats:list[Tensor])->list[Tensor]:
         p3, p4, p5 = feats

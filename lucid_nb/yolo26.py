@@ -170,10 +170,9 @@ def yolo26(
     "A YOLO26 model: YOLO11's backbone and neck with the changes above, and the end-to-end head."
     sc, t = get_scale(scale), get_task(task)
     c = sc.ch
-    bb = Backbone(sc)
-    bb.layers[9] = SPPF26(c(1024), c(1024), 5)
-    nk = Neck(dataclasses.replace(sc, c3k=True), bb.channels)   # C3k at every scale
-    nk.bu5 = C3k2PSA(c(512) + bb.channels[2], c(1024), 1)       # one repeat in the YAML
+    bb = Backbone(sc, sppf=SPPF26)
+    # C3k at every scale; the last block attends, one repeat in the YAML
+    nk = Neck(dataclasses.replace(sc, c3k=True), bb.channels, last=lambda c1, c2: C3k2PSA(c1, c2, 1))
     if t.masks: head = SegHead26(nk.channels, num_classes, num_protos, proto_channels=c(256))
     else: head = DetectHead26(nk.channels, num_classes)
     config = dict(family='yolo26', task=t.name, scale=scale, num_classes=num_classes, reg_max=1)

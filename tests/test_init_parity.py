@@ -1,5 +1,5 @@
-"""From-scratch initialisation (`nbs/02_model.ipynb`, `nbs/03_heads.ipynb`) against Ultralytics 8.4.190's: after
-the same `torch.manual_seed`, `yolo` holds Ultralytics' tensors bit for bit (`fixtures/ultralytics_init.json`,
+"""From-scratch initialisation (`nbs/02_model.ipynb`, `nbs/03_heads.ipynb`, `nbs/03b_yolo26.ipynb`) against
+Ultralytics 8.4.190's: after the same `torch.manual_seed`, `yolo` (YOLO11) and `yolo26` hold Ultralytics' tensors bit for bit (`fixtures/ultralytics_init.json`,
 written by real Ultralytics with `fixtures/make_ultralytics_init.py`), with its batch-norm settings, and leaves
 torch's generator where Ultralytics leaves it; and the rules behind those tensors, checked without the fixture."""
 import hashlib, json, math
@@ -9,9 +9,14 @@ import pytest, torch, torch.nn as nn
 from lucid_nb.heads import DetectHead, yolo
 from lucid_nb.loss import dfl_loss
 from lucid_nb.weights import lucid_key
+from lucid_nb.yolo26 import build_yolo, yolo26_key
 
 FIX = json.loads((Path(__file__).resolve().parent / 'fixtures' / 'ultralytics_init.json').read_text())
 BUILDS = {f"{b['yaml'].removesuffix('.yaml')}-nc{b['num_classes']}-seed{b['seed']}": b for b in FIX['builds']}
+KEYS = {'yolo11': lucid_key, 'yolo26': yolo26_key}   # Ultralytics' name of a tensor → ours
+# Ultralytics' tensors with none of ours: YOLO11's DFL's fixed 1×16 convolution (ours computes softmax · arange without
+# a layer); YOLO26 has no DFL (`reg_max` 1)
+NOT_OURS = {'yolo11': ['model.23.dfl.conv.weight'], 'yolo26': []}
 
 
 def tensor_digest(t)->str:
@@ -22,9 +27,9 @@ def tensor_digest(t)->str:
 
 
 def build(b:dict):
-    "`yolo` of the build's scale, task and classes after its seed; the next four numbers of the generator."
+    "The build's family, scale, task and classes after its seed; the next four numbers of the generator."
     torch.manual_seed(b['seed'])
-    net = yolo(b['scale'], b['num_classes'], b['task'])
+    net = build_yolo(b['family'], b['scale'], b['num_classes'], b['task'])
     return net, torch.rand(4).tolist()
 
 
@@ -35,15 +40,15 @@ def built(request):
 
 
 def test_fixture_is_ultralytics_8_4_190():
-    assert FIX['ultralytics'] == '8.4.190' and len(BUILDS) == 6
+    assert FIX['ultralytics'] == '8.4.190' and len(BUILDS) == 11
+    assert sorted({b['family'] for b in BUILDS.values()}) == ['yolo11', 'yolo26']
 
 
 def test_every_tensor_is_ultralytics(built):
     b, net, _ = built
-    ours = {k: tensor_digest(v) for k, v in net.state_dict().items()}
-    theirs = {lucid_key(k): d for k, d in b['tensors'].items() if lucid_key(k) is not None}
-    # Ultralytics' one extra tensor: its DFL's fixed 1×16 convolution (ours computes softmax · arange without a layer)
-    assert [k for k in b['tensors'] if lucid_key(k) is None] == ['model.23.dfl.conv.weight']
+    ours, key = {k: tensor_digest(v) for k, v in net.state_dict().items()}, KEYS[b['family']]
+    theirs = {key(k): d for k, d in b['tensors'].items() if key(k) is not None}
+    assert [k for k in b['tensors'] if key(k) is None] == NOT_OURS[b['family']]
     assert sorted(ours) == sorted(theirs)
     differ = [k for k in ours if ours[k] != theirs[k]]
     assert not differ, f"{len(differ)} of {len(ours)} tensors differ from Ultralytics', first {differ[:5]}"
