@@ -20,6 +20,7 @@ given. Arms, run in turn (arm 1, arm 2, ..., arm 1, arm 2, ...):
                 (PyTorch's allocator defaults: the library before 2026-12-03)
     native-cl, step-cl  that arm with the network in channels-last memory order (--model.channels_last true)
     native-detect, step-detect  that arm training the YOLO11 detector of the same size (--model.task detect): boxes only
+    native-26, step-26  that arm training YOLO26 of the same size and task (--model.family yolo26): end to end
     <arm>@base  that arm on another library, exported into $LUCID_NB_BASELINE (before and after a change in one call)
     ul          Ultralytics yolo11n-seg on the same split, batch, size and epochs (`ultralytics_run.py`; left out where
                 `ultralytics` does not import)
@@ -54,6 +55,7 @@ ARMS.update({f'{arm}-g{k}': [*args, '--model.val_group_pixels', str(2**k)]   # v
              for arm in ('native', 'step') for k in (26, 27) for args in [ARMS[arm]]})
 ARMS.update({f'{arm}-cl': [*ARMS[arm], '--model.channels_last', 'true'] for arm in ('native', 'step')})   # NHWC memory order
 ARMS.update({f'{arm}-detect': [*ARMS[arm], '--model.task', 'detect'] for arm in ('native', 'step')})   # the detector
+ARMS.update({f'{arm}-26': [*ARMS[arm], '--model.family', 'yolo26'] for arm in ('native', 'step')})   # YOLO26
 # arms run with the CUDA caching allocator's expandable segments (less fragmentation), the library unchanged
 EXPANDABLE, CLASSIC = {'PYTORCH_CUDA_ALLOC_CONF': 'expandable_segments:True'}, {'LUCID_NB_EXPANDABLE_SEGMENTS': '0'}
 ARM_ENV = {f'{arm}-{kind}': env for arm in ('native', 'step', 'native-g27', 'step-g27')

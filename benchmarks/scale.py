@@ -17,7 +17,8 @@ Stages (each takes `--n N --root DIR`: the data set `<DIR>/n<N>`, made when miss
              offline; left out, with a line, where `ultralytics` does not import), `ul-compile` (the same with its
              `compile=True`, torch.compile of the model: its fastest setting; `ul-compile-ro` and `ul-compile-max`:
              the modes reduce-overhead and max-autotune-no-cudagraphs; `over_ul_compile` in the summary holds each
-             lucid arm's images/s over `ul-compile`'s, per round), E epochs. Steady state:
+             lucid arm's images/s over `ul-compile`'s, per round; `ul26`: Ultralytics' yolo26n-seg, against which
+             `over_ul26` holds the YOLO26 arms `native-26`, `step-26`), E epochs. Steady state:
              the training images of epochs 1..E-1 over their training seconds (validation excluded). Per run also each
              epoch's data wait (lucid: `timing.json`; Ultralytics: host seconds between a batch's end and the next one's
              start), whole-process seconds, peak reserved memory; lucid's state hashes (native and step must be equal
@@ -212,7 +213,9 @@ def fit_lucid(arm: str, batch: int, ds: Path, a, work: Path) -> dict:
     return dict(**{k: r[k] for k in keep}, **steady(epochs), epochs=epochs)
 
 
-UL_COMPILE = {'ul': 'off', 'ul-compile': 'default', 'ul-compile-ro': 'reduce-overhead', 'ul-compile-max': 'max-autotune-no-cudagraphs'}
+UL_COMPILE = {'ul': 'off', 'ul-compile': 'default', 'ul-compile-ro': 'reduce-overhead', 'ul-compile-max': 'max-autotune-no-cudagraphs',
+              'ul26': 'off'}
+UL_MODEL = {'ul26': 'yolo26n-seg.yaml'}   # Ultralytics' model of an arm (default yolo11n-seg.yaml)
 
 def fit_ul(batch: int, ds: Path, a, work: Path, arm: str = 'ul') -> dict:
     "One `ultralytics_run.py` process on the set's YOLO-seg copy (`ul-compile*`: with its `compile=` mode): its epochs, steady state and process seconds."
@@ -220,6 +223,7 @@ def fit_ul(batch: int, ds: Path, a, work: Path, arm: str = 'ul') -> dict:
     args = [sys.executable, str(BENCH / 'ultralytics_run.py'), '--data', str(ds / 'ul' / 'data.yaml'), '--batch', str(batch),
             '--epochs', str(a.epochs), '--imgsz', str(cfg['imgsz']), '--workers', str(cfg['workers']),
             '--close-mosaic', str(a.close_mosaic), '--cache', a.ul_cache, '--compile', UL_COMPILE[arm],
+            '--model', UL_MODEL.get(arm, 'yolo11n-seg.yaml'),
             '--project', str(work / arm), '--json', str(out)]
     t0 = time.perf_counter()
     r = subprocess.run(args, capture_output=True, text=True, cwd=ROOT)
@@ -242,12 +246,15 @@ def summarize(runs: list, arms: list, batches: list) -> dict:
         sb = {arm: {k: spread([r.get(k) for r in rs]) for k in keys} for arm, rs in by.items()}
         ul = {r['round']: r['images_per_s'] for r in by.get('ul', [])}
         sb['over_ul'] = {arm: [r['images_per_s'] / ul[r['round']] if ul.get(r['round']) else None for r in rs]
-                         for arm, rs in by.items() if arm != 'ul'} if ul else None
+                         for arm, rs in by.items() if arm != 'ul' and not arm.endswith('26')} if ul else None
+        ul26 = {r['round']: r['images_per_s'] for r in by.get('ul26', [])}   # YOLO26 against YOLO26
+        sb['over_ul26'] = {arm: [r['images_per_s'] / ul26[r['round']] if ul26.get(r['round']) else None for r in rs]
+                           for arm, rs in by.items() if arm.endswith('-26')} if ul26 else None
         ulc = {r['round']: r['images_per_s'] for r in by.get('ul-compile', [])}   # Ultralytics' fastest setting
         sb['over_ul_compile'] = {arm: [r['images_per_s'] / ulc[r['round']] if ulc.get(r['round']) else None for r in rs]
                                  for arm, rs in by.items() if arm not in UL_COMPILE} if ulc else None
         lucid = [r for r in ok if 'hashes' in r]   # the runs of one library (`@base`: the other), memory order (`-cl`) and task end byte-identical
-        kind = lambda arm: ('baseline' if arm.endswith('@base') else 'current') + ''.join(k for k in ('-cl', '-detect') if k in arm)
+        kind = lambda arm: ('baseline' if arm.endswith('@base') else 'current') + ''.join(k for k in ('-cl', '-detect', '-26') if k in arm)
         libs = {k: [r for r in lucid if kind(r['arm']) == k] for k in sorted({kind(r['arm']) for r in lucid})}
         sb['lucid_hashes_equal'] = {lib: len({json.dumps(r['hashes'], sort_keys=True) for r in rs}) == 1 for lib, rs in libs.items() if rs} or None
         sb['lucid_hashes'] = {lib: sorted({r['hashes'].get('all', '')[:12] for r in rs}) for lib, rs in libs.items() if rs}
@@ -285,7 +292,8 @@ def fit(a, ds: Path) -> Path:
         sb = summary[f'b{b}']
         cells = '  '.join(f"{arm} {sb[arm]['images_per_s']['median']:.1f} ({sb[arm]['images_per_s']['min']:.1f}-"
                           f"{sb[arm]['images_per_s']['max']:.1f})" for arm in arms if sb[arm]['images_per_s'])
-        over = '  '.join(f"{arm}/{ref} {statistics.median(x for x in v if x):.2f}x" for ref, key in (('ul', 'over_ul'), ('ul-compile', 'over_ul_compile'))
+        over = '  '.join(f"{arm}/{ref} {statistics.median(x for x in v if x):.2f}x"
+                         for ref, key in (('ul', 'over_ul'), ('ul-compile', 'over_ul_compile'), ('ul26', 'over_ul26'))
                          for arm, v in (sb.get(key) or {}).items() if any(v))
         print(f"batch {b}: images/s {cells}  {over}  lucid hashes equal: {sb['lucid_hashes_equal']}")
     if loader_res: print_loader_over_fit(loader_over_fit(loader_res['rows'], summary, loader_res['batch_size'], a.loader))
