@@ -365,7 +365,6 @@ LONG = {   # page: (estimated screens allowed, why it is long), measured in chro
     'optim.html': (12, 'folded to the first paragraphs: prose 4.6, API entries 1.5, outputs 1.2, figures 0.7'),
     'heads.html': (14, 'prose 5.7 screens, text results 2.3, headings 1.3, figures 0.8'),
     'data.html': (13, 'prose 6.5 screens, results 2.0, API entries 2.0'),
-    'weights.html': (11, 'prose 6.1 screens, short outputs of long lines 1.6'),
 }
 VOID = {'area', 'base', 'br', 'col', 'embed', 'hr', 'img', 'input', 'link', 'meta', 'source', 'track', 'wbr'}
 CALLOUT_PX = 75                         # px of a callout's title bar and margins (chromium: 73 to 80)
