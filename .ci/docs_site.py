@@ -362,11 +362,6 @@ MAX_SCREENS = 10                        # issue 59: a page over 10 screens is sp
 # Pages still over MAX_SCREENS with all of the above folded, from prose: (estimate allowed, why). Each waits for a split
 # of its notebook (after the code-cell reformat); the estimate may not grow past its number meanwhile.
 LONG = {   # page: (estimated screens allowed, why it is long), measured in chromium after folding
-    'optim.html': (12, 'folded to the first paragraphs: prose 4.6, API entries 1.5, outputs 1.2, figures 0.7'),
-    'heads.html': (14, 'prose 5.7 screens, text results 2.3, headings 1.3, figures 0.8'),
-    'data.html': (13, 'prose 6.5 screens, results 2.0, API entries 2.0'),
-    'core.html': (11, 'prose 5.1 screens, API entries 1.9, headings 1.1, short tables 0.8'),
-    'weights.html': (11, 'prose 6.1 screens, short outputs of long lines 1.6'),
 }
 VOID = {'area', 'base', 'br', 'col', 'embed', 'hr', 'img', 'input', 'link', 'meta', 'source', 'track', 'wbr'}
 CALLOUT_PX = 75                         # px of a callout's title bar and margins (chromium: 73 to 80)
