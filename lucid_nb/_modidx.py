@@ -1319,6 +1319,8 @@ d = { 'settings': { 'branch': 'main',
                                  'lucid_nb.yolo26.predict_end2end': ('yolo26.html#predict_end2end', 'lucid_nb/yolo26.py'),
                                  'lucid_nb.yolo26.read_model_weights': ('yolo26.html#read_model_weights', 'lucid_nb/yolo26.py'),
                                  'lucid_nb.yolo26.read_weights26': ('yolo26.html#read_weights26', 'lucid_nb/yolo26.py'),
+                                 'lucid_nb.yolo26.selects_top_k': ('yolo26.html#selects_top_k', 'lucid_nb/yolo26.py'),
+                                 'lucid_nb.yolo26.set_end2end': ('yolo26.html#set_end2end', 'lucid_nb/yolo26.py'),
                                  'lucid_nb.yolo26.ultralytics_family': ('yolo26.html#ultralytics_family', 'lucid_nb/yolo26.py'),
                                  'lucid_nb.yolo26.yolo26': ('yolo26.html#yolo26', 'lucid_nb/yolo26.py'),
                                  'lucid_nb.yolo26.yolo26_key': ('yolo26.html#yolo26_key', 'lucid_nb/yolo26.py')}}}

@@ -24,7 +24,7 @@ from .metrics import PREDICT_CONF, Validator, predict_conf
 from .draw import draw_instances
 from .checkpoints import local_file, weak_checkpoint
 from .weights import load_weights, no_weights_line, untrained_asked
-from .yolo26 import build_yolo, family_of, read_model_weights
+from .yolo26 import build_yolo, read_model_weights, selects_top_k, set_end2end
 from .messages import note
 
 # %% auto #0
@@ -66,6 +66,7 @@ def load(path,                      # a `lucid` checkpoint (`last.ckpt`, `best.c
          imgsz:int|None=None,       # None: the checkpoint's training size (an Ultralytics file's `train_args`; 640 where it says none)
          conf:float|None=None,      # score threshold, taken as given; None: `lucid predict`'s, `predict_conf` of the checkpoint's `--model.conf`
          option:str='lucid_nb.load',   # how error messages name the file's source
+         end2end:bool|None=None,    # YOLO26: the one-to-one branch, top-k without NMS; None: a lucid checkpoint's choice, else off (Ultralytics' default)
         )->Predictor:
     """A `Predictor` from a checkpoint file: `lucid_nb.load('best.ckpt').predict(images)`; read by
     `03a_checkpoints`' safe reader."""
@@ -78,6 +79,7 @@ def load(path,                      # a `lucid` checkpoint (`last.ckpt`, `best.c
         if not (report := load_weights(net, w)).complete: note(report.line)
     else: net.load_state_dict(w.state)
     hp = w.ckpt.get('hyper_parameters') or {}   # {} for an Ultralytics file: the defaults
+    set_end2end(net, hp.get('end2end', False) if end2end is None else end2end, option)
     # the threshold `lucid predict` applies to this checkpoint
     if conf is None: conf = predict_conf(hp.get('conf'))
     p = Predictor(net.requires_grad_(False).to(device or 'cpu'), names, cat_ids, imgsz or w.imgsz,
@@ -152,7 +154,7 @@ def predict(self:Predictor, images, batch_size:int=8, conf:float|None=None)->lis
         batch = image_batch(imgs, self.imgsz, rules=self.rules)
         v = Validator(self.cat_ids, conf=self.conf if conf is None else conf, iou=self.iou,
                       max_det=self.max_det, task=self.task,
-                      rules=self.rules, predict=True, end2end=family_of(self.net).end2end)
+                      rules=self.rules, predict=True, end2end=selects_top_k(self.net))
         with torch.no_grad(): v.update(self.net(batch['img'].to(self.device).float() / 255), batch)
         for k, (img, src) in enumerate(zip(imgs, srcs)):
             out.append(to_detections([r for r in v.results if r['image_id'] == k], img,

@@ -21,7 +21,7 @@ from .model import SCALES
 from .tasks import TaskName, get_task
 from .heads import model_outputs
 from .weights import TransferReport, load_weights
-from .yolo26 import build_yolo, get_family, read_model_weights
+from .yolo26 import build_yolo, get_family, read_model_weights, selects_top_k, set_end2end
 from .loss26 import family_loss
 from .optim import NBS, auto_optimizer, build_optimizer, build_schedule
 from .ema import ModelEMA
@@ -139,6 +139,10 @@ _DOC_WEIGHTS = """
         The model family: yolo11 (YOLO11, NMS at inference) or yolo26 (YOLO26, end-to-end: its one-to-one branch
         predicts without NMS, and the loss moves weight from the one-to-many branch to it over the epochs;
         `03b_yolo26`). Unset: the family of `weights`, else yolo11.
+    end2end : bool
+        YOLO26: validate and predict with the one-to-one branch, its best pairs without NMS (Ultralytics'
+        `nms=False`). Off by default: the one-to-many branch and NMS, as Ultralytics 8.4 validates and predicts
+        unless told `nms=False`. Training is the same either way.
     task : str
         segment (instance segmentation: boxes, classes and masks) or detect (object detection: boxes and classes).
     weights_backbone : bool
@@ -163,12 +167,15 @@ class LitYolo(L.LightningModule):
                  capture_optimizer_step:bool=False, capture_train_step:bool=False,
                  channels_last:bool=False, weights:str|None=None,
                  task:TaskName='segment', weights_backbone:bool=False,
-                 family:Literal['yolo11', 'yolo26']|None=None):
+                 family:Literal['yolo11', 'yolo26']|None=None, end2end:bool=False):
         super().__init__()
         self.task = get_task(task)
         # unset: the weights file's (read once: `weights_read`), else the default
         if family is None and weights: family = read_model_weights(weights).family
         self.family = get_family(family)
+        if end2end and not self.family.end2end:
+            raise ValueError(f"--model.end2end true: a {self.family.name.upper()} network has no one-to-one "
+                             "branch; YOLO26 has (--model.family yolo26)")
         if weights_backbone and not weights:
             raise ValueError("--model.weights_backbone true: give --model.weights, the file whose "
                              "backbone and neck to take")
@@ -240,6 +247,7 @@ def build_model(self:LitYolo)->nn.Module:
     """A fresh network of this module's task, size and class count (the model, and the EMA's copy),
     channels-last if asked."""
     m = build_yolo(self.family, self.hparams.size, self.hparams.num_classes, self.task.name)
+    set_end2end(m, self.hparams.get('end2end', False))
     return m.to(memory_format=torch.channels_last) if self.hparams.get('channels_last') else m
 
 @patch
@@ -394,7 +402,7 @@ def make_validator(self:LitYolo, conf:float|None=None, predict:bool=False)->Vali
     return Validator(dm.cat_ids, conf=h.conf if conf is None else conf, iou=h.iou,
                      max_det=h.max_det, task=self.task,
                      group_pixels=group, rules=getattr(dm, 'rules', 'lucid'), predict=predict,
-                     end2end=self.family.end2end)
+                     end2end=selects_top_k(self.ema.module))
 
 @patch
 def on_validation_epoch_start(self:LitYolo):

@@ -22,10 +22,10 @@ from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['FAMILIES', 'DEFAULT_FAMILY', 'SPPF26', 'C3k2PSA', 'box_distances', 'one2one_decode', 'add_one2one', 'predict_end2end',
-           'DetectHead26', 'Proto26', 'SegHead26', 'Family', 'get_family', 'family_of', 'yolo26', 'build_yolo',
-           'layer_params', 'yolo26_key', 'ultralytics_family', 'checkpoint_family', 'Weights26', 'infer_scale26',
-           'read_weights26', 'read_model_weights', 'load_family_weights', 'parity26', 'end2end_detections',
-           'kept_detections']
+           'DetectHead26', 'Proto26', 'SegHead26', 'Family', 'get_family', 'family_of', 'set_end2end', 'selects_top_k',
+           'yolo26', 'build_yolo', 'layer_params', 'yolo26_key', 'ultralytics_family', 'checkpoint_family', 'Weights26',
+           'infer_scale26', 'read_weights26', 'read_model_weights', 'load_family_weights', 'parity26',
+           'end2end_detections', 'kept_detections']
 
 # %% ../nbs/03b_yolo26.ipynb #dfcfe330
 class SPPF26(SPPF):
@@ -53,13 +53,15 @@ def box_distances(box:Tensor, reg_max:int)->Tensor:  # (...,4R) → (...,4) ltrb
     "Distances of a box branch's output: the DFL expectation, or (R = 1) the output itself."
     return box.float() if reg_max == 1 else dfl_expectation(box, reg_max)
 
-def one2one_decode(out:dict, strides:tuple, reg_max:int=1)->dict:
+def one2one_decode(out:dict, strides:tuple, reg_max:int=1,
+                   end2end:bool=True)->dict:   # False: the one-to-many branches, which NMS follows
     "Eval output of the one-to-one branches: `boxes` (B,A,4) xyxy px and `scores` (B,A,K), float32."
-    box = flatten_levels(out['one2one_box'])                                  # (B,A,4R)
-    shapes = [t.shape[-2:] for t in out['one2one_box']]
+    pre = 'one2one_' if end2end else ''
+    box = flatten_levels(out[f'{pre}box'])                                    # (B,A,4R)
+    shapes = [t.shape[-2:] for t in out[f'{pre}box']]
     anchors, s = make_anchors(shapes, strides, device=box.device)
     boxes = dist2bbox(box_distances(box, reg_max), anchors) * s                # (B,A,4) xyxy px
-    return dict(boxes=boxes, scores=flatten_levels(out['one2one_cls']).float().sigmoid())
+    return dict(boxes=boxes, scores=flatten_levels(out[f'{pre}cls']).float().sigmoid())
 
 def add_one2one(head:nn.Module, branches:tuple):
     "Give `head` a deep copy `one2one_{b}` of each branch `b`, as Ultralytics' `end2end` heads do."
@@ -94,7 +96,8 @@ class DetectHead26(DetectHead):
         super().__init__(ch, num_classes, reg_max, strides)
         add_one2one(self, ('box', 'cls'))   # copied after `bias_init`: the same prior biases
     def predict(self, feats:list[Tensor])->dict[str,Tensor]: return predict_end2end(self, feats)
-    def decode(self, out:dict)->dict: return one2one_decode(out, self.strides, self.reg_max)
+    end2end = True   # eval mode: the one-to-one branches (top-k, no NMS); False: the one-to-many ones, for NMS
+    def decode(self, out:dict)->dict: return one2one_decode(out, self.strides, self.reg_max, self.end2end)
 
 # %% ../nbs/03b_yolo26.ipynb #d63c71dd
 class Proto26(Proto):
@@ -115,6 +118,7 @@ class Proto26(Proto):
 class SegHead26(SegHead):
     "`SegHead` at reg_max 1 with `Proto26`, plus one-to-one copies of its three branches."
     branches = ('box', 'cls', 'coef', 'one2one_box', 'one2one_cls', 'one2one_coef')
+    end2end = True   # as `DetectHead26`'s
     def __init__(self, ch:tuple, num_classes:int=80, num_protos:int=32, proto_channels:int=256,
                  reg_max:int=1, strides:tuple=(8, 16, 32)):
         super().__init__(ch, num_classes, num_protos, proto_channels, reg_max, strides)
@@ -129,8 +133,8 @@ class SegHead26(SegHead):
         return super().collect(raw) | ({'semseg': raw['semseg']} if 'semseg' in raw else {})
     def decode(self, out:dict)->dict:
         "Eval output: `boxes`, `scores`, `coef` (B,A,P) of the one-to-one branches, `proto`."
-        coef = flatten_levels(out['one2one_coef']).float()
-        boxes = one2one_decode(out, self.strides, self.reg_max)
+        coef = flatten_levels(out['one2one_coef' if self.end2end else 'coef']).float()
+        boxes = one2one_decode(out, self.strides, self.reg_max, self.end2end)
         return {**boxes, 'coef': coef, 'proto': out['proto'].float()}
 
 # %% ../nbs/03b_yolo26.ipynb #3669eb41
@@ -159,6 +163,19 @@ def get_family(family:str|Family|None=None)->Family:
 def family_of(model:nn.Module)->Family:
     "The family a model was built as (its `config`)."
     return get_family((getattr(model, 'config', None) or {}).get('family'))
+
+def set_end2end(model:nn.Module, on:bool, option:str='--model.end2end')->nn.Module:
+    """Which branches an end-to-end network predicts with in eval mode: the one-to-one ones, top-k without NMS
+    (`on`), or the one-to-many ones followed by NMS, as Ultralytics 8.4 validates and predicts unless `nms=False`."""
+    if on and not family_of(model).end2end:
+        raise ValueError(f"{option} true: a {family_of(model).name.upper()} network has no one-to-one branch; "
+                         "YOLO26 has (--model.family yolo26)")
+    if family_of(model).end2end: model.head.end2end = bool(on)
+    return model
+
+def selects_top_k(model:nn.Module)->bool:
+    "Whether `model`'s eval output is the one-to-one branches', whose detections are top-k, not NMS."
+    return bool(getattr(getattr(model, 'head', None), 'end2end', False))
 
 # %% ../nbs/03b_yolo26.ipynb #df37b506
 def yolo26(
@@ -261,8 +278,12 @@ def read_weights26(path, option:str='--model.weights')->Weights26:
         raise ValueError(f"{option} {p}: not a YOLO26 network of size {', '.join(SCALES)}")
     names = vars(net).get('names')
     names = [str(names[k]) for k in sorted(names)] if isinstance(names, dict) else None
+    args = (ckpt.get('train_args') if isinstance(ckpt.get('train_args'), dict)
+            else vars(net).get('args'))
+    size = args.get('imgsz') if isinstance(args, dict) else None   # the size it was trained at
     return Weights26(state, scale, int(K), 'ultralytics', p, names, task=task,
-                     extra=[k for k in raw if not yolo26_key(k)])
+                     extra=[k for k in raw if not yolo26_key(k)],
+                     train_imgsz=size if isinstance(size, int) and size > 0 else None)
 
 # %% ../nbs/03b_yolo26.ipynb #70fa4a5a
 def read_model_weights(path, option:str='--model.weights')->Weights:

@@ -60,15 +60,21 @@ def test_predict_with_an_ultralytics_yolo26_file_takes_its_family(tmp_path, monk
     folder = tmp_path / 'img'; folder.mkdir()
     for f in images: (folder / f.name).symlink_to(f)
     assert lucid_main(monkeypatch, 'predict', '--model.weights', str(file), '--data.predict_images', str(folder),
-                      '--model.conf', '0', '--trainer.accelerator', 'cpu', '--trainer.logger', 'false',
+                      '--model.conf', '0', '--model.end2end', 'true', '--trainer.accelerator', 'cpu', '--trainer.logger', 'false',
                       '--trainer.default_root_dir', str(tmp_path / 'p'), '--trainer.enable_progress_bar', 'false') == 0
     err = capsys.readouterr().err
     assert f'lucid: --model.family yolo26: taken from --model.weights {file} ({title})' in err
     results = json.loads((tmp_path / 'p' / 'predict' / 'predictions.json').read_text())
-    if file == DET26:   # no NMS: at conf 0 an end-to-end detector keeps max_det (300) of its best pairs in each image
+    if file == DET26:   # --model.end2end: no NMS, at conf 0 the detector keeps max_det (300) of its best pairs an image
         assert len(results) == 2 * 300
     else:               # a random network's masks are mostly empty, and predicting drops those, as Ultralytics does
         assert all('segmentation' in r for r in results)
+
+
+def test_end2end_is_refused_for_yolo11_in_one_line(tmp_path, monkeypatch, capsys):
+    assert lucid_main(monkeypatch, *tiny(tmp_path, '--model.end2end', 'true')) == 2
+    assert last_line(capsys.readouterr().err).startswith(
+        'lucid: error: --model.end2end true: a YOLO11 network has no one-to-one branch; YOLO26 has (--model.family yolo26)')
 
 
 @pytest.mark.parametrize('given, file, has', [('yolo11', SEG26, 'YOLO26'), ('yolo26', SEG11, 'YOLO11')])
