@@ -18,6 +18,7 @@ from ultrafast_pycocotools.cocoeval import COCOeval as FastCOCOeval
 from .core import *
 from .masks import *
 from .tasks import Task, get_task
+from .yolo26 import best_pairs
 
 # %% auto #0
 __all__ = ['COCO80_IDS', 'STAT_NAMES', 'SUMMARY_NAMES', 'CONF_GRID', 'PREDICT_CONF', 'greedy_in_order', 'greedy_keep', 'nms',
@@ -188,12 +189,9 @@ def top_pairs(
     per_class:int|None=None, # only each image's first this many of a class (`class_top`); None: all
 )->list[dict]:               # `nms`'s: per image `boxes`, `scores`, `classes`, `anchors`, best first
     "An end-to-end network's detections, no NMS: the best (anchor, class) pairs of the best anchors."
-    boxes, scores = boxes.float(), scores.float()
-    B, A, K = scores.shape
-    k = min(max_det, A)
-    anchor = scores.amax(-1).topk(k, 1).indices                                   # (B,k)
-    top, j = scores.gather(1, anchor[..., None].expand(-1, -1, K)).flatten(1).topk(k, 1)
-    anchor, cls = anchor.gather(1, j // K), j % K
+    boxes = boxes.float()
+    anchor, top, cls = best_pairs(scores.float(), max_det)                       # (B,k) each
+    B, k = top.shape
     keep, count = torch.arange(k, device=top.device).expand(B, -1), (top > conf).sum(1)
     if per_class is not None: keep, count = class_top(keep, count, cls, per_class)
     out = []

@@ -24,7 +24,7 @@ from fastcore.basics import patch
 __all__ = ['FAMILIES', 'DEFAULT_FAMILY', 'SPPF26', 'C3k2PSA', 'box_distances', 'one2one_decode', 'add_one2one', 'predict_end2end',
            'DetectHead26', 'Proto26', 'SegHead26', 'Family', 'get_family', 'family_of', 'set_end2end', 'selects_top_k',
            'yolo26', 'build_yolo', 'layer_params', 'yolo26_key', 'ultralytics_family', 'checkpoint_family', 'Weights26',
-           'infer_scale26', 'read_weights26', 'read_model_weights', 'load_family_weights', 'parity26',
+           'infer_scale26', 'read_weights26', 'read_model_weights', 'load_family_weights', 'parity26', 'best_pairs',
            'end2end_detections', 'kept_detections']
 
 # %% ../nbs/03b_yolo26.ipynb #dfcfe330
@@ -325,17 +325,19 @@ def parity26(net:YoloModel, ref:dict)->dict:
     return {k: float((v - ref[k]).abs().max() / ref[k].abs().max()) for k, v in mine.items()}
 
 # %% ../nbs/03b_yolo26.ipynb #eef72b8a
+def best_pairs(scores:Tensor, max_det:int=300)->tuple[Tensor,Tensor,Tensor]:  # (B,k) anchor, score, class; k = min(max_det, A)
+    "Ultralytics' end-to-end selection: of the `max_det` anchors with the best maxima, the `max_det` best (anchor, class) pairs."
+    K, k = scores.shape[-1], min(max_det, scores.shape[1])
+    anchor = scores.amax(-1).topk(k, 1)[1]                                   # (B,k) anchors of the best maxima
+    top, j = scores.gather(1, anchor[..., None].expand(-1, -1, K)).flatten(1).topk(k, 1)
+    return anchor.gather(1, j // K), top, j % K
+
 def end2end_detections(out:dict, max_det:int=300)->Tensor:  # → (B,k,6(+P)), k = min(max_det, A)
     "Ultralytics' end-to-end top-k: rows (x1,y1,x2,y2,score,class(,coef)) of the best pairs."
-    scores = out['scores']                                               # (B,A,K)
-    K, k = scores.shape[-1], min(max_det, scores.shape[1])
-    rows = lambda t, i: t.gather(1, i[..., None].expand(-1, -1, t.shape[-1]))
-    anchor = scores.amax(-1).topk(k, 1)[1]                # (B,k) anchors of the best maxima
-    top, j = rows(scores, anchor).flatten(1).topk(k, 1)   # (B,k) best (anchor, class) pairs
-    anchor = anchor.gather(1, j // K)
-    extra = [rows(out['coef'], anchor)] if 'coef' in out else []
-    cls = (j % K)[..., None].float()
-    return torch.cat([rows(out['boxes'], anchor), top[..., None], cls, *extra], -1)
+    anchor, top, cls = best_pairs(out['scores'], max_det)
+    rows = lambda t: t.gather(1, anchor[..., None].expand(-1, -1, t.shape[-1]))
+    extra = [rows(out['coef'])] if 'coef' in out else []
+    return torch.cat([rows(out['boxes']), top[..., None], cls[..., None].float(), *extra], -1)
 
 def kept_detections(dets:Tensor, conf:float=0.25)->list[Tensor]:
     "Per image, the rows of `end2end_detections` scoring above `conf`: the detections, with no NMS."
