@@ -170,12 +170,6 @@ class LitYolo(L.LightningModule):
                  family:Literal['yolo11', 'yolo26']|None=None, end2end:bool=False):
         super().__init__()
         self.task = get_task(task)
-        # unset: the weights file's (read once: `weights_read`), else the default
-        if family is None and weights: family = read_model_weights(weights).family
-        self.family = get_family(family)
-        if end2end and not self.family.end2end:
-            raise ValueError(f"--model.end2end true: a {self.family.name.upper()} network has no one-to-one "
-                             "branch; YOLO26 has (--model.family yolo26)")
         if weights_backbone and not weights:
             raise ValueError("--model.weights_backbone true: give --model.weights, the file whose "
                              "backbone and neck to take")
@@ -199,11 +193,14 @@ class LitYolo(L.LightningModule):
                                       ('iou', iou, 0 < iou <= 1, 'in (0, 1]'),
                                       ('max_det', max_det, max_det >= 1, 'at least 1')):
             if not ok: raise ValueError(f"--model.{name}={value} must be {need}")
+        # read once (`lucid` read it already: `weights_read`); unset family: the file's, else the default
+        start = read_model_weights(weights) if weights else None
+        self.family = get_family(family if family is not None or start is None else start.family)
         self.save_hyperparameters()
         self.hparams.family = self.family.name   # in checkpoints: the family built
         self.model = self.build_model()
         # before the EMA's copy: the average starts from the loaded weights
-        if weights: self.start_from(weights)
+        if start is not None: self.start_from(weights, start)
         self.ema = ModelEMA(self.model, self.build_model, ema_decay, ema_tau)
         self.loss_fn = family_loss(self.family, task, num_classes, box=box, cls=cls, dfl=dfl, seg=seg)
         # built at the first validation, when the datamodule's categories are known
@@ -230,11 +227,12 @@ def on_load_checkpoint(self:LitYolo, checkpoint:dict):
                          "another checkpoint")
 
 @patch
-def start_from(self:LitYolo, path)->TransferReport:
+def start_from(self:LitYolo, path,
+               w=None)->TransferReport:   # its `Weights`, if read already; None: read here
     """Load `--model.weights` into the network (every tensor that fits; the backbone and neck only
     with `weights_backbone`) and say in one line what was taken."""
     # `lucid` read it already: that reading (`weights_read`)
-    w, backbone = read_model_weights(path), self.hparams.weights_backbone
+    w, backbone = w or read_model_weights(path), self.hparams.weights_backbone
     w.check_family(self.family.name)
     w.check_size(self.hparams.size)
     w.check_task(self.task.name, backbone)
