@@ -1,5 +1,5 @@
 """Helpers shared by the tests (and a few benchmarks): a tiny CPU run of the `lucid` CLI, a count of tensor bytes alive."""
-import os, sys, time
+import json, os, sys, time
 from pathlib import Path
 
 from lightning.pytorch.callbacks import Callback
@@ -12,7 +12,8 @@ from lucid_nb.cli import run
 from lucid_nb.testing import TINY, TensorBytes, fit, hashes_only, test_traces_equal, tiny, train_trace   # shared with notebooks and benchmarks
 
 # what the tests take from here: this file's own helpers, and the library's test helpers passed on
-__all__ = ['ROOT', 'LUCID', 'lucid_main', 'StopAfterFirstEpoch', 'StepLosses', 'WaitForSignal', 'WaitAtSetup', 'FullDisk',
+__all__ = ['ROOT', 'LUCID', 'lucid_main', 'StopAfterFirstEpoch', 'StepLosses', 'REPLAY_ARMS', 'replayed_fits_are_native',
+           'WaitForSignal', 'WaitAtSetup', 'FullDisk',
            'CheckpointTiming', 'SpoilValidationImage', 'start_lucid', 'signal_at_line', 'cli_main', 'TINY', 'TensorBytes', 'fit', 'hashes_only', 'test_traces_equal', 'tiny', 'train_trace']
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,6 +30,26 @@ class StepLosses(Callback):
     def __init__(self): self.steps = []
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         self.steps.append(digest(module.last_losses))
+
+
+# a fit natively, with the head's calls replayed and with the whole step replayed from CUDA graphs
+REPLAY_ARMS = {'native': (), 'head': ('--model.capture_segment_heads', 'true'), 'step': ('--model.capture_train_step', 'true')}
+
+
+def replayed_fits_are_native(tmp: Path, *args: str, steps: int = 12):
+    """The tiny fit of `args` in each of `REPLAY_ARMS` on the GPU: the same loss bytes at every one of its `steps`
+    steps and the same state hashes, the head and the step replayed throughout (at least 10 times, never natively)."""
+    torch.backends.cudnn.benchmark = False
+    runs = {}
+    for arm, extra in REPLAY_ARMS.items():
+        losses = StepLosses()
+        _, run, h = fit(tmp / arm, *args, *extra, callbacks=[losses])
+        runs[arm] = (losses.steps, hashes_only(h), json.loads((run / 'recorder.json').read_text()) if extra else None)
+    assert len(runs['native'][0]) == steps and all(r[0] == runs['native'][0] for r in runs.values())
+    assert all(r[1] == runs['native'][1] for r in runs.values()) and 'predictions' in runs['native'][1]
+    head, step = runs['head'][2]['head'], runs['step'][2]['step']
+    assert head['backend'] == 'cuda' and head['replayed_calls'] >= 10 and head['native_calls'] == 0, head
+    assert step['backend'] == 'cuda' and step['replayed_steps'] >= 10 and step['native_steps'] == 0, step
 
 
 LUCID = Path(sys.executable).parent / 'lucid'   # the console script of this environment

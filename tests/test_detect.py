@@ -20,7 +20,8 @@ from lucid_nb.predict import to_detections
 from lucid_nb.recorder import Recorder
 from lucid_nb.weights import PARITY_RTOL, load_weights, parity, read_weights
 
-from helpers import LUCID, StepLosses, StopAfterFirstEpoch, cli_main, fit, hashes_only, lucid_main, tiny, train_trace
+from helpers import LUCID, StepLosses, StopAfterFirstEpoch, cli_main, fit, hashes_only, lucid_main, replayed_fits_are_native, tiny
+from helpers import train_trace
 from helpers import test_traces_equal as traces_equal   # (not collected as a test)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -360,18 +361,7 @@ GPU = ('--trainer.accelerator', 'gpu', '--trainer.devices', '1', '--trainer.prec
 @pytest.mark.parametrize('batch', [4, 16])
 def test_replayed_detection_equals_native_on_the_gpu(tmp_path, batch):
     "A detection fit natively, with the head replayed and with the whole step replayed: the same loss bytes at every step and the same state hashes."
-    torch.backends.cudnn.benchmark = False
-    arms = {'native': (), 'head': ('--model.capture_segment_heads', 'true'), 'step': ('--model.capture_train_step', 'true')}
-    runs = {}
-    for arm, extra in arms.items():
-        losses = StepLosses()
-        _, run, h = fit(tmp_path / arm, *DETECT, *GPU, '--data.batch_size', str(batch), *extra, callbacks=[losses])
-        runs[arm] = (losses.steps, hashes_only(h), json.loads((run / 'recorder.json').read_text()) if extra else None)
-    assert len(runs['native'][0]) == 12 and all(r[0] == runs['native'][0] for r in runs.values())
-    assert all(r[1] == runs['native'][1] for r in runs.values()) and 'predictions' in runs['native'][1]
-    head, step = runs['head'][2]['head'], runs['step'][2]['step']
-    assert head['backend'] == 'cuda' and head['replayed_calls'] >= 10 and head['native_calls'] == 0, head
-    assert step['backend'] == 'cuda' and step['replayed_steps'] >= 10 and step['native_steps'] == 0, step
+    replayed_fits_are_native(tmp_path, *DETECT, *GPU, '--data.batch_size', str(batch))
 
 
 # ---- it learns ----

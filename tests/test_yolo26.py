@@ -14,7 +14,7 @@ from lucid_nb.loss26 import branch_gains, family_loss
 from lucid_nb.recorder import HeadRegion, StepRegion
 from lucid_nb.yolo26 import read_model_weights, yolo26
 
-from helpers import StepLosses, StopAfterFirstEpoch, fit, hashes_only, lucid_main, tiny, train_trace
+from helpers import StopAfterFirstEpoch, fit, hashes_only, lucid_main, replayed_fits_are_native, tiny, train_trace
 from helpers import test_traces_equal as traces_equal   # (not collected as a test)
 
 FIX = Path(__file__).resolve().parent / 'fixtures'
@@ -134,15 +134,4 @@ GPU = ('--trainer.accelerator', 'gpu', '--trainer.devices', '1', '--trainer.prec
 @pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA GPU')
 def test_replayed_yolo26_equals_native_on_the_gpu(tmp_path):
     "A YOLO26 segmentation fit natively, with the head replayed and with the whole step replayed: every step's loss bytes and the state hashes equal."
-    torch.backends.cudnn.benchmark = False
-    arms = {'native': (), 'head': ('--model.capture_segment_heads', 'true'), 'step': ('--model.capture_train_step', 'true')}
-    runs = {}
-    for arm, extra in arms.items():
-        losses = StepLosses()
-        _, run, h = fit(tmp_path / arm, *FAMILY, *GPU, *extra, callbacks=[losses])
-        runs[arm] = (losses.steps, hashes_only(h), json.loads((run / 'recorder.json').read_text()) if extra else None)
-    assert len(runs['native'][0]) == 12 and all(r[0] == runs['native'][0] for r in runs.values())
-    assert all(r[1] == runs['native'][1] for r in runs.values()) and 'predictions' in runs['native'][1]
-    head, step = runs['head'][2]['head'], runs['step'][2]['step']
-    assert head['backend'] == 'cuda' and head['replayed_calls'] >= 10 and head['native_calls'] == 0, head
-    assert step['backend'] == 'cuda' and step['replayed_steps'] >= 10 and step['native_steps'] == 0, step
+    replayed_fits_are_native(tmp_path, *FAMILY, *GPU)
