@@ -99,6 +99,16 @@ def main(argv=None):
           f"mAP50-95 {last['bbox/mAP50-95']:.3f}{masks} -> {path}")
 
 
+def run_ultralytics(a, args: list, out: Path, stderr=None) -> tuple[dict, float]:
+    """`ultralytics_run.py args --json out` in `--ultralytics-python` (default: this interpreter), its PYTHONPATH led
+    by `--ultralytics-pythonpath`: its result and the process's wall seconds."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(x for x in (a.ultralytics_pythonpath, os.environ.get('PYTHONPATH', '')) if x))
+    t0 = time.perf_counter()
+    subprocess.run([a.ultralytics_python or sys.executable, str(Path(__file__).with_name('ultralytics_run.py')), *args,
+                    '--json', str(out)], check=True, stdout=subprocess.DEVNULL, stderr=stderr, env=env)
+    return json.loads(out.read_text()), time.perf_counter() - t0
+
+
 def ultralytics_learns(a, argv) -> Path:
     """The it-learns protocol with Ultralytics' own trainer (`ultralytics_run.py`: its defaults, `val=False`, so it
     validates the last epoch only) on the same 128 images as train and val, epochs, batch and 640 px, at `--seed`; its
@@ -112,12 +122,7 @@ def ultralytics_learns(a, argv) -> Path:
     args = ['--data', str(Path(EMBEDDED_IMAGES).parent), '--val-count', '0', '--batch', str(a.batch_size),
             '--epochs', str(a.epochs), '--workers', str(a.workers), '--seed', str(seed), '--no-val', '--imgsz', str(a.imgsz),
             '--model', 'yolo11n-seg.yaml' if a.task == 'segment' else 'yolo11n.yaml', '--project', str(root / 'ul')]
-    envs = dict(os.environ, PYTHONPATH=os.pathsep.join(x for x in (a.ultralytics_pythonpath, os.environ.get('PYTHONPATH', '')) if x))
-    t0 = time.perf_counter()
-    subprocess.run([a.ultralytics_python or sys.executable, str(Path(__file__).with_name('ultralytics_run.py')), *args,
-                    '--json', str(root / 'ul.json')], check=True, stdout=subprocess.DEVNULL, env=envs)
-    wall = time.perf_counter() - t0
-    ul = json.loads((root / 'ul.json').read_text())
+    ul, wall = run_ultralytics(a, args, root / 'ul.json')
     weights = root / 'ul' / 'r' / 'weights' / 'last.pt'
     scored = ['validate', '--config', str(REFERENCE_CONFIG), '--model.weights', str(weights),
               '--data.val_images', str(EMBEDDED_IMAGES), '--data.val_annotations', str(EMBEDDED_ANNOTATIONS),
@@ -172,13 +177,7 @@ def ultralytics_young(a, seed: int, root: Path) -> dict:
     from lucid_nb.core import EMBEDDED_IMAGES
     args = ['--data', str(Path(EMBEDDED_IMAGES).parent), '--val-count', '32', '--imgsz', '160', '--batch', '8', '--epochs', str(a.epochs),
             '--workers', '0', '--device', 'cpu', '--seed', str(seed), '--no-val']
-    out = root / 'ul.json'
-    envs = dict(os.environ, PYTHONPATH=os.pathsep.join(x for x in (a.ultralytics_pythonpath, os.environ.get('PYTHONPATH', '')) if x))
-    t0 = time.perf_counter()
-    subprocess.run([a.ultralytics_python, str(Path(__file__).with_name('ultralytics_run.py')), *args, '--json', str(out)],
-                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=envs)
-    wall = time.perf_counter() - t0
-    res = json.loads(out.read_text())
+    res, wall = run_ultralytics(a, args, root / 'ul.json', stderr=subprocess.DEVNULL)
     return dict(library='ultralytics', seed=seed, version=res['ultralytics'], torch=res['torch'],
                 command=shlex.join(['python', 'benchmarks/ultralytics_run.py', *args]), wall_seconds=round(wall, 1),
                 epochs=[dict(epoch=int(r['epoch']), **{t: r[f'train/{t}_loss'] for t in TERMS}) for r in res['results']])
